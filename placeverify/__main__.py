@@ -1,0 +1,5 @@
+"""``python -m placeverify``."""
+
+from placeverify.cli import main
+
+main()

@@ -1,0 +1,37 @@
+"""The library entry points the CLI is a thin shell around."""
+
+from __future__ import annotations
+
+import time
+
+from placeverify.cost import analyse
+from placeverify.ir.lower import load
+from placeverify.ir.strategy import Strategy
+from placeverify.report.data import CheckResult
+from placeverify.verdicts import Verification
+
+DEFAULT_TIMEOUT_MS = 10_000  # per solver query; past it the obligation is 'unknown'
+
+
+def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verification:
+    from placeverify.smt import verify as smt_verify  # z3 is imported only when verifying
+
+    started = time.perf_counter()
+    verification = smt_verify(strategy, timeout_ms=timeout_ms)
+    return Verification(verification.obligations, verification.trace,
+                        time.perf_counter() - started, verification.notes)
+
+
+def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
+          timeout_ms: int = DEFAULT_TIMEOUT_MS) -> CheckResult:
+    strategy = load(path)
+    return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
+                          timeout_ms=timeout_ms)
+
+
+def check_strategy(strategy: Strategy, *, verify_conditions: bool = True, formulas: bool = False,
+                   timeout_ms: int = DEFAULT_TIMEOUT_MS) -> CheckResult:
+    costs = analyse(strategy)
+    symbolic = analyse(strategy, symbolic=True) if formulas else None
+    verification = verify(strategy, timeout_ms) if verify_conditions else None
+    return CheckResult(strategy, costs, verification, symbolic)

@@ -1,0 +1,269 @@
+"""The ``placeverify`` command: parse arguments, call the library, choose the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+
+from placeverify import __version__
+from placeverify.diagnostics import ExitCode, PlaceError
+from placeverify.verdicts import Verdict
+
+EXIT_CODES = """\b
+Exit codes:
+  0  every condition proved (or nothing to verify)
+  1  a condition refuted (a counterexample was found); replay: not confirmed
+  2  malformed or inconsistent input, or a usage error
+  3  unknown: some condition neither proved nor refuted (never reported as proved)
+  4  a file is missing, unreadable or not a regular file
+  5  replay/measure could not run (torch missing, a rank crashed or hung)
+  70 internal error (a bug in placeverify; please report it)
+"""
+
+PRIORITY = [ExitCode.INTERNAL_ERROR, ExitCode.READ_ERROR, ExitCode.INPUT_ERROR,
+            ExitCode.BACKEND_ERROR, ExitCode.REFUTED, ExitCode.UNKNOWN, ExitCode.OK]
+
+
+def worst(codes: Iterable[ExitCode]) -> ExitCode:
+    codes = list(codes)
+    for code in PRIORITY:
+        if code in codes:
+            return code
+    return ExitCode.OK
+
+
+def verdict_exit(verdict: Verdict) -> ExitCode:
+    return {Verdict.PROVED: ExitCode.OK, Verdict.REFUTED: ExitCode.REFUTED,
+            Verdict.UNKNOWN: ExitCode.UNKNOWN}[verdict]
+
+
+def console() -> Console:
+    width = None if sys.stdout.isatty() else 120
+    return Console(width=width, highlight=False, soft_wrap=False)
+
+
+def error_console() -> Console:
+    width = None if sys.stderr.isatty() else 120
+    return Console(stderr=True, width=width, highlight=False, soft_wrap=True)
+
+
+def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
+    err = error_console()
+    for diagnostic in error.diagnostics:
+        err.print(diagnostic.render(error.source, pretty=pretty), markup=False)
+
+
+def emit_json(document: Any) -> None:
+    click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+
+
+def guarded(run: Callable[[], ExitCode]) -> NoReturn:
+    """Run a command body; turn every failure into a message and an exit code, never a traceback."""
+    try:
+        code = run()
+    except PlaceError as error:
+        print_errors(error)
+        code = error.exit_code
+    except KeyboardInterrupt:
+        error_console().print("interrupted", markup=False)
+        code = ExitCode.INPUT_ERROR
+    except BrokenPipeError:
+        code = ExitCode.OK
+    except Exception as error:  # a bug: say so plainly, keep the traceback for --debug
+        if os.environ.get("PLACEVERIFY_DEBUG"):
+            raise
+        error_console().print(
+            f"placeverify: internal error: {type(error).__name__}: {error}\n"
+            "This is a bug in placeverify. Rerun with PLACEVERIFY_DEBUG=1 for the traceback.",
+            markup=False)
+        code = ExitCode.INTERNAL_ERROR
+    sys.exit(int(code))
+
+
+@click.group(epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="placeverify")
+def main() -> None:
+    """placeverify: check a distributed-training strategy before you launch it.
+
+    A .place file says how parameters, optimizer state, gradients and activations are placed on
+    each mesh axis and what one training step does. placeverify derives per-device memory and
+    per-step communication, and proves with Z3 that the step matches single-device training
+    (gradient integrity, state consistency, composition safety) or shows a counterexample.
+    """
+
+
+@main.command(epilog=EXIT_CODES)
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--formulas", is_flag=True, help="Show the SymPy closed forms of every cost.")
+@click.option("--no-verify", is_flag=True, help="Costs only; skip the Z3 proofs.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="Write the counterexample trace (JSON) of a refuted file here.")
+@click.option("--replay", is_flag=True,
+              help="Replay a refutation on real torch.distributed processes (needs torch).")
+@click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds per solver query before it counts as unknown.")
+def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
+          trace_path: str | None, replay: bool, timeout: float) -> None:
+    """Check strategies: costs, and proofs of the three correctness conditions."""
+
+    def run() -> ExitCode:
+        from placeverify.api import check as check_file
+        from placeverify.report.data import check_document
+        from placeverify.report.text import render_check
+
+        paths = expand_paths(files)
+        if trace_path is not None and len(paths) != 1:
+            raise click.UsageError("--trace takes exactly one file")
+        codes: list[ExitCode] = []
+        documents: list[Any] = []
+        out = console()
+        for index, path in enumerate(paths):
+            try:
+                result = check_file(path, verify_conditions=not no_verify, formulas=formulas,
+                                    timeout_ms=int(timeout * 1000))
+            except PlaceError as error:
+                print_errors(error)
+                codes.append(error.exit_code)
+                if as_json:
+                    documents.append({"file": path, "errors": [
+                        d.to_json(error.source) for d in error.diagnostics]})
+                continue
+            code = ExitCode.OK
+            if result.verification is not None:
+                code = verdict_exit(result.verification.overall())
+            if trace_path is not None and result.verification is not None:
+                write_trace(result, trace_path)
+            if replay and result.verification is not None:
+                code = worst([code, replay_check(result, as_json, out)])
+            codes.append(code)
+            if as_json:
+                documents.append(check_document(result))
+            else:
+                if index:
+                    out.rule()
+                render_check(result, out, formulas=formulas)
+        if as_json:
+            emit_json(documents[0] if len(documents) == 1 and len(paths) == 1 else documents)
+        return worst(codes)
+
+    guarded(run)
+
+
+def write_trace(result: Any, path: str) -> None:
+    from placeverify.trace import write
+
+    verification = result.verification
+    if verification.trace is None:
+        error_console().print(f"placeverify: no counterexample to write: {result.strategy.source.path}"
+                              f" is {verification.overall().value}", markup=False)
+        return
+    write(verification.trace, path)
+    error_console().print(f"trace written to {path}", markup=False)
+
+
+def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
+    from placeverify.replay.cli import replay_result
+
+    return replay_result(result, as_json=as_json, console=out)
+
+
+@main.command(epilog=EXIT_CODES)
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
+def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool) -> None:
+    """Compare strategies side by side (the paper's comparison table)."""
+
+    def run() -> ExitCode:
+        from placeverify.report.compare import compare_document, render_compare
+
+        paths = expand_paths(files)
+        document, codes = compare_document(paths, with_verdicts)
+        if as_json:
+            emit_json(document)
+        else:
+            render_compare(document, console())
+        return worst(codes)
+
+    guarded(run)
+
+
+@main.command(epilog=EXIT_CODES)
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds per solver query before it counts as unknown.")
+def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
+    """Prove the composition rules in .rule files (folders are searched)."""
+
+    def run() -> ExitCode:
+        from placeverify.prove.cli import prove_paths
+
+        return prove_paths(paths, as_json=as_json, timeout_ms=int(timeout * 1000), console=console())
+
+    guarded(run)
+
+
+@main.command(epilog=EXIT_CODES)
+@click.argument("trace", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the replay result as JSON.")
+@click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100))
+@click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1, 3600),
+              help="Seconds before a hung replay is stopped.")
+def replay(trace: str, as_json: bool, steps: int, timeout: float) -> None:
+    """Replay a counterexample trace on real torch.distributed processes."""
+
+    def run() -> ExitCode:
+        from placeverify.replay.cli import replay_trace
+
+        return replay_trace(trace, as_json=as_json, steps=steps, timeout=timeout, console=console())
+
+    guarded(run)
+
+
+@main.command(epilog=EXIT_CODES)
+@click.argument("file", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600))
+def measure(file: str, as_json: bool, timeout: float) -> None:
+    """Measure the real torch implementation of a strategy against the predictions."""
+
+    def run() -> ExitCode:
+        from placeverify.measure.cli import measure_file
+
+        return measure_file(file, as_json=as_json, timeout=timeout, console=console())
+
+    guarded(run)
+
+
+def expand_paths(items: Iterable[str]) -> list[str]:
+    """Files as given; a folder stands for the .place files under it, sorted."""
+    out: list[str] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*.place"))
+            if not found:
+                raise PlaceError([_no_files(item)], None, ExitCode.READ_ERROR)
+            out.extend(found)
+        else:
+            out.append(item)
+    return out
+
+
+def _no_files(folder: str) -> Any:
+    from placeverify.diagnostics import Code, Diagnostic, Severity
+
+    return Diagnostic(Severity.ERROR, f"no .place files under {folder}", Code.READ)
+
+
+if __name__ == "__main__":
+    main()

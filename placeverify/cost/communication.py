@@ -1,0 +1,330 @@
+"""Per-device communication per training step.
+
+Bytes are what one device sends (equal to what it receives) under bandwidth-optimal ring
+algorithms: an all-reduce of S bytes over n devices moves 2(n-1)/n·S, a reduce-scatter,
+all-gather, broadcast or all-to-all (n-1)/n·S, a point-to-point send S (REFERENCE §2.2).
+
+Two sources of traffic:
+
+- the step's own collectives (the file's step, or the canonical step of the placement): gradient
+  reductions, parameter gathers after a sharded update, token counts, the overflow flag, the
+  clipping norm; a collective inside the micro-batch loop runs once per micro-batch;
+- traffic the placement implies inside forward and backward: S* parameter gathers (forward and,
+  unless kept, backward, per micro-batch), Megatron tensor parallelism (4 all-reduces of b·s·h per
+  layer per micro-batch; an all-gather and a reduce-scatter each under sequence parallelism),
+  pipeline point-to-point (b·s·h per micro-batch per boundary per direction), context
+  parallelism (all-gather of K and V forward and backward, reduce-scatter of their gradients),
+  expert all-to-all (dispatch and combine, forward and backward), and host <-> device transfers
+  for offloaded states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from placeverify.cost.activations import ActivationCost, parallel_sizes
+from placeverify.cost.domain import Domain, Num
+from placeverify.cost.memory import bytes_per_element, local_params
+from placeverify.diagnostics import Span
+from placeverify.ir.mesh import Group
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.placement import Mode, Role, Schedule, State
+from placeverify.ir.step import (
+    Backward,
+    Clip,
+    Collective,
+    CollectiveKind,
+    Op,
+    TargetKind,
+    TermKind,
+)
+from placeverify.ir.strategy import Strategy
+
+COUNT_BYTES = 8  # an int64 token or sample count
+FLAG_BYTES = 4  # an fp32 overflow flag or squared norm
+
+
+@dataclass(frozen=True, slots=True)
+class CommItem:
+    op: str  # all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, send, h2d, d2h
+    axes: tuple[str, ...]  # () for host <-> device transfers
+    what: str
+    payload: Num  # bytes per call
+    calls: Num  # calls per step
+    group_size: int
+    factor: Num  # ring factor: bytes moved per payload byte
+    state: str  # gradients | params | activations | optimizer | scalar
+    source: str  # "step" (the step's statements) or "placement" (implied by a placement)
+    span: Span | None = None
+    seconds: Fraction | None = None
+
+    @property
+    def bytes(self) -> Num:
+        return self.payload * self.factor * self.calls
+
+    @property
+    def pcie(self) -> bool:
+        return self.op in ("h2d", "d2h")
+
+
+def ring_factor(d: Domain, kind: str, n: Num) -> Num:
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind in ("reduce_scatter", "all_gather", "broadcast", "all_to_all"):
+        return (n - 1) / n
+    return d.const(1)
+
+
+def group_size(d: Domain, strategy: Strategy, group: Group) -> tuple[Num, int]:
+    size: Num = d.const(1)
+    for axis in group.axes:
+        if axis in group.ends:
+            size = size * d.const(min(2, strategy.size(axis)))
+        else:
+            size = size * d.sym(axis, strategy.size(axis))
+    return size, group.size(strategy.mesh)
+
+
+def _item(d: Domain, strategy: Strategy, kind: str, group: Group, what: str, payload: Num,
+          calls: Num, state: str, source: str, span: Span | None) -> CommItem:
+    n, n_value = group_size(d, strategy, group)
+    return CommItem(kind, group.axes, what, payload, calls, n_value, ring_factor(d, kind, n),
+                    state, source, span)
+
+
+# ---- the step's collectives ------------------------------------------------------------------
+
+
+def step_items(d: Domain, strategy: Strategy) -> list[CommItem]:
+    step = strategy.step
+    m = d.sym("m", step.microbatches)
+    grads = local_params(d, strategy, State.GRADIENTS)
+    params = local_params(d, strategy, State.PARAMS)
+    grad_bytes = bytes_per_element(d, strategy, State.GRADIENTS)
+    param_bytes = bytes_per_element(d, strategy, State.PARAMS)
+    fraction: dict[ParamGroup, Num] = {g: d.const(1) for g in grads}
+    items: list[CommItem] = []
+
+    def visit(op: Op, calls: Num) -> None:
+        if isinstance(op, Backward):
+            for term, _ in op.loss.factors:
+                if term.kind is TermKind.COUNT and term.count is not None and term.count.axes:
+                    per_step = term.count.scope.value == "step"
+                    group = strategy.mesh.group(*term.count.axes)
+                    items.append(_item(d, strategy, "all_reduce", group, term.count.label(),
+                                       d.const(COUNT_BYTES), d.const(1) if per_step else m,
+                                       "scalar", "step", op.span))
+        elif isinstance(op, Clip) and op.group.axes:
+            items.append(_item(d, strategy, "all_reduce", op.group, "squared gradient norm",
+                               d.const(FLAG_BYTES), calls, "scalar", "step", op.span))
+        elif isinstance(op, Collective):
+            items.extend(_collective(d, strategy, op, calls, grads, params, fraction, grad_bytes,
+                                     param_bytes))
+
+    for op in step.pre:
+        visit(op, d.const(1))
+    for lo in step.loop:
+        visit(lo.op, m if lo.microbatch is None else d.const(1))
+    for op in step.post:
+        visit(op, d.const(1))
+    return items
+
+
+def _collective(d: Domain, strategy: Strategy, op: Collective, calls: Num,
+                grads: dict[ParamGroup, Num], params: dict[ParamGroup, Num],
+                fraction: dict[ParamGroup, Num], grad_bytes: Num, param_bytes: Num) -> list[CommItem]:
+    kind = op.kind.value
+    target = op.target
+    if target.kind in (TargetKind.TOKENS, TargetKind.OVERFLOW):
+        size = COUNT_BYTES if target.kind is TargetKind.TOKENS else FLAG_BYTES
+        return [_item(d, strategy, kind, op.group, target.label(), d.const(size), calls, "scalar",
+                      "step", op.span)]
+    if target.kind is TargetKind.ACTIVATIONS:
+        return []  # pipeline point-to-point traffic is counted from the pipeline placement
+    if target.kind is TargetKind.GRADS:
+        payload: Num = 0
+        for group, n in grads.items():
+            if target.applies_to(group):
+                payload = payload + n * fraction[group]
+                if op.kind is CollectiveKind.REDUCE_SCATTER:
+                    fraction[group] = fraction[group] / group_size(d, strategy, op.group)[0]
+                elif op.kind is CollectiveKind.ALL_GATHER:
+                    fraction[group] = d.const(1)
+        return [_item(d, strategy, kind, op.group, target.label(), payload * grad_bytes, calls,
+                      "gradients", "step", op.span)]
+    payload = 0
+    for group, n in params.items():
+        if target.applies_to(group):
+            payload = payload + n
+    return [_item(d, strategy, kind, op.group, target.label(), payload * param_bytes, calls,
+                  "params", "step", op.span)]
+
+
+# ---- traffic implied by the placement ----------------------------------------------------------
+
+
+def placement_items(d: Domain, strategy: Strategy,
+                    activations: ActivationCost | None) -> list[CommItem]:
+    items: list[CommItem] = []
+    mesh = strategy.mesh
+    m = d.sym("m", strategy.microbatches)
+    param_bytes = bytes_per_element(d, strategy, State.PARAMS)
+    local = local_params(d, strategy)
+    local_total: Num = 0
+    for n in local.values():
+        local_total = local_total + n
+
+    for p in strategy.placements:
+        if p.role is not Role.DATA or p.mode(State.PARAMS) not in (Mode.S_STAR, Mode.O):
+            continue
+        group = mesh.group(p.axis)
+        items.append(_item(d, strategy, "all_gather", group, "params (gather for forward)",
+                           local_total * param_bytes, m, "params", "placement", p.span))
+        if p.reshard_after_forward:
+            items.append(_item(d, strategy, "all_gather", group, "params (gather for backward)",
+                               local_total * param_bytes, m, "params", "placement", p.span))
+
+    arch = strategy.model.arch
+    if arch is not None:
+        items.extend(_model_parallel_items(d, strategy, m))
+    items.extend(_offload_items(d, strategy, m, local_total, activations))
+    return items
+
+
+def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommItem]:
+    arch = strategy.model.arch
+    assert arch is not None
+    mesh = strategy.mesh
+    items: list[CommItem] = []
+    e = bytes_per_element(d, strategy, State.ACTIVATIONS)
+    s, b, h = d.sym("s", arch.seq), d.sym("b", arch.micro_batch), d.sym("h", arch.hidden)
+    t, sp, c = parallel_sizes(d, strategy)
+    L = d.sym("L", arch.layers)
+    pipeline = strategy.pipeline
+    p_size = strategy.size(pipeline.axis) if pipeline else 1
+    layers = L / d.sym(pipeline.axis, p_size) if pipeline and p_size > 1 else L
+    bsh = b * s * h * e / c  # one micro-batch's hidden states on this device (cp splits s)
+
+    tensor_axes = strategy.axes(Role.TENSOR)
+    if tensor_axes and strategy.mesh.group(*tensor_axes).size(mesh) > 1:
+        group = mesh.group(*tensor_axes)
+        span = strategy.placement(tensor_axes[0]).span
+        if sp:
+            for kind in ("all_gather", "reduce_scatter"):
+                items.append(_item(d, strategy, kind, group,
+                                   "activations (sequence parallel, 4 per layer per micro-batch)",
+                                   bsh, 4 * layers * m, "activations", "placement", span))
+            items.append(_item(d, strategy, "reduce_scatter", group,
+                               "embedding output (vocab-parallel, forward)", bsh, m,
+                               "activations", "placement", span))
+        else:
+            items.append(_item(d, strategy, "all_reduce", group,
+                               "activations (tensor parallel, 4 per layer per micro-batch)", bsh,
+                               4 * layers * m, "activations", "placement", span))
+            items.append(_item(d, strategy, "all_reduce", group,
+                               "embedding output (vocab-parallel, forward)", bsh, m,
+                               "activations", "placement", span))
+        if p_size == 1:  # the output layer and the loss live on this device too
+            out_kind = "reduce_scatter" if sp else "all_reduce"
+            items.append(_item(d, strategy, out_kind, group,
+                               "output layer input gradient (backward)", bsh, m, "activations",
+                               "placement", span))
+            if sp:
+                items.append(_item(d, strategy, "all_gather", group,
+                                   "final hidden states (sequence parallel, forward)", bsh, m,
+                                   "activations", "placement", span))
+            items.append(_item(d, strategy, "all_reduce", group,
+                               "vocab-parallel cross-entropy (max, sum-exp, target logit)",
+                               4 * b * s / c, 3 * m, "activations", "placement", span))
+
+    if pipeline is not None and p_size > 1:
+        chunks = d.sym("v", pipeline.chunks) if pipeline.chunks > 1 else d.const(1)
+        boundary = bsh / (t if sp else 1)
+        items.append(_item(d, strategy, "send", mesh.group(pipeline.axis),
+                           "activations forward, gradients backward (middle stage)", boundary,
+                           2 * m * chunks, "activations", "placement", pipeline.span))
+
+    for p in strategy.placements:
+        if p.role is Role.CONTEXT and strategy.size(p.axis) > 1:
+            kv = 2 * b * s * h * (d.sym("a_kv", arch.kv_heads) / d.sym("a", arch.heads)) * e / t
+            group = mesh.group(p.axis)
+            items.append(_item(d, strategy, "all_gather", group,
+                               "K and V (context parallel, forward and backward, per layer)", kv,
+                               2 * layers * m, "activations", "placement", p.span))
+            items.append(_item(d, strategy, "reduce_scatter", group,
+                               "K and V gradients (context parallel, per layer)", kv, layers * m,
+                               "activations", "placement", p.span))
+        if p.role is Role.EXPERT and strategy.size(p.axis) > 1 and arch.moe:
+            k = d.sym("k", arch.top_k)
+            tokens = b * s * k * h * e / (c * (t if sp else 1))
+            items.append(_item(d, strategy, "all_to_all", mesh.group(p.axis),
+                               "tokens to experts and back (dispatch, combine; fwd and bwd)",
+                               tokens, 4 * layers * m, "activations", "placement", p.span))
+    return items
+
+
+def _offload_items(d: Domain, strategy: Strategy, m: Num, local_total: Num,
+                   activations: ActivationCost | None) -> list[CommItem]:
+    items: list[CommItem] = []
+    off = strategy.offloaded
+    if not off:
+        return items
+    none = Group(())
+    shard_g: Num = local_total
+    shard_p: Num = local_total
+    for p in strategy.placements:
+        if p.role in (Role.DATA, Role.CONTEXT):
+            if p.mode(State.GRADIENTS).sharded or p.mode(State.OPTIMIZER).sharded:
+                shard_g = shard_g / d.sym(p.axis, strategy.size(p.axis))
+            if p.mode(State.PARAMS).sharded or p.mode(State.OPTIMIZER).sharded:
+                shard_p = shard_p / d.sym(p.axis, strategy.size(p.axis))
+    g_bytes = bytes_per_element(d, strategy, State.GRADIENTS)
+    p_bytes = bytes_per_element(d, strategy, State.PARAMS)
+    span = strategy.placements[0].span
+    if State.OPTIMIZER in off or State.GRADIENTS in off:
+        items.append(_item(d, strategy, "d2h", none, "gradient shard to the host optimizer",
+                           shard_g * g_bytes, d.const(1), "gradients", "placement", span))
+    if State.OPTIMIZER in off:
+        items.append(_item(d, strategy, "h2d", none, "updated parameter shard from the host",
+                           shard_p * p_bytes, d.const(1), "params", "placement", span))
+    if State.PARAMS in off:
+        items.append(_item(d, strategy, "h2d", none,
+                           "parameter shard streamed in for forward and backward", shard_p * p_bytes,
+                           2 * m, "params", "placement", span))
+    if State.ACTIVATIONS in off and activations is not None:
+        for kind, what in (("d2h", "activations out after forward"),
+                           ("h2d", "activations back for backward")):
+            items.append(_item(d, strategy, kind, none, what, activations.kept, d.const(1),
+                               "activations", "placement", span))
+    return items
+
+
+def timed(strategy: Strategy, item: CommItem, exact_bytes: Fraction, exact_calls: Fraction) -> CommItem:
+    """Add an alpha-beta time estimate when the mesh gives bandwidths (no overlap assumed)."""
+    mesh = strategy.mesh
+    if item.pcie:
+        if mesh.pcie_bandwidth is None:
+            return item
+        return replace(item, seconds=exact_bytes / mesh.pcie_bandwidth)
+    links = [mesh.axis(a) for a in item.axes]
+    if not links or any(a.bandwidth is None for a in links):
+        return item
+    bandwidth = min(a.bandwidth for a in links if a.bandwidth is not None)
+    latency = max((a.latency or Fraction(0)) for a in links)
+    n = item.group_size
+    steps = {"all_reduce": 2 * (n - 1), "send": 1}.get(item.op, n - 1)
+    return replace(item, seconds=exact_bytes / bandwidth + latency * steps * exact_calls)
+
+
+def pipeline_bubble(d: Domain, strategy: Strategy) -> Num | None:
+    """Idle fraction of a pipeline step: (p-1)/m, or (p-1)/(v·m) interleaved (Narayanan et al.)."""
+    pipeline = strategy.pipeline
+    if pipeline is None or strategy.size(pipeline.axis) == 1:
+        return None
+    p = d.sym(pipeline.axis, strategy.size(pipeline.axis))
+    m = d.sym("m", strategy.microbatches)
+    if pipeline.schedule is Schedule.INTERLEAVED:
+        return (p - 1) / (d.sym("v", pipeline.chunks) * m)
+    return (p - 1) / m
+

@@ -1,0 +1,204 @@
+"""Models: a bare parameter count or a transformer architecture, and the counts derived from it.
+
+Parameter counts are exact integers derived from the architecture (attention with grouped-query
+heads, plain or gated MLP, optional mixture of experts, learned or rotary positions, LayerNorm or
+RMSNorm, tied or untied embeddings). Parameters fall in four groups that parallelism treats
+differently (Megatron-LM's split):
+
+- ``dense``: attention and MLP weight matrices (and their column-parallel biases), and an untied
+  output layer: sharded by tensor parallelism;
+- ``norms``: every parameter replicated across tensor-parallel ranks: LayerNorm/RMSNorm weights
+  and biases, row-parallel biases and the MoE router. Under sequence parallelism each rank sees
+  only its part of the sequence, so their gradients are partial over ``tp``;
+- ``embedding``: the word (and learned position) embeddings; with tied embeddings the same
+  tensor is the output layer, held by the first and the last pipeline stage;
+- ``experts``: the MoE experts' MLP weights, sharded by expert parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ParamGroup(StrEnum):
+    DENSE = "dense"
+    NORMS = "norms"
+    EMBEDDING = "embedding"
+    EXPERTS = "experts"
+
+
+@dataclass(frozen=True, slots=True)
+class Transformer:
+    """A decoder-only transformer (GPT / Llama family)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    gated: bool  # SwiGLU-style MLP: gate, up and down matrices
+    vocab: int
+    seq: int
+    micro_batch: int
+    tied_embeddings: bool = False
+    vocab_divisible_by: int = 1  # Megatron pads the vocabulary to a multiple of this times tp
+    position: str = "rotary"  # or "learned"
+    max_position: int = 0  # rows of a learned position table; 0 means seq
+    norm: str = "rmsnorm"  # or "layernorm" (weight and bias)
+    bias: bool = False  # biases in the linear layers
+    dropout: bool = False
+    attention: str = "standard"  # or "flash" (no s^2 scores kept for backward)
+    experts: int = 0  # 0: dense MLP in every layer
+    top_k: int = 0
+    expert_ffn: int = 0  # 0 means ffn
+
+    # ---- shapes ----
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.head_dim * self.kv_heads
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def position_rows(self) -> int:
+        return (self.max_position or self.seq) if self.position == "learned" else 0
+
+    def padded_vocab(self, tp: int = 1) -> int:
+        """Vocabulary rows after Megatron's padding to a multiple of ``vocab_divisible_by * tp``."""
+        multiple = self.vocab_divisible_by * tp if self.vocab_divisible_by > 1 else 1
+        return -(-self.vocab // multiple) * multiple
+
+    # ---- parameter counts per layer ----
+    def norm_params(self) -> int:
+        """One normalisation layer (LayerNorm has a weight and a bias; RMSNorm a weight)."""
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    def attention_params(self) -> tuple[int, int]:
+        """(sharded by tp, replicated over tp) of one attention block."""
+        h, kv = self.hidden, self.kv_dim
+        weights = h * h + 2 * h * kv + h * h  # q, k, v, o
+        column_bias = (h + 2 * kv) if self.bias else 0
+        row_bias = h if self.bias else 0
+        return weights + column_bias, row_bias
+
+    def mlp_params(self, ffn: int | None = None) -> tuple[int, int]:
+        """(sharded by tp, replicated over tp) of one MLP of width ``ffn``."""
+        f = self.ffn if ffn is None else ffn
+        h = self.hidden
+        matrices = (3 if self.gated else 2) * h * f
+        column_bias = ((2 if self.gated else 1) * f) if self.bias else 0
+        row_bias = h if self.bias else 0
+        return matrices + column_bias, row_bias
+
+    def layer_params(self) -> dict[ParamGroup, int]:
+        """Parameters of one transformer layer by group."""
+        attn_sharded, attn_replicated = self.attention_params()
+        norms = 2 * self.norm_params() + attn_replicated
+        groups = {ParamGroup.DENSE: attn_sharded, ParamGroup.NORMS: norms,
+                  ParamGroup.EMBEDDING: 0, ParamGroup.EXPERTS: 0}
+        if self.moe:
+            expert_sharded, expert_replicated = self.mlp_params(self.expert_ffn or self.ffn)
+            groups[ParamGroup.EXPERTS] = self.experts * (expert_sharded + expert_replicated)
+            groups[ParamGroup.NORMS] += self.hidden * self.experts  # router
+        else:
+            mlp_sharded, mlp_replicated = self.mlp_params()
+            groups[ParamGroup.DENSE] += mlp_sharded
+            groups[ParamGroup.NORMS] += mlp_replicated
+        return groups
+
+    def embedding_params(self) -> int:
+        """Word embeddings plus a learned position table (unpadded vocabulary)."""
+        return self.vocab * self.hidden + self.position_rows * self.hidden
+
+    def output_params(self) -> int:
+        """An untied output layer (0 when tied to the embedding)."""
+        return 0 if self.tied_embeddings else self.vocab * self.hidden
+
+    def group_params(self) -> dict[ParamGroup, int]:
+        """Whole-model parameters by group."""
+        per_layer = self.layer_params()
+        groups = {g: n * self.layers for g, n in per_layer.items()}
+        groups[ParamGroup.NORMS] += self.norm_params()  # final norm
+        groups[ParamGroup.EMBEDDING] += self.embedding_params()
+        groups[ParamGroup.DENSE] += self.output_params()
+        return groups
+
+    def params(self) -> int:
+        return sum(self.group_params().values())
+
+    def largest_unit_params(self) -> int:
+        """The largest reconstruction unit for S* (FSDP's wrapping unit): a layer or an embedding."""
+        layer = sum(self.layer_params().values())
+        return max(layer, self.embedding_params(), self.output_params())
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A model: its name, its parameter count, and its architecture when known."""
+
+    name: str
+    params: int
+    arch: Transformer | None = None
+
+    def group_params(self) -> dict[ParamGroup, int]:
+        if self.arch is None:
+            return {ParamGroup.DENSE: self.params, ParamGroup.NORMS: 0, ParamGroup.EMBEDDING: 0,
+                    ParamGroup.EXPERTS: 0}
+        return self.arch.group_params()
+
+    def groups_present(self) -> tuple[ParamGroup, ...]:
+        return tuple(g for g, n in self.group_params().items() if n > 0)
+
+
+# ---- bundled models (public configurations) --------------------------------------------------
+
+# GPT-3 175B (Brown et al., arXiv 2005.14165, Table 2.1): 96 layers, d_model 12288, 96 heads,
+# 2048 context, GPT-2 vocabulary, learned positions, LayerNorm, biases, tied embeddings.
+# Megatron-LM pads the vocabulary to a multiple of 128 * tp.
+GPT3_175B = Transformer(
+    layers=96, hidden=12288, heads=96, kv_heads=96, ffn=4 * 12288, gated=False, vocab=50257,
+    seq=2048, micro_batch=1, tied_embeddings=True, vocab_divisible_by=128, position="learned",
+    max_position=2048, norm="layernorm", bias=True, dropout=True, attention="standard")
+
+# Llama 3 (Meta, "The Llama 3 Herd of Models", arXiv 2407.21783, Table 3), untied embeddings,
+# RMSNorm, SwiGLU, grouped-query attention with 8 KV heads, 128256-token vocabulary.
+LLAMA3_8B = Transformer(
+    layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, gated=True, vocab=128256, seq=8192,
+    micro_batch=1, tied_embeddings=False, position="rotary", norm="rmsnorm", bias=False,
+    dropout=False, attention="flash")
+LLAMA3_70B = Transformer(
+    layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, gated=True, vocab=128256, seq=8192,
+    micro_batch=1, tied_embeddings=False, position="rotary", norm="rmsnorm", bias=False,
+    dropout=False, attention="flash")
+LLAMA3_405B = Transformer(
+    layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, gated=True, vocab=128256,
+    seq=8192, micro_batch=1, tied_embeddings=False, position="rotary", norm="rmsnorm", bias=False,
+    dropout=False, attention="flash")
+
+# Mixtral 8x7B (Mistral AI, arXiv 2401.04088): Llama-style layers with 8 experts, top-2 routing.
+MIXTRAL_8X7B = Transformer(
+    layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, gated=True, vocab=32000, seq=4096,
+    micro_batch=1, tied_embeddings=False, position="rotary", norm="rmsnorm", bias=False,
+    dropout=False, attention="flash", experts=8, top_k=2)
+
+ARCHITECTURES: dict[str, Transformer] = {
+    "gpt3_175b": GPT3_175B,
+    "llama3_8b": LLAMA3_8B,
+    "llama3_70b": LLAMA3_70B,
+    "llama3_405b": LLAMA3_405B,
+    "mixtral_8x7b": MIXTRAL_8X7B,
+}
+
+# Bare parameter counts: the ZeRO paper's 7.5B model (Rajbhandari et al., arXiv 1910.02054, Fig. 1).
+BARE_MODELS: dict[str, int] = {
+    "zero_7_5b": 7_500_000_000,
+}
+
+MODEL_PRESETS = sorted([*ARCHITECTURES, *BARE_MODELS])

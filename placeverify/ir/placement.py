@@ -1,0 +1,84 @@
+"""Placement semantics: the four training states, the five modes and the roles of mesh axes.
+
+A placement gives each state a mode per mesh axis (like DTensor's per-dim placements). Each axis
+also has a *role* that says what it splits: the batch (data), layers' weights (tensor), the layer
+stack (pipeline), the sequence (context) or the experts (expert). The paper's tuple
+``(Θ, Ω, G, A)`` is one column of the state x axis matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from placeverify.diagnostics import Span
+
+
+class State(StrEnum):
+    PARAMS = "params"
+    OPTIMIZER = "optimizer"
+    GRADIENTS = "gradients"
+    ACTIVATIONS = "activations"
+
+    @property
+    def symbol(self) -> str:
+        return {"params": "Θ", "optimizer": "Ω", "gradients": "G", "activations": "A"}[self.value]
+
+
+STATES: tuple[State, ...] = (State.PARAMS, State.OPTIMIZER, State.GRADIENTS, State.ACTIVATIONS)
+
+STATE_NAMES: dict[str, State] = {
+    "params": State.PARAMS, "parameters": State.PARAMS, "Θ": State.PARAMS,
+    "optimizer": State.OPTIMIZER, "optimizer_state": State.OPTIMIZER, "Ω": State.OPTIMIZER,
+    "grads": State.GRADIENTS, "gradients": State.GRADIENTS, "G": State.GRADIENTS,
+    "activations": State.ACTIVATIONS, "A": State.ACTIVATIONS,
+}
+
+
+class Mode(StrEnum):
+    R = "R"  # replicated
+    S = "S"  # sharded
+    S_STAR = "S*"  # sharded, gathered before each use
+    M = "M"  # materialized on demand (recomputed)
+    O = "O"  # offloaded to host memory  # noqa: E741
+
+    @property
+    def sharded(self) -> bool:
+        """Does the device hold only 1/n of the state along this axis?"""
+        return self in (Mode.S, Mode.S_STAR, Mode.O)
+
+
+class Role(StrEnum):
+    DATA = "data"
+    TENSOR = "tensor"
+    PIPELINE = "pipeline"
+    CONTEXT = "context"
+    EXPERT = "expert"
+
+
+class Schedule(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+@dataclass(frozen=True, slots=True)
+class AxisPlacement:
+    """How every state is placed along one mesh axis, and what the axis splits."""
+
+    axis: str
+    role: Role
+    modes: tuple[Mode, Mode, Mode, Mode]  # Θ, Ω, G, A
+    preset: str
+    span: Span
+    sequence_parallel: bool = False  # tensor axes: Megatron sequence parallelism
+    reshard_after_forward: bool = True  # data axes with Θ = S*: FSDP FULL_SHARD vs SHARD_GRAD_OP
+    schedule: Schedule | None = None  # pipeline axes
+    chunks: int = 1  # interleaved pipeline: model chunks per stage
+    microbatches: int | None = None  # pipeline axes
+
+    def mode(self, state: State) -> Mode:
+        return self.modes[STATES.index(state)]
+
+    def tuple_text(self) -> str:
+        return "(" + ", ".join(m.value for m in self.modes) + ")"

@@ -1,0 +1,224 @@
+"""What one training step does: loss normalisation, accumulation, collectives, the update.
+
+A step runs ``pre`` once, then ``loop`` once per micro-batch (an op may be limited to one
+micro-batch), then ``post``. Gradients accumulate locally (``+=``) at each ``Backward``; a
+collective replaces the buffer it names by the reduced buffer, so a reduction inside the loop
+reduces everything accumulated so far. That exact semantics is shared by the Z3 encoding
+(:mod:`placeverify.smt`), the exact interpreter (:mod:`placeverify.semantics`) and the torch
+replay backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+
+from placeverify.diagnostics import Span
+from placeverify.ir.mesh import Group
+from placeverify.ir.model import ParamGroup
+
+
+class CountKind(StrEnum):
+    TOKENS = "tokens"
+    SAMPLES = "samples"
+
+
+class Scope(StrEnum):
+    MICROBATCH = "microbatch"  # this micro-batch only
+    STEP = "step"  # every micro-batch of the step
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """A token or sample count, summed over ``axes`` (by an all-reduce) and over ``scope``."""
+
+    kind: CountKind
+    axes: tuple[str, ...]
+    scope: Scope
+
+    def label(self) -> str:
+        parts = [*self.axes, *(["step"] if self.scope is Scope.STEP else [])]
+        return f"{self.kind.value}({', '.join(parts)})" if parts else self.kind.value
+
+
+class TermKind(StrEnum):
+    NUMBER = "number"
+    LOSS_SUM = "sum"  # the sum of per-token (or per-sample) losses of this micro-batch here
+    COUNT = "count"
+    SIZE = "size"  # |group|
+    MICROBATCHES = "microbatches"
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    kind: TermKind
+    number: Fraction = Fraction(1)
+    count: Count | None = None
+    group: Group | None = None
+
+    def label(self) -> str:
+        if self.kind is TermKind.NUMBER:
+            return str(self.number)
+        if self.kind is TermKind.COUNT:
+            assert self.count is not None
+            return self.count.label()
+        if self.kind is TermKind.SIZE:
+            assert self.group is not None
+            return f"|{self.group.label()}|"
+        return self.kind.value
+
+
+@dataclass(frozen=True, slots=True)
+class Monomial:
+    """A product of terms with integer exponents, e.g. ``sum * |cp| / tokens(dp, step)``."""
+
+    factors: tuple[tuple[Term, int], ...]
+    text: str
+    span: Span | None = None
+
+    def exponent(self, kind: TermKind) -> int:
+        return sum(e for t, e in self.factors if t.kind is kind)
+
+    def without_loss(self) -> tuple[tuple[Term, int], ...]:
+        return tuple((t, e) for t, e in self.factors if t.kind is not TermKind.LOSS_SUM)
+
+
+class TargetKind(StrEnum):
+    GRADS = "grads"
+    PARAMS = "params"
+    OPTIMIZER = "optimizer"
+    TOKENS = "tokens"
+    OVERFLOW = "overflow"
+    ACTIVATIONS = "activations"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    kind: TargetKind
+    groups: frozenset[ParamGroup] | None = None  # None: every parameter group
+    span: Span | None = None
+
+    def applies_to(self, group: ParamGroup) -> bool:
+        return self.groups is None or group in self.groups
+
+    def label(self) -> str:
+        if self.groups is None:
+            return self.kind.value
+        return f"{self.kind.value}[{', '.join(sorted(g.value for g in self.groups))}]"
+
+
+class CollectiveKind(StrEnum):
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    BROADCAST = "broadcast"
+    ALL_TO_ALL = "all_to_all"
+    SEND = "send"
+    RECV = "recv"
+
+
+class ReduceOp(StrEnum):
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+
+
+class Order(StrEnum):
+    FIXED = "fixed"  # every rank reduces in the same order (ring / tree all-reduce)
+    RANK_DEPENDENT = "rank_dependent"  # each rank sums in its own order
+
+
+class Region(StrEnum):
+    REPLICATED = "replicated"  # dropout on activations replicated over the group
+    SHARDED = "sharded"  # dropout on activations sharded over the group
+
+
+@dataclass(frozen=True, slots=True)
+class Backward:
+    loss: Monomial
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    kind: CollectiveKind
+    op: ReduceOp | None
+    target: Target
+    group: Group
+    span: Span
+    accumulate: bool = False  # reduce_scatter(sum, accumulate): shard += instead of shard =
+    order: Order = Order.FIXED
+    source: str = "owner"  # broadcast: "owner" (each shard from its owner) or a rank index
+
+    def label(self) -> str:
+        opts = [o for o in (self.op.value if self.op else None,
+                            "accumulate" if self.accumulate else None,
+                            "order = rank_dependent" if self.order is Order.RANK_DEPENDENT else None,
+                            f"from = {self.source}" if self.kind is CollectiveKind.BROADCAST else None)
+                if o]
+        call = f"{self.kind.value}({', '.join(opts)})" if opts else self.kind.value
+        return f"{call} {self.target.label()} over {self.group.label()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    target: Target
+    factor: Monomial
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Clip:
+    max_norm: Fraction
+    group: Group  # the squared norm is summed over this group
+    replicated_once: bool  # replicated elements counted once (True) or on every rank (False)
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    target: Target
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Seed:
+    region: Region
+    same: bool  # same seed across the group (True) or one per rank (False)
+    group: Group
+    span: Span
+
+
+Op = Backward | Collective | Scale | Clip | Update | Free
+
+
+@dataclass(frozen=True, slots=True)
+class LoopOp:
+    op: Op
+    microbatch: int | None = None  # None: every micro-batch; k: only micro-batch k (0-based)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    microbatches: int
+    pre: tuple[Op, ...]
+    loop: tuple[LoopOp, ...]
+    post: tuple[Op, ...]
+    seeds: tuple[Seed, ...]
+    canonical: bool  # derived from the placement rather than written in the file
+    span: Span | None = None
+
+    def ops(self) -> tuple[Op, ...]:
+        return (*self.pre, *(lo.op for lo in self.loop), *self.post)
+
+    def backward(self) -> Backward:
+        for lo in self.loop:
+            if isinstance(lo.op, Backward):
+                return lo.op
+        raise AssertionError("lowering guarantees one backward")

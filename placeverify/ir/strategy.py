@@ -1,0 +1,97 @@
+"""The resolved, typed, immutable description of one strategy: the IR every backend reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+
+from placeverify.diagnostics import Diagnostic, Source, Span
+from placeverify.ir.mesh import Mesh
+from placeverify.ir.model import Model
+from placeverify.ir.placement import AxisPlacement, Mode, Role, State
+from placeverify.ir.precision import Precision
+from placeverify.ir.step import Step
+
+
+class LossKind(StrEnum):
+    """What the single-device reference computes on the global batch."""
+
+    TOKEN_MEAN = "token_mean"  # mean over every token of the global batch
+    SAMPLE_MEAN = "sample_mean"  # mean over every sample of the global batch
+    MICROBATCH_MEAN = "microbatch_mean"  # mean over micro-batches of each one's token mean
+    SUM = "sum"  # plain sum
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    kind: LossKind
+    span: Span | None
+    uneven_samples: bool = False  # sample_mean: micro-batches may hold different sample counts
+
+
+class RecomputeKind(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"  # Korthikanti et al.: recompute the attention core only
+    FULL = "full"  # keep each layer's input, recompute the layer in backward
+
+
+@dataclass(frozen=True, slots=True)
+class Recompute:
+    kind: RecomputeKind
+    restore_rng: bool
+    span: Span | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClipConfig:
+    max_norm: Fraction
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    name: str
+    source: Source
+    model: Model
+    model_span: Span
+    precision: Precision
+    precision_span: Span | None
+    mesh: Mesh
+    placements: tuple[AxisPlacement, ...]  # one per mesh axis, in mesh order
+    recompute: Recompute
+    loss: Loss
+    microbatches: int
+    clip: ClipConfig | None
+    loss_scale: str
+    step: Step
+    warnings: tuple[Diagnostic, ...] = ()
+
+    def placement(self, axis: str) -> AxisPlacement:
+        for p in self.placements:
+            if p.axis == axis:
+                return p
+        raise KeyError(axis)
+
+    def mode(self, state: State, axis: str) -> Mode:
+        return self.placement(axis).mode(state)
+
+    def axes(self, *roles: Role) -> tuple[str, ...]:
+        return tuple(p.axis for p in self.placements if p.role in roles)
+
+    def size(self, axis: str) -> int:
+        return self.mesh.size(axis)
+
+    @property
+    def pipeline(self) -> AxisPlacement | None:
+        for p in self.placements:
+            if p.role is Role.PIPELINE:
+                return p
+        return None
+
+    @property
+    def offloaded(self) -> frozenset[State]:
+        return frozenset(s for p in self.placements for s in State if p.mode(s) is Mode.O)
+
+    def tuple_over(self, axis: str) -> str:
+        return self.placement(axis).tuple_text()

@@ -1,0 +1,1 @@
+"""Reports: the content as plain data (JSON) and its rendering as text."""

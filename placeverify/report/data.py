@@ -1,0 +1,185 @@
+"""The content of a report as plain data (the ``--json`` document); the text report renders it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from placeverify import __version__
+from placeverify.cost import CATEGORIES, Costs, whole
+from placeverify.diagnostics import Diagnostic
+from placeverify.ir.placement import STATES, Role
+from placeverify.ir.step import Backward, Clip, Collective, Free, Op, Scale, Update
+from placeverify.ir.strategy import Strategy
+from placeverify.verdicts import Verification
+
+CHECK_SCHEMA = "placeverify.check/1"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    strategy: Strategy
+    costs: Costs
+    verification: Verification | None = None
+    formulas: Costs | None = None  # the same costs in the symbolic domain
+
+
+def op_text(op: Op) -> str:
+    if isinstance(op, Backward):
+        return f"backward {op.loss.text}"
+    if isinstance(op, Collective):
+        return op.label()
+    if isinstance(op, Scale):
+        return f"scale {op.target.label()} by {op.factor.text}"
+    if isinstance(op, Clip):
+        once = "" if op.replicated_once else ", replicated = every_rank"
+        group = f" over {op.group.label()}" if op.group.axes else ""
+        return f"clip(max_norm = {float(op.max_norm):g}{once}) grads{group}"
+    if isinstance(op, Update):
+        return "update params"
+    if isinstance(op, Free):
+        return f"free {op.target.label()}"
+    raise AssertionError(op)
+
+
+def step_lines(strategy: Strategy) -> list[dict[str, Any]]:
+    """The step as (where, text, line) rows, in execution order."""
+    step = strategy.step
+    rows: list[dict[str, Any]] = []
+    for op in step.pre:
+        rows.append({"phase": "before the loop", "op": op_text(op), "line": _line(op)})
+    for lo in step.loop:
+        phase = "each micro-batch" if lo.microbatch is None else f"micro-batch {lo.microbatch}"
+        rows.append({"phase": phase, "op": op_text(lo.op), "line": _line(lo.op)})
+    for op in step.post:
+        rows.append({"phase": "after the loop", "op": op_text(op), "line": _line(op)})
+    for seed in step.seeds:
+        policy = "same" if seed.same else "differ"
+        rows.append({"phase": "rng", "op": f"seed dropout({seed.region.value}) {policy} over "
+                     f"{seed.group.label()}", "line": seed.span.line})
+    return rows
+
+
+def _line(op: Op) -> int | None:
+    span = getattr(op, "span", None)
+    return span.line if span is not None else None
+
+
+def _float(value: Any) -> float:
+    return float(Fraction(value))
+
+
+def check_document(result: CheckResult) -> dict[str, Any]:
+    s = result.strategy
+    costs = result.costs
+    device = costs.device_bytes()
+    capacity = s.mesh.device_memory
+    total = whole(device["total"])
+    arch = s.model.arch
+    doc: dict[str, Any] = {
+        "schema": CHECK_SCHEMA,
+        "placeverify": __version__,
+        "file": s.source.path,
+        "strategy": s.name,
+        "model": {
+            "name": s.model.name,
+            "params": s.model.params,
+            "groups": {g.value: n for g, n in s.model.group_params().items() if n},
+            "architecture": None if arch is None else {
+                "layers": arch.layers, "hidden": arch.hidden, "heads": arch.heads,
+                "kv_heads": arch.kv_heads, "ffn": arch.ffn, "gated": arch.gated,
+                "vocab": arch.vocab, "seq": arch.seq, "micro_batch": arch.micro_batch,
+                "tied_embeddings": arch.tied_embeddings, "experts": arch.experts,
+                "top_k": arch.top_k},
+        },
+        "precision": {
+            "name": s.precision.name, "params_bytes": _float(s.precision.params),
+            "grads_bytes": _float(s.precision.grads),
+            "optimizer_bytes": _float(s.precision.optimizer),
+            "activation_bytes": _float(s.precision.activations), "loss_scale": s.loss_scale},
+        "mesh": {a.name: a.size for a in s.mesh.axes},
+        "world": s.mesh.world,
+        "placement": {
+            p.axis: {"role": p.role.value, "preset": p.preset,
+                     "modes": {st.value: p.mode(st).value for st in STATES},
+                     **({"sequence_parallel": p.sequence_parallel} if p.role is Role.TENSOR else {}),
+                     **({"schedule": p.schedule.value if p.schedule else None,
+                         "microbatches": p.microbatches, "chunks": p.chunks}
+                        if p.role is Role.PIPELINE else {})}
+            for p in s.placements},
+        "recompute": {"kind": s.recompute.kind.value, "restore_rng": s.recompute.restore_rng},
+        "loss": s.loss.kind.value,
+        "step": {"canonical": s.step.canonical, "microbatches": s.step.microbatches,
+                 "ops": step_lines(s)},
+        "memory": {
+            "device_bytes": {k: whole(device[k]) for k in (*CATEGORIES, "total")},
+            "host_bytes": whole(costs.host_bytes()),
+            "items": [{"category": i.category, "label": i.label, "bytes": whole(i.bytes),
+                       "host": i.host} for i in costs.memory],
+            "capacity_bytes": capacity,
+            "fits": None if capacity is None else total <= capacity,
+            "headroom_bytes": None if capacity is None else capacity - total,
+        },
+        "activations": None if costs.activations is None else {
+            "per_layer_bytes": whole(costs.activations.per_layer),
+            "layers": _float(costs.activations.layers),
+            "in_flight_microbatches": _float(costs.activations.in_flight),
+            "rule": costs.activations.in_flight_rule},
+        "communication": {
+            "bytes_per_step": whole(costs.network_bytes()),
+            "state_bytes_per_step": whole(costs.state_bytes()),
+            "pcie_bytes_per_step": whole(costs.pcie_bytes()),
+            "seconds_per_step": _seconds(costs),
+            "collectives": [{
+                "op": c.op, "axes": list(c.axes), "what": c.what, "bytes": whole(c.bytes),
+                "count": whole(c.calls), "payload_bytes": whole(c.payload),
+                "group_size": c.group_size, "state": c.state, "source": c.source,
+                "line": c.span.line if c.span else None,
+                "seconds": None if c.seconds is None else float(c.seconds)} for c in costs.comm],
+        },
+        "pipeline": None if costs.bubble is None else {"bubble_fraction": _float(costs.bubble)},
+        "verdicts": {} if result.verification is None else result.verification.verdicts(),
+        "obligations": [] if result.verification is None else [
+            {"condition": o.condition.value, "claim": o.claim, "verdict": o.verdict.value,
+             "kind": o.kind, "line": o.span.line if o.span else None,
+             "column": o.span.column if o.span else None, "reason": o.reason or None,
+             "fix": o.fix, "method": o.method, "seconds": round(o.seconds, 4),
+             "counterexample": o.counterexample}
+            for o in result.verification.obligations],
+        "warnings": [w.to_json(s.source) for w in s.warnings],
+    }
+    if result.formulas is not None:
+        doc["formulas"] = formulas_document(result.formulas)
+    return doc
+
+
+def _seconds(costs: Costs) -> float | None:
+    times = [c.seconds for c in costs.comm]
+    if not times or any(t is None for t in times):
+        return None
+    return float(sum(t for t in times if t is not None))
+
+
+def formulas_document(costs: Costs) -> dict[str, Any]:
+    """Closed forms (SymPy, as text) and the symbol values they are evaluated at."""
+    d = costs.domain
+    show = getattr(d, "show", str)
+    device = costs.device_bytes()
+    return {
+        "symbols": {str(k): _number(v) for k, v in getattr(d, "values", {}).items()},
+        "memory": {k: show(device[k]) for k in (*CATEGORIES, "total")},
+        "host": show(costs.host_bytes()),
+        "communication": [{"op": c.op, "axes": list(c.axes), "what": c.what, "bytes": show(c.bytes)}
+                          for c in costs.comm],
+        "communication_total": show(costs.network_bytes()),
+        "bubble": None if costs.bubble is None else show(costs.bubble),
+    }
+
+
+def _number(value: Fraction) -> int | float:
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def diagnostics_document(diagnostics: list[Diagnostic], source: Any) -> dict[str, Any]:
+    return {"schema": CHECK_SCHEMA, "errors": [d.to_json(source) for d in diagnostics]}

@@ -1,0 +1,227 @@
+"""The human report: placement matrix, memory per state, communication by collective, verdicts."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from placeverify.cost import CATEGORIES, Costs, whole
+from placeverify.ir.placement import STATES
+from placeverify.report.data import CheckResult, formulas_document, step_lines
+from placeverify.verdicts import CONDITIONS, Verdict
+
+VERDICT_STYLE = {Verdict.PROVED: "bold green", Verdict.REFUTED: "bold red",
+                 Verdict.UNKNOWN: "bold yellow"}
+
+
+def human_bytes(value: Any) -> str:
+    """Decimal units, as the ZeRO paper reports them (GB = 1e9 bytes)."""
+    n = float(Fraction(value))
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.8g} {unit}"
+    return f"{n:.8g} B"
+
+
+def human_seconds(value: Fraction | None) -> str:
+    if value is None:
+        return ""
+    s = float(value)
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+def render_check(result: CheckResult, console: Console, formulas: bool = False) -> None:
+    s = result.strategy
+    costs = result.costs
+    console.print(Text(s.name, style="bold"), Text(f"  ({s.source.path})", style="dim"))
+    model = s.model
+    if model.arch is None:
+        console.print(f"model      {model.name}: {model.params:,} parameters (bare count)")
+    else:
+        a = model.arch
+        console.print(f"model      {model.name}: {model.params:,} parameters; {a.layers} layers, "
+                      f"hidden {a.hidden}, {a.heads} heads ({a.kv_heads} kv), seq {a.seq}, "
+                      f"micro-batch {a.micro_batch}" + (f", {a.experts} experts top-{a.top_k}"
+                                                        if a.moe else ""))
+    p = s.precision
+    console.print(f"precision  {p.name}: Θ {p.params} B, Ω {p.optimizer} B, G {p.grads} B, "
+                  f"A {p.activations} B per element; loss scaling {s.loss_scale}")
+    mesh = " x ".join(f"{a.name} {a.size}" for a in s.mesh.axes)
+    console.print(f"mesh       {mesh} = {s.mesh.world:,} devices")
+    console.print()
+
+    console.print(Text("placement (mode per state and mesh axis)", style="bold"))
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("state")
+    for placement in s.placements:
+        table.add_column(f"{placement.axis} ({placement.role.value})", justify="center")
+    for state in STATES:
+        table.add_row(f"{state.symbol} {state.value}",
+                      *[placement.mode(state).value for placement in s.placements])
+    table.add_row(Text("preset", style="dim"),
+                  *[Text(_preset_label(placement), style="dim") for placement in s.placements])
+    console.print(table)
+    extras = []
+    if s.recompute.kind.value != "none":
+        extras.append(f"recompute {s.recompute.kind.value}"
+                      + ("" if s.recompute.restore_rng else " (RNG state not restored)"))
+    if s.offloaded:
+        extras.append("offloaded: " + ", ".join(sorted(x.value for x in s.offloaded)))
+    if extras:
+        console.print("  " + "; ".join(extras))
+        console.print()
+
+    _render_memory(costs, s.mesh.device_memory, console)
+    _render_comm(costs, console)
+    if costs.bubble is not None:
+        console.print(f"pipeline bubble  {float(Fraction(costs.bubble)):.2%} of the step idle")
+        console.print()
+    _render_step(result, console)
+    if result.verification is not None:
+        render_verification(result, console)
+    if formulas and result.formulas is not None:
+        _render_formulas(result.formulas, console)
+
+
+def _preset_label(placement: Any) -> str:
+    label = str(placement.preset)
+    if placement.sequence_parallel:
+        label += "+sp"
+    if placement.schedule is not None:
+        label += f" {placement.schedule.value}"
+        if placement.chunks > 1:
+            label += f" v={placement.chunks}"
+        label += f" m={placement.microbatches}"
+    return label
+
+
+def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None:
+    console.print(Text("memory per device", style="bold"))
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("state")
+    table.add_column("bytes", justify="right")
+    table.add_column("", style="dim")
+    device = costs.device_bytes()
+    labels = {"params": "Θ params", "optimizer": "Ω optimizer", "gradients": "G gradients",
+              "activations": "A activations", "buffers": "buffers"}
+    details: dict[str, list[str]] = {c: [] for c in CATEGORIES}
+    for item in costs.memory:
+        if not item.host and item.category == "buffers":
+            details["buffers"].append(item.label)
+    if costs.activations is not None:
+        details["activations"].append(costs.activations.in_flight_rule)
+    elif costs.strategy.model.arch is None:
+        details["activations"].append("not modelled: the model is a bare parameter count")
+    for c in CATEGORIES:
+        table.add_row(labels[c], human_bytes(device[c]), "; ".join(details[c]))
+    table.add_row(Text("total", style="bold"), Text(human_bytes(device["total"]), style="bold"), "")
+    host = costs.host_bytes()
+    if Fraction(host):
+        table.add_row("host (offloaded)", human_bytes(host), "")
+    console.print(table)
+    if capacity is not None:
+        total = whole(device["total"])
+        if total <= capacity:
+            console.print(f"fits       {human_bytes(total)} of {human_bytes(capacity)} "
+                          f"({total / capacity:.1%}); headroom {human_bytes(capacity - total)}",
+                          style="green")
+        else:
+            console.print(f"DOES NOT FIT  {human_bytes(total)} > {human_bytes(capacity)} device "
+                          f"memory (over by {human_bytes(total - capacity)})", style="bold red")
+    console.print()
+
+
+def _render_comm(costs: Costs, console: Console) -> None:
+    if not costs.comm:
+        console.print("communication  none")
+        console.print()
+        return
+    timed = any(c.seconds is not None for c in costs.comm)
+    console.print(Text("communication per device per step", style="bold"))
+    table = Table(box=box.SIMPLE_HEAD)
+    for column, justify in (("collective", "left"), ("over", "left"), ("what", "left"),
+                            ("calls", "right"), ("bytes", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    if timed:
+        table.add_column("time", justify="right")
+    for c in costs.comm:
+        over = " x ".join(c.axes) if c.axes else "pcie"
+        row = [c.op, over, c.what, f"{whole(c.calls):,}", human_bytes(c.bytes)]
+        if timed:
+            row.append(human_seconds(c.seconds))
+        table.add_row(*row)
+    table.add_row(Text("total (network)", style="bold"), "", "", "",
+                  Text(human_bytes(costs.network_bytes()), style="bold"))
+    console.print(table)
+    console.print(f"  gradient and parameter traffic: {human_bytes(costs.state_bytes())}"
+                  + (f"; host <-> device: {human_bytes(costs.pcie_bytes())}"
+                     if Fraction(costs.pcie_bytes()) else ""))
+    console.print()
+
+
+def _render_step(result: CheckResult, console: Console) -> None:
+    s = result.strategy
+    title = "step (canonical, derived from the placement)" if s.step.canonical else "step"
+    console.print(Text(f"{title}, {s.step.microbatches} micro-batch"
+                       f"{'es' if s.step.microbatches != 1 else ''}", style="bold"))
+    for row in step_lines(s):
+        line = "" if s.step.canonical or row["line"] is None else f"{row['line']:>4}  "
+        console.print(f"  {line}{row['phase']:<17} {row['op']}")
+    console.print()
+
+
+def render_verification(result: CheckResult, console: Console) -> None:
+    verification = result.verification
+    assert verification is not None
+    s = result.strategy
+    console.print(Text("verdicts", style="bold"))
+    for condition in CONDITIONS:
+        verdict = verification.verdict(condition)
+        console.print(f"  {condition.title:<22}", Text(verdict.value, style=VERDICT_STYLE[verdict]))
+    for o in verification.obligations:
+        if o.verdict is Verdict.PROVED:
+            continue
+        where = f"{s.source.path}:{o.span.line}:{o.span.column}" if o.span else s.source.path
+        console.print()
+        console.print(Text(f"{where}: {o.verdict.value}: {o.condition.title}: {o.claim}",
+                           style=VERDICT_STYLE[o.verdict]))
+        if o.reason:
+            console.print(f"  {o.reason}")
+        if o.fix:
+            console.print(Text(f"  fix: {o.fix}", style="cyan"))
+    if verification.trace is not None:
+        from placeverify.report.trace_text import render_trace
+
+        console.print()
+        render_trace(verification.trace, console)
+    console.print()
+    proved = sum(o.verdict is Verdict.PROVED for o in verification.obligations)
+    console.print(f"{len(verification.obligations)} obligations ({proved} proved) in "
+                  f"{verification.seconds:.2f} s", style="dim")
+
+
+def _render_formulas(costs: Costs, console: Console) -> None:
+    doc = formulas_document(costs)
+    console.print(Text("closed forms (SymPy)", style="bold"))
+    for key, value in doc["memory"].items():
+        console.print(f"  memory {key:<12} = {value}")
+    if doc["host"] != "0":
+        console.print(f"  host memory         = {doc['host']}")
+    for item in doc["communication"]:
+        over = "x".join(item["axes"]) or "pcie"
+        console.print(f"  {item['op']} over {over} ({item['what']}) = {item['bytes']}")
+    if doc["bubble"] is not None:
+        console.print(f"  bubble = {doc['bubble']}")
+    symbols = ", ".join(f"{k} = {v:,}" if isinstance(v, int) else f"{k} = {v}"
+                        for k, v in doc["symbols"].items())
+    console.print(Text(f"  where {symbols}", style="dim"))
+    console.print()

@@ -1,0 +1,80 @@
+"""Verdicts as plain data: what the Z3 backend returns and the report prints.
+
+No Z3 object crosses this boundary: counterexamples are JSON-serialisable dictionaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from placeverify.diagnostics import Span
+
+
+class Verdict(StrEnum):
+    PROVED = "proved"
+    REFUTED = "refuted"
+    UNKNOWN = "unknown"
+
+
+class Condition(StrEnum):
+    GRADIENT_INTEGRITY = "gradient_integrity"
+    STATE_CONSISTENCY = "state_consistency"
+    COMPOSITION_SAFETY = "composition_safety"
+
+    @property
+    def title(self) -> str:
+        return self.value.replace("_", " ")
+
+
+CONDITIONS = tuple(Condition)
+
+
+@dataclass(frozen=True, slots=True)
+class Obligation:
+    """One proof obligation: a claim about the strategy, its verdict and its evidence."""
+
+    condition: Condition
+    claim: str  # what is proved or refuted, in words
+    verdict: Verdict
+    span: Span | None  # the text the claim is about (a step line, a placement)
+    kind: str  # a stable name for the kind of check, e.g. "coefficient", "replica-agreement"
+    reason: str = ""  # why refuted or unknown
+    counterexample: dict[str, Any] | None = None
+    fix: str | None = None  # a one-line suggested fix for a known pattern
+    seconds: float = 0.0
+    method: str = ""  # how it was decided: "z3 (nonlinear real arithmetic)", "z3 (floating point)"
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    obligations: tuple[Obligation, ...]
+    trace: dict[str, Any] | None = None  # the counterexample trace of the first refutation
+    seconds: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+
+    def verdict(self, condition: Condition) -> Verdict:
+        verdicts = {o.verdict for o in self.obligations if o.condition is condition}
+        if Verdict.REFUTED in verdicts:
+            return Verdict.REFUTED
+        if Verdict.UNKNOWN in verdicts:
+            return Verdict.UNKNOWN
+        return Verdict.PROVED
+
+    def verdicts(self) -> dict[str, str]:
+        return {c.value: self.verdict(c).value for c in CONDITIONS}
+
+    def overall(self) -> Verdict:
+        values = {self.verdict(c) for c in CONDITIONS}
+        if Verdict.REFUTED in values:
+            return Verdict.REFUTED
+        if Verdict.UNKNOWN in values:
+            return Verdict.UNKNOWN
+        return Verdict.PROVED
+
+    def first_refuted(self) -> Obligation | None:
+        for o in self.obligations:
+            if o.verdict is Verdict.REFUTED:
+                return o
+        return None
