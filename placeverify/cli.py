@@ -46,12 +46,12 @@ def verdict_exit(verdict: Verdict) -> ExitCode:
 
 def console() -> Console:
     width = None if sys.stdout.isatty() else 120
-    return Console(width=width, highlight=False, soft_wrap=False)
+    return Console(width=width, highlight=False, soft_wrap=False, markup=False)
 
 
 def error_console() -> Console:
     width = None if sys.stderr.isatty() else 120
-    return Console(stderr=True, width=width, highlight=False, soft_wrap=True)
+    return Console(stderr=True, width=width, highlight=False, soft_wrap=True, markup=False)
 
 
 def print_errors(error: PlaceError, *, pretty: bool = True) -> None:

@@ -17,12 +17,15 @@ all-gather of parameters that are replicated but updated on shards (ZeRO-1/2, Ze
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Mode, Role, State
 from placeverify.ir.relations import batch_axes, reduction_axes, sample_axes
 from placeverify.ir.step import (
     Backward,
+    Free,
     Clip,
     Collective,
     CollectiveKind,
@@ -76,51 +79,63 @@ def _render(factors: list[tuple[Term, int]]) -> list[str]:
 
 
 def derive(strategy: Strategy) -> Step:
-    loop = (LoopOp(Backward(canonical_loss(strategy), strategy.model_span)),)
-    return Step(strategy.microbatches, (), loop, tuple(_post(strategy)), tuple(_seeds(strategy)),
+    loop: list[LoopOp] = [LoopOp(Backward(canonical_loss(strategy), strategy.model_span))]
+    post = _post(strategy)
+    if strategy.microbatches > 1:
+        # Sharded gradients (ZeRO-2/3, FSDP) cannot hold the full accumulated gradient: reduce
+        # each micro-batch into the shard and free the full buffer, as DeepSpeed and FSDP do.
+        per_microbatch = [op for op in post if isinstance(op, Collective)
+                          and op.kind is CollectiveKind.REDUCE_SCATTER
+                          and all(_gradients_sharded(strategy, a) for a in op.group.axes)]
+        if per_microbatch:
+            span = strategy.placements[0].span
+            for op in per_microbatch:
+                post.remove(op)
+                loop.append(LoopOp(replace(op, accumulate=True)))
+            loop.append(LoopOp(Free(Target(TargetKind.GRADS), span)))
+    return Step(strategy.microbatches, (), tuple(loop), tuple(post), tuple(_seeds(strategy)),
                 True, None)
+
+
+def _gradients_sharded(strategy: Strategy, axis: str) -> bool:
+    return strategy.placement(axis).mode(State.GRADIENTS).sharded
 
 
 def _post(strategy: Strategy) -> list[Op]:
     mesh = strategy.mesh
     span = strategy.placements[0].span
     groups = strategy.model.groups_present()
-    plans: dict[ParamGroup, list[tuple[str, Group]]] = {}
+    # Phases in order: the tied embedding first, then sequence-parallel norms, then the batch
+    # axes (reduce-scatter before all-reduce, as HSDP does). Groups sharing a reduction share a
+    # statement.
+    phases: dict[str, dict[ParamGroup, Group]] = {"tie": {}, "sp": {}, "reduce_scatter": {},
+                                                   "all_reduce": {}}
     for group in groups:
-        plan: list[tuple[str, Group]] = []
         needed = reduction_axes(strategy, group)
         tie = [a for a, ends in needed if ends]
         if tie:
-            plan.append(("tie", Group(tuple(tie), frozenset(tie))))
+            phases["tie"][group] = Group(tuple(tie), frozenset(tie))
         sp = [a for a, _ in needed if strategy.placement(a).role is Role.TENSOR]
         if sp:
-            plan.append(("all_reduce", mesh.group(*sp)))
-        batch = [a for a, _ in needed if strategy.placement(a).role is not Role.TENSOR
-                 and strategy.placement(a).role is not Role.PIPELINE]
+            phases["sp"][group] = mesh.group(*sp)
+        batch = [a for a, _ in needed if strategy.placement(a).role not in (Role.TENSOR,
+                                                                             Role.PIPELINE)]
         scatter = [a for a in batch if _sharded_update(strategy, a)]
         rest = [a for a in batch if a not in scatter]
         if scatter:
-            plan.append(("reduce_scatter", mesh.group(*scatter)))
+            phases["reduce_scatter"][group] = mesh.group(*scatter)
         if rest:
-            plan.append(("all_reduce", mesh.group(*rest)))
-        plans[group] = plan
+            phases["all_reduce"][group] = mesh.group(*rest)
 
     ops: list[Op] = []
-    emitted: set[tuple[ParamGroup, int]] = set()
-    for group in groups:
-        for index, (kind, g) in enumerate(plans[group]):
-            if (group, index) in emitted:
-                continue
-            same = [other for other in groups
-                    if index < len(plans[other]) and plans[other][index] == (kind, g)
-                    and (other, index) not in emitted]
-            for other in same:
-                emitted.add((other, index))
-            selector = None if len(same) == len(groups) else frozenset(same)
-            target = Target(TargetKind.GRADS, selector, None)
-            collective = CollectiveKind.REDUCE_SCATTER if kind == "reduce_scatter" else \
+    for phase, plan in phases.items():
+        for g in dict.fromkeys(plan.values()):
+            members = frozenset(p for p, other in plan.items() if other == g)
+            selector = None if len(members) == len(groups) else members
+            kind = CollectiveKind.REDUCE_SCATTER if phase == "reduce_scatter" else \
                 CollectiveKind.ALL_REDUCE
-            ops.append(Collective(collective, ReduceOp.SUM, target, g, span))
+            ops.append(Collective(kind, ReduceOp.SUM, Target(TargetKind.GRADS, selector, None), g,
+                                  span))
 
     if strategy.clip is not None:
         norm_axes = [p.axis for p in strategy.placements

@@ -380,6 +380,10 @@ class _ToAst(Transformer[Token, Any]):
         name, args, target, group = children
         return ast.OpStmt(_name(name), args or (), target, group, _meta_span(meta))
 
+    def clip_op_stmt(self, meta: Any, children: list[Any]) -> ast.OpStmt:
+        keyword, args, target, group = children
+        return ast.OpStmt(_name(keyword), args or (), target, group, _meta_span(meta))
+
     def step_stmt(self, meta: Any, children: list[Any]) -> ast.StepStmt:
         return ast.StepStmt(tuple(children), _meta_span(meta))
 
@@ -420,7 +424,7 @@ class _ToAst(Transformer[Token, Any]):
         return ast.LossStmt(children[0], _meta_span(meta))
 
     def clip_stmt(self, meta: Any, children: list[Any]) -> ast.ClipStmt:
-        return ast.ClipStmt(tuple(children), _meta_span(meta))
+        return ast.ClipStmt(tuple(children[1:]), _meta_span(meta))
 
     def loss_scale_stmt(self, meta: Any, children: list[Token]) -> ast.LossScaleStmt:
         return ast.LossScaleStmt(_name(children[0]), _meta_span(meta))

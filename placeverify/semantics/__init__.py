@@ -1,0 +1,1 @@
+"""Concrete semantics: the exact interpreter of a step and the per-group views it uses."""

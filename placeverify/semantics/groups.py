@@ -1,0 +1,73 @@
+"""One parameter group's view of the mesh, shared by the exact interpreter and the Z3 encoding.
+
+The global batch is a set of *atoms*: the tokens one device computes in one micro-batch, indexed
+by the device's coordinates on the batch axes (data, context, expert) and the micro-batch. Each
+atom has a token (and sample) count and contributes a gradient sum S. For a parameter group, an
+atom may further be split into *chunks* along extra axes where the group's gradient is partial
+but the loss is shared (tensor-parallel ranks under sequence parallelism for the norms; the first
+and last pipeline stage for a tied embedding). Along *routed* axes (expert parallelism, for the
+experts) a device's local gradient already covers every coordinate. Along *complete* axes ranks
+hold identical full copies; along *owned* axes they hold different parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.placement import Role
+from placeverify.ir.relations import Relation, batch_axes, relation, sample_axes
+from placeverify.ir.strategy import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    group: ParamGroup
+    batch: tuple[str, ...]  # axes with their own tokens (and counts)
+    samples: tuple[str, ...]  # batch axes that split samples (data, expert); context splits tokens
+    extra: tuple[str, ...]  # partial axes without separate counts (chunks of an atom)
+    ends: frozenset[str]  # extra axes that count only their first and last coordinate
+    routed: tuple[str, ...]  # batch axes whose atoms reach this group locally
+    complete: tuple[str, ...]
+    owned: tuple[str, ...]
+
+    @property
+    def coordinates(self) -> tuple[str, ...]:
+        """Axes along which atoms (and chunks) of this group are told apart."""
+        return (*self.batch, *self.extra)
+
+    def size(self, axis: str, sizes: dict[str, int]) -> int:
+        """An axis's size as this group sees it (ends(pp) has at most two members)."""
+        return min(2, sizes[axis]) if axis in self.ends else sizes[axis]
+
+    def relation(self, axis: str) -> Relation:
+        if axis in self.routed or axis in self.owned:
+            return Relation.OWNED
+        if axis in self.complete:
+            return Relation.COMPLETE
+        return Relation.PARTIAL
+
+
+def group_view(strategy: Strategy, group: ParamGroup) -> GroupView:
+    batch = batch_axes(strategy)
+    extra: list[str] = []
+    ends: set[str] = set()
+    complete: list[str] = []
+    owned: list[str] = []
+    routed = strategy.axes(Role.EXPERT) if group is ParamGroup.EXPERTS else ()
+    for p in strategy.placements:
+        if p.axis in batch:
+            if p.axis in routed:
+                owned.append(p.axis)
+            continue
+        rel = relation(strategy, group, p.axis)
+        if rel is Relation.PARTIAL:
+            extra.append(p.axis)
+            if p.role is Role.PIPELINE:
+                ends.add(p.axis)
+        elif rel is Relation.COMPLETE:
+            complete.append(p.axis)
+        else:
+            owned.append(p.axis)
+    return GroupView(group, batch, sample_axes(strategy), tuple(extra), frozenset(ends),
+                     tuple(routed), tuple(complete), tuple(owned))

@@ -1,0 +1,342 @@
+"""The exact interpreter: run one step for one parameter group on a concrete small mesh.
+
+Every device is simulated with exact rationals: micro-batch token counts and per-atom gradient
+sums go in, each device's gradient buffer after each statement comes out, along with the value
+the optimizer consumes and the single-device reference. It is the ground truth behind every
+counterexample the Z3 encoding reports (a Z3 model is only shown after this interpreter confirms
+it) and the differential oracle the Z3 encoding is tested against.
+
+Semantics (shared with :mod:`placeverify.smt.integrity` and the torch replay):
+
+- ``backward L`` adds, for every atom the device computes this micro-batch, ``factor(L) * S``
+  into the full gradient buffer; counts in ``L`` are those of the atom's home device;
+- a collective replaces the buffer ``grads`` denotes by its reduction over the group;
+- ``grads`` denotes the full buffer until a ``reduce_scatter`` runs; from then until the next
+  backward it denotes this device's shard (assigned, or added to with ``accumulate``);
+- ``scale`` multiplies the denoted buffer by a factor evaluated on the holding device;
+- ``free`` zeroes the full buffer; ``update`` consumes the denoted buffer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from placeverify.ir.mesh import Group
+from placeverify.ir.step import (
+    Backward,
+    Collective,
+    CollectiveKind,
+    CountKind,
+    Free,
+    Monomial,
+    Op,
+    ReduceOp,
+    Scale,
+    Scope,
+    TargetKind,
+    TermKind,
+    Update,
+)
+from placeverify.ir.strategy import LossKind, Strategy
+from placeverify.report.data import op_text
+from placeverify.semantics.groups import GroupView
+
+Coords = tuple[int, ...]
+AtomKey = tuple[Coords, int]  # (batch coordinates, micro-batch)
+ChunkKey = tuple[Coords, int, Coords]  # (batch coordinates, micro-batch, extra coordinates)
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """Concrete inputs: mesh sizes, micro-batch count, counts per atom, gradient per chunk."""
+
+    sizes: dict[str, int]
+    microbatches: int
+    tokens: dict[AtomKey, int]
+    samples: dict[AtomKey, int]  # the samples of the atom's micro-batch (same along context axes)
+    grads: dict[ChunkKey, Fraction]
+
+
+@dataclass
+class DeviceTrace:
+    coords: dict[str, int]
+    rows: list[tuple[str, int | None, int | None, Fraction, Fraction | None]] = field(
+        default_factory=list)  # (statement, line, micro-batch, full buffer, shard)
+    consumed: Fraction | None = None
+
+
+@dataclass
+class Run:
+    devices: list[DeviceTrace]
+    reference: Fraction
+    mixes_shards: list[Op]  # collectives over axes where the group holds different parameters
+    consumed_at_line: int | None
+
+    def mismatches(self) -> list[DeviceTrace]:
+        return [d for d in self.devices if d.consumed != self.reference]
+
+
+def batch_coords(view: GroupView, sizes: dict[str, int]) -> list[Coords]:
+    return [tuple(c) for c in itertools.product(*(range(sizes[a]) for a in view.batch))]
+
+
+def extra_coords(view: GroupView, sizes: dict[str, int]) -> list[Coords]:
+    return [tuple(c) for c in itertools.product(*(range(view.size(a, sizes)) for a in view.extra))]
+
+
+def atoms(view: GroupView, sizes: dict[str, int], m: int) -> list[AtomKey]:
+    return [(b, k) for b in batch_coords(view, sizes) for k in range(m)]
+
+
+class _Sim:
+    def __init__(self, strategy: Strategy, view: GroupView, instance: Instance) -> None:
+        self.s = strategy
+        self.view = view
+        self.inst = instance
+        self.sizes = instance.sizes
+        self.m = instance.microbatches
+        self.axes = (*view.batch, *view.extra, *view.complete)
+        ranges = [range(self._size(a)) for a in self.axes]
+        self.devices = [tuple(c) for c in itertools.product(*ranges)]
+        self.index = {d: i for i, d in enumerate(self.devices)}
+        n = len(self.devices)
+        self.full = [Fraction(0)] * n
+        self.shard: list[Fraction | None] = [None] * n
+        self.sharded = False
+        self.scattered: set[str] = set()
+        self.traces = [DeviceTrace(dict(zip(self.axes, d, strict=True))) for d in self.devices]
+        self.mixes: list[Op] = []
+        self.consumed_line: int | None = None
+
+    def _size(self, axis: str) -> int:
+        return self.view.size(axis, self.sizes)
+
+    # ---- coordinates ----------------------------------------------------------------------
+
+    def batch_of(self, device: Coords) -> Coords:
+        return device[:len(self.view.batch)]
+
+    def extra_of(self, device: Coords) -> Coords:
+        nb = len(self.view.batch)
+        return device[nb:nb + len(self.view.extra)]
+
+    def members(self, device: Coords, group: Group) -> list[Coords] | None:
+        """The devices of ``device``'s group, or None when the group mixes different parameters."""
+        free: list[int] = []
+        for axis in group.axes:
+            if axis in self.view.ends and axis not in group.ends:
+                return None  # the whole pipeline axis: stages without the tied embedding
+            if axis in group.ends and axis not in self.view.ends:
+                return None
+            if axis in self.view.routed and self.sizes[axis] > 1:
+                return None  # experts on other ranks are different parameters
+            if axis not in self.axes:
+                if self.sizes[axis] == 1:
+                    continue
+                return None  # an owned (or routed) axis
+            free.append(self.axes.index(axis))
+        out = []
+        for combo in itertools.product(*(range(self._size(self.axes[i])) for i in free)):
+            d = list(device)
+            for i, c in zip(free, combo, strict=True):
+                d[i] = c
+            out.append(tuple(d))
+        return out
+
+    # ---- counts -----------------------------------------------------------------------------
+
+    def count(self, kind: CountKind, axes: tuple[str, ...], scope: Scope, home: Coords,
+              k: int) -> Fraction:
+        """A count summed over ``axes`` (an all-reduce) for the device with batch coords ``home``."""
+        total = 0
+        batch = self.view.batch
+        for b, kk in atoms(self.view, self.sizes, self.m):
+            if scope is Scope.MICROBATCH and kk != k:
+                continue
+            if any(b[i] != home[i] for i, a in enumerate(batch) if a not in axes):
+                continue
+            total += (self.inst.tokens if kind is CountKind.TOKENS else self.inst.samples)[(b, kk)]
+        replicated = math.prod(self.sizes[a] for a in axes if a not in batch)
+        return Fraction(total * replicated)
+
+    def factor(self, monomial: Monomial, home: Coords, k: int) -> Fraction:
+        value = Fraction(1)
+        for term, exponent in monomial.factors:
+            if term.kind is TermKind.LOSS_SUM:
+                continue
+            if term.kind is TermKind.NUMBER:
+                x = term.number
+            elif term.kind is TermKind.MICROBATCHES:
+                x = Fraction(self.m)
+            elif term.kind is TermKind.SIZE:
+                assert term.group is not None
+                x = Fraction(math.prod(min(2, self.sizes[a]) if a in term.group.ends
+                                       else self.sizes[a] for a in term.group.axes))
+            else:
+                assert term.count is not None
+                x = self.count(term.count.kind, term.count.axes, term.count.scope, home, k)
+            value *= x ** exponent
+        return value
+
+    def reference_weight(self, b: Coords, k: int) -> Fraction:
+        kind = self.s.loss.kind
+        everything = tuple(self.view.batch)
+        if kind is LossKind.TOKEN_MEAN:
+            return 1 / self.count(CountKind.TOKENS, everything, Scope.STEP, b, k)
+        if kind is LossKind.SAMPLE_MEAN:
+            samples = Fraction(sum(self.inst.samples[(bb, kk)] for bb, kk in self._units()))
+            return 1 / samples
+        if kind is LossKind.MICROBATCH_MEAN:
+            units = len(self._units())
+            context = tuple(a for a in self.view.batch if a not in self.view.samples)
+            return 1 / (units * self.count(CountKind.TOKENS, context, Scope.MICROBATCH, b, k))
+        return Fraction(1)
+
+    def _units(self) -> list[AtomKey]:
+        """One atom per micro-batch unit (context coordinate 0)."""
+        batch = self.view.batch
+        context = [i for i, a in enumerate(batch) if a not in self.view.samples]
+        return [(b, k) for b, k in atoms(self.view, self.sizes, self.m)
+                if all(b[i] == 0 for i in context)]
+
+    def reference(self) -> Fraction:
+        total = Fraction(0)
+        for (b, k, e), g in self.inst.grads.items():
+            total += self.reference_weight(b, k) * g
+        return total
+
+    # ---- ops --------------------------------------------------------------------------------
+
+    def backward(self, op: Backward, k: int) -> None:
+        view = self.view
+        routed = [i for i, a in enumerate(view.batch) if a in view.routed]
+        for d in self.devices:
+            mine = self.batch_of(d)
+            chunk = self.extra_of(d)
+            add = Fraction(0)
+            for b in batch_coords(view, self.sizes):
+                if any(b[i] != mine[i] for i in range(len(b)) if i not in routed):
+                    continue
+                add += self.factor(op.loss, b, k) * self.inst.grads[(b, k, chunk)]
+            self.full[self.index[d]] += add
+
+    def collective(self, op: Collective) -> None:
+        if op.target.kind is not TargetKind.GRADS or not op.target.applies_to(self.view.group):
+            return
+        kind = op.kind
+        if kind is CollectiveKind.ALL_GATHER:
+            if self.sharded:
+                self.full = [s if s is not None else f for s, f in zip(self.shard, self.full, strict=True)]
+                self.sharded = False
+            return
+        if kind not in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
+            return
+        scatter = kind is CollectiveKind.REDUCE_SCATTER
+        if self.sharded and not scatter and self.scattered & set(op.group.axes):
+            if op not in self.mixes:
+                self.mixes.append(op)  # ranks of a scattered axis hold different elements
+            return
+        source = self.full if (scatter or not self.sharded) else self.shard
+        result: list[Fraction] = []
+        for d in self.devices:
+            group = self.members(d, op.group)
+            if group is None:
+                if op not in self.mixes:
+                    self.mixes.append(op)
+                result.append(source[self.index[d]] or Fraction(0))
+                continue
+            values = [source[self.index[y]] or Fraction(0) for y in group]
+            if op.op is ReduceOp.MAX:
+                value = max(values)
+            else:
+                value = sum(values, Fraction(0))
+                if op.op is ReduceOp.MEAN:
+                    value /= len(group)
+            result.append(value)
+        if scatter:
+            for i, value in enumerate(result):
+                previous = self.shard[i]
+                self.shard[i] = value + (previous or 0) if op.accumulate else value
+            self.sharded = True
+            self.scattered |= {a for a in op.group.axes if a in self.axes}
+        elif self.sharded:
+            self.shard = list(result)
+        else:
+            self.full = result
+
+    def scale(self, op: Scale, k: int) -> None:
+        if not op.target.applies_to(self.view.group):
+            return
+        for d in self.devices:
+            i = self.index[d]
+            f = self.factor(op.factor, self.batch_of(d), k)
+            if self.sharded:
+                self.shard[i] = (self.shard[i] or Fraction(0)) * f
+            else:
+                self.full[i] *= f
+
+    def apply(self, op: Op, k: int) -> None:
+        if isinstance(op, Backward):
+            self.sharded = False
+            self.backward(op, k)
+        elif isinstance(op, Collective):
+            self.collective(op)
+        elif isinstance(op, Scale):
+            self.scale(op, k)
+        elif isinstance(op, Free):
+            if op.target.applies_to(self.view.group):
+                self.full = [Fraction(0)] * len(self.devices)
+        elif isinstance(op, Update):
+            self.consume(op)
+        self.record(op, k)
+
+    def consume(self, op: Update) -> None:
+        for i, trace in enumerate(self.traces):
+            trace.consumed = (self.shard[i] or Fraction(0)) if self.sharded else self.full[i]
+        self.consumed_line = op.span.line
+
+    def record(self, op: Op, k: int | None) -> None:
+        line = getattr(op, "span", None)
+        for i, trace in enumerate(self.traces):
+            trace.rows.append((op_text(op), line.line if line else None, k, self.full[i],
+                               self.shard[i] if self.sharded else None))
+
+
+def run(strategy: Strategy, view: GroupView, instance: Instance) -> Run:
+    """Execute the step on every device of a concrete instance."""
+    sim = _Sim(strategy, view, instance)
+    step = strategy.step
+    for k in range(instance.microbatches):
+        for lo in step.loop:
+            if lo.microbatch is None or lo.microbatch == k:
+                sim.apply(lo.op, k)
+    for op in step.post:
+        sim.apply(op, instance.microbatches - 1)
+    return Run(sim.traces, sim.reference(), sim.mixes, sim.consumed_line)
+
+
+def uniform_instance(strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int,
+                     tokens: dict[AtomKey, int] | None = None,
+                     samples: dict[AtomKey, int] | None = None) -> Instance:
+    """An instance with the given counts (default 1 each) and distinct per-chunk gradients.
+
+    Gradient sums are distinct small integers, so that a wrong coefficient on any one atom
+    changes the consumed value (equal values could hide a wrong normalisation).
+    """
+    keys = atoms(view, sizes, m)
+    tokens = tokens or {key: 1 for key in keys}
+    samples = samples or {key: 1 for key in keys}
+    grads: dict[ChunkKey, Fraction] = {}
+    chunks = extra_coords(view, sizes)
+    for n, ((b, k), e) in enumerate(itertools.product(keys, chunks)):
+        grads[(b, k, e)] = Fraction(tokens[(b, k)] * (n + 1))
+    return Instance(dict(sizes), m, tokens, samples, grads)
+
+
+def all_coords(view: GroupView, sizes: dict[str, int]) -> Iterator[dict[str, int]]:
+    for combo in itertools.product(*(range(view.size(a, sizes)) for a in view.coordinates)):
+        yield dict(zip(view.coordinates, combo, strict=True))

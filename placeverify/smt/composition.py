@@ -1,0 +1,231 @@
+"""Composition safety: strategies combined over several axes still make sense together.
+
+Three kinds of obligations:
+
+- *reduction groups*: every collective on gradients or parameters runs only over axes where the
+  targeted groups are partial (summing parts), replicated (identical copies) or, for the
+  parameter all-gather, sharded by the optimizer; an axis where ranks hold different parameters
+  (a tensor-parallel shard, another pipeline stage, another expert) would mix them;
+- *realisable modes*: each axis's (Θ, Ω, G, A) is one its role can realise, e.g. a data-parallel
+  rank needs its layers' full parameters (R, S* or O, not S), an optimizer step on a shard needs
+  only that shard's gradient but a replicated one needs all of it;
+- *ordering hazards*: the tied-embedding sum must run before a reduce-scatter re-partitions the
+  gradient; a synchronisation decided on a micro-batch before the last leaves later micro-batches
+  unreduced; a pipeline that frees gradients reduced per micro-batch loses what it accumulates.
+
+These are decided by rules over the placement relations (:mod:`placeverify.ir.relations`), not
+by a solver; each refutation names the statement and the axis.
+"""
+
+from __future__ import annotations
+
+from placeverify.diagnostics import Code, Diagnostic, Severity, Span
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.placement import Mode, Role, State
+from placeverify.ir.relations import Relation, relation
+from placeverify.ir.step import Collective, CollectiveKind, Free, ReduceOp, TargetKind
+from placeverify.ir.strategy import Strategy
+from placeverify.semantics.groups import group_view
+from placeverify.verdicts import Condition, Obligation, Verdict
+
+METHOD = "rules over the placement relations"
+
+ALLOWED: dict[Role, tuple[set[Mode], set[Mode], set[Mode], set[Mode]]] = {
+    Role.DATA: ({Mode.R, Mode.S_STAR, Mode.O}, {Mode.R, Mode.S, Mode.O}, {Mode.R, Mode.S, Mode.O},
+                {Mode.R, Mode.M, Mode.O}),
+    Role.TENSOR: ({Mode.S}, {Mode.S}, {Mode.S}, {Mode.R, Mode.S, Mode.M, Mode.O}),
+    Role.PIPELINE: ({Mode.S}, {Mode.S}, {Mode.S}, {Mode.S, Mode.M, Mode.O}),
+    Role.CONTEXT: ({Mode.R}, {Mode.R, Mode.S}, {Mode.R, Mode.S}, {Mode.S, Mode.M, Mode.O}),
+    Role.EXPERT: ({Mode.S}, {Mode.S}, {Mode.S}, {Mode.R, Mode.M, Mode.O}),
+}
+WHY = {
+    (Role.DATA, State.PARAMS): "a data-parallel rank computes whole layers, so it needs their "
+                               "full parameters: R, gathered before use (S*) or streamed (O)",
+    (Role.TENSOR, State.PARAMS): "a tensor axis splits the weight matrices (S)",
+    (Role.PIPELINE, State.PARAMS): "a pipeline axis splits the layer stack (S)",
+    (Role.CONTEXT, State.PARAMS): "context-parallel ranks run the same layers on different "
+                                  "parts of the sequence (R)",
+}
+
+
+def composition_obligations(strategy: Strategy) -> tuple[list[Obligation], list[Diagnostic]]:
+    obligations: list[Obligation] = []
+    warnings: list[Diagnostic] = []
+    obligations.extend(_realisable(strategy))
+    obligations.extend(_groups(strategy))
+    obligations.extend(_ordering(strategy, warnings))
+    return obligations, warnings
+
+
+def _ok(claim: str, span: Span | None, kind: str) -> Obligation:
+    return Obligation(Condition.COMPOSITION_SAFETY, claim, Verdict.PROVED, span, kind, method=METHOD)
+
+
+def _bad(claim: str, span: Span | None, kind: str, reason: str, fix: str | None = None) -> Obligation:
+    return Obligation(Condition.COMPOSITION_SAFETY, claim, Verdict.REFUTED, span, kind,
+                      reason=reason, fix=fix, method=METHOD)
+
+
+def _realisable(strategy: Strategy) -> list[Obligation]:
+    out = []
+    for p in strategy.placements:
+        claim = f"the modes {p.tuple_text()} over {p.axis} ({p.role.value}) can be realised"
+        problems = []
+        allowed = ALLOWED[p.role]
+        for index, state in enumerate((State.PARAMS, State.OPTIMIZER, State.GRADIENTS,
+                                       State.ACTIVATIONS)):
+            mode = p.modes[index]
+            if mode not in allowed[index]:
+                why = WHY.get((p.role, state), "")
+                problems.append(f"{state.symbol} = {mode.value} is not a mode of a "
+                                f"{p.role.value} axis" + (f" ({why})" if why else ""))
+        if p.role is Role.DATA and p.mode(State.GRADIENTS).sharded and \
+                not p.mode(State.OPTIMIZER).sharded:
+            problems.append(f"G is sharded over {p.axis} but Ω is replicated: a replicated "
+                            "optimizer step needs the full gradient of every element it updates")
+        if problems:
+            out.append(_bad(claim, p.span, "realisable", "; ".join(problems)))
+        else:
+            out.append(_ok(claim, p.span, "realisable"))
+    return out
+
+
+def _groups(strategy: Strategy) -> list[Obligation]:
+    out = []
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    for op in strategy.step.ops():
+        if not isinstance(op, Collective):
+            continue
+        kind = op.target.kind
+        if kind in (TargetKind.TOKENS, TargetKind.OVERFLOW, TargetKind.ACTIVATIONS):
+            continue
+        claim = f"'{op.label()}' runs over a group that matches the placement"
+        problems = []
+        if kind is TargetKind.GRADS and op.op is ReduceOp.MAX:
+            problems.append("gradients are reduced with sum or mean, not max")
+        for group in strategy.model.groups_present():
+            if not op.target.applies_to(group):
+                continue
+            for axis in op.group.axes:
+                if sizes[axis] < 2:
+                    continue
+                problem = _axis_problem(strategy, op, group, axis)
+                if problem:
+                    problems.append(problem)
+        if problems:
+            out.append(_bad(claim, op.span, "reduction-group", "; ".join(dict.fromkeys(problems))))
+        else:
+            out.append(_ok(claim, op.span, "reduction-group"))
+    for op in strategy.step.ops():
+        if isinstance(op, Collective) and op.kind is CollectiveKind.ALL_TO_ALL:
+            experts = set(strategy.axes(Role.EXPERT))
+            claim = f"'{op.label()}' routes tokens over the expert-parallel axes"
+            if set(op.group.axes) != experts:
+                want = " * ".join(sorted(experts)) or "(no expert axis)"
+                out.append(_bad(claim, op.span, "routing",
+                                f"the experts are sharded over {want}, so tokens must be routed "
+                                f"over exactly that group, not {op.group.label()}"))
+            else:
+                out.append(_ok(claim, op.span, "routing"))
+    return out
+
+
+def _axis_problem(strategy: Strategy, op: Collective, group: ParamGroup, axis: str) -> str:
+    placement = strategy.placement(axis)
+    view = group_view(strategy, group)
+    if op.target.kind is TargetKind.PARAMS:
+        if placement.role is Role.DATA and placement.mode(State.OPTIMIZER).sharded:
+            return ""
+        if placement.role is Role.DATA:
+            return (f"{axis}: the {group.value} parameters are not updated on shards over {axis} "
+                    "(Ω is not sharded there), so there is nothing to gather")
+        return (f"{axis}: ranks along this {placement.role.value} axis hold different "
+                f"{group.value} parameters; gathering them would assemble other ranks' shards")
+    if axis in view.ends and axis not in op.group.ends:
+        return (f"{axis}: only the first and last stage hold the tied embedding; reduce over "
+                f"ends({axis})")
+    if axis in op.group.ends and axis not in view.ends:
+        return f"ends({axis}): the {group.value} parameters are not tied across stages"
+    rel = relation(strategy, group, axis)
+    if group is ParamGroup.EXPERTS and placement.role is Role.EXPERT:
+        return (f"{axis}: each rank of this expert axis holds different experts, and its expert "
+                "gradients already include every rank's tokens (routed by all-to-all)")
+    if rel is Relation.OWNED:
+        return (f"{axis}: ranks along this {placement.role.value} axis hold different "
+                f"{group.value} parameters, so a reduction over {axis} adds unrelated gradients")
+    return ""
+
+
+def _ordering(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation]:
+    out: list[Obligation] = []
+    step = strategy.step
+    ops = [lo.op for lo in step.loop] + list(step.post)
+    # the tied embedding's sum before any reduce-scatter of its gradient
+    tie = next((op for op in ops if isinstance(op, Collective) and op.group.ends
+                and op.target.kind is TargetKind.GRADS), None)
+    if tie is not None:
+        claim = "the tied-embedding sum over ends(pp) runs before the gradient is reduce-scattered"
+        first_scatter = next((op for op in ops if isinstance(op, Collective)
+                              and op.kind is CollectiveKind.REDUCE_SCATTER
+                              and op.target.applies_to(ParamGroup.EMBEDDING)), None)
+        if first_scatter is not None and ops.index(first_scatter) < ops.index(tie):
+            out.append(_bad(claim, tie.span, "ordering",
+                            f"'{first_scatter.label()}' (line {first_scatter.span.line}) already "
+                            "re-partitioned the embedding gradient over data-parallel ranks; the "
+                            "first and last stage need not partition it alike, so the sum adds "
+                            "mismatched elements",
+                            "move the ends(pp) all-reduce before the reduce-scatter"))
+        else:
+            out.append(_ok(claim, tie.span, "ordering"))
+    # a synchronisation decided before the last micro-batch
+    m = step.microbatches
+    for lo in step.loop:
+        op = lo.op
+        if not (isinstance(op, Collective) and op.target.kind is TargetKind.GRADS
+                and lo.microbatch is not None and lo.microbatch < m - 1):
+            continue
+        later = any(isinstance(o.op, Collective) and o.op.target.kind is TargetKind.GRADS
+                    and o.op.kind is not CollectiveKind.ALL_GATHER
+                    and (o.microbatch is None or o.microbatch > lo.microbatch)
+                    for o in step.loop) or any(
+            isinstance(o, Collective) and o.target.kind is TargetKind.GRADS for o in step.post)
+        claim = "gradient synchronisation happens after the last micro-batch"
+        if later:
+            out.append(_ok(claim, op.span, "ordering"))
+        else:
+            out.append(_bad(claim, op.span, "ordering",
+                            f"'{op.label()}' runs on micro-batch {lo.microbatch} of {m}; the "
+                            f"gradients of micro-batch{'es' if m - lo.microbatch > 2 else ''} "
+                            f"{lo.microbatch + 1}..{m - 1} are accumulated after it and never "
+                            "reduced",
+                            "synchronise on the last micro-batch ('on microbatch last') or after "
+                            "the loop"))
+    # per-micro-batch reductions inside a pipeline's accumulation
+    pipeline = strategy.pipeline
+    per_mb = [lo.op for lo in step.loop if lo.microbatch is None and isinstance(lo.op, Collective)
+              and lo.op.target.kind is TargetKind.GRADS]
+    if pipeline is not None and strategy.size(pipeline.axis) > 1 and per_mb:
+        frees = [lo.op for lo in step.loop if isinstance(lo.op, Free)]
+        op = per_mb[0]
+        claim = (f"gradients are reduced after the pipeline over {pipeline.axis} finishes "
+                 "accumulating its micro-batches")
+        assigning = [o for o in per_mb if o.kind is CollectiveKind.REDUCE_SCATTER
+                     and not o.accumulate]
+        if frees and assigning:
+            out.append(_bad(claim, op.span, "ordering",
+                            f"'{op.label()}' runs on every one of the {m} micro-batches and "
+                            f"'free grads' (line {frees[0].span.line}) then drops the accumulated "
+                            "gradient, while the shard is overwritten rather than accumulated: "
+                            "ZeRO-2/3 with pipeline parallelism (DeepSpeed#1629); it also moves "
+                            f"{m}x the gradient bytes of one reduction per step",
+                            "reduce once after the last micro-batch (ZeRO-1 with pipelines), or "
+                            "'reduce_scatter(sum, accumulate)' and accept the per-micro-batch "
+                            "traffic"))
+        else:
+            out.append(_ok(claim, op.span, "ordering"))
+            warnings.append(Diagnostic(
+                Severity.WARNING,
+                f"'{op.label()}' runs on each of the {m} micro-batches of the pipeline: "
+                f"{m}x the gradient traffic of one reduction after the last micro-batch",
+                Code.COST, op.span))
+    return out

@@ -1,0 +1,357 @@
+"""State consistency in Z3: replicated states stay bitwise identical across their axis.
+
+For each mesh axis and each parameter group replicated along it, two ranks x and x' that differ
+only along the axis are compared after the step. The parameters start identical (θ0); the
+optimizer update is an uninterpreted function ``upd(θ, g, ω)`` (equal inputs give equal outputs,
+and nothing else is assumed); the gradient each rank consumes is one shared term when the step
+makes it identical along the axis (:mod:`placeverify.smt.agreement`), two terms otherwise, and two
+IEEE float32 sums in different orders when the reduction order is rank-dependent. Dynamic loss
+scaling adds the skip decision (a shared flag only if the overflow flag is reduced over the
+axis), clipping a shared or per-rank clip factor. A sharded update (ZeRO-1/2) compares the owner's
+updated element with the other rank's copy: the owner's value after an all-gather, the stale θ0
+otherwise. Dropout in a replicated activation region compares ``rng(seed, offset)`` on both
+ranks. Z3 is asked for a model where the two ranks differ.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import z3
+
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.placement import Mode, Role, State
+from placeverify.ir.step import Clip, Collective, CollectiveKind, Region, TargetKind, Update
+from placeverify.ir.strategy import Strategy
+from placeverify.semantics.groups import GroupView, group_view
+from placeverify.semantics.interpreter import Instance, Run, atoms, run, uniform_instance
+from placeverify.smt import solve
+from placeverify.smt.agreement import Agreement, agreement
+from placeverify.verdicts import Condition, Obligation, Verdict
+
+METHOD_UF = "z3 (uninterpreted update, real arithmetic)"
+METHOD_FP = "z3 (IEEE float32 sums)"
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Evidence for a refuted consistency obligation, for the trace."""
+
+    axis: str
+    group: ParamGroup
+    cause: str  # gradient | bitwise | skip | clip | stale-shard | rng
+    sizes: dict[str, int]
+    microbatches: int
+    run: Run | None = None
+    values: dict[str, Any] | None = None
+    instance: Instance | None = None
+
+
+def consistency_obligations(strategy: Strategy,
+                            timeout_ms: int) -> list[tuple[Obligation, Divergence | None]]:
+    out: list[tuple[Obligation, Divergence | None]] = []
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    for group in strategy.model.groups_present():
+        view = group_view(strategy, group)
+        agree = agreement(strategy, view)
+        for placement in strategy.placements:
+            axis = placement.axis
+            if view.size(axis, sizes) < 2 or view.relation(axis).value == "owned":
+                continue
+            if placement.role is not Role.TENSOR and placement.role is not Role.PIPELINE \
+                    and placement.mode(State.PARAMS) in (Mode.S_STAR, Mode.O):
+                continue  # each element has one owner; gathered copies are that owner's
+            out.append(_params_obligation(strategy, view, agree, axis, timeout_ms))
+    out.extend(rng_obligations(strategy, timeout_ms))
+    return out
+
+
+def _sharded_update(strategy: Strategy, axis: str) -> bool:
+    p = strategy.placement(axis)
+    return p.role is Role.DATA and p.mode(State.OPTIMIZER).sharded
+
+
+def _gathered_after_update(strategy: Strategy, axis: str) -> Collective | None:
+    seen_update = False
+    for op in strategy.step.post:
+        if isinstance(op, Update):
+            seen_update = True
+        elif (seen_update and isinstance(op, Collective) and op.target.kind is TargetKind.PARAMS
+              and op.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.BROADCAST)
+              and op.group.covers(axis)):
+            return op
+    return None
+
+
+def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, axis: str,
+                       timeout_ms: int) -> tuple[Obligation, Divergence | None]:
+    group = view.group
+    where = "stage copies" if axis in view.ends else "replicas"
+    claim = f"{group.value} parameters and optimizer state stay identical across {axis} ({where})"
+    span = strategy.placement(axis).span
+    theta0, omega0 = z3.Real("theta0"), z3.Real("omega0")
+    upd = z3.Function("upd", z3.RealSort(), z3.RealSort(), z3.RealSort(), z3.RealSort())
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+
+    if _sharded_update(strategy, axis):
+        gather = _gathered_after_update(strategy, axis)
+        g = z3.Real("g")
+        owner = upd(theta0, g, omega0)
+        other = owner if gather is not None and gather.source == "owner" else theta0
+        if gather is not None and gather.source != "owner":
+            other = theta0  # every rank takes rank `source`'s copy, stale for others' shards
+            owner = theta0
+        outcome = solve.check(owner != other, timeout_ms)
+        if outcome.status == "unsat":
+            return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED,
+                              gather.span if gather else span, "replica-agreement",
+                              seconds=outcome.seconds, method=METHOD_UF), None
+        if outcome.status == "unknown":
+            return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
+                              "replica-agreement", reason="the solver timed out",
+                              method=METHOD_UF), None
+        model = outcome.model
+        values = {"theta0": str(solve.value(model, theta0)),
+                  "updated": str(solve.value(model, owner))}
+        update_span = next((op.span for op in strategy.step.post if isinstance(op, Update)), span)
+        reason = (f"the optimizer state is sharded over {axis}, so each rank updates only its "
+                  f"shard, and no 'all_gather params over {axis}' follows the update: the owner of "
+                  f"an element holds {values['updated']}, the other ranks keep {values['theta0']}")
+        return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, update_span,
+                           "stale-shard", reason=reason, counterexample=values,
+                           seconds=outcome.seconds, method=METHOD_UF),
+                Divergence(axis, group, "stale-shard", _small(strategy, axis, 2),
+                           min(2, strategy.step.microbatches), values=values))
+
+    same_gradient = axis in agree.identical
+    fp_op = agree.bitwise_breaks.get(axis)
+    skip_shared = not _dynamic(strategy) or _overflow_covers(strategy, axis)
+    clip_shared = _clip_identical(strategy, axis, sizes)
+    gx = z3.Real("g_x")
+    gy = gx if same_gradient else z3.Real("g_y")
+    constraints: list[Any] = []
+    fp_terms: tuple[Any, ...] | None = None
+    if fp_op is not None and same_gradient:
+        a, b, c = (z3.FP(n, z3.Float32()) for n in ("ga", "gb", "gc"))
+        rne = z3.RNE()
+        sum_x = z3.fpAdd(rne, z3.fpAdd(rne, a, b), c)
+        sum_y = z3.fpAdd(rne, z3.fpAdd(rne, b, c), a)
+        constraints += [z3.Not(z3.fpIsNaN(v)) for v in (a, b, c)]
+        constraints += [z3.Not(z3.fpIsInf(v)) for v in (a, b, c)]
+        gx, gy = z3.fpToReal(sum_x), z3.fpToReal(sum_y)
+        fp_terms = (a, b, c, sum_x, sum_y)
+    sx = z3.Bool("skip_x")
+    sy = sx if skip_shared else z3.Bool("skip_y")
+    cx = z3.Real("clip_x")
+    cy = cx if clip_shared else z3.Real("clip_y")
+    theta_x = z3.If(sx, theta0, upd(theta0, cx * gx, omega0))
+    theta_y = z3.If(sy, theta0, upd(theta0, cy * gy, omega0))
+    outcome = solve.check(z3.And(*constraints, theta_x != theta_y), timeout_ms)
+    method = METHOD_FP if fp_terms is not None else METHOD_UF
+    if outcome.status == "unsat":
+        return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED, span,
+                          "replica-agreement", seconds=outcome.seconds, method=method), None
+    if outcome.status == "unknown":
+        return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
+                          "replica-agreement", reason="the solver timed out", method=method), None
+    model = outcome.model
+    if fp_terms is not None and fp_op is not None:
+        a, b, c, sum_x, sum_y = fp_terms
+        vals = [_fp(model, t) for t in fp_terms]
+        values = {"gradients": [repr(v) for v in vals[:3]], "sum_rank_x": repr(vals[3]),
+                  "sum_rank_y": repr(vals[4])}
+        reason = (f"'{_label(fp_op)}' sums in a rank-dependent order: in float32, "
+                  f"({vals[0]!r} + {vals[1]!r}) + {vals[2]!r} = {vals[3]!r} on one rank but "
+                  f"({vals[1]!r} + {vals[2]!r}) + {vals[0]!r} = {vals[4]!r} on another, so the "
+                  f"replicas differ bitwise after the update")
+        return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, fp_op.span,
+                           "fp-order", reason=reason, counterexample=values,
+                           seconds=outcome.seconds, method=method),
+                Divergence(axis, group, "bitwise", _small(strategy, axis, 3),
+                           min(2, strategy.step.microbatches), values=values))
+    causes = []
+    if not same_gradient:
+        causes.append("gradient")
+    if not skip_shared and solve.truthy(model, sx != sy):
+        causes.append("skip")
+    if not clip_shared:
+        causes.append("clip")
+    cause = causes[0] if causes else "gradient"
+    divergence = _witness(strategy, view, axis) if cause == "gradient" else None
+    reason = _reason(strategy, view, axis, cause, divergence)
+    span_at = span
+    if cause == "gradient":
+        span_at = next((op.span for op in strategy.step.post if isinstance(op, Update)), span)
+    elif cause == "skip":
+        span_at = _overflow_span(strategy) or span
+    elif cause == "clip":
+        span_at = next((op.span for op in strategy.step.ops() if isinstance(op, Clip)), span)
+    counter = None
+    if divergence is not None and divergence.run is not None:
+        counter = {"mesh": divergence.sizes, "microbatches": divergence.microbatches,
+                   "consumed": {", ".join(f"{k}={v}" for k, v in d.coords.items()): str(d.consumed)
+                                for d in divergence.run.devices}}
+    return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span_at,
+                       "replica-agreement", reason=reason, counterexample=counter,
+                       seconds=outcome.seconds, method=method),
+            divergence or Divergence(axis, group, cause, _small(strategy, axis, 2),
+                                     min(2, strategy.step.microbatches)))
+
+
+def _label(op: Collective) -> str:
+    return op.label()
+
+
+def _fp(model: Any, term: Any) -> float:
+    value = model.eval(term, model_completion=True)
+    return float(Fraction(str(z3.simplify(z3.fpToReal(value)))))
+
+
+def _dynamic(strategy: Strategy) -> bool:
+    return strategy.loss_scale == "dynamic"
+
+
+def _overflow_ops(strategy: Strategy) -> list[Collective]:
+    return [op for op in strategy.step.ops() if isinstance(op, Collective)
+            and op.target.kind is TargetKind.OVERFLOW]
+
+
+def _overflow_covers(strategy: Strategy, axis: str) -> bool:
+    return any(op.group.covers(axis) for op in _overflow_ops(strategy))
+
+
+def _overflow_span(strategy: Strategy) -> Any:
+    ops = _overflow_ops(strategy)
+    return ops[0].span if ops else None
+
+
+def split_axes(strategy: Strategy, group: ParamGroup, sizes: dict[str, int]) -> set[str]:
+    """Axes along which ranks consume different elements of this group's gradient."""
+    view = group_view(strategy, group)
+    out = {a for a in view.owned if sizes[a] > 1}
+    for op in strategy.step.ops():
+        if (isinstance(op, Collective) and op.kind is CollectiveKind.REDUCE_SCATTER
+                and op.target.applies_to(group)):
+            out.update(a for a in op.group.axes if sizes[a] > 1)
+    return out
+
+
+def _clip_identical(strategy: Strategy, axis: str, sizes: dict[str, int]) -> bool:
+    """Is the clip factor identical along ``axis``? (True when the step does not clip.)"""
+    clips = [op for op in strategy.step.ops() if isinstance(op, Clip)]
+    if not clips:
+        return True
+    clip = clips[0]
+    if axis in clip.group.axes:
+        return True
+    for group in strategy.model.groups_present():
+        if axis in split_axes(strategy, group, sizes):
+            return False
+        if axis not in agreement(strategy, group_view(strategy, group)).identical and \
+                group_view(strategy, group).relation(axis).value != "owned":
+            return False
+    return True
+
+
+def _small(strategy: Strategy, axis: str, n: int) -> dict[str, int]:
+    sizes = {a.name: 1 for a in strategy.mesh.axes}
+    sizes[axis] = n
+    return sizes
+
+
+def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | None:
+    """Two ranks along ``axis`` consuming different gradients, on the smallest mesh found."""
+    declared = strategy.step.microbatches
+    indexed = any(lo.microbatch is not None for lo in strategy.step.loop)
+    for m in ([declared] if indexed else sorted({min(2, declared), declared})):
+        sizes = _small(strategy, axis, 2)
+        rng = random.Random(1)
+        keys = atoms(view, sizes, m)
+        for attempt in range(32):
+            tokens = {k: (1 + (i % 3) if attempt == 0 else rng.randint(1, 4))
+                      for i, k in enumerate(keys)}
+            instance = uniform_instance(strategy, view, sizes, m, tokens)
+            result = run(strategy, view, instance)
+            for d1, d2 in itertools.combinations(result.devices, 2):
+                differ = [a for a in d1.coords if d1.coords[a] != d2.coords[a]]
+                if differ == [axis] and d1.consumed != d2.consumed:
+                    return Divergence(axis, view.group, "gradient", sizes, m, run=result,
+                                      instance=instance)
+    return None
+
+
+def _reason(strategy: Strategy, view: GroupView, axis: str, cause: str,
+            divergence: Divergence | None) -> str:
+    if cause == "skip":
+        return (f"dynamic loss scaling: the overflow flag is not reduced over {axis}, so one rank "
+                f"can skip the step (its gradients overflowed) while the other updates")
+    if cause == "clip":
+        return (f"the clipping norm is not summed over {axis} while ranks along {axis} hold "
+                f"different gradients, so each rank scales its update by a different factor")
+    if divergence is not None and divergence.run is not None:
+        d = [dev for dev in divergence.run.devices if all(
+            v == 0 for a, v in dev.coords.items() if a != axis)]
+        shown = "; ".join(f"{axis} {dev.coords[axis]} consumes {dev.consumed}" for d_ in [d]
+                          for dev in d_[:3])
+        return (f"the gradient the optimizer consumes is not identical across {axis} "
+                f"(no reduction over {axis} after the last backward): {shown}; with identical "
+                f"inputs elsewhere the replicas drift apart")
+    return f"the gradient the optimizer consumes is not identical across {axis}"
+
+
+# ---- random streams ---------------------------------------------------------------------------
+
+
+def rng_obligations(strategy: Strategy, timeout_ms: int) -> list[tuple[Obligation, Divergence | None]]:
+    arch = strategy.model.arch
+    out: list[tuple[Obligation, Divergence | None]] = []
+    if arch is None or not arch.dropout:
+        return out
+    for placement in strategy.placements:
+        axis = placement.axis
+        if placement.role is not Role.TENSOR or strategy.size(axis) < 2:
+            continue
+        if placement.mode(State.ACTIVATIONS) is not Mode.R:
+            continue  # sequence parallel: the hidden dropout region is sharded, not replicated
+        seeds = [s for s in strategy.step.seeds
+                 if s.region is Region.REPLICATED and s.group.covers(axis)]
+        same = all(s.same for s in seeds) if seeds else True
+        claim = (f"dropout masks agree across {axis} in the replicated activation region "
+                 "(hidden dropout after the tensor-parallel all-reduce)")
+        span = seeds[0].span if seeds else placement.span
+        rng = z3.Function("rng", z3.IntSort(), z3.IntSort(), z3.RealSort())
+        seed0, offset = z3.Int("seed0"), z3.Int("offset")
+        rank_x, rank_y = z3.Int("rank_x"), z3.Int("rank_y")
+        seed_x = seed0 if same else seed0 + rank_x
+        seed_y = seed0 if same else seed0 + rank_y
+        formula = z3.And(rank_x != rank_y, rank_x >= 0, rank_y >= 0,
+                         rng(seed_x, offset) != rng(seed_y, offset))
+        outcome = solve.check(formula, timeout_ms)
+        method = "z3 (uninterpreted random stream)"
+        if outcome.status == "unsat":
+            out.append((Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED, span, "rng",
+                                   seconds=outcome.seconds, method=method), None))
+            continue
+        if outcome.status == "unknown":
+            out.append((Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span, "rng",
+                                   reason="the solver timed out", method=method), None))
+            continue
+        model = outcome.model
+        values = {"seed_rank_0": int(solve.value(model, seed_x)),
+                  "seed_rank_1": int(solve.value(model, seed_y)),
+                  "mask_rank_0": str(solve.value(model, rng(seed_x, offset))),
+                  "mask_rank_1": str(solve.value(model, rng(seed_y, offset)))}
+        reason = (f"the dropout seed differs across {axis} ({values['seed_rank_0']} vs "
+                  f"{values['seed_rank_1']}) in a region whose activations are replicated over "
+                  f"{axis}: the ranks drop different elements, so the replicated activations, and "
+                  "the replicated LayerNorm parameters trained on them, diverge")
+        out.append((Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, "rng",
+                               reason=reason, counterexample=values, seconds=outcome.seconds,
+                               method=method),
+                    Divergence(axis, ParamGroup.NORMS, "rng", _small(strategy, axis, 2), 1,
+                               values=values)))
+    return out

@@ -1,0 +1,331 @@
+"""The gradient-integrity obligation of each parameter group: proof, or a confirmed counterexample.
+
+1. At the declared mesh, counts are real variables (a sound relaxation): *unsat* proves the
+   consumed gradient equals the single-device gradient for every token count, sample count and
+   micro-batch composition.
+2. Otherwise the smallest mesh (axes of size 1 to 3, fewest devices first) and micro-batch count
+   with an integer counterexample is searched for; its model is turned into per-atom counts and
+   run through the exact interpreter, and only a confirmed divergence is reported as *refuted*.
+3. A solver timeout, a real-only model, or an unmodelled construct gives *unknown*.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.step import Backward, Collective, Scale, TermKind
+from placeverify.ir.strategy import Strategy
+from placeverify.semantics.groups import GroupView, group_view
+from placeverify.semantics.interpreter import (
+    AtomKey,
+    Instance,
+    Run,
+    atoms,
+    extra_coords,
+    run,
+    uniform_instance,
+)
+from placeverify.smt import solve
+from placeverify.smt.counts import SetDesc
+from placeverify.smt.integrity import DIFF, Encoded, Key, Unmodelled, encode, mismatch_formula
+from placeverify.verdicts import Condition, Obligation, Verdict
+
+MAX_SEARCH_SIZE = 3
+MAX_INTERPRETED_ATOMS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Counterexample:
+    group: ParamGroup
+    sizes: dict[str, int]
+    microbatches: int
+    instance: Instance
+    run: Run
+    key: Key | None
+
+
+def integrity_obligations(strategy: Strategy, timeout_ms: int) -> list[tuple[Obligation, Counterexample | None]]:
+    out = []
+    for group in strategy.model.groups_present():
+        out.append(group_obligation(strategy, group, timeout_ms))
+    return out
+
+
+def group_obligation(strategy: Strategy, group: ParamGroup,
+                     timeout_ms: int) -> tuple[Obligation, Counterexample | None]:
+    view = group_view(strategy, group)
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    m = strategy.step.microbatches
+    claim = (f"the optimizer consumes the single-device gradient of the global batch "
+             f"({strategy.loss.kind.value}) for the {group.value} parameters")
+    span = _consume_span(strategy)
+    try:
+        encoded = encode(strategy, view, sizes, m, f"{group.value}_", integer=False)
+    except Unmodelled as err:
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span, "coefficient",
+                          reason=f"not modelled: {err}"), None
+    if encoded.mixing:
+        op = encoded.mixing[0]
+        return Obligation(
+            Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, getattr(op, "span", span),
+            "mixes-shards", reason=f"'{_text(op)}' sums gradients of different {group.value} "
+            "parameters: ranks of that group hold different shards",
+            method="placement relations"), None
+    outcome = solve.check(mismatch_formula(encoded), timeout_ms)
+    method = "z3 (nonlinear real arithmetic over count variables)"
+    if outcome.status == "unsat":
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span, "coefficient",
+                          seconds=outcome.seconds, method=method), None
+    found = search(strategy, view, timeout_ms)
+    if found is None:
+        why = ("the solver timed out" if outcome.status == "unknown"
+               else "a real-valued counterexample exists but no integer one was confirmed on "
+                    "small meshes")
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span, "coefficient",
+                          reason=why, seconds=outcome.seconds, method=method), None
+    reason = describe(strategy, view, found)
+    return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, "coefficient",
+                      reason=reason, counterexample=summary(view, found),
+                      seconds=outcome.seconds, method=method), found
+
+
+def _text(op: Any) -> str:
+    from placeverify.report.data import op_text
+
+    return op_text(op)
+
+
+def _consume_span(strategy: Strategy) -> Any:
+    for op in strategy.step.post:
+        if op.__class__.__name__ == "Update":
+            return op.span
+    return strategy.step.span
+
+
+# ---- the search for the smallest confirmed counterexample ------------------------------------
+
+
+def candidate_meshes(strategy: Strategy, view: GroupView) -> list[tuple[dict[str, int], int]]:
+    declared = {a.name: a.size for a in strategy.mesh.axes}
+    m_declared = strategy.step.microbatches
+    relevant = set(view.coordinates) | set(view.complete) | set(_mentioned_axes(strategy))
+    axes = [a for a in declared if a in relevant]
+    indexed = any(lo.microbatch is not None for lo in strategy.step.loop)
+    ms = [m_declared] if indexed else sorted({m for m in (1, 2, 3, m_declared) if m <= m_declared})
+    options = []
+    for combo in itertools.product(*(range(1, min(MAX_SEARCH_SIZE, declared[a]) + 1) for a in axes)):
+        sizes = {a: 1 for a in declared}
+        sizes.update(zip(axes, combo, strict=True))
+        for m in ms:
+            options.append((sizes, m))
+    options.sort(key=lambda o: (math.prod(o[0].values()), o[1], tuple(o[0].values())))
+    return options
+
+
+def _mentioned_axes(strategy: Strategy) -> set[str]:
+    out: set[str] = set()
+    for op in strategy.step.ops():
+        group = getattr(op, "group", None)
+        if group is not None:
+            out.update(group.axes)
+        monomial = op.loss if isinstance(op, Backward) else op.factor if isinstance(op, Scale) else None
+        if monomial is not None:
+            for term, _ in monomial.factors:
+                if term.count is not None:
+                    out.update(term.count.axes)
+                if term.group is not None:
+                    out.update(term.group.axes)
+    return out
+
+
+def search(strategy: Strategy, view: GroupView, timeout_ms: int) -> Counterexample | None:
+    deadline = timeout_ms
+    for sizes, m in candidate_meshes(strategy, view):
+        if len(atoms(view, sizes, m)) * max(1, len(extra_coords(view, sizes))) > MAX_INTERPRETED_ATOMS:
+            continue
+        try:
+            encoded = encode(strategy, view, sizes, m, "c_", integer=True)
+        except Unmodelled:
+            continue
+        if encoded.mixing:
+            continue
+        outcome = solve.check(mismatch_formula(encoded), deadline)
+        if outcome.status != "sat":
+            continue
+        found = confirm(strategy, view, sizes, m, encoded, outcome.model)
+        if found is not None:
+            return found
+    return None
+
+
+def confirm(strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int, encoded: Encoded,
+            model: Any) -> Counterexample | None:
+    """Turn a model into concrete counts and keep it only if the interpreter diverges too."""
+    key = next((k for k in encoded.consumed
+                if solve.truthy(model, encoded.consumed[k] != encoded.reference[k])), None)
+    tokens, samples = realise(view, sizes, m, encoded, model, key)
+    tries: list[tuple[dict[AtomKey, int], dict[AtomKey, int]]] = []
+    if tokens is not None:
+        tries.append((tokens, samples))
+    rng = random.Random(0)
+    keys = atoms(view, sizes, m)
+    for _ in range(64):
+        t = {k: rng.randint(1, 4) for k in keys}
+        tries.append((t, _unit_samples(view, keys, rng, strategy.loss.uneven_samples)))
+    for t, s in tries:
+        instance = uniform_instance(strategy, view, sizes, m, t, s)
+        result = run(strategy, view, instance)
+        if result.mismatches():
+            return Counterexample(view.group, sizes, m, instance, result, key)
+    return None
+
+
+def _unit_samples(view: GroupView, keys: list[AtomKey], rng: random.Random,
+                  uneven: bool) -> dict[AtomKey, int]:
+    """Samples per micro-batch unit (shared by the atoms of one unit along context axes)."""
+    sample_index = [i for i, a in enumerate(view.batch) if a in view.samples]
+    per_unit: dict[tuple[tuple[int, ...], int], int] = {}
+    out = {}
+    for b, k in keys:
+        unit = (tuple(b[i] for i in sample_index), k)
+        if unit not in per_unit:
+            per_unit[unit] = rng.randint(1, 4) if uneven else 2
+        out[(b, k)] = per_unit[unit]
+    return out
+
+
+def realise(view: GroupView, sizes: dict[str, int], m: int, encoded: Encoded, model: Any,
+            key: Key | None) -> tuple[dict[AtomKey, int] | None, dict[AtomKey, int]]:
+    """Per-atom counts with the model's set sums (x at coordinate 0, the atom at 1)."""
+    keys = atoms(view, sizes, m)
+    alpha_k = key.k if key is not None and isinstance(key.k, int) else 0
+    counts = encoded.counts
+    q = int(solve.value(model, counts.q)) if counts.q is not None else 1
+    samples = {k: max(1, q) for k in keys}
+    token_sets = [(d, v) for d, v in counts.sets.items() if d.kind == "tokens"]
+    token_sets.sort(key=lambda item: item[0].atoms(sizes, m))
+    assigned: dict[AtomKey, int] = {}
+    for desc, var in token_sets:
+        target = int(solve.value(model, var))
+        members = [a for a in keys if _member(desc, a, view, alpha_k)]
+        have = sum(assigned[a] for a in members if a in assigned)
+        free = [a for a in members if a not in assigned]
+        if not free:
+            if have != target:
+                return None, samples
+            continue
+        need = target - have
+        if need < len(free):
+            return None, samples
+        for a in free[:-1]:
+            assigned[a] = 1
+        assigned[free[-1]] = need - (len(free) - 1)
+    for a in keys:
+        assigned.setdefault(a, 1)
+    return assigned, samples
+
+
+def _member(desc: SetDesc, atom: AtomKey, view: GroupView, alpha_k: int) -> bool:
+    b, k = atom
+    if desc.k is not None:
+        want = alpha_k if desc.k == "g" else desc.k
+        if k != want:
+            return False
+    for axis, label in desc.fixed:
+        i = view.batch.index(axis)
+        if b[i] != (0 if label == "x" else 1):
+            return False
+    return True
+
+
+# ---- words for the report ----------------------------------------------------------------------
+
+
+def describe(strategy: Strategy, view: GroupView, found: Counterexample) -> str:
+    bad = found.run.mismatches()[0]
+    coords = ", ".join(f"{a} {c}" for a, c in bad.coords.items()) or "the only device"
+    return (f"on {mesh_text(found.sizes, found.microbatches)} ({token_text(view, found)}), "
+            f"device ({coords}) consumes {show(bad.consumed)} where the single-device gradient is "
+            f"{show(found.run.reference)}")
+
+
+def mesh_text(sizes: dict[str, int], m: int) -> str:
+    parts = [f"{a} = {n}" for a, n in sizes.items()]
+    return ", ".join(parts) + f", microbatches = {m}"
+
+
+def token_text(view: GroupView, found: Counterexample) -> str:
+    parts = []
+    for (b, k), n in sorted(found.instance.tokens.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        where = ", ".join(f"{a} {c}" for a, c in zip(view.batch, b, strict=True))
+        parts.append(f"{'device ' + where + ' ' if where else ''}micro-batch {k}: {n} "
+                     f"token{'s' if n != 1 else ''}")
+    if len(parts) > 6:
+        parts = parts[:6] + ["..."]
+    return "; ".join(parts)
+
+
+def show(value: Fraction | None) -> str:
+    if value is None:
+        return "nothing"
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{value.numerator}/{value.denominator} (≈ {float(value):.6g})"
+
+
+def summary(view: GroupView, found: Counterexample) -> dict[str, Any]:
+    return {
+        "group": view.group.value,
+        "mesh": dict(found.sizes),
+        "microbatches": found.microbatches,
+        "tokens": [{"coords": dict(zip(view.batch, b, strict=True)), "microbatch": k, "tokens": n}
+                   for (b, k), n in sorted(found.instance.tokens.items())],
+        "consumed": {", ".join(f"{a}={c}" for a, c in d.coords.items()) or "device":
+                     str(d.consumed) for d in found.run.devices},
+        "reference": str(found.run.reference),
+        "class": None if found.key is None else {
+            axis: rel for axis, rel in zip(view.coordinates, found.key.cls, strict=True)},
+    }
+
+
+def ratio_pattern(strategy: Strategy, view: GroupView, found: Counterexample) -> Fraction | None:
+    """consumed / reference if it is the same for two different count assignments, else None."""
+    ratios = set()
+    for tokens in (found.instance.tokens, {k: 1 + (i % 3) for i, k in enumerate(found.instance.tokens)}):
+        instance = uniform_instance(strategy, view, found.sizes, found.microbatches, tokens,
+                                    found.instance.samples)
+        result = run(strategy, view, instance)
+        consumed = result.devices[0].consumed
+        if consumed is None or result.reference == 0:
+            return None
+        ratios.add(consumed / result.reference)
+    return ratios.pop() if len(ratios) == 1 else None
+
+
+def diff_axes(view: GroupView, key: Key | None) -> list[str]:
+    if key is None:
+        return []
+    return [a for a, rel in zip(view.coordinates, key.cls, strict=True) if rel == DIFF]
+
+
+def has_local_count(strategy: Strategy) -> bool:
+    """Does the loss divide by a count of this micro-batch on this device alone?"""
+    for op in strategy.step.ops():
+        if isinstance(op, Backward):
+            for term, exponent in op.loss.factors:
+                if (term.kind is TermKind.COUNT and term.count is not None and exponent < 0
+                        and not term.count.axes and term.count.scope.value == "microbatch"):
+                    return True
+    return False
+
+
+def reductions_of(strategy: Strategy, group: ParamGroup) -> list[Collective]:
+    return [op for op in strategy.step.ops()
+            if isinstance(op, Collective) and op.target.kind.value == "grads"
+            and op.target.applies_to(group)]

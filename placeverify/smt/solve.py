@@ -1,0 +1,61 @@
+"""Running Z3 with a time limit and reading models back as plain Python values."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import z3
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str  # "sat", "unsat" or "unknown"
+    model: Any | None
+    seconds: float
+    reason: str = ""
+
+
+def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
+    solver = z3.SolverFor(logic) if logic else z3.Solver()
+    solver.set("timeout", max(1, int(timeout_ms)))
+    solver.add(formula)
+    started = time.perf_counter()
+    result = solver.check()
+    seconds = time.perf_counter() - started
+    if result == z3.sat:
+        return Outcome("sat", solver.model(), seconds)
+    if result == z3.unsat:
+        return Outcome("unsat", None, seconds)
+    return Outcome("unknown", None, seconds, solver.reason_unknown())
+
+
+def value(model: Any, term: Any) -> Fraction:
+    """A numeric term's value in a model, as an exact fraction."""
+    v = model.eval(term, model_completion=True)
+    if z3.is_int_value(v):
+        return Fraction(v.as_long())
+    if z3.is_rational_value(v):
+        return Fraction(v.numerator_as_long(), v.denominator_as_long())
+    if z3.is_algebraic_value(v):
+        return Fraction(v.approx(20).as_decimal(20).rstrip("?"))
+    raise ValueError(f"not a number: {v}")
+
+
+def truthy(model: Any, formula: Any) -> bool:
+    return z3.is_true(model.eval(formula, model_completion=True))
+
+
+def float_value(model: Any, term: Any) -> float:
+    v = model.eval(term, model_completion=True)
+    return float(z3.fpToReal(v).as_fraction()) if not z3.is_fp_value(v) else _fp(v)
+
+
+def _fp(v: Any) -> float:
+    text = v.as_string() if hasattr(v, "as_string") else str(v)
+    try:
+        return float(text)
+    except ValueError:
+        return float(z3.simplify(z3.fpToReal(v)).as_fraction())
