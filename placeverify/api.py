@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from placeverify.cost import analyse
 from placeverify.ir.lower import load
@@ -35,3 +36,21 @@ def check_strategy(strategy: Strategy, *, verify_conditions: bool = True, formul
     symbolic = analyse(strategy, symbolic=True) if formulas else None
     verification = verify(strategy, timeout_ms) if verify_conditions else None
     return CheckResult(strategy, costs, verification, symbolic)
+
+
+def resize(strategy: Strategy, sizes: dict[str, int]) -> Strategy:
+    """The same strategy on a mesh with some axes resized (pipeline micro-batches unchanged).
+
+    A canonical step is derived again for the new mesh (it depends on which axes have more than
+    one rank); a step written in the file is kept as written. Divisibility of the model's
+    dimensions is not re-checked: replay and counterexample search use small meshes on purpose.
+    """
+    from placeverify.ir import canonical
+
+    unknown = set(sizes) - set(strategy.mesh.names)
+    if unknown:
+        raise ValueError(f"no such axes: {sorted(unknown)}")
+    resized = replace(strategy, mesh=strategy.mesh.with_sizes(sizes))
+    if strategy.step.canonical:
+        resized = replace(resized, step=canonical.derive(resized))
+    return resized

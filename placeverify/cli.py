@@ -215,16 +215,20 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
 @main.command(epilog=EXIT_CODES)
 @click.argument("trace", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the replay result as JSON.")
-@click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100))
+@click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100),
+              help="Training steps to run before comparing.")
+@click.option("--world", type=click.IntRange(1, 64), default=None,
+              help="Processes to run (default: the trace's smallest mesh).")
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1, 3600),
               help="Seconds before a hung replay is stopped.")
-def replay(trace: str, as_json: bool, steps: int, timeout: float) -> None:
+def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: float) -> None:
     """Replay a counterexample trace on real torch.distributed processes."""
 
     def run() -> ExitCode:
         from placeverify.replay.cli import replay_trace
 
-        return replay_trace(trace, as_json=as_json, steps=steps, timeout=timeout, console=console())
+        return replay_trace(trace, as_json=as_json, steps=steps, world=world, timeout=timeout,
+                            console=console())
 
     guarded(run)
 

@@ -25,12 +25,12 @@ from placeverify.ir.placement import Mode, Role, State
 from placeverify.ir.relations import batch_axes, reduction_axes, sample_axes
 from placeverify.ir.step import (
     Backward,
-    Free,
     Clip,
     Collective,
     CollectiveKind,
     Count,
     CountKind,
+    Free,
     LoopOp,
     Monomial,
     Op,

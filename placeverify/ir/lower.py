@@ -614,9 +614,11 @@ class _Lowerer:
                     axes.append(ref.text)
                 else:
                     candidates = [*names, *named, "world", *extra]
-                    self.error(f"unknown axis '{ref.text}'{did_you_mean(ref.text, candidates)}",
-                               Code.UNKNOWN_NAME, ref.span,
-                               "the mesh declares: " + ", ".join(names))
+                    hint = did_you_mean(ref.text, candidates)
+                    notes = () if "expected one of" in hint else (
+                        "the mesh declares: " + ", ".join(names),)
+                    self.error(f"unknown axis '{ref.text}'{hint}", Code.UNKNOWN_NAME, ref.span,
+                               *notes)
                     ok = False
         duplicates = {a for a in axes if axes.count(a) > 1}
         if duplicates:
@@ -1077,6 +1079,7 @@ class _StepLowerer:
                 if op is None:
                     continue
                 if backward_seen:
+                    self.check_post_scale(op)
                     post.append(op)
                 else:
                     if not (isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS):
@@ -1111,6 +1114,16 @@ class _StepLowerer:
             self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
         return Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
                     False, stmt.span)
+
+    def check_post_scale(self, op: Op) -> None:
+        """After the loop there is no current micro-batch to count the tokens of."""
+        if not isinstance(op, Scale):
+            return
+        for term, _ in op.factor.factors:
+            if term.count is not None and term.count.scope is Scope.MICROBATCH:
+                self.error(f"'{term.count.label()}' counts one micro-batch, but this scale runs "
+                           f"after the micro-batch loop; write {term.count.kind.value}(..., step)",
+                           Code.BAD_VALUE, op.span)
 
     def set_microbatches(self, item: ast.MicrobatchesStmt) -> None:
         n = self.outer.integer(item.value, "microbatches", 1, MAX_MICROBATCHES)

@@ -13,7 +13,6 @@ from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.groups import GroupView
 from placeverify.smt.gradients import (
     Counterexample,
-    diff_axes,
     has_local_count,
     ratio_pattern,
     reductions_of,
