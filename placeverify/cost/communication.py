@@ -146,6 +146,10 @@ def _collective(d: Domain, strategy: Strategy, op: Collective, calls: Num,
         payload: Num = 0
         for group, n in grads.items():
             if target.applies_to(group):
+                if op.group.ends and group is ParamGroup.EMBEDDING:
+                    # the end stages sum the whole (vocab-parallel) embedding they each hold,
+                    # not the 1/p share the even-split memory model assigns a stage
+                    n = n * _pipeline_split(d, strategy)
                 payload = payload + n * fraction[group]
                 if op.kind is CollectiveKind.REDUCE_SCATTER:
                     fraction[group] = fraction[group] / group_size(d, strategy, op.group)[0]
@@ -159,6 +163,14 @@ def _collective(d: Domain, strategy: Strategy, op: Collective, calls: Num,
             payload = payload + n
     return [_item(d, strategy, kind, op.group, target.label(), payload * param_bytes, calls,
                   "params", "step", op.span)]
+
+
+def _pipeline_split(d: Domain, strategy: Strategy) -> Num:
+    split: Num = d.const(1)
+    for p in strategy.placements:
+        if p.role is Role.PIPELINE:
+            split = split * d.sym(p.axis, strategy.size(p.axis))
+    return split
 
 
 # ---- traffic implied by the placement ----------------------------------------------------------
@@ -205,6 +217,10 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
     p_size = strategy.size(pipeline.axis) if pipeline else 1
     layers = L / d.sym(pipeline.axis, p_size) if pipeline and p_size > 1 else L
     bsh = b * s * h * e / c  # one micro-batch's hidden states on this device (cp splits s)
+    # Full recomputation runs each layer's forward again in backward, collectives included
+    # (Megatron-LM's recompute granularity "full"); selective recomputation only redoes the
+    # attention core, which has none.
+    refwd = 1 if strategy.recompute.kind.value == "full" else 0
 
     tensor_axes = strategy.axes(Role.TENSOR)
     if tensor_axes and strategy.mesh.group(*tensor_axes).size(mesh) > 1:
@@ -213,15 +229,17 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
         if sp:
             for kind in ("all_gather", "reduce_scatter"):
                 items.append(_item(d, strategy, kind, group,
-                                   "activations (sequence parallel, 4 per layer per micro-batch)",
-                                   bsh, 4 * layers * m, "activations", "placement", span))
+                                   f"activations (sequence parallel, {4 + 2 * refwd} per layer per "
+                                   "micro-batch)", bsh, (4 + 2 * refwd) * layers * m,
+                                   "activations", "placement", span))
             items.append(_item(d, strategy, "reduce_scatter", group,
                                "embedding output (vocab-parallel, forward)", bsh, m,
                                "activations", "placement", span))
         else:
             items.append(_item(d, strategy, "all_reduce", group,
-                               "activations (tensor parallel, 4 per layer per micro-batch)", bsh,
-                               4 * layers * m, "activations", "placement", span))
+                               f"activations (tensor parallel, {4 + 2 * refwd} per layer per "
+                               "micro-batch)", bsh, (4 + 2 * refwd) * layers * m, "activations",
+                               "placement", span))
             items.append(_item(d, strategy, "all_reduce", group,
                                "embedding output (vocab-parallel, forward)", bsh, m,
                                "activations", "placement", span))
@@ -250,8 +268,9 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
             kv = 2 * b * s * h * (d.sym("a_kv", arch.kv_heads) / d.sym("a", arch.heads)) * e / t
             group = mesh.group(p.axis)
             items.append(_item(d, strategy, "all_gather", group,
-                               "K and V (context parallel, forward and backward, per layer)", kv,
-                               2 * layers * m, "activations", "placement", p.span))
+                               "K and V (context parallel, forward" + (", recompute" if refwd else "")
+                               + " and backward, per layer)", kv, (2 + refwd) * layers * m,
+                               "activations", "placement", p.span))
             items.append(_item(d, strategy, "reduce_scatter", group,
                                "K and V gradients (context parallel, per layer)", kv, layers * m,
                                "activations", "placement", p.span))
@@ -259,8 +278,10 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
             k = d.sym("k", arch.top_k)
             tokens = b * s * k * h * e / (c * (t if sp else 1))
             items.append(_item(d, strategy, "all_to_all", mesh.group(p.axis),
-                               "tokens to experts and back (dispatch, combine; fwd and bwd)",
-                               tokens, 4 * layers * m, "activations", "placement", p.span))
+                               "tokens to experts and back (dispatch, combine; fwd"
+                               + (", recompute" if refwd else "") + " and bwd)",
+                               tokens, (4 + 2 * refwd) * layers * m, "activations", "placement",
+                               p.span))
     return items
 
 

@@ -131,27 +131,18 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
     fp_op = agree.bitwise_breaks.get(axis)
     skip_shared = not _dynamic(strategy) or _overflow_covers(strategy, axis)
     clip_shared = _clip_identical(strategy, axis, sizes)
+    if fp_op is not None and same_gradient:
+        return _bitwise_obligation(strategy, view, axis, claim, fp_op, timeout_ms)
     gx = z3.Real("g_x")
     gy = gx if same_gradient else z3.Real("g_y")
-    constraints: list[Any] = []
-    fp_terms: tuple[Any, ...] | None = None
-    if fp_op is not None and same_gradient:
-        a, b, c = (z3.FP(n, z3.Float32()) for n in ("ga", "gb", "gc"))
-        rne = z3.RNE()
-        sum_x = z3.fpAdd(rne, z3.fpAdd(rne, a, b), c)
-        sum_y = z3.fpAdd(rne, z3.fpAdd(rne, b, c), a)
-        constraints += [z3.Not(z3.fpIsNaN(v)) for v in (a, b, c)]
-        constraints += [z3.Not(z3.fpIsInf(v)) for v in (a, b, c)]
-        gx, gy = z3.fpToReal(sum_x), z3.fpToReal(sum_y)
-        fp_terms = (a, b, c, sum_x, sum_y)
     sx = z3.Bool("skip_x")
     sy = sx if skip_shared else z3.Bool("skip_y")
     cx = z3.Real("clip_x")
     cy = cx if clip_shared else z3.Real("clip_y")
     theta_x = z3.If(sx, theta0, upd(theta0, cx * gx, omega0))
     theta_y = z3.If(sy, theta0, upd(theta0, cy * gy, omega0))
-    outcome = solve.check(z3.And(*constraints, theta_x != theta_y), timeout_ms)
-    method = METHOD_FP if fp_terms is not None else METHOD_UF
+    outcome = solve.check(theta_x != theta_y, timeout_ms)
+    method = METHOD_UF
     if outcome.status == "unsat":
         return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED, span,
                           "replica-agreement", seconds=outcome.seconds, method=method), None
@@ -159,20 +150,6 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
         return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
                           "replica-agreement", reason="the solver timed out", method=method), None
     model = outcome.model
-    if fp_terms is not None and fp_op is not None:
-        a, b, c, sum_x, sum_y = fp_terms
-        vals = [_fp(model, t) for t in fp_terms]
-        values = {"gradients": [repr(v) for v in vals[:3]], "sum_rank_x": repr(vals[3]),
-                  "sum_rank_y": repr(vals[4])}
-        reason = (f"'{_label(fp_op)}' sums in a rank-dependent order: in float32, "
-                  f"({vals[0]!r} + {vals[1]!r}) + {vals[2]!r} = {vals[3]!r} on one rank but "
-                  f"({vals[1]!r} + {vals[2]!r}) + {vals[0]!r} = {vals[4]!r} on another, so the "
-                  f"replicas differ bitwise after the update")
-        return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, fp_op.span,
-                           "fp-order", reason=reason, counterexample=values,
-                           seconds=outcome.seconds, method=method),
-                Divergence(axis, group, "bitwise", _small(strategy, axis, 3),
-                           min(2, strategy.step.microbatches), values=values))
     causes = []
     if not same_gradient:
         causes.append("gradient")
@@ -202,13 +179,44 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
                                      min(2, strategy.step.microbatches)))
 
 
-def _label(op: Collective) -> str:
-    return op.label()
-
-
 def _fp(model: Any, term: Any) -> float:
     value = model.eval(term, model_completion=True)
     return float(Fraction(str(z3.simplify(z3.fpToReal(value)))))
+
+
+def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: str,
+                        op: Collective, timeout_ms: int) -> tuple[Obligation, Divergence | None]:
+    """Two ranks sum the same three float32 gradients in their own orders; the update, an
+    uninterpreted function of the float32 sum, then sees bitwise-different inputs or not."""
+    f32 = z3.Float32()
+    rne = z3.RNE()
+    a, b, c = (z3.FP(n, f32) for n in ("g_rank0", "g_rank1", "g_rank2"))
+    sum_x = z3.fpAdd(rne, z3.fpAdd(rne, a, b), c)  # rank 0 starts from its own gradient
+    sum_y = z3.fpAdd(rne, z3.fpAdd(rne, b, c), a)  # rank 1 from its own
+    upd = z3.Function("upd", f32, z3.RealSort())
+    low, high = z3.FPVal(2.0 ** -8, f32), z3.FPVal(2.0 ** 24, f32)
+    bounds = [z3.And(z3.fpIsNormal(v), z3.fpGEQ(z3.fpAbs(v), low), z3.fpLEQ(z3.fpAbs(v), high))
+              for v in (a, b, c)]  # ordinary gradient magnitudes, for a readable witness
+    outcome = solve.check(z3.And(*bounds, upd(sum_x) != upd(sum_y)), timeout_ms)
+    method = METHOD_FP
+    span = op.span
+    if outcome.status != "sat":
+        verdict = Verdict.PROVED if outcome.status == "unsat" else Verdict.UNKNOWN
+        reason = "" if verdict is Verdict.PROVED else "the solver timed out"
+        return Obligation(Condition.STATE_CONSISTENCY, claim, verdict, span, "fp-order",
+                          reason=reason, seconds=outcome.seconds, method=method), None
+    vals = [_fp(outcome.model, t) for t in (a, b, c, sum_x, sum_y)]
+    values = {"gradients": [repr(v) for v in vals[:3]], "sum_rank_0": repr(vals[3]),
+              "sum_rank_1": repr(vals[4])}
+    reason = (f"'{op.label()}' sums in a rank-dependent order: in float32, "
+              f"({vals[0]!r} + {vals[1]!r}) + {vals[2]!r} = {vals[3]!r} on one rank but "
+              f"({vals[1]!r} + {vals[2]!r}) + {vals[0]!r} = {vals[4]!r} on another, so the "
+              "replicas differ bitwise after the update")
+    return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, "fp-order",
+                       reason=reason, counterexample=values, seconds=outcome.seconds,
+                       method=method),
+            Divergence(axis, view.group, "bitwise", _small(strategy, axis, 3),
+                       min(2, strategy.step.microbatches), values=values))
 
 
 def _dynamic(strategy: Strategy) -> bool:

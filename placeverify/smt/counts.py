@@ -79,9 +79,12 @@ class CountVars:
         view = self.view
         family = view.batch if kind == "tokens" else view.samples
         replicated = math.prod(self.sizes[a] for a in free if a not in family)
-        free_family = frozenset(a for a in free if a in family)
-        fixed = tuple((a, anchor[a]) for a in family if a not in free_family)
-        desc = SetDesc(kind, free_family, fixed, None if step_scope else k)
+        # Canonical form: an axis of one rank is neither summed over nor told apart, and with one
+        # micro-batch "this micro-batch" is the whole step, so equal sets share a variable.
+        free_family = frozenset(a for a in free if a in family and self.sizes[a] > 1)
+        fixed = tuple((a, anchor[a]) for a in family
+                      if a not in free_family and self.sizes[a] > 1)
+        desc = SetDesc(kind, free_family, fixed, None if step_scope or self.m == 1 else k)
         if kind == "samples" and self.q is not None:
             units = desc.atoms(self.sizes, self.m)
             return self._real(self.q) * units * replicated

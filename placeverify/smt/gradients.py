@@ -90,7 +90,8 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
         return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span, "coefficient",
                           reason=why, seconds=outcome.seconds, method=method), None
     reason = describe(strategy, view, found)
-    return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, "coefficient",
+    return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED,
+                      cause_span(strategy, view, found) or span, "coefficient",
                       reason=reason, counterexample=summary(view, found),
                       seconds=outcome.seconds, method=method), found
 
@@ -297,9 +298,14 @@ def summary(view: GroupView, found: Counterexample) -> dict[str, Any]:
 def ratio_pattern(strategy: Strategy, view: GroupView, found: Counterexample) -> Fraction | None:
     """consumed / reference if it is the same for two different count assignments, else None."""
     ratios = set()
-    for tokens in (found.instance.tokens, {k: 1 + (i % 3) for i, k in enumerate(found.instance.tokens)}):
+    varied = {k: 1 + (i % 3) for i, k in enumerate(found.instance.tokens)}
+    for index, tokens in enumerate((found.instance.tokens, varied)):
         instance = uniform_instance(strategy, view, found.sizes, found.microbatches, tokens,
                                     found.instance.samples)
+        if index:  # other gradient values too, so a missing contribution cannot look constant
+            instance = Instance(instance.sizes, instance.microbatches, instance.tokens,
+                                instance.samples, {key: g * (i + 2) ** 2 for i, (key, g)
+                                                   in enumerate(sorted(instance.grads.items()))})
         result = run(strategy, view, instance)
         consumed = result.devices[0].consumed
         if consumed is None or result.reference == 0:
@@ -329,3 +335,31 @@ def reductions_of(strategy: Strategy, group: ParamGroup) -> list[Collective]:
     return [op for op in strategy.step.ops()
             if isinstance(op, Collective) and op.target.kind.value == "grads"
             and op.target.applies_to(group)]
+
+
+def cause_span(strategy: Strategy, view: GroupView, found: Counterexample) -> Any:
+    """The statement a coefficient refutation is most likely caused by.
+
+    A per-micro-batch local normalisation points at the backward; a wrong constant factor (the
+    ratio to the reference does not depend on the counts) at the last scale, else the last
+    reduction, of this group's gradient; a missing reduction at the update that consumes it.
+    """
+    from placeverify.ir.strategy import LossKind
+
+    if strategy.loss.kind is LossKind.TOKEN_MEAN and has_local_count(strategy) \
+            and found.microbatches > 1:
+        return strategy.step.backward().span
+    overwriting = [lo.op for lo in strategy.step.loop
+                   if isinstance(lo.op, Collective) and lo.op.kind.value == "reduce_scatter"
+                   and not lo.op.accumulate and lo.op.target.applies_to(view.group)]
+    if overwriting and found.microbatches > 1:
+        return overwriting[0].span  # each micro-batch overwrites the shard
+    ratio = ratio_pattern(strategy, view, found)
+    if ratio is None or ratio == 0:
+        return None
+    ops = list(strategy.step.ops())
+    scales = [op for op in ops if isinstance(op, Scale) and op.target.applies_to(view.group)]
+    if scales:
+        return scales[-1].span
+    reductions = [op for op in reductions_of(strategy, view.group)]
+    return reductions[-1].span if reductions else None

@@ -1,0 +1,60 @@
+"""Verification time per example, and the same strategies at dp = 8 vs dp = 4096.
+
+The Z3 encoding reasons about classes of ranks rather than ranks, so checking must not grow with
+the mesh. Run: python benchmarks/verify_scaling.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from placeverify.api import resize, verify  # noqa: E402
+from placeverify.ir.lower import load  # noqa: E402
+
+REPEATS = 5
+
+
+def timed(strategy) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        verify(strategy)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    verify(load(str(ROOT / "examples/zero-paper/zero3.place")))  # warm up z3
+    print("verification time per example (median of 5, in process)")
+    rows = []
+    for path in sorted((ROOT / "examples").rglob("*.place")):
+        seconds = timed(load(str(path)))
+        rows.append(seconds)
+        print(f"  {seconds * 1000:8.1f} ms  {path.relative_to(ROOT)}")
+    print(f"  median {statistics.median(rows) * 1000:.1f} ms, max {max(rows) * 1000:.1f} ms over "
+          f"{len(rows)} files")
+    print()
+    print("the same strategy at growing data-parallel size (median of 5)")
+    cases = ["examples/ok/ga-token-normalisation-fixed.place",
+             "examples/bugs/ga-token-normalisation.place",
+             "examples/strategies/llama3-8b-zero3.place",
+             "examples/bugs/hsdp-shard-group-of-one.place"]
+    for case in cases:
+        strategy = load(str(ROOT / case))
+        axis = "replica" if "hsdp" in case else "dp"
+        cells = []
+        for size in (8, 64, 512, 4096):
+            resized = resize(strategy, {axis: size})
+            cells.append(f"{axis}={size}: {timed(resized) * 1000:7.1f} ms")
+        print(f"  {case}\n    " + "   ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
