@@ -130,7 +130,7 @@ class _Sim:
         for axis in group.axes:
             if axis in self.view.ends and axis not in group.ends:
                 return None  # the whole pipeline axis: stages without the tied embedding
-            if axis in group.ends and axis not in self.view.ends:
+            if axis in group.ends and axis not in self.view.ends and self.sizes[axis] > 1:
                 return None
             if axis in self.view.routed and self.sizes[axis] > 1:
                 return None  # experts on other ranks are different parameters

@@ -67,7 +67,7 @@ def agreement(strategy: Strategy, view: GroupView, sizes: dict[str, int] | None 
             if axis in view.routed and size > 1:
                 return None
             if axis in view.coordinates:
-                if (axis in view.ends) != (axis in op.group.ends):
+                if (axis in view.ends) != (axis in op.group.ends) and size > 1:
                     return None
                 axes.add(axis)
             elif axis in view.complete:

@@ -13,7 +13,6 @@ interpreter before it is reported.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,21 @@ from placeverify.semantics.groups import GroupView
 
 Label = str  # "x": the consumer's coordinate; "a": the atom's (different) coordinate
 KSpec = int | str | None  # a concrete micro-batch, "g" (the atom's generic one), None (the step)
+Size = Any  # an int, or a solver term for an unbounded size (placeverify prove: "for every")
+
+
+def product(values: Any) -> Any:
+    """The product of sizes, an int when all are ints and a solver term otherwise."""
+    out: Any = 1
+    for v in values:
+        out = out * v
+    return out
+
+
+def more_than_one(n: Size) -> bool:
+    """Can an axis of this size hold two different coordinates? Symbolic sizes are proved in
+    two cases, n = 1 (a plain 1 here) and n >= 2 (a symbol here), so a symbol means yes."""
+    return n > 1 if isinstance(n, int) else True
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +46,8 @@ class SetDesc:
     fixed: tuple[tuple[str, Label], ...]  # the other axes of the family and their anchor
     k: KSpec
 
-    def atoms(self, sizes: dict[str, int], m: int) -> int:
-        return math.prod(sizes[a] for a in self.free) * (m if self.k is None else 1)
+    def atoms(self, sizes: dict[str, Size], m: Size) -> Any:
+        return product(sizes[a] for a in self.free) * (m if self.k is None else 1)
 
     def label(self, axis: str) -> Label:
         return dict(self.fixed)[axis]
@@ -57,7 +71,7 @@ class SetDesc:
 class CountVars:
     """Creates count variables on demand and states the constraints between them."""
 
-    def __init__(self, view: GroupView, sizes: dict[str, int], m: int, prefix: str,
+    def __init__(self, view: GroupView, sizes: dict[str, Size], m: Size, prefix: str,
                  integer: bool, equal_samples: bool) -> None:
         self.view = view
         self.sizes = sizes
@@ -78,13 +92,14 @@ class CountVars:
         """The count of ``kind`` over ``free`` axes, anchored as given; a real-valued term."""
         view = self.view
         family = view.batch if kind == "tokens" else view.samples
-        replicated = math.prod(self.sizes[a] for a in free if a not in family)
+        replicated = product(self.sizes[a] for a in free if a not in family)
         # Canonical form: an axis of one rank is neither summed over nor told apart, and with one
         # micro-batch "this micro-batch" is the whole step, so equal sets share a variable.
-        free_family = frozenset(a for a in free if a in family and self.sizes[a] > 1)
+        free_family = frozenset(a for a in free if a in family and more_than_one(self.sizes[a]))
         fixed = tuple((a, anchor[a]) for a in family
-                      if a not in free_family and self.sizes[a] > 1)
-        desc = SetDesc(kind, free_family, fixed, None if step_scope or self.m == 1 else k)
+                      if a not in free_family and more_than_one(self.sizes[a]))
+        desc = SetDesc(kind, free_family, fixed,
+                       None if step_scope or not more_than_one(self.m) else k)
         if kind == "samples" and self.q is not None:
             units = desc.atoms(self.sizes, self.m)
             return self._real(self.q) * units * replicated

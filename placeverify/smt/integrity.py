@@ -22,7 +22,6 @@ alike and one generic micro-batch stands for all).
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +44,7 @@ from placeverify.ir.step import (
 )
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.groups import GroupView
-from placeverify.smt.counts import CountVars, KSpec
+from placeverify.smt.counts import CountVars, KSpec, Size, more_than_one, product
 
 SAME, DIFF = "same", "different"
 MAX_UNROLL = 256
@@ -76,7 +75,7 @@ def loop_is_uniform(strategy: Strategy) -> bool:
 
 
 class _Machine:
-    def __init__(self, strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int,
+    def __init__(self, strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size,
                  counts: CountVars) -> None:
         self.s = strategy
         self.view = view
@@ -84,11 +83,14 @@ class _Machine:
         self.m = m
         self.counts = counts
         self.generic = loop_is_uniform(strategy)
+        if not self.generic and not isinstance(m, int):
+            raise Unmodelled("the micro-batch loop has collectives, so it is unrolled, which needs "
+                             "a concrete micro-batch count")
         if not self.generic and m > MAX_UNROLL:
             raise Unmodelled(f"the micro-batch loop has collectives and {m} micro-batches; "
                              f"the encoding unrolls at most {MAX_UNROLL}")
         self.axes = view.coordinates
-        choices = [(SAME, DIFF) if view.size(a, sizes) > 1 else (SAME,) for a in self.axes]
+        choices = [(SAME, DIFF) if more_than_one(self.size(a)) else (SAME,) for a in self.axes]
         ks: list[int | str] = ["g"] if self.generic else list(range(m))
         self.keys = [Key(tuple(c), k) for c in itertools.product(*choices) for k in ks]
         zero = z3.RealVal(0)
@@ -101,6 +103,13 @@ class _Machine:
         self.consumed: dict[Key, Any] | None = None
         self.consumed_line: int | None = None
         self.mixing: list[Op] = []
+
+    def size(self, axis: str) -> Size:
+        """An axis's size as this group sees it: ends(pp) has two members when pp has two."""
+        n = self.sizes[axis]
+        if axis in self.view.ends:
+            return 2 if more_than_one(n) else 1
+        return n
 
     # ---- evaluation of factors ---------------------------------------------------------------
 
@@ -120,10 +129,10 @@ class _Machine:
             if term.kind is TermKind.NUMBER:
                 x: Any = z3.RealVal(str(term.number))
             elif term.kind is TermKind.MICROBATCHES:
-                x = z3.RealVal(self.m)
+                x = _real(self.m)
             elif term.kind is TermKind.SIZE:
                 assert term.group is not None
-                x = z3.RealVal(_group_size(term.group, self.sizes))
+                x = _real(_group_size(term.group, self.sizes))
             else:
                 count = term.count
                 assert count is not None
@@ -162,7 +171,7 @@ class _Machine:
         plan: list[tuple[str, str]] = []
         for axis in group.axes:
             size = self.sizes[axis]
-            if axis in view.routed and size > 1:
+            if axis in view.routed and more_than_one(size):
                 return None
             if axis in self.axes:
                 if (axis in view.ends) != (axis in group.ends):
@@ -170,19 +179,19 @@ class _Machine:
                 plan.append(("coordinate", axis))
             elif axis in view.complete:
                 plan.append(("copies", axis))
-            elif size > 1 or axis in group.ends:
-                return None
+            elif more_than_one(size):
+                return None  # ranks along it hold different parameters; one rank is a no-op
         if op is ReduceOp.MAX:
             raise Unmodelled("gradients reduced with max are not a gradient")
         out = dict(values)
-        divisor = 1
+        divisor: Any = 1
         for kind, axis in plan:
-            n = self.view.size(axis, self.sizes)
-            divisor *= n
+            n = self.size(axis)
+            divisor = divisor * n
             if kind == "copies":
-                out = {key: v * n for key, v in out.items()}
+                out = {key: v * _real(n) for key, v in out.items()}
                 continue
-            if n == 1:
+            if not more_than_one(n):
                 continue
             if axis in vary:
                 raise Unmodelled(f"a scale that differs between ranks of {axis} is applied before "
@@ -194,13 +203,14 @@ class _Machine:
             for key in self.keys:
                 same = Key(key.cls[:i] + (SAME,) + key.cls[i + 1:], key.k)
                 diff = Key(key.cls[:i] + (DIFF,) + key.cls[i + 1:], key.k)
+                others = _real(n) - 1
                 if key.cls[i] == SAME:
-                    new[key] = out[same] + (n - 1) * self.counts.relabel(out[diff], axis, "a", "x")
+                    new[key] = out[same] + others * self.counts.relabel(out[diff], axis, "a", "x")
                 else:
-                    new[key] = self.counts.relabel(out[same], axis, "x", "a") + (n - 1) * out[diff]
+                    new[key] = self.counts.relabel(out[same], axis, "x", "a") + others * out[diff]
             out = new
-        if op is ReduceOp.MEAN and divisor > 1:
-            out = {key: v / divisor for key, v in out.items()}
+        if op is ReduceOp.MEAN and not (isinstance(divisor, int) and divisor == 1):
+            out = {key: v / _real(divisor) for key, v in out.items()}
         return out
 
     def collective(self, op: Collective) -> None:
@@ -293,13 +303,13 @@ class _Machine:
         if loss is LossKind.SAMPLE_MEAN:
             return 1 / self.counts.get("samples", view.samples, True, anchor, None)
         if loss is LossKind.MICROBATCH_MEAN:
-            units = self.m * math.prod(self.sizes[a] for a in view.samples)
+            units = _real(self.m) * _real(product(self.sizes[a] for a in view.samples))
             context = tuple(a for a in view.batch if a not in view.samples)
             return 1 / (units * self.counts.get("tokens", context, False, anchor, key.k))
         return z3.RealVal(1)
 
 
-def encode(strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int, prefix: str,
+def encode(strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size, prefix: str,
            integer: bool) -> Encoded:
     equal_samples = not strategy.loss.uneven_samples
     counts = CountVars(view, sizes, m, prefix, integer, equal_samples)
@@ -317,5 +327,13 @@ def mismatch_formula(encoded: Encoded) -> Any:
     return z3.And(*encoded.counts.constraints(), z3.Or(*differs))
 
 
-def _group_size(group: Group, sizes: dict[str, int]) -> int:
-    return math.prod(min(2, sizes[a]) if a in group.ends else sizes[a] for a in group.axes)
+def _group_size(group: Group, sizes: dict[str, Size]) -> Any:
+    return product((2 if more_than_one(sizes[a]) else 1) if a in group.ends else sizes[a]
+                   for a in group.axes)
+
+
+def _real(value: Any) -> Any:
+    """A size or count as a real-valued solver term."""
+    if isinstance(value, int):
+        return z3.RealVal(value)
+    return z3.ToReal(value) if z3.is_int(value) else value
