@@ -24,7 +24,7 @@ class Condition(StrEnum):
     COMPOSITION_SAFETY = "composition_safety"
 
     @property
-    def title(self) -> str:
+    def label(self) -> str:
         return self.value.replace("_", " ")
 
 

@@ -40,7 +40,7 @@ def programs(draw: st.DrawFn) -> str:
     groups = [a for a in axes] + (["dp * cp"] if "cp" in axes else [])
     loss_exprs = ["sum", "mean", "sum / microbatches", "mean / microbatches",
                   f"sum / tokens({' * '.join(batch)}, step)", "sum / tokens(step)",
-                  f"sum / samples(dp, step)", "sum / tokens(dp)"]
+                  "sum / samples(dp, step)", "sum / tokens(dp)"]
     if "cp" in axes:
         loss_exprs += ["sum / tokens(cp) * |cp|", "sum / tokens(cp) / microbatches"]
     backward = draw(st.sampled_from(loss_exprs))

@@ -40,7 +40,7 @@ class Mode(StrEnum):
     S = "S"  # sharded
     S_STAR = "S*"  # sharded, gathered before each use
     M = "M"  # materialized on demand (recomputed)
-    O = "O"  # offloaded to host memory  # noqa: E741
+    O = "O"  # offloaded to host memory
 
     @property
     def sharded(self) -> bool:

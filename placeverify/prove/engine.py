@@ -31,7 +31,7 @@ from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity
 from placeverify.ir import canonical
 from placeverify.ir.lower import lower
 from placeverify.ir.strategy import Strategy
-from placeverify.prove.syntax import Claim, Rule, Term, TApp, TBin, TElem, TName, TNeg, TNum, TSum
+from placeverify.prove.syntax import Claim, Rule, TApp, TBin, TElem, Term, TName, TNeg, TNum, TSum
 from placeverify.prove.tensor import prove_identity
 from placeverify.semantics.groups import group_view
 from placeverify.smt import solve
@@ -116,7 +116,7 @@ def _strategy(rule: Rule) -> Strategy | None:
         return None
     statements = tuple(rule.statements)
     span = statements[0].span.cover(statements[-1].span)
-    return lower(ast.File(statements, span), rule.source)  # type: ignore[arg-type]
+    return lower(ast.File(statements, span), rule.source)
 
 
 # ---- conditions ------------------------------------------------------------------------------
@@ -190,12 +190,12 @@ def _conditions(rule: Rule, strategy: Strategy, claim: Claim, bounds: dict[str, 
                     verdicts[o.condition] = Verdict.UNKNOWN
     if wanted - {Condition.GRADIENT_INTEGRITY}:
         quantified = ", ".join([*axes, *(["microbatches"] if quantified_m else [])]) or "no size"
-        methods.append(f"{', '.join(c.title for c in sorted(wanted - {Condition.GRADIENT_INTEGRITY}))}"
+        methods.append(f"{', '.join(c.label for c in sorted(wanted - {Condition.GRADIENT_INTEGRITY}))}"
                        f" and the update rules: checked at sizes 1, 2 and 3 of {quantified}, which "
                        "stand for every size (these analyses only compare sizes with 1, 2 and 3)")
     overall = (Verdict.REFUTED if Verdict.REFUTED in verdicts.values() else
                Verdict.UNKNOWN if Verdict.UNKNOWN in verdicts.values() else Verdict.PROVED)
-    summary = "; ".join(f"{c.title}: {v.value}" for c, v in sorted(verdicts.items()))
+    summary = "; ".join(f"{c.label}: {v.value}" for c, v in sorted(verdicts.items()))
     return ClaimResult(claim, overall, "; ".join(methods), detail or summary, counterexample)
 
 

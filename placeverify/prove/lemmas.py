@@ -40,7 +40,7 @@ def _valid(claim: z3.BoolRef, *facts: z3.BoolRef) -> bool:
     solver = z3.Solver()
     solver.set("timeout", 10_000)
     solver.add(*facts, z3.Not(claim))
-    return solver.check() == z3.unsat
+    return bool(solver.check() == z3.unsat)
 
 
 @functools.cache

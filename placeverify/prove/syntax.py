@@ -136,7 +136,7 @@ class _RuleTree(_ToAst):
             method = getattr(self, name[len(IMPORTED):], None)
             if method is not None:
                 return method(meta, children)
-        return super().__default__(data, children, meta)
+        return super().__default__(data, children, meta)  # type: ignore[no-untyped-call]
 
     def __default_token__(self, token: Token) -> Token:
         if token.type.startswith(IMPORTED):
@@ -166,7 +166,7 @@ class _RuleTree(_ToAst):
         return TSum(str(children[0]), children[1], children[2])
 
     def _chain(self, children: list[Any]) -> Term:
-        term = children[0]
+        term: Term = children[0]
         for i in range(1, len(children), 2):
             term = TBin(str(children[i]), term, children[i + 1])
         return term
@@ -214,7 +214,7 @@ class _RuleTree(_ToAst):
     def refute_stmt(self, meta: Any, children: list[Any]) -> tuple[str, Any, Span]:
         return ("refute", children[0], _meta_span(meta))
 
-    def start(self, meta: Any, children: list[Any]) -> list[Any]:
+    def start(self, meta: Any, children: list[Any]) -> list[Any]:  # type: ignore[override]
         return children
 
 

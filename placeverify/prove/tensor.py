@@ -27,7 +27,7 @@ from typing import Any
 import z3
 
 from placeverify.prove.lemmas import partition_lemma
-from placeverify.prove.syntax import Let, Term, TApp, TBin, TElem, TName, TNeg, TNum, TSum
+from placeverify.prove.syntax import Let, TApp, TBin, TElem, Term, TName, TNeg, TNum, TSum
 
 Poly = dict[tuple[str, ...], int]  # monomial (sorted variable names) -> coefficient
 

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from placeverify.cost import whole
 from placeverify.diagnostics import ExitCode, PlaceError
-from placeverify.report.text import VERDICT_STYLE, human_bytes
+from placeverify.report.text import VERDICT_STYLE
 from placeverify.verdicts import Verdict
 
 COMPARE_SCHEMA = "placeverify.compare/1"

@@ -186,13 +186,13 @@ def render_verification(result: CheckResult, console: Console) -> None:
     console.print(Text("verdicts", style="bold"))
     for condition in CONDITIONS:
         verdict = verification.verdict(condition)
-        console.print(f"  {condition.title:<22}", Text(verdict.value, style=VERDICT_STYLE[verdict]))
+        console.print(f"  {condition.label:<22}", Text(verdict.value, style=VERDICT_STYLE[verdict]))
     for o in verification.obligations:
         if o.verdict is Verdict.PROVED:
             continue
         where = f"{s.source.path}:{o.span.line}:{o.span.column}" if o.span else s.source.path
         console.print()
-        console.print(Text(f"{where}: {o.verdict.value}: {o.condition.title}: {o.claim}",
+        console.print(Text(f"{where}: {o.verdict.value}: {o.condition.label}: {o.claim}",
                            style=VERDICT_STYLE[o.verdict]))
         if o.reason:
             console.print(f"  {o.reason}")

@@ -205,7 +205,7 @@ class _Sim:
 
     def reference(self) -> Fraction:
         total = Fraction(0)
-        for (b, k, e), g in self.inst.grads.items():
+        for (b, k, _e), g in self.inst.grads.items():
             total += self.reference_weight(b, k) * g
         return total
 

@@ -50,7 +50,8 @@ class Counterexample:
     key: Key | None
 
 
-def integrity_obligations(strategy: Strategy, timeout_ms: int) -> list[tuple[Obligation, Counterexample | None]]:
+def integrity_obligations(strategy: Strategy,
+                          timeout_ms: int) -> list[tuple[Obligation, Counterexample | None]]:
     out = []
     for group in strategy.model.groups_present():
         out.append(group_obligation(strategy, group, timeout_ms))
@@ -268,7 +269,7 @@ def token_text(view: GroupView, found: Counterexample) -> str:
         parts.append(f"{'device ' + where + ' ' if where else ''}micro-batch {k}: {n} "
                      f"token{'s' if n != 1 else ''}")
     if len(parts) > 6:
-        parts = parts[:6] + ["..."]
+        parts = [*parts[:6], "..."]
     return "; ".join(parts)
 
 

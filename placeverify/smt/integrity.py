@@ -201,8 +201,8 @@ class _Machine:
             i = self.axes.index(axis)
             new: dict[Key, Any] = {}
             for key in self.keys:
-                same = Key(key.cls[:i] + (SAME,) + key.cls[i + 1:], key.k)
-                diff = Key(key.cls[:i] + (DIFF,) + key.cls[i + 1:], key.k)
+                same = Key((*key.cls[:i], SAME, *key.cls[i + 1:]), key.k)
+                diff = Key((*key.cls[:i], DIFF, *key.cls[i + 1:]), key.k)
                 others = _real(n) - 1
                 if key.cls[i] == SAME:
                     new[key] = out[same] + others * self.counts.relabel(out[diff], axis, "a", "x")

@@ -45,7 +45,7 @@ def value(model: Any, term: Any) -> Fraction:
 
 
 def truthy(model: Any, formula: Any) -> bool:
-    return z3.is_true(model.eval(formula, model_completion=True))
+    return bool(z3.is_true(model.eval(formula, model_completion=True)))
 
 
 def float_value(model: Any, term: Any) -> float:

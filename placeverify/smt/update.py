@@ -87,7 +87,9 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     true_value = float(solve.value(model, true_total))
     seen = float(solve.value(model, computed))
     values = {"true_norm": math.sqrt(true_value), "computed_norm": math.sqrt(seen)}
-    factor = lambda n: min(1.0, float(clip.max_norm) / n) if n > 0 else 1.0  # noqa: E731
+    def factor(norm: float) -> float:
+        return min(1.0, float(clip.max_norm) / norm) if norm > 0 else 1.0
+
     reason = ("; ".join(notes) + f". E.g. a true norm {values['true_norm']:.4g} is computed as "
               f"{values['computed_norm']:.4g}: the update is scaled by "
               f"{factor(values['computed_norm']):.4g} instead of {factor(values['true_norm']):.4g}"
