@@ -42,6 +42,7 @@ bench: $(TSTAMP)
 	$(BIN)/python benchmarks/check_latency.py
 	$(BIN)/python benchmarks/verify_scaling.py
 	$(BIN)/python benchmarks/prove_all.py
+	$(BIN)/python benchmarks/measure_table.py
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -236,7 +236,8 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
 @main.command(epilog=EXIT_CODES)
 @click.argument("file", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600))
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600),
+              help="Seconds before a hung measurement is stopped (all ranks are killed).")
 def measure(file: str, as_json: bool, timeout: float) -> None:
     """Measure the real torch implementation of a strategy against the predictions."""
 

@@ -43,7 +43,8 @@ Activation bytes saved for backward per transformer layer are
 :func:`placeverify.cost.activations.saved_tensors` (Korthikanti et al., arXiv 2205.05198, Table 2,
 generalised) plus what torch saves beyond that list: a LayerNorm's mean and reciprocal standard
 deviation, RMSNorm's normalised input (torch composes it from primitives on CPU), the rotary
-tables, and K and V repeated to every head by written-out grouped-query attention. The tensors
+tables, K and V repeated to every head by written-out grouped-query attention, and dropout masks
+of the activation dtype (CPU dropout multiplies by a float mask; Korthikanti count 1 byte). The tensors
 saved outside the layers (position indices, the final norm, the output layer's input, the
 log-probabilities) are enumerated from the autograd formulas of the ops involved.
 
@@ -444,12 +445,13 @@ def predict_rank(spec: RunSpec, rank: int) -> RankPrediction:
     shards = local_shards(spec, rank)
     impl = spec.implementation
     numels = [s.numel for s in shards]
-    grad_storage = sum(s.storage - s.numel + s.grad for s in shards)
+    # A gradient is as large as its parameter's local piece, and lives in storage as large as the
+    # parameter's (FSDP2 reduce-scatters into padded shards), except where ``grad`` says otherwise.
     states: dict[str, int] = {
         "params": sum(numels) * ELEMENT_BYTES,
         "params_storage": sum(s.storage for s in shards) * ELEMENT_BYTES,
         "grads": sum(s.grad for s in shards) * ELEMENT_BYTES,
-        "grads_storage": grad_storage * ELEMENT_BYTES,
+        "grads_storage": sum(s.storage + s.grad - s.numel for s in shards) * ELEMENT_BYTES,
         "optimizer": optimizer_bytes(spec.optimizer, numels),
     }
     comm: list[CommPrediction] = []
@@ -581,14 +583,21 @@ def norm_extra_bytes(arch: Transformer) -> int:
 
 
 def layer_extra_bytes(arch: Transformer, tp: int = 1) -> int:
-    """Per layer, what torch saves beyond Korthikanti's list: the two norms' extras, and with
+    """Per layer, what torch saves beyond Korthikanti's list: the two norms' extras; with
     grouped-query attention written out (``attention = standard``) K and V repeated to every
-    head (Korthikanti's generalisation counts them at kv_heads / heads)."""
+    head (Korthikanti's generalisation counts them at kv_heads / heads); and dropout masks of
+    the activation dtype where Korthikanti counts 1 byte (CPU dropout is ``input * mask``)."""
     b, s, h = arch.micro_batch, arch.seq, arch.hidden
     extra = 2 * norm_extra_bytes(arch)
     if arch.attention != "flash" and arch.kv_heads != arch.heads:
         repeated = b * s * (h - arch.kv_dim) // tp
         extra += 2 * repeated * ELEMENT_BYTES
+    if arch.dropout:
+        # CPU dropout multiplies by a mask of the activation dtype, not a 1-byte mask.
+        masks = 2 * b * s * h  # the two residual dropouts (replicated over tp)
+        if arch.attention != "flash":
+            masks += arch.heads * s * s * b // tp  # attention-probability dropout
+        extra += (ELEMENT_BYTES - 1) * masks
     return extra
 
 
@@ -613,7 +622,7 @@ def outside_layers_bytes(spec: RunSpec, first: bool, last: bool) -> int:
         if arch.position == "learned":
             total += s * INDEX_BYTES
         if arch.dropout:
-            total += b * s * h  # a 1-byte mask
+            total += b * s * h * ELEMENT_BYTES  # the embedding dropout's mask (activation dtype)
     if last:
         total += b * s * h * ELEMENT_BYTES + norm_extra_bytes(arch)  # final norm
         total += b * s * h * ELEMENT_BYTES  # output layer input

@@ -1,0 +1,6 @@
+"""The measure backend: run the real torch implementation of a strategy at small scale on CPU and
+compare what it holds and sends with placeverify's predictions (``placeverify measure``).
+
+Only :mod:`placeverify.measure.worker`, :mod:`placeverify.measure.models` and
+:mod:`placeverify.measure.probes` import torch, and only inside the worker processes.
+"""
