@@ -68,6 +68,18 @@ def render_trace(trace: dict[str, Any], console: Console) -> None:
         if len(devices) > MAX_DEVICES:
             console.print(f"  ({len(devices) - MAX_DEVICES} more devices in the JSON trace)",
                           style="dim")
+    elif trace.get("values", {}).get("devices"):
+        rows = trace["values"]["devices"]
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("device")
+        keys = [k for k in rows[0] if k not in ("coords", "note")]
+        for key in keys:
+            table.add_column(key, justify="right")
+        table.add_column("")
+        for row in rows:
+            table.add_row(_coords(row["coords"]), *[str(row.get(k, "")) for k in keys],
+                          row.get("note", ""))
+        console.print(table)
     elif trace.get("values"):
         for key, value in trace["values"].items():
             console.print(f"  {key.replace('_', ' ')}: {value}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import struct
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -115,8 +116,12 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
                               "replica-agreement", reason="the solver timed out",
                               method=METHOD_UF), None
         model = outcome.model
-        values = {"theta0": str(solve.value(model, theta0)),
-                  "updated": str(solve.value(model, owner))}
+        old, new = str(solve.value(model, theta0)), str(solve.value(model, owner))
+        values = {"theta0": old, "updated": new, "devices": [
+            {"coords": {axis: 0}, "parameter element": new,
+             "note": "owns the element: updated it with its optimizer shard"},
+            {"coords": {axis: 1}, "parameter element": old,
+             "note": "does not own it: keeps the value from before the step"}]}
         update_span = next((op.span for op in strategy.step.post if isinstance(op, Update)), span)
         reason = (f"the optimizer state is sharded over {axis}, so each rank updates only its "
                   f"shard, and no 'all_gather params over {axis}' follows the update: the owner of "
@@ -179,6 +184,16 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
                                      min(2, strategy.step.microbatches)))
 
 
+def float32_text(value: float) -> str:
+    """The shortest decimal that reads back as the same float32."""
+    exact = struct.unpack("f", struct.pack("f", value))[0]
+    for digits in range(1, 10):
+        text = f"{exact:.{digits}g}"
+        if struct.unpack("f", struct.pack("f", float(text)))[0] == exact:
+            return text
+    return repr(exact)
+
+
 def _fp(model: Any, term: Any) -> float:
     value = model.eval(term, model_completion=True)
     return float(Fraction(str(z3.simplify(z3.fpToReal(value)))))
@@ -205,13 +220,16 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
         reason = "" if verdict is Verdict.PROVED else "the solver timed out"
         return Obligation(Condition.STATE_CONSISTENCY, claim, verdict, span, "fp-order",
                           reason=reason, seconds=outcome.seconds, method=method), None
-    vals = [_fp(outcome.model, t) for t in (a, b, c, sum_x, sum_y)]
-    values = {"gradients": [repr(v) for v in vals[:3]], "sum_rank_0": repr(vals[3]),
-              "sum_rank_1": repr(vals[4])}
+    g0, g1, g2, s0, s1 = (float32_text(_fp(outcome.model, t)) for t in (a, b, c, sum_x, sum_y))
+    values = {"gradients": [g0, g1, g2], "devices": [
+        {"coords": {axis: 0}, "local gradient": g0, "sum (float32)": s0,
+         "note": f"({g0} + {g1}) + {g2}"},
+        {"coords": {axis: 1}, "local gradient": g1, "sum (float32)": s1,
+         "note": f"({g1} + {g2}) + {g0}"},
+        {"coords": {axis: 2}, "local gradient": g2, "sum (float32)": "", "note": ""}]}
     reason = (f"'{op.label()}' sums in a rank-dependent order: in float32, "
-              f"({vals[0]!r} + {vals[1]!r}) + {vals[2]!r} = {vals[3]!r} on one rank but "
-              f"({vals[1]!r} + {vals[2]!r}) + {vals[0]!r} = {vals[4]!r} on another, so the "
-              "replicas differ bitwise after the update")
+              f"({g0} + {g1}) + {g2} = {s0} on one rank but ({g1} + {g2}) + {g0} = {s1} on "
+              "another, so the replicas differ bitwise after the update")
     return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, "fp-order",
                        reason=reason, counterexample=values, seconds=outcome.seconds,
                        method=method),
@@ -349,12 +367,14 @@ def rng_obligations(strategy: Strategy, timeout_ms: int) -> list[tuple[Obligatio
                                    reason="the solver timed out", method=method), None))
             continue
         model = outcome.model
-        values = {"seed_rank_0": int(solve.value(model, seed_x)),
-                  "seed_rank_1": int(solve.value(model, seed_y)),
-                  "mask_rank_0": str(solve.value(model, rng(seed_x, offset))),
-                  "mask_rank_1": str(solve.value(model, rng(seed_y, offset)))}
-        reason = (f"the dropout seed differs across {axis} ({values['seed_rank_0']} vs "
-                  f"{values['seed_rank_1']}) in a region whose activations are replicated over "
+        seeds = (int(solve.value(model, seed_x)), int(solve.value(model, seed_y)))
+        masks = (str(solve.value(model, rng(seed_x, offset))),
+                 str(solve.value(model, rng(seed_y, offset))))
+        values = {"devices": [
+            {"coords": {axis: r}, "dropout seed": seeds[r], "mask value rng(seed, offset)": masks[r],
+             "note": "the replicated activation must match on every rank"} for r in (0, 1)]}
+        reason = (f"the dropout seed differs across {axis} ({seeds[0]} vs "
+                  f"{seeds[1]}) in a region whose activations are replicated over "
                   f"{axis}: the ranks drop different elements, so the replicated activations, and "
                   "the replicated LayerNorm parameters trained on them, diverge")
         out.append((Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, "rng",
