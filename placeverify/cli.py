@@ -141,11 +141,21 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
                 code = verdict_exit(result.verification.overall())
             if trace_path is not None and result.verification is not None:
                 write_trace(result, trace_path)
+            replayed = None
             if replay and result.verification is not None:
-                code = worst([code, replay_check(result, as_json, out)])
+                if as_json:
+                    from placeverify.replay.cli import replay_document
+
+                    replay_code, replayed = replay_document(result)
+                else:
+                    replay_code = replay_check(result, as_json, out)
+                code = worst([code, replay_code])
             codes.append(code)
             if as_json:
-                documents.append(check_document(result))
+                document = check_document(result)
+                if replayed is not None:
+                    document["replay"] = replayed
+                documents.append(document)
             else:
                 if index:
                     out.rule()

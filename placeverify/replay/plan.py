@@ -1,0 +1,381 @@
+"""What to replay: the mesh, the counts, the verifier's verdict there, and the control run.
+
+Everything here runs in the placeverify process and never imports torch. A :class:`RunSpec` is
+the whole input of one distributed run, as plain JSON: the worker processes receive it as a
+string and rebuild the strategy by lowering the ``.place`` text again (nothing is unpickled or
+evaluated).
+
+A replay at another world size than the trace's keeps the counterexample's axes
+(:func:`choose_sizes`), re-targets the strategy with :func:`placeverify.api.resize`, asks Z3 for
+its verdict *at that mesh* (a rank-dependent reduction order, for example, can only differ
+bitwise with three or more ranks) and, when Z3 refutes gradient integrity, picks token counts
+that the exact interpreter (:func:`placeverify.semantics.interpreter.run`) shows diverging.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from placeverify.ir.placement import Role
+from placeverify.ir.relations import batch_axes, sample_axes
+from placeverify.ir.strategy import Strategy
+from placeverify.verdicts import Verdict, Verification
+
+DEFAULT_STEPS = 3
+DEFAULT_SEED = 1234
+MAX_DEFAULT_WORLD = 8  # a trace or file on a larger mesh is replayed on a smaller one
+MAX_MICROBATCHES = 4  # a proved file's pipeline micro-batches beyond this are not replayed
+CONTROL_WORLD = 4  # `check --replay` of a proved file on a large mesh replays it on this many
+
+AtomCounts = list[tuple[tuple[int, ...], int, int]]  # (batch coordinates, micro-batch, count)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """The complete, JSON-serialisable input of one distributed replay run."""
+
+    label: str  # "trace", "control" or "step"
+    source: str  # the .place text, lowered again in every worker
+    path: str
+    sizes: dict[str, int]
+    microbatches: int
+    canonical: bool  # replace the file's step by the canonical correct one (and restore RNG)
+    tokens: AtomCounts
+    samples: AtomCounts
+    steps: int = DEFAULT_STEPS
+    dtype: str = "float64"
+    seed: int = DEFAULT_SEED
+    backend: str | None = None  # None: nccl when enough CUDA devices are visible, else gloo
+    fault: dict[str, Any] | None = None  # tests only: {"rank": r, "kind": "crash"|"raise"|"hang"}
+
+    @property
+    def world(self) -> int:
+        return math.prod(self.sizes.values())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> RunSpec:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("a replay job is a JSON object")
+        known = set(RunSpec.__dataclass_fields__)
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"unknown replay job fields: {sorted(unknown)}")
+        raw["tokens"] = [(tuple(int(c) for c in b), int(k), int(n)) for b, k, n in raw["tokens"]]
+        raw["samples"] = [(tuple(int(c) for c in b), int(k), int(n)) for b, k, n in raw["samples"]]
+        raw["sizes"] = {str(a): int(n) for a, n in raw["sizes"].items()}
+        return RunSpec(**raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """Z3's verdict on the strategy exactly as it is replayed (same mesh, same step)."""
+
+    verdict: Verdict
+    condition: str | None = None
+    kind: str | None = None  # the refuted obligation's kind, e.g. "coefficient", "fp-order"
+    claim: str | None = None
+    reason: str | None = None
+    line: int | None = None
+
+    @property
+    def needs_counts(self) -> bool:
+        """Does the refutation depend on the token counts (a wrong loss coefficient)?"""
+        return self.verdict is Verdict.REFUTED and self.kind == "coefficient"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    main: RunSpec
+    expect: Expectation
+    control: RunSpec | None = None
+    control_expect: Expectation | None = None
+    control_origin: str | None = None  # the fixed twin's path, or "canonical step"
+    notes: tuple[str, ...] = field(default=())
+
+
+# ---- strategies ----------------------------------------------------------------------------------
+
+
+def strategy_of(spec: RunSpec) -> Strategy:
+    """Lower the spec's source and re-target it to the spec's mesh (worker and parent alike)."""
+    from placeverify.api import resize
+    from placeverify.ir import canonical
+    from placeverify.ir.lower import load_text
+
+    strategy = resize(load_text(spec.source, spec.path), spec.sizes)
+    if spec.canonical:
+        strategy = replace(strategy, step=canonical.derive(strategy),
+                           recompute=replace(strategy.recompute, restore_rng=True))
+    return strategy
+
+
+def expectation(verification: Verification) -> Expectation:
+    overall = verification.overall()
+    first = verification.first_refuted()
+    if first is None:
+        return Expectation(overall)
+    return Expectation(overall, first.condition.value, first.kind, first.claim,
+                       first.reason or None, first.span.line if first.span else None)
+
+
+def verify(strategy: Strategy, timeout_ms: int, attempts: int = 3) -> Expectation:
+    """Z3's verdict; an *unknown* is asked again (the solver's search is randomised, and a
+    floating-point query that times out once often succeeds on the next try)."""
+    from placeverify.api import verify as api_verify
+
+    result = expectation(api_verify(strategy, timeout_ms))
+    for _ in range(attempts - 1):
+        if result.verdict is not Verdict.UNKNOWN:
+            break
+        result = expectation(api_verify(strategy, timeout_ms))
+    return result
+
+
+# ---- mesh sizes ----------------------------------------------------------------------------------
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def choose_sizes(strategy: Strategy, keep: dict[str, int], world: int) -> dict[str, int]:
+    """Axis sizes with product ``world`` that keep the counterexample's axes.
+
+    Among all factorisations of ``world`` over the mesh axes, prefer (in order): every axis with
+    more than one rank in ``keep`` still has more than one; no axis larger than both its declared
+    and its ``keep`` size; more non-data axes split (tensor, pipeline, context and expert
+    parallelism are where composition goes wrong); more axes split; sizes closest to ``keep``.
+    """
+    names = list(strategy.mesh.names)
+    declared = {a.name: a.size for a in strategy.mesh.axes}
+    roles = {p.axis: p.role for p in strategy.placements}
+    best: tuple[Any, ...] | None = None
+    chosen: dict[str, int] | None = None
+    for combo in itertools.product(*(_divisors(world) for _ in names)):
+        if math.prod(combo) != world:
+            continue
+        sizes = dict(zip(names, combo, strict=True))
+        dropped = sum(1 for a in names if keep.get(a, 1) > 1 and sizes[a] == 1)
+        over = sum(1 for a in names if sizes[a] > max(declared[a], keep.get(a, 1)))
+        split_other = sum(1 for a in names if sizes[a] > 1 and roles.get(a) is not Role.DATA)
+        split = sum(1 for a in names if sizes[a] > 1)
+        distance = sum(abs(math.log(sizes[a]) - math.log(max(1, keep.get(a, 1)))) for a in names)
+        score = (dropped, over, -split_other, -split, round(distance, 9), tuple(-s for s in combo))
+        if best is None or score < best:
+            best, chosen = score, sizes
+    assert chosen is not None  # world itself on the first axis always factorises
+    return chosen
+
+
+# ---- counts --------------------------------------------------------------------------------------
+
+
+def atom_keys(strategy: Strategy, sizes: dict[str, int], m: int) -> list[tuple[tuple[int, ...], int]]:
+    axes = batch_axes(strategy)
+    coords = itertools.product(*(range(sizes[a]) for a in axes))
+    return [(tuple(b), k) for b in coords for k in range(m)]
+
+
+def unit_samples(strategy: Strategy, keys: list[tuple[tuple[int, ...], int]],
+                 rng: random.Random | None) -> dict[tuple[tuple[int, ...], int], int]:
+    """Samples per micro-batch unit: equal along context axes (they split one sequence)."""
+    axes = batch_axes(strategy)
+    samples_at = [i for i, a in enumerate(axes) if a in sample_axes(strategy)]
+    per_unit: dict[tuple[tuple[int, ...], int], int] = {}
+    out = {}
+    for b, k in keys:
+        unit = (tuple(b[i] for i in samples_at), k)
+        if unit not in per_unit:
+            per_unit[unit] = rng.randint(1, 3) if rng is not None else 2
+        out[(b, k)] = per_unit[unit]
+    return out
+
+
+def pick_counts(strategy: Strategy, sizes: dict[str, int], m: int,
+                want_divergence: bool) -> tuple[AtomCounts, AtomCounts, bool]:
+    """Token and sample counts per atom; with ``want_divergence``, counts the exact interpreter
+    shows diverging for some parameter group (unequal counts). Returns (tokens, samples, found)."""
+    from placeverify.semantics.groups import group_view
+    from placeverify.semantics.interpreter import run, uniform_instance
+
+    keys = atom_keys(strategy, sizes, m)
+    rng = random.Random(7)
+    first: tuple[dict[Any, int], dict[Any, int]] | None = None
+    for attempt in range(48):
+        if attempt == 0:
+            tokens = {key: 1 + (i % 3) for i, key in enumerate(keys)}
+        else:
+            tokens = {key: rng.randint(1, 4) for key in keys}
+        uneven = strategy.loss.uneven_samples and attempt > 0
+        samples = unit_samples(strategy, keys, rng if uneven else None)
+        if first is None:
+            first = (tokens, samples)
+        if not want_divergence:
+            break
+        for group in strategy.model.groups_present():
+            view = group_view(strategy, group)
+            try:
+                result = run(strategy, view, uniform_instance(strategy, view, sizes, m, tokens,
+                                                              samples))
+            except (ArithmeticError, KeyError):
+                continue
+            if result.mismatches():
+                return _listed(tokens), _listed(samples), True
+    assert first is not None
+    return _listed(first[0]), _listed(first[1]), not want_divergence
+
+
+def _listed(counts: dict[tuple[tuple[int, ...], int], int]) -> AtomCounts:
+    return [(b, k, n) for (b, k), n in sorted(counts.items())]
+
+
+def trace_counts(doc: dict[str, Any], strategy: Strategy, sizes: dict[str, int],
+                 m: int) -> tuple[AtomCounts, AtomCounts] | None:
+    """The trace's own per-atom counts, when they cover every atom of this mesh."""
+    axes = batch_axes(strategy)
+    keys = set(atom_keys(strategy, sizes, m))
+
+    def read(rows: Any, field_name: str) -> dict[tuple[tuple[int, ...], int], int] | None:
+        out: dict[tuple[tuple[int, ...], int], int] = {}
+        if not isinstance(rows, list):
+            return None
+        for row in rows:
+            if not isinstance(row, dict) or not isinstance(row.get("coords"), dict):
+                return None
+            coords = row["coords"]
+            if set(coords) != set(axes):
+                return None
+            try:
+                b = tuple(int(coords[a]) for a in axes)
+                k, n = int(row["microbatch"]), int(row[field_name])
+            except (KeyError, TypeError, ValueError):
+                return None
+            if n < 1:
+                return None
+            out[(b, k)] = n
+        return out if set(out) == keys else None
+
+    tokens = read(doc.get("tokens"), "tokens")
+    samples = read(doc.get("samples"), "samples")
+    if tokens is None:
+        return None
+    if samples is None:
+        samples = unit_samples(strategy, sorted(keys), None)
+    return _listed(tokens), _listed(samples)
+
+
+# ---- plans ---------------------------------------------------------------------------------------
+
+
+def _trace_sizes(doc: dict[str, Any], strategy: Strategy) -> dict[str, int]:
+    mesh = doc.get("mesh") or {}
+    return {a: int(mesh.get(a, 1)) for a in strategy.mesh.names}
+
+
+def plan_from_trace(doc: dict[str, Any], *, world: int | None, steps: int,
+                    timeout_ms: int = 10_000) -> Plan:
+    """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`)."""
+    from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
+    from placeverify.ir.lower import load_text
+
+    path = str(doc.get("file") or "<trace>")
+    strategy = load_text(doc["source"], path)
+    unknown = set(doc["mesh"]) - set(strategy.mesh.names)
+    if unknown:
+        raise PlaceError([Diagnostic(Severity.ERROR, "trace mesh names axes the strategy does not "
+                                     f"have: {', '.join(sorted(unknown))}", Code.TRACE)],
+                         Source(path, ""))
+    keep = _trace_sizes(doc, strategy)
+    notes: list[str] = []
+    target = world if world is not None else math.prod(keep.values())
+    if world is None and target > MAX_DEFAULT_WORLD:
+        target = CONTROL_WORLD
+        notes.append(f"the trace's mesh has {math.prod(keep.values())} devices; replaying on "
+                     f"{target} (use --world to choose)")
+    sizes = keep if math.prod(keep.values()) == target else choose_sizes(strategy, keep, target)
+    m = int(doc["microbatches"])
+    spec_base = RunSpec("trace", doc["source"], path, sizes, m, False, [], [], steps)
+    resized = strategy_of(spec_base)
+    expect = verify(resized, timeout_ms)
+    counts = trace_counts(doc, resized, sizes, m) if sizes == keep else None
+    if counts is None:
+        tokens, samples, found = pick_counts(resized, sizes, m, expect.needs_counts)
+        if not found:
+            notes.append("no token counts were found that the exact interpreter shows diverging "
+                         "at this mesh")
+    else:
+        tokens, samples = counts
+    main = replace(spec_base, tokens=tokens, samples=samples)
+    control, control_expect, origin = _control(doc, strategy, main, timeout_ms)
+    if sizes != keep:
+        notes.append("mesh resized from the trace's " + _mesh_text(keep) + " to " +
+                     _mesh_text(sizes))
+    return Plan(main, expect, control, control_expect, origin, tuple(notes))
+
+
+def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
+                       steps: int = DEFAULT_STEPS, timeout_ms: int = 10_000,
+                       label: str = "step") -> Plan:
+    """Replay a strategy's own step (a proved file's control run, or the differential tests)."""
+    declared = {a.name: a.size for a in strategy.mesh.axes}
+    total = math.prod(declared.values())
+    target = world if world is not None else (total if total <= CONTROL_WORLD else CONTROL_WORLD)
+    sizes = declared if total == target else choose_sizes(strategy, declared, target)
+    m = strategy.step.microbatches
+    notes: list[str] = []
+    if m > MAX_MICROBATCHES and not any(lo.microbatch is not None for lo in strategy.step.loop):
+        notes.append(f"{m} micro-batches replayed as {MAX_MICROBATCHES} (the step does not "
+                     "name micro-batches, so its meaning does not depend on their number)")
+        m = MAX_MICROBATCHES
+    base = RunSpec(label, strategy.source.text, strategy.source.path, sizes, m, False, [], [],
+                   steps)
+    resized = strategy_of(base)
+    expect = verify(resized, timeout_ms)
+    tokens, samples, _ = pick_counts(resized, sizes, m, expect.needs_counts)
+    if sizes != declared:
+        notes.append(f"mesh resized from {_mesh_text(declared)} to {_mesh_text(sizes)}")
+    return Plan(replace(base, tokens=tokens, samples=samples), expect, notes=tuple(notes))
+
+
+def _control(doc: dict[str, Any], strategy: Strategy, main: RunSpec,
+             timeout_ms: int) -> tuple[RunSpec | None, Expectation | None, str | None]:
+    """The fixed twin (examples/ok/<name>-fixed.place beside examples/bugs/<name>.place) on the
+    same mesh, else the canonical correct step of the same placement."""
+    twin = _twin_path(str(doc.get("file") or ""))
+    if twin is not None:
+        try:
+            from placeverify.ir.lower import load_text
+
+            text = twin.read_text(encoding="utf-8")
+            fixed = load_text(text, str(twin))
+        except Exception:  # a broken twin only loses the twin: the canonical step still runs
+            fixed = None
+        if fixed is not None and set(fixed.mesh.names) == set(main.sizes):
+            spec = replace(main, label="control", source=text, path=str(twin))
+            return spec, verify(strategy_of(spec), timeout_ms), str(twin)
+    spec = replace(main, label="control", canonical=True)
+    return spec, verify(strategy_of(spec), timeout_ms), "canonical step"
+
+
+def _twin_path(file: str) -> Path | None:
+    if not file:
+        return None
+    p = Path(file)
+    if p.parent.name != "bugs":
+        return None
+    twin = p.parent.parent / "ok" / f"{p.stem}-fixed.place"
+    return twin if twin.is_file() else None
+
+
+def _mesh_text(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{a} = {n}" for a, n in sizes.items())

@@ -1,0 +1,211 @@
+"""Single-device training on the global batch: what every correct distributed run must match.
+
+One device holds the whole model and, each step, every sequence of the global batch (all data,
+context and expert coordinates, all micro-batches). Its loss is the one the strategy declares
+(:class:`placeverify.ir.strategy.LossKind`), with every per-position weight an exact rational
+(:class:`fractions.Fraction`) before it becomes a float:
+
+- ``token_mean``: the sum of labelled positions' losses over the global token count;
+- ``sample_mean``: the mean over all samples of each sample's loss;
+- ``microbatch_mean``: the mean over micro-batch units (one per micro-batch and sample-axis
+  coordinate) of each unit's token mean;
+- ``sum``: the plain sum.
+
+Dropout uses the masks the ranks are meant to use (:mod:`placeverify.replay.data`): there is no
+other meaning of "the same run on one device" with dropout. The optimizer, the clipping and the
+skipped step of dynamic loss scaling are those of the ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+
+from placeverify.ir.strategy import LossKind, Strategy
+from placeverify.replay.data import Dropout, make_atom, reference_nonces
+from placeverify.replay.layout import Layout, ModelConfig, ParamSpec
+from placeverify.replay.model import ReferenceMasks, init_params, reference_losses
+
+LEARNING_RATE = 0.05
+MOMENTUM = 0.9
+CLIP_HEADROOM = 4.0  # with clipping, the loss is scaled so the first gradient norm is 4x max_norm
+NORM_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6)
+
+Counts = dict[tuple[tuple[int, ...], int], int]
+
+
+@dataclass
+class Setup:
+    """What the ranks and the reference share: strategy, mesh layout, model, counts, seeds."""
+
+    strategy: Strategy
+    layout: Layout
+    config: ModelConfig
+    specs: list[ParamSpec]
+    tokens: Counts
+    samples: Counts
+    microbatches: int
+    seed: int
+    dtype: torch.dtype
+    dropout: Dropout
+
+    @property
+    def max_norm(self) -> float | None:
+        from placeverify.ir.step import Clip
+
+        if self.strategy.clip is not None:
+            return float(self.strategy.clip.max_norm)
+        clips = [op for op in self.strategy.step.ops() if isinstance(op, Clip)]
+        return float(clips[0].max_norm) if clips else None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.strategy.loss_scale == "dynamic"
+
+
+@dataclass
+class ReferenceResult:
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    alpha: float  # the per-token loss scale the ranks must use too
+    skipped: list[int]
+
+
+def units(setup: Setup) -> list[tuple[tuple[int, ...], int]]:
+    """Micro-batch units: (coordinates on the sample axes, micro-batch), in a fixed order."""
+    layout = setup.layout
+    out = sorted({(tuple(b[layout.batch.index(a)] for a in layout.samples), k)
+                  for b, k in setup.tokens})
+    return out
+
+
+def _atom_coords(setup: Setup, unit: tuple[int, ...], context: int) -> tuple[int, ...]:
+    layout = setup.layout
+    values = dict(zip(layout.samples, unit, strict=True))
+    if layout.cp is not None:
+        values[layout.cp] = context
+    return tuple(values.get(a, 0) for a in layout.batch)
+
+
+def global_batch(setup: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                    torch.Tensor | None, torch.Tensor,
+                                                    list[tuple[tuple[int, ...], int, int]]]:
+    """ids, labels, features and per-position loss weights of every sequence, and the rows'
+    (unit, micro-batch, samples) in order."""
+    layout, config = setup.layout, setup.config
+    kind = setup.strategy.loss.kind
+    all_units = units(setup)
+    total_tokens = sum(setup.tokens.values())
+    total_samples = sum(n for (b, k), n in setup.samples.items()
+                        if layout.cp is None or b[layout.batch.index(layout.cp)] == 0)
+    ids, labels, features, weights, rows = [], [], [], [], []
+    for unit, k in all_units:
+        chunks = [make_atom(config, setup.seed, step, _atom_coords(setup, unit, c), k,
+                            setup.samples[(_atom_coords(setup, unit, c), k)],
+                            setup.tokens[(_atom_coords(setup, unit, c), k)], setup.dtype)
+                  for c in range(layout.cp_size)]
+        samples = chunks[0].samples
+        if any(a.samples != samples for a in chunks):
+            raise ValueError("context ranks of one micro-batch hold different sample counts")
+        mask = torch.cat([a.mask for a in chunks], dim=1)
+        unit_tokens = sum(a.tokens for a in chunks)
+        if kind is LossKind.TOKEN_MEAN:
+            w = mask * float(Fraction(1, total_tokens))
+        elif kind is LossKind.SAMPLE_MEAN:
+            w = torch.full_like(mask, float(Fraction(1, config.seq * total_samples)))
+        elif kind is LossKind.MICROBATCH_MEAN:
+            w = mask * float(Fraction(1, len(all_units) * unit_tokens))
+        else:
+            w = mask
+        ids.append(torch.cat([a.ids for a in chunks], dim=1))
+        labels.append(torch.cat([a.labels for a in chunks], dim=1))
+        if not config.transformer:
+            features.append(torch.cat([a.features for a in chunks if a.features is not None], 1))
+        weights.append(w)
+        rows.append((unit, k, samples))
+    feats = torch.cat(features) if features else None
+    return torch.cat(ids), torch.cat(labels), feats, torch.cat(weights), rows
+
+
+def reference_masks(setup: Setup, step: int,
+                    rows: list[tuple[tuple[int, ...], int, int]]) -> ReferenceMasks:
+    """Assemble each site's mask for the whole batch from the pieces the ranks draw."""
+    layout, config, dropout = setup.layout, setup.config, setup.dropout
+    if not dropout.active or not config.transformer:
+        return ReferenceMasks({})
+    t = layout.tp_size
+    masks: dict[tuple[str, int], torch.Tensor] = {}
+    for i in range(config.layers):
+        attn, hid_attn, hid_mlp = [], [], []
+        for unit, k, samples in rows:
+            n_hid, n_attn = reference_nonces(setup.seed, step, k, i)
+            coords = dict(zip(layout.samples, unit, strict=True))
+            attn_c, ha_c, hm_c = [], [], []
+            for c in range(layout.cp_size):
+                if layout.cp is not None:
+                    coords[layout.cp] = c
+                heads = []
+                for j in range(t):
+                    if layout.tp is not None:
+                        coords[layout.tp] = j
+                    heads.append(dropout.mask("attn", i, n_attn, coords,
+                                              (samples, config.heads // t, config.chunk,
+                                               config.seq)))
+                attn_c.append(torch.cat(heads, dim=1))
+                pieces = t if layout.sp else 1
+                ha, hm = [], []
+                for j in range(pieces):
+                    if layout.tp is not None:
+                        coords[layout.tp] = j
+                    shape = (samples, config.chunk // pieces, config.hidden)
+                    ha.append(dropout.mask("hid_attn", i, n_hid, coords, shape))
+                    hm.append(dropout.mask("hid_mlp", i, n_hid, coords, shape))
+                ha_c.append(torch.cat(ha, dim=1))
+                hm_c.append(torch.cat(hm, dim=1))
+            attn.append(torch.cat(attn_c, dim=2))
+            hid_attn.append(torch.cat(ha_c, dim=1))
+            hid_mlp.append(torch.cat(hm_c, dim=1))
+        masks[("attn", i)] = torch.cat(attn)
+        masks[("hid_attn", i)] = torch.cat(hid_attn)
+        masks[("hid_mlp", i)] = torch.cat(hid_mlp)
+    return ReferenceMasks(masks)
+
+
+def _norm(grads: dict[str, torch.Tensor]) -> float:
+    return float(torch.sqrt(torch.stack([(g * g).sum() for g in grads.values()]).sum()))
+
+
+def train(setup: Setup, steps: int) -> ReferenceResult:
+    params = {n: v.clone().requires_grad_(True)
+              for n, v in init_params(setup.specs, setup.seed, setup.dtype).items()}
+    momentum = {n: torch.zeros_like(v) for n, v in params.items()}
+    alpha = 1.0
+    skipped = []
+    for step in range(steps):
+        ids, labels, features, weights, rows = global_batch(setup, step)
+        losses = reference_losses(params, setup.config, ids, labels, features,
+                                  reference_masks(setup, step, rows))
+        (losses * weights).sum().backward()
+        grads = {n: (v.grad if v.grad is not None else torch.zeros_like(v)) for n, v in params.items()}
+        for v in params.values():
+            v.grad = None
+        max_norm = setup.max_norm
+        if step == 0 and max_norm is not None:
+            norm = _norm(grads)
+            if norm > 0:
+                alpha = CLIP_HEADROOM * max_norm / norm
+        grads = {n: g * alpha for n, g in grads.items()}
+        if setup.dynamic and step == 0:
+            skipped.append(step)  # the ranks inject an overflow into this step's gradients
+            continue
+        if max_norm is not None:
+            norm = _norm(grads)
+            coef = min(1.0, max_norm / (norm + NORM_EPS))
+            grads = {n: g * coef for n, g in grads.items()}
+        with torch.no_grad():
+            for n, v in params.items():
+                momentum[n].mul_(MOMENTUM).add_(grads[n])
+                v.sub_(LEARNING_RATE * momentum[n])
+    return ReferenceResult({n: v.detach() for n, v in params.items()}, momentum, alpha, skipped)

@@ -1,0 +1,285 @@
+"""One rank of a replay: the process that imports torch.
+
+Started two ways with the same code:
+
+- by :mod:`placeverify.replay.pool` from a forkserver that has already imported this module (and
+  torch): :func:`rank_main` gets the job as a JSON string, a FileStore path in a private temporary
+  folder, and a pipe it answers on with JSON (progress lines, then one result);
+- by ``torchrun`` on a real cluster: ``torchrun --nproc-per-node N -m placeverify.replay.worker
+  job.json --out results/`` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
+  (``env://``) and writes ``results/rank-<r>.json``; ``python -m placeverify.replay.worker --job
+  trace.json --world N > job.json`` writes the job of a trace.
+
+Rank 0 trains the single-device reference first and broadcasts its final states and the loss
+scale it chose, so the other ranks do not repeat it; then every rank trains its part, compares its
+states with the reference's slices, and returns its states for the across-rank comparison. The
+backend is NCCL when every rank can have its own CUDA device, gloo on CPU otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Imported here so that a forkserver preloading this module pays for them once.
+import torch.nn.functional
+import torch.utils.checkpoint
+
+from placeverify.replay.data import Dropout
+from placeverify.replay.distributed import ProcessGroups, RankGrid
+from placeverify.replay.layout import global_specs, layout_of, model_config, param_specs
+from placeverify.replay.plan import RunSpec, strategy_of
+from placeverify.replay.reference import Setup, train
+from placeverify.replay.step import RankRun, groups_needed
+
+torch.set_num_threads(1)
+
+WARM_UP = """
+strategy "replay warm-up"
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 64, seq = 8, dropout = true }
+precision fp32_adam
+mesh { dp = 1 }
+place ddp over dp
+recompute full(restore_rng = true)
+clip max_norm = 1.0
+"""
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def build_setup(spec: RunSpec) -> Setup:
+    strategy = strategy_of(spec)
+    layout = layout_of(strategy)
+    tokens = {(b, k): n for b, k, n in spec.tokens}
+    samples = {(b, k): n for b, k, n in spec.samples}
+    per_sample = max(-(-tokens[key] // samples[key]) for key in tokens)
+    config = model_config(strategy, layout, per_sample)
+    dtype = DTYPES[spec.dtype]
+    return Setup(strategy, layout, config, param_specs(config, layout), tokens, samples,
+                 spec.microbatches, spec.seed, dtype, Dropout(strategy, layout, config, dtype))
+
+
+def _encode(t: torch.Tensor) -> str:
+    return base64.b64encode(t.detach().cpu().contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    d = (a.to(b.device) - b).abs()
+    if not bool(torch.isfinite(d).all()):
+        return float("inf")
+    return float(d.max().item())
+
+
+def _fault(spec: RunSpec, rank: int, where: str) -> None:
+    """Test hook (never set from a trace): make one rank crash, raise or hang."""
+    fault = spec.fault
+    if not fault or int(fault.get("rank", -1)) != rank or fault.get("where", "step") != where:
+        return
+    kind = fault.get("kind")
+    if kind == "crash":
+        os._exit(17)
+    if kind == "raise":
+        raise RuntimeError("injected failure")
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def run_rank(spec: RunSpec, rank: int, world: int, timeout: float,
+             progress: Callable[[str], None], store: Any = None) -> dict[str, Any]:
+    """Initialise the process group, train, compare; returns this rank's result."""
+    started = time.perf_counter()
+    torch.set_num_threads(1)
+    if world != spec.world:
+        raise ValueError(f"the job's mesh has {spec.world} ranks, not {world}")
+    backend = spec.backend or ("nccl" if torch.cuda.is_available()
+                               and torch.cuda.device_count() >= world else "gloo")
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world,
+                              "timeout": datetime.timedelta(seconds=timeout)}
+    if store is not None:
+        kwargs["store"] = store
+    else:
+        kwargs["init_method"] = "env://"
+    dist.init_process_group(**kwargs)
+    try:
+        setup = build_setup(spec)
+        strategy = setup.strategy
+        grid = RankGrid(strategy.mesh.names, tuple(strategy.mesh.size(a) for a in strategy.mesh.names),
+                        rank)
+        groups = ProcessGroups(grid)
+        groups.create(groups_needed(strategy))
+        _fault(spec, rank, "start")
+        specs = global_specs(setup.specs)
+        reference_seconds = 0.0
+        if rank == 0:
+            progress("single-device reference")
+            t0 = time.perf_counter()
+            ref = train(setup, spec.steps)
+            reference_seconds = time.perf_counter() - t0
+            flat = torch.cat([torch.tensor([ref.alpha], dtype=setup.dtype)]
+                             + [ref.params[s.name].reshape(-1) for s in specs]
+                             + [ref.momentum[s.name].reshape(-1) for s in specs])
+        else:
+            size = 1 + 2 * sum(int(torch.Size(s.shape).numel()) for s in specs)
+            flat = torch.empty(size, dtype=setup.dtype)
+        flat = flat.to(device)
+        if world > 1:
+            dist.broadcast(flat, src=0)
+        alpha = float(flat[0].item())
+        params: dict[str, torch.Tensor] = {}
+        momentum: dict[str, torch.Tensor] = {}
+        offset = 1
+        for target in (params, momentum):
+            for s in specs:
+                n = int(torch.Size(s.shape).numel())
+                target[s.name] = flat[offset:offset + n].view(s.shape)
+                offset += n
+        run = RankRun(setup, grid, groups, alpha, device,
+                      progress if rank == 0 else (lambda _msg: None))
+        _fault(spec, rank, "step")
+        run.train(spec.steps)
+        states = run.states()
+        expected = run.reference_slices(params, momentum)
+        vs: dict[str, float] = {"params": 0.0, "optimizer": 0.0}
+        worst: dict[str, str] = {}
+        scale = 0.0
+        for key, (kind, value) in states.items():
+            d = _max_abs(value, expected[key])
+            if kind not in worst or d > vs[kind]:
+                worst[kind] = key
+                vs[kind] = max(vs[kind], d)
+            if expected[key].numel():
+                scale = max(scale, float(expected[key].abs().max().item()))
+        if world > 1:
+            dist.barrier()
+        return {"ok": True, "rank": rank, "coords": grid.coords, "vs_reference": vs,
+                "worst": worst, "reference_scale": scale, "dtype": spec.dtype, "skipped": run.skipped,
+                "states": {k: [kind, _encode(v)] for k, (kind, v) in states.items()},
+                "seconds": time.perf_counter() - started, "reference_seconds": reference_seconds,
+                "backend": backend}
+    finally:
+        dist.destroy_process_group()
+
+
+def warm_up() -> None:
+    """Run one tiny step on one rank without a process group, so that torch's lazy imports
+    (``torch.utils.checkpoint`` pulls in dynamo: ~1 s) happen once in the forkserver, not in
+    every rank of every replay."""
+    spec = RunSpec("warm-up", WARM_UP, "<warm-up>", {"dp": 1}, 1, False, [((0,), 0, 2)],
+                   [((0,), 0, 2)], steps=1)
+    setup = build_setup(spec)
+    strategy = setup.strategy
+    grid = RankGrid(strategy.mesh.names, (1,), 0)
+    groups = ProcessGroups(grid)
+    groups.create(groups_needed(strategy))
+    train(setup, 1)
+    RankRun(setup, grid, groups, 1.0, torch.device("cpu"), lambda _msg: None).train(1)
+
+
+# ---- forkserver children --------------------------------------------------------------------------
+
+
+def _detach(main_pid: int, deadline: float) -> None:
+    """Own process group (so the parent can kill the whole tree), die with the parent, and never
+    outlive the deadline."""
+    with contextlib.suppress(OSError):
+        os.setsid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed when the forkserver dies
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(main_pid, 0)
+            except OSError:
+                os._exit(3)
+            if time.monotonic() > deadline:
+                os._exit(4)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def rank_main(job: str, rank: int, world: int, store_path: str, conn: Any, main_pid: int,
+              timeout: float) -> None:
+    """Entry point of a rank started by :mod:`placeverify.replay.pool`."""
+    _detach(main_pid, time.monotonic() + timeout + 30)
+
+    def send(doc: dict[str, Any]) -> None:
+        conn.send_bytes(json.dumps(doc).encode("utf-8"))
+
+    try:
+        spec = RunSpec.from_json(job)
+        store = dist.FileStore(store_path, world)  # type: ignore[attr-defined]
+        result = run_rank(spec, rank, world, timeout, lambda msg: send({"progress": msg}), store)
+        send(result)
+    except BaseException as error:  # reported to the parent, which decides what to say
+        send({"ok": False, "rank": rank, "error": f"{type(error).__name__}: {error}",
+              "unsupported": type(error).__name__ == "Unsupported",
+              "traceback": traceback.format_exc()})
+    finally:
+        try:
+            conn.close()
+        finally:
+            os._exit(0)
+
+
+# ---- torchrun ----------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m placeverify.replay.worker",
+                                     description="Run one rank of a replay job (torchrun), or "
+                                                 "write the job of a trace.")
+    parser.add_argument("job", help="a job JSON file (from --job), or with --job a trace")
+    parser.add_argument("--out", default=".", help="folder for rank-<r>.json results")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--job", dest="make_job", action="store_true",
+                        help="read a trace and print the job to run")
+    parser.add_argument("--world", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.make_job:
+        from placeverify.replay.plan import plan_from_trace
+        from placeverify.trace import load
+
+        plan = plan_from_trace(load(args.job), world=args.world, steps=args.steps)
+        print(plan.main.to_json())
+        return 0
+    spec = RunSpec.from_json(Path(args.job).read_text(encoding="utf-8"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    result = run_rank(spec, rank, world, args.timeout, lambda msg: None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank-{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
