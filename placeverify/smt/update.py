@@ -148,7 +148,10 @@ def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
            and op.target.kind is TargetKind.OVERFLOW]
     axes = [a.name for a in strategy.mesh.axes if a.size > 1]
     covered = {a for op in ops for a in op.group.axes if op.group.covers(a)}
-    missing = [a for a in axes if a not in covered]
+    # Ranks that consume an identical (already reduced) gradient see the same inf/NaN, since a
+    # sum carries it to every rank; only axes where they consume different elements or different
+    # values need the flag reduced (Megatron reduces found_inf over the model-parallel group).
+    missing = [a for a in axes if a not in covered and not same_gradient_everywhere(strategy, a)]
     claim = "with dynamic loss scaling every rank takes the same skip decision"
     span = ops[0].span if ops else strategy.step.span or strategy.placements[0].span
     flags = {a: z3.Bool(f"overflow_{a}") for a in axes}
@@ -162,13 +165,25 @@ def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     if outcome.status == "unsat":
         return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span, "overflow",
                            seconds=outcome.seconds, method=method)]
-    reason = (f"the overflow flag is not reduced over {', '.join(missing)}: a rank whose gradients "
-              "overflowed skips the step while ranks holding other parts of the model, or "
-              "replicas, apply it")
+    reason = (f"the overflow flag is not reduced over {', '.join(missing)}, where ranks consume "
+              "different gradients: a rank whose gradients overflowed skips the step while ranks "
+              "holding other parts of the model apply it")
     return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, "overflow",
                        reason=reason, counterexample={"unreduced_axes": missing},
                        seconds=outcome.seconds, method=method,
                        fix="all_reduce(max) overflow over world")]
+
+
+def same_gradient_everywhere(strategy: Strategy, axis: str) -> bool:
+    """Do the ranks along ``axis`` consume the same gradient elements with the same values?"""
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    for group in strategy.model.groups_present():
+        view = group_view(strategy, group)
+        if view.relation(axis).value == "owned" or axis in split_axes(strategy, group, sizes):
+            return False
+        if axis not in agreement(strategy, view).identical:
+            return False
+    return True
 
 
 def _shards(strategy: Strategy) -> list[Obligation]:
