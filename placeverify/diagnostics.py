@@ -7,9 +7,12 @@ Every message placeverify prints about a file points at its text, in the format 
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+
+MAX_ERRORS = 50  # per file; past this the rest are counted, not printed
 
 
 class ExitCode(IntEnum):
@@ -37,6 +40,8 @@ class Code(StrEnum):
     EMPTY_FILE = "empty-file"
     NOT_TEXT = "not-text"
     TOO_LARGE = "too-large"
+    TOO_DEEP = "too-deep"
+    TOO_MANY = "too-many-errors"
     UNKNOWN_NAME = "unknown-name"
     DUPLICATE = "duplicate"
     BAD_VALUE = "bad-value"
@@ -79,16 +84,24 @@ class Source:
 
     path: str
     text: str
+    # Lines as the parser counts them: split at '\n' only (a form feed or U+2028 does not start
+    # a line), with a trailing '\r' removed. Computed once: a file may get thousands of messages.
+    lines: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lines", tuple(line.removesuffix("\r")
+                                                for line in self.text.split("\n")))
 
     def line_text(self, line: int) -> str:
-        lines = self.text.splitlines()
-        if 1 <= line <= len(lines):
-            return lines[line - 1]
+        if 1 <= line <= len(self.lines):
+            return self.lines[line - 1]
         return ""
 
     def end_span(self) -> Span:
-        """The position just past the last character (for 'missing ...' errors)."""
-        lines = self.text.splitlines() or [""]
+        """The position just past the last non-blank line (for 'missing ...' errors)."""
+        lines = list(self.lines)
+        while len(lines) > 1 and not lines[-1].strip():
+            lines.pop()
         return Span.point(len(lines), len(lines[-1]) + 1)
 
 
@@ -125,18 +138,43 @@ class Diagnostic:
         return data
 
 
+def _cell(char: str) -> tuple[str, int]:
+    """How a character of a source line is shown, and how many terminal cells it takes."""
+    if char == "\t":
+        return "    ", 4
+    category = unicodedata.category(char)
+    if category[0] == "C":  # control, format, unassigned: show a placeholder, never the raw byte
+        return "\N{REPLACEMENT CHARACTER}", 1
+    if category in ("Mn", "Me"):  # combining marks sit on the previous character
+        return char, 0
+    return char, 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
 def _excerpt(source: Source, span: Span) -> list[str]:
-    text = source.line_text(span.line).expandtabs(1)
-    if len(text) > 160:  # keep the caret line readable on long (or minified) lines
-        start = max(0, span.column - 80)
-        text = ("…" if start else "") + text[start:start + 160]
-        column = span.column - start + (1 if start else 0)
-    else:
-        column = span.column
-    width = span.end_column - span.column if span.end_line == span.line else len(text) - column + 1
-    width = max(1, min(width, max(1, len(text) - column + 1)))
+    """The source line of a span and a caret line under the span (aligned in terminal cells)."""
+    line = source.line_text(span.line)
+    column = max(1, span.column)
+    end = span.end_column if span.end_line == span.line else len(line) + 1
+    end = max(end, column + 1)
+    first = 0
+    if len(line) > 160:  # keep the caret line readable on long (or minified) lines
+        first = max(0, column - 80)
+    shown_chars = line[first:first + 160]
+    text_parts: list[str] = ["…"] if first else []
+    pad = 1 if first else 0
+    width = 0
+    for index, char in enumerate(shown_chars, start=first + 1):
+        shown, cells = _cell(char)
+        text_parts.append(shown)
+        if index < column:
+            pad += cells
+        elif index < end:
+            width += cells
+    if first + 160 < len(line):
+        text_parts.append("…")
     gutter = f"{span.line:>4} | "
-    return [f"{gutter}{text}", " " * (len(gutter) - 2) + "| " + " " * (column - 1) + "^" * width]
+    caret = " " * (len(gutter) - 2) + "| " + " " * pad + "^" * max(1, width)
+    return [f"{gutter}{''.join(text_parts)}".rstrip(), caret]
 
 
 @dataclass
@@ -146,6 +184,9 @@ class PlaceError(Exception):
     diagnostics: list[Diagnostic]
     source: Source | None = None
     exit_code: ExitCode = ExitCode.INPUT_ERROR
+
+    def __post_init__(self) -> None:
+        self.diagnostics = capped(self.diagnostics)
 
     def __str__(self) -> str:
         return "\n".join(d.render(self.source) for d in self.diagnostics)
@@ -177,14 +218,40 @@ class Diagnostics:
             raise PlaceError(self.errors, self.source)
 
 
+def capped(diagnostics: list[Diagnostic], limit: int = MAX_ERRORS) -> list[Diagnostic]:
+    """At most ``limit`` diagnostics, then one note that counts the rest."""
+    if len(diagnostics) <= limit:
+        return diagnostics
+    rest = len(diagnostics) - limit
+    return [*diagnostics[:limit], Diagnostic(
+        Severity.NOTE, f"{rest:,} more error{'s' if rest != 1 else ''} not shown (placeverify lists "
+        f"the first {limit})", Code.TOO_MANY)]
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or the list of valid names."""
     options: Sequence[str] = sorted(set(candidates))
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    # difflib's ratio is loose on short words ('tp' would match 'step'); they need one edit
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6) if len(word) > 3 else []
     if not close:
         close = [c for c in options if c.lower() == word.lower()]
+    if not close:  # short names: one typo ('dq' for 'dp') is below difflib's ratio
+        near = [c for c in options if _one_edit(word.lower(), c.lower())]
+        close = near[:1] if len(near) == 1 else []
     if close:
         return f"; did you mean '{close[0]}'?"
     if options and len(options) <= 12:
         return "; expected one of " + ", ".join(f"'{c}'" for c in options)
     return ""
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether a and b differ by one substitution, insertion, deletion or adjacent swap."""
+    if a == b or abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = (a, b) if len(a) < len(b) else (b, a)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))

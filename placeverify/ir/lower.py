@@ -8,6 +8,7 @@ modes into M; ``offload`` turns a state's sharded data-axis modes into O.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -170,8 +171,8 @@ class _Lowerer:
         if number is None:
             return None
         if number.denominator != 1:
-            self.error(f"{what} must be a whole number, not {_show(number)}", Code.BAD_VALUE,
-                       value.span)
+            self.error(f"{what} must be a whole number, not {_literal(value, number)}",
+                       Code.BAD_VALUE, value.span)
             return None
         return self.in_range(int(number), what, value.span, low, high)
 
@@ -181,8 +182,8 @@ class _Lowerer:
             self.error(f"{what} must be at least {low}, got {n} ({kind})", Code.BAD_VALUE, span)
             return None
         if n > high:
-            self.error(f"{what} = {n:,} is absurdly large (the limit is {high:,})", Code.BAD_VALUE,
-                       span)
+            self.error(f"{what} = {_count(n)} is absurdly large (the limit is {_count(high)})",
+                       Code.BAD_VALUE, span)
             return None
         return n
 
@@ -217,8 +218,11 @@ class _Lowerer:
         return None
 
     def boolean(self, value: ast.Value, what: str) -> bool | None:
-        word = self.word(value, f"value for {what} (true or false)", list(BOOLEANS))
-        return None if word is None else BOOLEANS[word]
+        if isinstance(value, ast.NameValue) and value.name.text in BOOLEANS:
+            return BOOLEANS[value.name.text]
+        self.error(f"{what} is true or false, not '{_value_text(value)}'", Code.BAD_VALUE,
+                   value.span)
+        return None
 
     def unique(self, items: Sequence[T], key: Callable[[T], str], span: Callable[[T], Span],
                what: str) -> dict[str, T]:
@@ -228,7 +232,7 @@ class _Lowerer:
             if k in seen:
                 first = span(seen[k])
                 self.error(f"duplicate {what} '{k}'", Code.DUPLICATE, span(item),
-                           f"first defined at line {first.line}")
+                           f"first defined at {_at(first)}")
             else:
                 seen[k] = item
         return seen
@@ -237,7 +241,7 @@ class _Lowerer:
         for extra in statements[1:]:
             first = statements[0].span  # type: ignore[attr-defined]
             self.error(f"duplicate '{what}' statement", Code.DUPLICATE, extra.span,  # type: ignore[attr-defined]
-                       f"the first is at line {first.line}")
+                       f"the first is at {_at(first)}")
         return statements[0] if statements else None
 
     # ---- the file -----------------------------------------------------------------------------
@@ -349,7 +353,7 @@ class _Lowerer:
                 if number is None:
                     continue
                 if number.denominator != 1:
-                    self.error(f"params must be a whole number, not {_show(number)}",
+                    self.error(f"params must be a whole number, not {_literal(entry.value, number)}",
                                Code.BAD_VALUE, entry.value.span)
                     continue
                 params = self.in_range(int(number), "params", entry.value.span, 1, MAX_PARAMS)
@@ -480,7 +484,7 @@ class _Lowerer:
                     continue
                 low = 0 if key == "optimizer" else 1
                 if number < low or number > MAX_BYTES_PER_ELEMENT:
-                    self.error(f"{key} = {_show(number)} bytes per element is out of range "
+                    self.error(f"{key} = {_literal(v, number)} bytes per element is out of range "
                                f"({low} to {MAX_BYTES_PER_ELEMENT})", Code.BAD_VALUE, v.span)
                     continue
                 changes[field] = number
@@ -503,7 +507,7 @@ class _Lowerer:
             name = entry.name.text
             if name in seen:
                 self.error(f"duplicate mesh entry '{name}'", Code.DUPLICATE, entry.name.span,
-                           f"first defined at line {seen[name].line}")
+                           f"first defined at {_at(seen[name])}")
                 continue
             seen[name] = entry.name.span
             if isinstance(entry, ast.GroupEntry):
@@ -518,9 +522,14 @@ class _Lowerer:
                            entry.name.span)
                 continue
             if isinstance(entry.value, ast.QuantityValue):
-                self.error(f"'{name}' is not a mesh property"
-                           f"{did_you_mean(name, self.MESH_PROPERTIES)}; an axis size is a plain "
-                           "number", Code.UNKNOWN_NAME, entry.name.span)
+                hint = did_you_mean(name, self.MESH_PROPERTIES)
+                if hint.startswith("; did you mean"):
+                    self.error(f"unknown mesh property '{name}'{hint}", Code.UNKNOWN_NAME,
+                               entry.name.span)
+                else:
+                    self.error(f"the size of axis '{name}' is a plain number, not "
+                               f"'{entry.value.text}'", Code.BAD_VALUE, entry.value.span,
+                               "mesh properties with units: " + ", ".join(self.MESH_PROPERTIES[1:]))
                 continue
             size = self.integer(entry.value, f"size of axis '{name}'", 1, MAX_AXIS)
             if size is None:
@@ -620,7 +629,8 @@ class _Lowerer:
                     self.error(f"unknown axis '{ref.text}'{hint}", Code.UNKNOWN_NAME, ref.span,
                                *notes)
                     ok = False
-        duplicates = {a for a in axes if axes.count(a) > 1}
+        counts = Counter(axes)
+        duplicates = {a for a, k in counts.items() if k > 1}
         if duplicates:
             self.error(f"axis '{sorted(duplicates)[0]}' appears twice in this group",
                        Code.DUPLICATE, group.span)
@@ -647,7 +657,7 @@ class _Lowerer:
                 if placement.axis in by_axis:
                     first = by_axis[placement.axis].span
                     self.error(f"axis '{placement.axis}' is placed twice", Code.DUPLICATE,
-                               stmt.span, f"first placed at line {first.line}")
+                               stmt.span, f"first placed at {_at(first)}")
                 else:
                     by_axis[placement.axis] = placement
         for axis in mesh.axes:
@@ -719,6 +729,8 @@ class _Lowerer:
         "interleaved": ("microbatches", "chunks"),
     }
 
+    PRESET_ROLES = {name: preset.role.value for name, preset in PRESETS.items()}
+
     def options(self, name: str, args: Sequence[ast.Arg]) -> dict[str, object] | None:
         allowed = self.OPTIONS.get(name, ())
         out: dict[str, object] = {}
@@ -732,6 +744,13 @@ class _Lowerer:
                     out["schedule"] = Schedule(word)
                 elif word in allowed and word in ("sequence_parallel",):
                     out[word] = True
+                elif word in MODE_NAMES:
+                    role = self.PRESET_ROLES.get(name, "data")
+                    note = (f"to give the modes, write a tuple of four: {role}(S, S, S, R) or "
+                            "(S, S, S, R)") if role != "pipeline" else (
+                            "a pipeline is written 'pipeline(1f1b, microbatches = m)'")
+                    self.error(f"'{name}' takes options, not modes", Code.BAD_VALUE, arg.span, note)
+                    return None
                 else:
                     choices = [*allowed]
                     if name == "fsdp":
@@ -805,8 +824,10 @@ class _Lowerer:
             return None
         text = value.name.text + ("*" if isinstance(value, ast.StarredValue) else "")
         if text not in MODE_NAMES:
-            self.error(f"unknown mode '{text}' for {state.symbol} ({state.value})"
-                       f"{did_you_mean(text, MODE_NAMES)}", Code.UNKNOWN_NAME, value.span,
+            hint = did_you_mean(text, MODE_NAMES)
+            hint = hint if hint.startswith("; did you mean") else ""  # the note lists the modes
+            self.error(f"unknown mode '{text}' for {state.symbol} ({state.value}){hint}",
+                       Code.UNKNOWN_NAME, value.span,
                        "modes: R replicated, S sharded, S* sharded-with-gather, M materialized, "
                        "O offloaded")
             return None
@@ -947,10 +968,14 @@ class _Lowerer:
             n = mesh.size(p.axis)
             where = p.span
 
-            def need(what: str, value: int, divisor: int, note: str = "") -> None:
+            def need(what: str, value: int, divisor: int, note: str = "",
+                     by: tuple[str, str] | None = None, axis: str = p.axis,
+                     at: Span = where) -> None:
                 if value % divisor:
-                    self.error(f"{p.axis} ({divisor}) does not divide {what} ({value:,})",
-                               Code.NOT_DIVISIBLE, where, *((note,) if note else ()))
+                    label, product = by or (axis, "")
+                    shown = f"{product} = {divisor}" if product else str(divisor)
+                    self.error(f"{label} ({shown}) does not divide {what} ({value:,})",
+                               Code.NOT_DIVISIBLE, at, *((note,) if note else ()))
 
             if p.role in (Role.TENSOR, Role.CONTEXT, Role.EXPERT, Role.PIPELINE) and arch is None:
                 self.error(f"{p.role.value} parallelism over {p.axis} needs the architecture "
@@ -971,14 +996,20 @@ class _Lowerer:
                     need("seq", arch.seq, n, "sequence parallelism splits the sequence over tp")
             elif p.role is Role.PIPELINE:
                 stages = n * p.chunks
-                need("layers", arch.layers, stages,
-                     "each pipeline stage (and chunk) holds the same number of layers")
+                if p.chunks > 1:
+                    need("layers", arch.layers, stages,
+                         f"{n} stages of {p.chunks} chunks each hold the same number of layers",
+                         by=(f"{p.axis} x chunks", f"{n} x {p.chunks}"))
+                else:
+                    need("layers", arch.layers, stages,
+                         "each pipeline stage holds the same number of layers")
                 if p.schedule is Schedule.INTERLEAVED and microbatches % n:
                     self.error(f"the interleaved schedule needs microbatches ({microbatches}) "
                                f"divisible by {p.axis} ({n})", Code.NOT_DIVISIBLE, where)
             elif p.role is Role.CONTEXT:
                 need("seq", arch.seq, 2 * n,
-                     "context parallelism splits the sequence into 2 x cp load-balanced chunks")
+                     "context parallelism splits the sequence into 2 x cp load-balanced chunks",
+                     by=(f"2 x {p.axis}", f"2 x {n}"))
             elif p.role is Role.EXPERT:
                 if not arch.moe:
                     self.error(f"expert parallelism over {p.axis} needs a mixture-of-experts model "
@@ -1010,6 +1041,24 @@ def _value_text(value: ast.Value) -> str:
     if isinstance(value, ast.QuantityValue):
         return value.text
     return value.text
+
+
+def _at(span: Span) -> str:
+    return f"line {span.line}, column {span.column}"
+
+
+def _literal(value: ast.Value, number: Fraction) -> str:
+    """A number as the user wrote it (1e-9 stays 1e-9, not 0)."""
+    return value.text if isinstance(value, ast.NumberValue) else _show(number)
+
+
+def _count(n: int) -> str:
+    """A whole number with thousands separators, or in scientific form past 10**16."""
+    if abs(n) < 10**16:
+        return f"{n:,}"
+    digits = str(abs(n))  # not float(n): that overflows past 1e308
+    mantissa = (digits[0] + "." + digits[1:4]).rstrip("0").rstrip(".")
+    return f"{'-' if n < 0 else ''}{mantissa}e{len(digits) - 1}"
 
 
 def _show(number: Fraction) -> str:
