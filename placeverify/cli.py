@@ -71,6 +71,9 @@ def guarded(run: Callable[[], ExitCode]) -> NoReturn:
     except PlaceError as error:
         print_errors(error)
         code = error.exit_code
+    except click.UsageError as error:
+        error_console().print(f"Error: {error.format_message()}", markup=False)
+        code = ExitCode.INPUT_ERROR
     except KeyboardInterrupt:
         error_console().print("interrupted", markup=False)
         code = ExitCode.INPUT_ERROR
@@ -267,7 +270,9 @@ def expand_paths(items: Iterable[str]) -> list[str]:
         if p.is_dir():
             found = sorted(str(f) for f in p.rglob("*.place"))
             if not found:
-                raise PlaceError([_no_files(item)], None, ExitCode.READ_ERROR)
+                from placeverify.diagnostics import Source
+
+                raise PlaceError([_no_files(item)], Source(item, ""), ExitCode.READ_ERROR)
             out.extend(found)
         else:
             out.append(item)

@@ -96,8 +96,6 @@ def test_usage_errors_exit_2(args: list[str]) -> None:
     assert "Usage:" in done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py raises click.UsageError inside guarded(), which turns it "
-                   "into 'internal error' and exit 70; it should be a usage error (exit 2)")
 def test_trace_with_several_files_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run([str(SCRIPT), "check", "--trace", str(tmp_path / "t.json"),
                            "examples/bugs/missing-allreduce.place", "examples/ok/hsdp.place"],

@@ -241,10 +241,6 @@ step {
 """
 
 
-@pytest.mark.xfail(raises=TimeoutError, strict=True,
-                   reason="found by fuzzing: the consistency witness (semantics/interpreter.py count) "
-                   "grows about quadratically with the step's micro-batch count: 128 -> 5 s, 512 -> 58 s, "
-                   "1024 -> minutes")
 def test_many_microbatches_are_verified_in_bounded_time() -> None:
     strategy = load_text(SLOW_WITNESS, "slow.place")
     with time_limit(5.0):

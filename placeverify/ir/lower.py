@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from placeverify.diagnostics import Code, Diagnostics, Source, Span, did_you_mean
 from placeverify.ir import canonical
@@ -307,10 +307,8 @@ class _Lowerer:
             mesh=mesh, placements=placements, recompute=recompute, loss=loss,
             microbatches=microbatches, clip=clip, loss_scale=loss_scale,
             step=Step(microbatches, (), (), (), (), True))
-        if step_stmt is not None:
-            step = self.step(step_stmt, strategy)
-        else:
-            step = canonical.derive(strategy)
+        step = self.step(step_stmt, strategy) if step_stmt is not None else \
+            canonical.derive(strategy)
         self.diag.raise_if_errors()
         strategy = replace(strategy, step=step, microbatches=step.microbatches,
                            warnings=tuple(self.diag.warnings))
@@ -718,7 +716,7 @@ class _Lowerer:
                            "8)'", Code.MISSING, span)
         return [AxisPlacement(**base, **options)]  # type: ignore[arg-type]
 
-    OPTIONS: dict[str, tuple[str, ...]] = {
+    OPTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
         "zero3": ("reshard_after_forward",),
         "fsdp": ("reshard_after_forward", "strategy"),
         "hsdp": ("reshard_after_forward",),
@@ -729,7 +727,7 @@ class _Lowerer:
         "interleaved": ("microbatches", "chunks"),
     }
 
-    PRESET_ROLES = {name: preset.role.value for name, preset in PRESETS.items()}
+    PRESET_ROLES: ClassVar[dict[str, str]] = {name: preset.role.value for name, preset in PRESETS.items()}
 
     def options(self, name: str, args: Sequence[ast.Arg]) -> dict[str, object] | None:
         allowed = self.OPTIONS.get(name, ())
@@ -773,8 +771,8 @@ class _Lowerer:
                 out[key] = FSDP_STRATEGIES.get(self.word(arg.value, "FSDP sharding strategy",
                                                          list(FSDP_STRATEGIES)) or "")
             elif key == "schedule":
-                word = self.word(arg.value, "pipeline schedule", [s.value for s in Schedule])
-                out[key] = Schedule(word) if word else None
+                schedule = self.word(arg.value, "pipeline schedule", [s.value for s in Schedule])
+                out[key] = Schedule(schedule) if schedule else None
             elif key in ("microbatches", "chunks"):
                 out[key] = self.integer(arg.value, key, 1, MAX_MICROBATCHES)
         if not ok or any(v is None for v in out.values()):

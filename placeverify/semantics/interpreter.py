@@ -111,6 +111,7 @@ class _Sim:
         self.traces = [DeviceTrace(dict(zip(self.axes, d, strict=True))) for d in self.devices]
         self.mixes: list[Op] = []
         self.consumed_line: int | None = None
+        self._counts: dict[tuple[object, ...], Fraction] = {}
 
     def _size(self, axis: str) -> int:
         return self.view.size(axis, self.sizes)
@@ -152,6 +153,14 @@ class _Sim:
     def count(self, kind: CountKind, axes: tuple[str, ...], scope: Scope, home: Coords,
               k: int) -> Fraction:
         """A count summed over ``axes`` (an all-reduce) for the device with batch coords ``home``."""
+        key = (kind, axes, scope, home, k if scope is Scope.MICROBATCH else None)
+        cached = self._counts.get(key)
+        if cached is None:
+            cached = self._counts[key] = self._count(kind, axes, scope, home, k)
+        return cached
+
+    def _count(self, kind: CountKind, axes: tuple[str, ...], scope: Scope, home: Coords,
+               k: int) -> Fraction:
         total = 0
         batch = self.view.batch
         for b, kk in atoms(self.view, self.sizes, self.m):

@@ -37,7 +37,7 @@ from placeverify.smt.integrity import DIFF, Encoded, Key, Unmodelled, encode, mi
 from placeverify.verdicts import Condition, Obligation, Verdict
 
 MAX_SEARCH_SIZE = 3
-MAX_INTERPRETED_ATOMS = 4096
+MAX_INTERPRETED_ATOMS = 1024
 
 
 @dataclass(frozen=True, slots=True)

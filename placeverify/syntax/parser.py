@@ -67,6 +67,8 @@ def read_source(path: str | Path) -> Source:
             raise _read_error(name, "no such file")
         if p.is_dir():
             raise _read_error(name, "is a directory, not a .place file")
+        if not p.is_file():  # a FIFO, socket or device: reading could block or never end
+            raise _read_error(name, "not a regular file")
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
             raise PlaceError([Diagnostic(
