@@ -15,8 +15,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# Byte-compile the package: an editable install does not, and without .pyc files every run of
+# placeverify recompiles it (PYTHONDONTWRITEBYTECODE environments never write them).
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m compileall -q placeverify
 	@touch $@
 
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build.

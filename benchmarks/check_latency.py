@@ -95,6 +95,10 @@ def main() -> int:
     if not files:
         parser.error("no .place files found")
     os.environ.pop("PLACEVERIFY_DEBUG", None)
+    compiled = any((ROOT / "placeverify" / "__pycache__").glob("*.pyc"))
+    print(f"bytecode: {'precompiled (.pyc present)' if compiled else 'none: every run compiles the sources'}"
+          f"; PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', 'unset')}; "
+          f"parser cache: {os.environ.get('PLACEVERIFY_CACHE_DIR') or 'default (~/.cache/placeverify)'}")
 
     _, interpreter = measure([sys.executable, "-c", "pass"], args.repeat, args.warmup)
     _, version = measure([*base, "--version"], args.repeat, args.warmup)

@@ -120,10 +120,12 @@ class Rule:
 
 @functools.cache
 def rules_parser() -> Lark:
+    from placeverify.syntax.parser import PARSER_OPTIONS
+    from placeverify.syntax.parser_cache import load_or_build
+
     folder = grammar_path().parent
-    return Lark((folder / RULES_GRAMMAR).read_text(encoding="utf-8"), parser="lalr",
-                lexer="contextual", propagate_positions=True, maybe_placeholders=True,
-                import_paths=[str(folder)])
+    return load_or_build((folder / RULES_GRAMMAR).read_text(encoding="utf-8"), PARSER_OPTIONS,
+                         "rules", [str(folder)])
 
 
 @v_args(meta=True)

@@ -28,7 +28,7 @@ from placeverify.diagnostics import (
     Span,
     did_you_mean,
 )
-from placeverify.syntax import ast
+from placeverify.syntax import ast, parser_cache
 
 MAX_FILE_BYTES = 1 << 20  # 1 MiB: a strategy is a page of text; larger input is refused at once
 
@@ -43,16 +43,22 @@ def grammar_path() -> Path:
     return Path(__file__).resolve().parents[2] / "grammar" / GRAMMAR_NAME
 
 
+PARSER_OPTIONS: dict[str, Any] = {"parser": "lalr", "lexer": "contextual",
+                                  "propagate_positions": True, "maybe_placeholders": True}
+
+
 @functools.cache
 def parser() -> Lark:
-    """The one LALR parser (built once per process)."""
-    return Lark(
-        grammar_path().read_text(encoding="utf-8"),
-        parser="lalr",
-        lexer="contextual",
-        propagate_positions=True,
-        maybe_placeholders=True,
-    )
+    """The one LALR parser, built once per process or loaded from the parser cache.
+
+    Building the LALR tables takes tens of milliseconds, a large share of a whole ``check``.
+    The built parser is cached as JSON (never pickle) under the user's cache folder, keyed by a
+    hash of the grammar text, Lark's version and the options; a missing, stale or unreadable
+    cache is simply rebuilt. ``PLACEVERIFY_CACHE_DIR`` moves it; ``PLACEVERIFY_NO_CACHE=1``
+    turns it off.
+    """
+    text = grammar_path().read_text(encoding="utf-8")
+    return parser_cache.load_or_build(text, PARSER_OPTIONS, "placement")
 
 
 # ---- reading ---------------------------------------------------------------------------------
