@@ -90,7 +90,9 @@ def _read(path: Path, key: str) -> Lark | None:
         document = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(document, dict) or document.get("key") != key:
             return None
-        return Lark._load_from_dict(_decode(document["data"]), _decode(document["memo"]))
+        loaded: Lark = Lark._load_from_dict(  # type: ignore[no-untyped-call]
+            _decode(document["data"]), _decode(document["memo"]))
+        return loaded
     except Exception:  # a stale, truncated or foreign cache file is rebuilt, never trusted
         return None
 
