@@ -35,44 +35,36 @@ class Costs:
     activations: ActivationCost | None
 
     def device_bytes(self) -> dict[str, Num]:
-        out: dict[str, Num] = {c: 0 for c in CATEGORIES}
-        for item in self.memory:
-            if not item.host:
-                out[item.category] = out[item.category] + item.bytes
-        total: Num = 0
-        for c in CATEGORIES:
-            total = total + out[c]
-        out["total"] = total
+        out: dict[str, Num] = {c: _total(i.bytes for i in self.memory
+                                         if not i.host and i.category == c) for c in CATEGORIES}
+        out["total"] = _total(out[c] for c in CATEGORIES)
         return out
 
     def host_bytes(self) -> Num:
-        total: Num = 0
-        for item in self.memory:
-            if item.host:
-                total = total + item.bytes
-        return total
+        return _total(item.bytes for item in self.memory if item.host)
+
+    def traffic(self, *states: str, pcie: bool = False) -> Num:
+        """Bytes per step of the collectives moving these states (all when none is named),
+        over the network or, with ``pcie``, between host and device."""
+        return _total(c.bytes for c in self.comm
+                      if c.pcie == pcie and (not states or c.state in states))
 
     def network_bytes(self) -> Num:
-        total: Num = 0
-        for item in self.comm:
-            if not item.pcie:
-                total = total + item.bytes
-        return total
+        return self.traffic()
 
     def pcie_bytes(self) -> Num:
-        total: Num = 0
-        for item in self.comm:
-            if item.pcie:
-                total = total + item.bytes
-        return total
+        return self.traffic(pcie=True)
 
     def state_bytes(self) -> Num:
         """Gradient and parameter traffic: what the ZeRO paper's 2Ψ / 3Ψ comparison counts."""
-        total: Num = 0
-        for item in self.comm:
-            if item.state in ("gradients", "params") and not item.pcie:
-                total = total + item.bytes
-        return total
+        return self.traffic("gradients", "params")
+
+
+def _total(values: Any) -> Num:
+    total: Num = 0
+    for value in values:
+        total = total + value
+    return total
 
 
 def analyse(strategy: Strategy, symbolic: bool = False) -> Costs:

@@ -295,13 +295,8 @@ def _cost(rule: Rule, strategy: Strategy, claim: Claim) -> ClaimResult:
                  "states": device["params"] + device["optimizer"] + device["gradients"]}
     else:
         table = {"total": costs.network_bytes(), "state": costs.state_bytes(),
-                 "pcie": costs.pcie_bytes()}
-        for state in ("gradients", "params", "activations", "scalar"):
-            total: Any = 0
-            for item in costs.comm:
-                if item.state == state and not item.pcie:
-                    total = total + item.bytes
-            table[state] = total
+                 "pcie": costs.pcie_bytes(),
+                 **{s: costs.traffic(s) for s in ("gradients", "params", "activations", "scalar")}}
     if claim.key not in table:
         raise PlaceError([Diagnostic(Severity.ERROR, f"unknown {claim.kind} quantity "
                                      f"'{claim.key}'; one of {', '.join(table)}", Code.RULE,
