@@ -210,7 +210,8 @@ def test_data_parallel_traffic_with_fp32_gradients_and_bf16_parameters(d: int) -
     "Ψ_B = Ψ x bytes per GRADIENT element; the cost model moves the parameter all-gathers in "
     "PARAMETER bytes, so with bf16 params + fp32 grads (precision megatron) ZeRO-1 gives "
     "(4 + 2)Ψ(d-1)/d, not 8Ψ(d-1)/d. The two agree when both are 2 bytes (the ZeRO paper). "
-    "The lead must decide which reading the spec means (the code's matches Megatron/FSDP)."))
+    "Decided: parameter gathers stay in parameter bytes, as Megatron-LM and FSDP send them; "
+    "this strict xfail records the literal reading the model departs from (README, Costs)."))
 def test_reference_psi_b_literal_reading_for_zero_with_fp32_gradients() -> None:
     psi, d = 10**9, 16
     psi_b = 4 * psi  # Ψ x bytes per gradient element (fp32)
