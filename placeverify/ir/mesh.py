@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from placeverify.diagnostics import Span
 
@@ -28,7 +30,17 @@ class Group:
     span: Span | None = field(default=None, compare=False)
 
     def size(self, mesh: Mesh) -> int:
-        return math.prod(min(2, mesh.size(a)) if a in self.ends else mesh.size(a) for a in self.axes)
+        return int(self.size_of({a: mesh.size(a) for a in self.axes}))
+
+    def size_of(self, sizes: Mapping[str, Any]) -> Any:
+        """The group's size given axis sizes (ints, or solver terms for unbounded sizes)."""
+        total: Any = 1
+        for a in self.axes:
+            n = sizes[a]
+            if a in self.ends:
+                n = 2 if (n > 1 if isinstance(n, int) else True) else 1
+            total = total * n
+        return total
 
     def covers(self, axis: str) -> bool:
         return axis in self.axes and axis not in self.ends

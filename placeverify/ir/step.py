@@ -10,9 +10,11 @@ replay backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
+from typing import Any
 
 from placeverify.diagnostics import Span
 from placeverify.ir.mesh import Group
@@ -76,6 +78,28 @@ class Monomial:
     factors: tuple[tuple[Term, int], ...]
     text: str
     span: Span | None = None
+
+    def evaluate(self, *, one: Any, number: Callable[[Fraction], Any], microbatches: Any,
+                 size: Callable[[Group], Any], count: Callable[[Count], Any]) -> Any:
+        """The product of the terms other than the loss, in whatever number domain the
+        callbacks give (exact fractions, solver terms): ``one`` times each term to its power."""
+        value = one
+        for term, exponent in self.factors:
+            if term.kind is TermKind.LOSS_SUM:
+                continue
+            if term.kind is TermKind.NUMBER:
+                x = number(term.number)
+            elif term.kind is TermKind.MICROBATCHES:
+                x = microbatches
+            elif term.kind is TermKind.SIZE:
+                assert term.group is not None
+                x = size(term.group)
+            else:
+                assert term.count is not None
+                x = count(term.count)
+            for _ in range(abs(exponent)):
+                value = value * x if exponent > 0 else value / x
+        return value
 
     def exponent(self, kind: TermKind) -> int:
         return sum(e for t, e in self.factors if t.kind is kind)

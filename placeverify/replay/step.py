@@ -281,22 +281,10 @@ class RankRun:
         return out
 
     def factor(self, monomial: Monomial, k: int) -> Fraction:
-        value = Fraction(1)
-        for term, exponent in monomial.factors:
-            if term.kind is TermKind.LOSS_SUM:
-                continue
-            if term.kind is TermKind.NUMBER:
-                x = term.number
-            elif term.kind is TermKind.MICROBATCHES:
-                x = Fraction(self.s.microbatches)
-            elif term.kind is TermKind.SIZE:
-                assert term.group is not None
-                x = Fraction(math.prod(min(2, self.grid.size(a)) if a in term.group.ends
-                                       else self.grid.size(a) for a in term.group.axes))
-            else:
-                assert term.count is not None
-                x = Fraction(self.counts[(term.count, k)])
-            value *= x ** exponent
+        value: Fraction = monomial.evaluate(
+            one=Fraction(1), number=Fraction, microbatches=Fraction(self.s.microbatches),
+            size=lambda group: Fraction(group.size_of({a: self.grid.size(a) for a in group.axes})),
+            count=lambda c: Fraction(self.counts[(c, k)]))
         return value
 
     # ---- backward: one micro-batch through the pipeline ----------------------------------------

@@ -38,7 +38,6 @@ from placeverify.ir.step import (
     Scale,
     Scope,
     TargetKind,
-    TermKind,
     Update,
 )
 from placeverify.ir.strategy import LossKind, Strategy
@@ -173,22 +172,10 @@ class _Sim:
         return Fraction(total * replicated)
 
     def factor(self, monomial: Monomial, home: Coords, k: int) -> Fraction:
-        value = Fraction(1)
-        for term, exponent in monomial.factors:
-            if term.kind is TermKind.LOSS_SUM:
-                continue
-            if term.kind is TermKind.NUMBER:
-                x = term.number
-            elif term.kind is TermKind.MICROBATCHES:
-                x = Fraction(self.m)
-            elif term.kind is TermKind.SIZE:
-                assert term.group is not None
-                x = Fraction(math.prod(min(2, self.sizes[a]) if a in term.group.ends
-                                       else self.sizes[a] for a in term.group.axes))
-            else:
-                assert term.count is not None
-                x = self.count(term.count.kind, term.count.axes, term.count.scope, home, k)
-            value *= x ** exponent
+        value: Fraction = monomial.evaluate(
+            one=Fraction(1), number=Fraction, microbatches=Fraction(self.m),
+            size=lambda group: Fraction(group.size_of(self.sizes)),
+            count=lambda c: self.count(c.kind, c.axes, c.scope, home, k))
         return value
 
     def reference_weight(self, b: Coords, k: int) -> Fraction:

@@ -122,26 +122,13 @@ class _Machine:
         return out
 
     def factor(self, monomial: Monomial, key: Key, at_atom: bool, k_now: KSpec) -> Any:
-        value: Any = z3.RealVal(1)
-        for term, exponent in monomial.factors:
-            if term.kind is TermKind.LOSS_SUM:
-                continue
-            if term.kind is TermKind.NUMBER:
-                x: Any = z3.RealVal(str(term.number))
-            elif term.kind is TermKind.MICROBATCHES:
-                x = _real(self.m)
-            elif term.kind is TermKind.SIZE:
-                assert term.group is not None
-                x = _real(_group_size(term.group, self.sizes))
-            else:
-                count = term.count
-                assert count is not None
-                k: KSpec = key.k if at_atom else k_now
-                x = self.counts.get(count.kind.value, count.axes, count.scope is Scope.STEP,
-                                    self.anchor(key, at_atom), k)
-            for _ in range(abs(exponent)):
-                value = value * x if exponent > 0 else value / x
-        return value
+        k: KSpec = key.k if at_atom else k_now
+        anchor = self.anchor(key, at_atom)
+        return monomial.evaluate(
+            one=z3.RealVal(1), number=lambda n: z3.RealVal(str(n)), microbatches=_real(self.m),
+            size=lambda group: _real(_group_size(group, self.sizes)),
+            count=lambda c: self.counts.get(c.kind.value, c.axes, c.scope is Scope.STEP, anchor,
+                                            k))
 
     def varying(self, monomial: Monomial) -> set[str]:
         """Batch axes along which a factor evaluated on the holding device varies."""
@@ -328,8 +315,7 @@ def mismatch_formula(encoded: Encoded) -> Any:
 
 
 def _group_size(group: Group, sizes: dict[str, Size]) -> Any:
-    return product((2 if more_than_one(sizes[a]) else 1) if a in group.ends else sizes[a]
-                   for a in group.axes)
+    return group.size_of(sizes)
 
 
 def _real(value: Any) -> Any:
