@@ -104,9 +104,6 @@ class Monomial:
     def exponent(self, kind: TermKind) -> int:
         return sum(e for t, e in self.factors if t.kind is kind)
 
-    def without_loss(self) -> tuple[tuple[Term, int], ...]:
-        return tuple((t, e) for t, e in self.factors if t.kind is not TermKind.LOSS_SUM)
-
 
 class TargetKind(StrEnum):
     GRADS = "grads"

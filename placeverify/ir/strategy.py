@@ -93,5 +93,3 @@ class Strategy:
     def offloaded(self) -> frozenset[State]:
         return frozenset(s for p in self.placements for s in State if p.mode(s) is Mode.O)
 
-    def tuple_over(self, axis: str) -> str:
-        return self.placement(axis).tuple_text()

@@ -8,7 +8,6 @@ from typing import Any
 
 from placeverify import __version__
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.diagnostics import Diagnostic
 from placeverify.ir.placement import STATES, Role
 from placeverify.ir.step import Backward, Clip, Collective, Free, Op, Scale, Update
 from placeverify.ir.strategy import Strategy
@@ -181,5 +180,3 @@ def _number(value: Fraction) -> int | float:
     return int(value) if value.denominator == 1 else float(value)
 
 
-def diagnostics_document(diagnostics: list[Diagnostic], source: Any) -> dict[str, Any]:
-    return {"schema": CHECK_SCHEMA, "errors": [d.to_json(source) for d in diagnostics]}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -333,6 +332,3 @@ def uniform_instance(strategy: Strategy, view: GroupView, sizes: dict[str, int],
     return Instance(dict(sizes), m, tokens, samples, grads)
 
 
-def all_coords(view: GroupView, sizes: dict[str, int]) -> Iterator[dict[str, int]]:
-    for combo in itertools.product(*(range(view.size(a, sizes)) for a in view.coordinates)):
-        yield dict(zip(view.coordinates, combo, strict=True))

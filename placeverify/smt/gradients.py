@@ -33,7 +33,7 @@ from placeverify.semantics.interpreter import (
 )
 from placeverify.smt import solve
 from placeverify.smt.counts import SetDesc
-from placeverify.smt.integrity import DIFF, Encoded, Key, Unmodelled, encode, mismatch_formula
+from placeverify.smt.integrity import Encoded, Key, Unmodelled, encode, mismatch_formula
 from placeverify.verdicts import Condition, Obligation, Verdict
 
 MAX_SEARCH_SIZE = 3
@@ -313,12 +313,6 @@ def ratio_pattern(strategy: Strategy, view: GroupView, found: Counterexample) ->
             return None
         ratios.add(consumed / result.reference)
     return ratios.pop() if len(ratios) == 1 else None
-
-
-def diff_axes(view: GroupView, key: Key | None) -> list[str]:
-    if key is None:
-        return []
-    return [a for a, rel in zip(view.coordinates, key.cls, strict=True) if rel == DIFF]
 
 
 def has_local_count(strategy: Strategy) -> bool:

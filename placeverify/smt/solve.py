@@ -48,14 +48,3 @@ def truthy(model: Any, formula: Any) -> bool:
     return bool(z3.is_true(model.eval(formula, model_completion=True)))
 
 
-def float_value(model: Any, term: Any) -> float:
-    v = model.eval(term, model_completion=True)
-    return float(z3.fpToReal(v).as_fraction()) if not z3.is_fp_value(v) else _fp(v)
-
-
-def _fp(v: Any) -> float:
-    text = v.as_string() if hasattr(v, "as_string") else str(v)
-    try:
-        return float(text)
-    except ValueError:
-        return float(z3.simplify(z3.fpToReal(v)).as_fraction())
