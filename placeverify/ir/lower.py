@@ -1272,10 +1272,12 @@ class _StepLowerer:
                 return terms
             if name == "microbatches":
                 return [(Term(TermKind.MICROBATCHES), 1)]
+            if name == "loss_scale":
+                return [(Term(TermKind.LOSS_SCALE), 1)]
             if name in ("tokens", "samples"):
                 return [(Term(TermKind.COUNT, count=Count(CountKind(name), (), Scope.MICROBATCH)), 1)]
-            self.error(f"unknown name '{name}' in an expression"
-                       f"{did_you_mean(name, ['sum', 'mean', 'tokens', 'samples', 'microbatches'])}",
+            names = ["sum", "mean", "tokens", "samples", "microbatches", "loss_scale"]
+            self.error(f"unknown name '{name}' in an expression{did_you_mean(name, names)}",
                        Code.UNKNOWN_NAME, factor.span,
                        "write axis sizes as |dp| and counts as tokens(dp, step)")
             return None
@@ -1452,9 +1454,10 @@ class _StepLowerer:
             self.error("clip needs a positive 'max_norm', e.g. clip(max_norm = 1.0) grads over dp",
                        Code.MISSING, item.span)
             return None
-        if self.target(item.target, [TargetKind.GRADS]) is None:
+        target = self.target(item.target, [TargetKind.GRADS])
+        if target is None:
             return None
-        return Clip(max_norm, group or Group(()), once, item.span)
+        return Clip(max_norm, group or Group(()), once, item.span, target)
 
     def seed(self, item: ast.SeedStmt) -> Seed | None:
         if item.call.name.text != "dropout":

@@ -50,6 +50,7 @@ class TermKind(StrEnum):
     COUNT = "count"
     SIZE = "size"  # |group|
     MICROBATCHES = "microbatches"
+    LOSS_SCALE = "loss_scale"  # the loss-scale factor of mixed-precision training (any S > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,8 @@ class Monomial:
     span: Span | None = None
 
     def evaluate(self, *, one: Any, number: Callable[[Fraction], Any], microbatches: Any,
-                 size: Callable[[Group], Any], count: Callable[[Count], Any]) -> Any:
+                 size: Callable[[Group], Any], count: Callable[[Count], Any],
+                 loss_scale: Any) -> Any:
         """The product of the terms other than the loss, in whatever number domain the
         callbacks give (exact fractions, solver terms): ``one`` times each term to its power."""
         value = one
@@ -91,6 +93,8 @@ class Monomial:
                 x = number(term.number)
             elif term.kind is TermKind.MICROBATCHES:
                 x = microbatches
+            elif term.kind is TermKind.LOSS_SCALE:
+                x = loss_scale
             elif term.kind is TermKind.SIZE:
                 assert term.group is not None
                 x = size(term.group)
@@ -195,6 +199,7 @@ class Clip:
     group: Group  # the squared norm is summed over this group
     replicated_once: bool  # replicated elements counted once (True) or on every rank (False)
     span: Span
+    target: Target = Target(TargetKind.GRADS)  # the gradients whose joint norm is clipped
 
 
 @dataclass(frozen=True, slots=True)

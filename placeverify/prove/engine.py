@@ -34,9 +34,10 @@ from placeverify.ir.strategy import Strategy
 from placeverify.prove.syntax import Claim, Rule, TApp, TBin, TElem, Term, TName, TNeg, TNum, TSum
 from placeverify.prove.tensor import prove_identity
 from placeverify.semantics.groups import group_view
+from placeverify.semantics.schedule import Unmodelled
 from placeverify.smt import solve
 from placeverify.smt.gradients import search
-from placeverify.smt.integrity import Unmodelled, encode, loop_is_uniform, mismatch_formula
+from placeverify.smt.integrity import encode, loop_is_uniform, mismatch_formula
 from placeverify.syntax import ast
 from placeverify.verdicts import Condition, Verdict
 

@@ -77,6 +77,9 @@ from placeverify.replay.layout import (
 )
 from placeverify.replay.model import StageModel, local_value
 from placeverify.replay.reference import LEARNING_RATE, MOMENTUM, NORM_EPS, Setup
+from placeverify.semantics.buffers import MODELLED_COLLECTIVES, NEUTRAL_COLLECTIVES
+from placeverify.semantics.interpreter import LOSS_SCALE
+from placeverify.semantics.schedule import events
 
 
 def flat_slice(numel: int, count: int, index: int) -> tuple[int, int]:
@@ -214,16 +217,9 @@ class RankRun:
             buf.shard, buf.shard_at, buf.sharded, buf.scattered = None, None, False, set()
         self.overflow = False
         self.counts = self._counts()
-        step = self.strategy.step
-        m = self.s.microbatches
-        for op in step.pre:
-            self.apply(op, t, 0)
-        for k in range(m):
-            for lo in step.loop:
-                if lo.microbatch is None or lo.microbatch == k:
-                    self.apply(lo.op, t, k)
-        for op in step.post:
-            self.apply(op, t, m - 1)
+        for event in events(self.strategy.step, self.s.microbatches):
+            assert isinstance(event.k, int)
+            self.apply(event.op, t, event.k)
         gathered = gathered_axes(self.strategy)
         if gathered:
             for buf in self.buffers.values():
@@ -284,7 +280,7 @@ class RankRun:
         value: Fraction = monomial.evaluate(
             one=Fraction(1), number=Fraction, microbatches=Fraction(self.s.microbatches),
             size=lambda group: Fraction(group.size_of({a: self.grid.size(a) for a in group.axes})),
-            count=lambda c: Fraction(self.counts[(c, k)]))
+            count=lambda c: Fraction(self.counts[(c, k)]), loss_scale=LOSS_SCALE)
         return value
 
     # ---- backward: one micro-batch through the pipeline ----------------------------------------
@@ -351,6 +347,10 @@ class RankRun:
 
     def collective(self, op: Collective) -> None:
         target = op.target.kind
+        if (op.kind, target) not in MODELLED_COLLECTIVES:
+            raise Unsupported(f"line {op.span.line}: '{op.label()}' is not replayed")
+        if (op.kind, target) in NEUTRAL_COLLECTIVES:
+            return  # token counts and activations travel inside the model's forward and backward
         if target is TargetKind.GRADS:
             for buf in self.targeted(op.target.applies_to):
                 self.grads_collective(op, buf)
@@ -418,12 +418,7 @@ class RankRun:
             padded[:buf.shard.numel()] = buf.shard
             buf.full = comm.gather(padded, handle, 0)[:buf.numel]
             buf.sharded = False
-        elif kind is CollectiveKind.BROADCAST:
-            value = buf.denoted().clone()
-            if handle.size > 1:
-                source = 0 if op.source == "owner" else int(op.source)
-                dist.broadcast(value, src=handle.members[source], group=handle.pg)
-            buf.set_denoted(value)
+            buf.scattered = set()
 
     def reduce(self, value: torch.Tensor, op: Collective, handle: Handle) -> torch.Tensor:
         if handle.size == 1:

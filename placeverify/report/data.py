@@ -34,7 +34,7 @@ def op_text(op: Op) -> str:
     if isinstance(op, Clip):
         once = "" if op.replicated_once else ", replicated = every_rank"
         group = f" over {op.group.label()}" if op.group.axes else ""
-        return f"clip(max_norm = {float(op.max_norm):g}{once}) grads{group}"
+        return f"clip(max_norm = {float(op.max_norm):g}{once}) {op.target.label()}{group}"
     if isinstance(op, Update):
         return "update params"
     if isinstance(op, Free):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
 from placeverify.ir.relations import Relation, batch_axes, relation, sample_axes
@@ -71,3 +72,18 @@ def group_view(strategy: Strategy, group: ParamGroup) -> GroupView:
             owned.append(p.axis)
     return GroupView(group, batch, sample_axes(strategy), tuple(extra), frozenset(ends),
                      tuple(routed), tuple(complete), tuple(owned))
+
+
+def ends_match(view: GroupView, group: Group, axis: str, size: object) -> bool:
+    """Does a reduction over ``group`` along ``axis`` treat the pipeline ends as this parameter
+    group needs? ``ends(pp)`` names the first and last stage, which hold the tied embedding; for
+    that group it is the whole axis when the axis has at most two stages, so ``over pp`` is
+    then the same group. For a group not tied across stages, ``ends(pp)`` spans stages holding
+    different parameters whenever the axis has more than one. A symbolic size stands for every
+    size >= 2, so it is taken as large."""
+    small = isinstance(size, int)
+    if (axis in view.ends) == (axis in group.ends):
+        return True
+    if axis in view.ends:
+        return small and size <= 2  # type: ignore[operator]
+    return small and size <= 1  # type: ignore[operator]

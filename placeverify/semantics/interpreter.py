@@ -6,15 +6,12 @@ the optimizer consumes and the single-device reference. It is the ground truth b
 counterexample the Z3 encoding reports (a Z3 model is only shown after this interpreter confirms
 it) and the differential oracle the Z3 encoding is tested against.
 
-Semantics (shared with :mod:`placeverify.smt.integrity` and the torch replay):
-
-- ``backward L`` adds, for every atom the device computes this micro-batch, ``factor(L) * S``
-  into the full gradient buffer; counts in ``L`` are those of the atom's home device;
-- a collective replaces the buffer ``grads`` denotes by its reduction over the group;
-- ``grads`` denotes the full buffer until a ``reduce_scatter`` runs; from then until the next
-  backward it denotes this device's shard (assigned, or added to with ``accumulate``);
-- ``scale`` multiplies the denoted buffer by a factor evaluated on the holding device;
-- ``free`` zeroes the full buffer; ``update`` consumes the denoted buffer.
+The order of statements is :mod:`placeverify.semantics.schedule`'s and what each does to the
+buffers is :mod:`placeverify.semantics.buffers`' (shared with the Z3 encoding, the agreement
+analysis and the torch replay); this module is the exact domain of those rules: ``backward L``
+adds, for every atom the device computes this micro-batch, ``factor(L) * S`` into the full
+buffer, with the counts in ``L`` those of the atom's home device, and a reduction sums (or
+averages, or takes the maximum of) the buffers of the group's devices.
 """
 
 from __future__ import annotations
@@ -28,24 +25,24 @@ from placeverify.ir.mesh import Group
 from placeverify.ir.step import (
     Backward,
     Collective,
-    CollectiveKind,
     CountKind,
-    Free,
     Monomial,
     Op,
     ReduceOp,
     Scale,
     Scope,
-    TargetKind,
     Update,
 )
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.report.data import op_text
-from placeverify.semantics.groups import GroupView
+from placeverify.semantics.buffers import GradMachine, Seen
+from placeverify.semantics.groups import GroupView, ends_match
+from placeverify.semantics.schedule import MicroBatch
 
 Coords = tuple[int, ...]
 AtomKey = tuple[Coords, int]  # (batch coordinates, micro-batch)
 ChunkKey = tuple[Coords, int, Coords]  # (batch coordinates, micro-batch, extra coordinates)
+LOSS_SCALE = Fraction(8)  # the loss-scale factor S on concrete instances (any S != 1 shows it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +70,7 @@ class Run:
     reference: Fraction
     mixes_shards: list[Op]  # collectives over axes where the group holds different parameters
     consumed_at_line: int | None
+    clips: list[Seen[list[Fraction]]] = field(default_factory=list)  # what each clip saw
 
     def mismatches(self) -> list[DeviceTrace]:
         return [d for d in self.devices if d.consumed != self.reference]
@@ -90,7 +88,9 @@ def atoms(view: GroupView, sizes: dict[str, int], m: int) -> list[AtomKey]:
     return [(b, k) for b in batch_coords(view, sizes) for k in range(m)]
 
 
-class _Sim:
+class _Exact:
+    """The exact domain: one rational per device, each device's gradient buffer."""
+
     def __init__(self, strategy: Strategy, view: GroupView, instance: Instance) -> None:
         self.s = strategy
         self.view = view
@@ -101,18 +101,13 @@ class _Sim:
         ranges = [range(self._size(a)) for a in self.axes]
         self.devices = [tuple(c) for c in itertools.product(*ranges)]
         self.index = {d: i for i, d in enumerate(self.devices)}
-        n = len(self.devices)
-        self.full = [Fraction(0)] * n
-        self.shard: list[Fraction | None] = [None] * n
-        self.sharded = False
-        self.scattered: set[str] = set()
-        self.traces = [DeviceTrace(dict(zip(self.axes, d, strict=True))) for d in self.devices]
-        self.mixes: list[Op] = []
-        self.consumed_line: int | None = None
         self._counts: dict[tuple[object, ...], Fraction] = {}
 
     def _size(self, axis: str) -> int:
         return self.view.size(axis, self.sizes)
+
+    def live(self, axis: str) -> bool:
+        return self.sizes[axis] > 1
 
     # ---- coordinates ----------------------------------------------------------------------
 
@@ -127,10 +122,8 @@ class _Sim:
         """The devices of ``device``'s group, or None when the group mixes different parameters."""
         free: list[int] = []
         for axis in group.axes:
-            if axis in self.view.ends and axis not in group.ends:
+            if not ends_match(self.view, group, axis, self.sizes[axis]):
                 return None  # the whole pipeline axis: stages without the tied embedding
-            if axis in group.ends and axis not in self.view.ends and self.sizes[axis] > 1:
-                return None
             if axis in self.view.routed and self.sizes[axis] > 1:
                 return None  # experts on other ranks are different parameters
             if axis not in self.axes:
@@ -170,11 +163,13 @@ class _Sim:
         replicated = math.prod(self.sizes[a] for a in axes if a not in batch)
         return Fraction(total * replicated)
 
-    def factor(self, monomial: Monomial, home: Coords, k: int) -> Fraction:
+    def factor(self, monomial: Monomial, home: Coords, k: MicroBatch) -> Fraction:
+        assert isinstance(k, int)
         value: Fraction = monomial.evaluate(
             one=Fraction(1), number=Fraction, microbatches=Fraction(self.m),
             size=lambda group: Fraction(group.size_of(self.sizes)),
-            count=lambda c: self.count(c.kind, c.axes, c.scope, home, k))
+            count=lambda c: self.count(c.kind, c.axes, c.scope, home, k),
+            loss_scale=LOSS_SCALE)
         return value
 
     def reference_weight(self, b: Coords, k: int) -> Fraction:
@@ -204,11 +199,16 @@ class _Sim:
             total += self.reference_weight(b, k) * g
         return total
 
-    # ---- ops --------------------------------------------------------------------------------
+    # ---- the domain (placeverify.semantics.buffers.GradDomain) -------------------------------
 
-    def backward(self, op: Backward, k: int) -> None:
+    def zero(self) -> list[Fraction]:
+        return [Fraction(0)] * len(self.devices)
+
+    def backward(self, buffer: list[Fraction], op: Backward, k: MicroBatch) -> list[Fraction]:
+        assert isinstance(k, int)
         view = self.view
         routed = [i for i, a in enumerate(view.batch) if a in view.routed]
+        out = list(buffer)
         for d in self.devices:
             mine = self.batch_of(d)
             chunk = self.extra_of(d)
@@ -217,34 +217,16 @@ class _Sim:
                 if any(b[i] != mine[i] for i in range(len(b)) if i not in routed):
                     continue
                 add += self.factor(op.loss, b, k) * self.inst.grads[(b, k, chunk)]
-            self.full[self.index[d]] += add
+            out[self.index[d]] += add
+        return out
 
-    def collective(self, op: Collective) -> None:
-        if op.target.kind is not TargetKind.GRADS or not op.target.applies_to(self.view.group):
-            return
-        kind = op.kind
-        if kind is CollectiveKind.ALL_GATHER:
-            if self.sharded:
-                self.full = [s if s is not None else f for s, f in zip(self.shard, self.full, strict=True)]
-                self.sharded = False
-            return
-        if kind not in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
-            return
-        scatter = kind is CollectiveKind.REDUCE_SCATTER
-        if self.sharded and not scatter and self.scattered & set(op.group.axes):
-            if op not in self.mixes:
-                self.mixes.append(op)  # ranks of a scattered axis hold different elements
-            return
-        source = self.full if (scatter or not self.sharded) else self.shard
+    def reduce(self, buffer: list[Fraction], op: Collective) -> list[Fraction] | None:
         result: list[Fraction] = []
         for d in self.devices:
             group = self.members(d, op.group)
             if group is None:
-                if op not in self.mixes:
-                    self.mixes.append(op)
-                result.append(source[self.index[d]] or Fraction(0))
-                continue
-            values = [source[self.index[y]] or Fraction(0) for y in group]
+                return None
+            values = [buffer[self.index[y]] for y in group]
             if op.op is ReduceOp.MAX:
                 value = max(values)
             else:
@@ -252,66 +234,38 @@ class _Sim:
                 if op.op is ReduceOp.MEAN:
                     value /= len(group)
             result.append(value)
-        if scatter:
-            for i, value in enumerate(result):
-                previous = self.shard[i]
-                self.shard[i] = value + (previous or 0) if op.accumulate else value
-            self.sharded = True
-            self.scattered |= {a for a in op.group.axes if a in self.axes}
-        elif self.sharded:
-            self.shard = list(result)
-        else:
-            self.full = result
+        return result
 
-    def scale(self, op: Scale, k: int) -> None:
-        if not op.target.applies_to(self.view.group):
-            return
-        for d in self.devices:
-            i = self.index[d]
-            f = self.factor(op.factor, self.batch_of(d), k)
-            if self.sharded:
-                self.shard[i] = (self.shard[i] or Fraction(0)) * f
-            else:
-                self.full[i] *= f
+    def accumulate(self, shard: list[Fraction], value: list[Fraction]) -> list[Fraction]:
+        return [a + b for a, b in zip(shard, value, strict=True)]
 
-    def apply(self, op: Op, k: int) -> None:
-        if isinstance(op, Backward):
-            self.sharded = False
-            self.backward(op, k)
-        elif isinstance(op, Collective):
-            self.collective(op)
-        elif isinstance(op, Scale):
-            self.scale(op, k)
-        elif isinstance(op, Free):
-            if op.target.applies_to(self.view.group):
-                self.full = [Fraction(0)] * len(self.devices)
-        elif isinstance(op, Update):
-            self.consume(op)
-        self.record(op, k)
-
-    def consume(self, op: Update) -> None:
-        for i, trace in enumerate(self.traces):
-            trace.consumed = (self.shard[i] or Fraction(0)) if self.sharded else self.full[i]
-        self.consumed_line = op.span.line
-
-    def record(self, op: Op, k: int | None) -> None:
-        line = getattr(op, "span", None)
-        for i, trace in enumerate(self.traces):
-            trace.rows.append((op_text(op), line.line if line else None, k, self.full[i],
-                               self.shard[i] if self.sharded else None))
+    def scale(self, buffer: list[Fraction], op: Scale, k: MicroBatch) -> list[Fraction]:
+        return [v * self.factor(op.factor, self.batch_of(d), k)
+                for v, d in zip(buffer, self.devices, strict=True)]
 
 
 def run(strategy: Strategy, view: GroupView, instance: Instance) -> Run:
     """Execute the step on every device of a concrete instance."""
-    sim = _Sim(strategy, view, instance)
-    step = strategy.step
-    for k in range(instance.microbatches):
-        for lo in step.loop:
-            if lo.microbatch is None or lo.microbatch == k:
-                sim.apply(lo.op, k)
-    for op in step.post:
-        sim.apply(op, instance.microbatches - 1)
-    return Run(sim.traces, sim.reference(), sim.mixes, sim.consumed_line)
+    exact = _Exact(strategy, view, instance)
+    traces = [DeviceTrace(dict(zip(exact.axes, d, strict=True))) for d in exact.devices]
+
+    def record(machine: GradMachine[list[Fraction]], op: Op, k: MicroBatch) -> None:
+        line = getattr(op, "span", None)
+        shard = machine.shard if machine.sharded else None
+        for i, trace in enumerate(traces):
+            trace.rows.append((op_text(op), line.line if line else None,
+                               k if isinstance(k, int) else None, machine.full[i],
+                               shard[i] if shard is not None else None))
+
+    machine = GradMachine(exact, view.group, exact.live, record)
+    machine.run(strategy.step, instance.microbatches)
+    consumed_line = None
+    if machine.update is not None:
+        consumed_line = machine.update.op.span.line if isinstance(machine.update.op, Update) \
+            else None
+        for trace, value in zip(traces, machine.update.value, strict=True):
+            trace.consumed = value
+    return Run(traces, exact.reference(), machine.mixes, consumed_line, machine.clips)
 
 
 def uniform_instance(strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int,

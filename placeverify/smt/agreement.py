@@ -14,20 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from placeverify.ir.step import (
-    Backward,
-    Collective,
-    CollectiveKind,
-    Free,
-    Op,
-    Order,
-    Scale,
-    TargetKind,
-    TermKind,
-    Update,
-)
+from placeverify.ir.step import Backward, Collective, Op, Order, Scale, TermKind, Update
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.groups import GroupView
+from placeverify.semantics.buffers import GradMachine
+from placeverify.semantics.groups import GroupView, ends_match
+from placeverify.semantics.schedule import MicroBatch
 
 
 @dataclass(frozen=True)
@@ -38,112 +29,84 @@ class Agreement:
     update_line: int | None = None
 
 
-@dataclass
-class _State:
-    full: frozenset[str]
-    shard: frozenset[str]
-    sharded: bool
-    scattered: frozenset[str]  # axes the shard was reduce-scattered over
-    fp_full: dict[str, Collective]
-    fp_shard: dict[str, Collective]
+@dataclass(frozen=True)
+class Same:
+    """A buffer in the agreement domain: the axes along which it is identical, and for each axis
+    where a rank-dependent summation order breaks bitwise equality, the reduction that did."""
+
+    identical: frozenset[str]
+    fp: dict[str, Collective] = field(default_factory=dict)
 
     def key(self) -> tuple[object, ...]:
-        return (self.full, self.shard, self.sharded, self.scattered,
-                tuple(sorted(self.fp_full)), tuple(sorted(self.fp_shard)))
+        return (self.identical, tuple(sorted(self.fp)))
 
 
-def agreement(strategy: Strategy, view: GroupView, sizes: dict[str, int] | None = None) -> Agreement:
-    sizes = sizes or {a.name: a.size for a in strategy.mesh.axes}
-    every = frozenset(view.coordinates) | frozenset(view.complete)
-    state = _State(every, every, False, frozenset(), {}, {})
-    mixing: list[Op] = []
-    consumed: list[tuple[frozenset[str], dict[str, Collective]]] = []
-    update_line: list[int] = []
+class _Agreement:
+    """The agreement domain (:class:`placeverify.semantics.buffers.GradDomain`)."""
 
-    def covered(op: Collective) -> frozenset[str] | None:
+    def __init__(self, view: GroupView, sizes: dict[str, int]) -> None:
+        self.view = view
+        self.sizes = sizes
+        self.every = frozenset(view.coordinates) | frozenset(view.complete)
+        self.complete = frozenset(view.complete)
+
+    def live(self, axis: str) -> bool:
+        return self.sizes[axis] > 1
+
+    def covered(self, op: Collective) -> frozenset[str] | None:
+        view, sizes = self.view, self.sizes
         axes = set()
         for axis in op.group.axes:
             size = sizes[axis]
             if axis in view.routed and size > 1:
                 return None
-            if axis in view.coordinates:
-                if (axis in view.ends) != (axis in op.group.ends) and size > 1:
-                    return None
-                axes.add(axis)
-            elif axis in view.complete:
+            if not ends_match(view, op.group, axis, size):
+                return None
+            if axis in view.coordinates or axis in view.complete:
                 axes.add(axis)
             elif size > 1:
                 return None
         return frozenset(axes)
 
-    def apply(op: Op) -> None:
-        nonlocal state
-        s = state
-        if isinstance(op, Backward):
-            state = _State(s.full & frozenset(view.complete), s.shard, False, s.scattered,
-                           {a: c for a, c in s.fp_full.items() if a in view.complete}, s.fp_shard)
-        elif isinstance(op, Collective):
-            if op.target.kind is not TargetKind.GRADS or not op.target.applies_to(view.group):
-                return
-            if op.kind is CollectiveKind.ALL_GATHER:
-                if s.sharded:
-                    state = _State(s.shard, s.shard, False, frozenset(), dict(s.fp_shard), s.fp_shard)
-                return
-            if op.kind not in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
-                return
-            axes = covered(op)
-            scatter = op.kind is CollectiveKind.REDUCE_SCATTER
-            on_shard = s.sharded and not scatter
-            if axes is None or (on_shard and axes & s.scattered):
-                mixing.append(op)
-                return
-            source, fp = (s.shard, s.fp_shard) if on_shard else (s.full, s.fp_full)
-            result = source | axes
-            fp_new = {a: c for a, c in fp.items() if a not in axes}
-            # Two ranks sum a + b and b + a: IEEE addition commutes, so order matters from three.
-            if op.order is Order.RANK_DEPENDENT and _group_size(op, view, sizes) >= 3:
-                fp_new.update({a: op for a in axes if view.size(a, sizes) >= 2})
-            if scatter:
-                shard = (s.shard & result) if op.accumulate and s.scattered else result
-                fp_shard = {**(s.fp_shard if op.accumulate else {}), **fp_new}
-                state = _State(s.full, shard, True, s.scattered | (axes - frozenset(view.complete)),
-                               s.fp_full, fp_shard)
-            elif on_shard:
-                state = _State(s.full, result, True, s.scattered, s.fp_full, fp_new)
-            else:
-                state = _State(result, s.shard, s.sharded, s.scattered, fp_new, s.fp_shard)
-        elif isinstance(op, Scale):
-            if not op.target.applies_to(view.group):
-                return
-            vary = _varying(op, view)
-            if s.sharded:
-                state = _State(s.full, s.shard - vary, True, s.scattered, s.fp_full, s.fp_shard)
-            else:
-                state = _State(s.full - vary, s.shard, s.sharded, s.scattered, s.fp_full, s.fp_shard)
-        elif isinstance(op, Free):
-            if op.target.applies_to(view.group):
-                state = _State(every, s.shard, s.sharded, s.scattered, {}, s.fp_shard)
-        elif isinstance(op, Update):
-            identical = s.shard if s.sharded else s.full
-            consumed.append((identical, dict(s.fp_shard if s.sharded else s.fp_full)))
-            update_line.append(op.span.line)
+    def zero(self) -> Same:
+        return Same(self.every)
 
-    step = strategy.step
-    m = step.microbatches
-    indexed = max((lo.microbatch for lo in step.loop if lo.microbatch is not None), default=-1)
-    previous: tuple[object, ...] | None = None
-    for k in range(m):
-        for lo in step.loop:
-            if lo.microbatch is None or lo.microbatch == k:
-                apply(lo.op)
-        current = state.key()
-        if k > indexed and current == previous:
-            break  # the same body maps this state to itself: later micro-batches change nothing
-        previous = current
-    for op in step.post:
-        apply(op)
-    identical, fp = consumed[0] if consumed else (frozenset(), {})
-    return Agreement(identical, fp, tuple(mixing), update_line[0] if update_line else None)
+    def backward(self, buffer: Same, op: Backward, k: MicroBatch) -> Same:
+        return Same(buffer.identical & self.complete,
+                    {a: c for a, c in buffer.fp.items() if a in self.complete})
+
+    def reduce(self, buffer: Same, op: Collective) -> Same | None:
+        axes = self.covered(op)
+        if axes is None:
+            return None
+        fp = {a: c for a, c in buffer.fp.items() if a not in axes}
+        # Two ranks sum a + b and b + a: IEEE addition commutes, so order matters from three.
+        if op.order is Order.RANK_DEPENDENT and _group_size(op, self.view, self.sizes) >= 3:
+            fp.update({a: op for a in axes if self.view.size(a, self.sizes) >= 2})
+        return Same(buffer.identical | axes, fp)
+
+    def accumulate(self, shard: Same, value: Same) -> Same:
+        return Same(shard.identical & value.identical, {**shard.fp, **value.fp})
+
+    def scale(self, buffer: Same, op: Scale, k: MicroBatch) -> Same:
+        return Same(buffer.identical - _varying(op, self.view), buffer.fp)
+
+
+def agreement(strategy: Strategy, view: GroupView, sizes: dict[str, int] | None = None) -> Agreement:
+    sizes = sizes or {a.name: a.size for a in strategy.mesh.axes}
+    domain = _Agreement(view, sizes)
+
+    def state(m: GradMachine[Same]) -> tuple[object, ...]:
+        shard = m.shard.key() if m.shard is not None else None
+        return (m.full.key(), shard, m.sharded, m.scattered)
+
+    machine = GradMachine(domain, view.group, domain.live)
+    machine.run(strategy.step, strategy.step.microbatches, fixpoint=state)
+    update = machine.update
+    if update is None:
+        return Agreement(frozenset(), {}, tuple(machine.mixes), None)
+    line = update.op.span.line if isinstance(update.op, Update) else None
+    return Agreement(update.value.identical, dict(update.value.fp), tuple(machine.mixes), line)
 
 
 def _group_size(op: Collective, view: GroupView, sizes: dict[str, int]) -> int:

@@ -31,9 +31,10 @@ from placeverify.semantics.interpreter import (
     run,
     uniform_instance,
 )
+from placeverify.semantics.schedule import Unmodelled
 from placeverify.smt import solve
 from placeverify.smt.counts import SetDesc
-from placeverify.smt.integrity import Encoded, Key, Unmodelled, encode, mismatch_formula
+from placeverify.smt.integrity import Encoded, Key, encode, mismatch_formula
 from placeverify.verdicts import Condition, Obligation, Verdict
 
 MAX_SEARCH_SIZE = 3

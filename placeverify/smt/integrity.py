@@ -31,33 +31,37 @@ from placeverify.ir.mesh import Group
 from placeverify.ir.step import (
     Backward,
     Collective,
-    CollectiveKind,
-    Free,
     Monomial,
     Op,
     ReduceOp,
     Scale,
     Scope,
-    TargetKind,
     TermKind,
     Update,
 )
 from placeverify.ir.strategy import LossKind, Strategy
-from placeverify.semantics.groups import GroupView
+from placeverify.semantics.buffers import GradMachine, Seen
+from placeverify.semantics.groups import GroupView, ends_match
+from placeverify.semantics.schedule import GENERIC, MicroBatch, Unmodelled, is_uniform
 from placeverify.smt.counts import CountVars, KSpec, Size, more_than_one, product
 
 SAME, DIFF = "same", "different"
 MAX_UNROLL = 256
 
 
-class Unmodelled(Exception):
-    """A construct the encoding does not model exactly: the verdict must be 'unknown'."""
-
-
 @dataclass(frozen=True, slots=True)
 class Key:
     cls: tuple[str, ...]  # per coordinate axis of the view: SAME or DIFF
     k: int | str  # the atom's micro-batch ("g": any one, when all are alike)
+
+
+@dataclass(frozen=True, slots=True)
+class Coeffs:
+    """A gradient buffer in the coefficient domain: one solver term per relation class, and the
+    batch axes along which a scale applied to it differs between ranks."""
+
+    values: dict[Key, Any]
+    vary: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -67,14 +71,18 @@ class Encoded:
     counts: CountVars
     mixing: list[Op] = field(default_factory=list)
     consumed_line: int | None = None
+    clips: list[Seen[Coeffs]] = field(default_factory=list)
+    constraints: list[Any] = field(default_factory=list)
 
 
 def loop_is_uniform(strategy: Strategy) -> bool:
     """True when the loop only runs backward: every micro-batch then behaves the same."""
-    return all(isinstance(lo.op, Backward) and lo.microbatch is None for lo in strategy.step.loop)
+    return is_uniform(strategy.step)
 
 
-class _Machine:
+class _Coefficients:
+    """The coefficient domain (:class:`placeverify.semantics.buffers.GradDomain`)."""
+
     def __init__(self, strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size,
                  counts: CountVars) -> None:
         self.s = strategy
@@ -82,6 +90,7 @@ class _Machine:
         self.sizes = sizes
         self.m = m
         self.counts = counts
+        self.loss_scale = z3.Real(f"{counts.prefix}loss_scale")
         self.generic = loop_is_uniform(strategy)
         if not self.generic and not isinstance(m, int):
             raise Unmodelled("the micro-batch loop has collectives, so it is unrolled, which needs "
@@ -91,18 +100,8 @@ class _Machine:
                              f"the encoding unrolls at most {MAX_UNROLL}")
         self.axes = view.coordinates
         choices = [(SAME, DIFF) if more_than_one(self.size(a)) else (SAME,) for a in self.axes]
-        ks: list[int | str] = ["g"] if self.generic else list(range(m))
+        ks: list[int | str] = [GENERIC] if self.generic else list(range(m))
         self.keys = [Key(tuple(c), k) for c in itertools.product(*choices) for k in ks]
-        zero = z3.RealVal(0)
-        self.full: dict[Key, Any] = {key: zero for key in self.keys}
-        self.shard: dict[Key, Any] | None = None
-        self.sharded = False
-        self.scattered: set[str] = set()
-        self.vary_full: set[str] = set()
-        self.vary_shard: set[str] = set()
-        self.consumed: dict[Key, Any] | None = None
-        self.consumed_line: int | None = None
-        self.mixing: list[Op] = []
 
     def size(self, axis: str) -> Size:
         """An axis's size as this group sees it: ends(pp) has two members when pp has two."""
@@ -110,6 +109,9 @@ class _Machine:
         if axis in self.view.ends:
             return 2 if more_than_one(n) else 1
         return n
+
+    def live(self, axis: str) -> bool:
+        return more_than_one(self.sizes[axis])
 
     # ---- evaluation of factors ---------------------------------------------------------------
 
@@ -128,49 +130,54 @@ class _Machine:
             one=z3.RealVal(1), number=lambda n: z3.RealVal(str(n)), microbatches=_real(self.m),
             size=lambda group: _real(_group_size(group, self.sizes)),
             count=lambda c: self.counts.get(c.kind.value, c.axes, c.scope is Scope.STEP, anchor,
-                                            k))
+                                            k),
+            loss_scale=self.loss_scale)
 
-    def varying(self, monomial: Monomial) -> set[str]:
+    def varying(self, monomial: Monomial) -> frozenset[str]:
         """Batch axes along which a factor evaluated on the holding device varies."""
         out: set[str] = set()
         for term, _ in monomial.factors:
             if term.kind is TermKind.COUNT and term.count is not None:
                 family = self.view.batch if term.count.kind.value == "tokens" else self.view.samples
                 out.update(a for a in family if a not in term.count.axes)
-        return out
+        return frozenset(out)
 
-    # ---- ops ---------------------------------------------------------------------------------
+    # ---- the domain --------------------------------------------------------------------------
 
-    def backward(self, op: Backward, k: int | str) -> None:
-        self.sharded = False
+    def zero(self) -> Coeffs:
+        zero = z3.RealVal(0)
+        return Coeffs({key: zero for key in self.keys})
+
+    def backward(self, buffer: Coeffs, op: Backward, k: MicroBatch) -> Coeffs:
+        values = dict(buffer.values)
         for key in self.keys:
             if key.k != k:
                 continue
             local = all(rel == SAME or axis in self.view.routed
                         for axis, rel in zip(self.axes, key.cls, strict=True))
             if local:
-                self.full[key] = self.full[key] + self.factor(op.loss, key, True, k)
+                values[key] = values[key] + self.factor(op.loss, key, True, k)
+        return Coeffs(values, buffer.vary)
 
-    def reduce(self, values: dict[Key, Any], vary: set[str], group: Group,
-               op: ReduceOp | None) -> dict[Key, Any] | None:
+    def reduce(self, buffer: Coeffs, op: Collective) -> Coeffs | None:
         """The reduction of a buffer over a group, or None when the group mixes parameters."""
         view = self.view
         plan: list[tuple[str, str]] = []
-        for axis in group.axes:
+        for axis in op.group.axes:
             size = self.sizes[axis]
             if axis in view.routed and more_than_one(size):
                 return None
+            if not ends_match(view, op.group, axis, size):
+                return None
             if axis in self.axes:
-                if (axis in view.ends) != (axis in group.ends):
-                    return None
                 plan.append(("coordinate", axis))
             elif axis in view.complete:
                 plan.append(("copies", axis))
             elif more_than_one(size):
                 return None  # ranks along it hold different parameters; one rank is a no-op
-        if op is ReduceOp.MAX:
-            raise Unmodelled("gradients reduced with max are not a gradient")
-        out = dict(values)
+        if op.op is ReduceOp.MAX:
+            raise Unmodelled("gradients reduced with max are not a gradient", op.span)
+        out = dict(buffer.values)
         divisor: Any = 1
         for kind, axis in plan:
             n = self.size(axis)
@@ -180,9 +187,9 @@ class _Machine:
                 continue
             if not more_than_one(n):
                 continue
-            if axis in vary:
+            if axis in buffer.vary:
                 raise Unmodelled(f"a scale that differs between ranks of {axis} is applied before "
-                                 f"a reduction over {axis}")
+                                 f"a reduction over {axis}", op.span)
             # The rank holding the atom sees it as same-coordinate: in x's frame, where the atom
             # is different-coordinate, that rank's "x" anchors on this axis are the atom's.
             i = self.axes.index(axis)
@@ -196,88 +203,18 @@ class _Machine:
                 else:
                     new[key] = self.counts.relabel(out[same], axis, "x", "a") + others * out[diff]
             out = new
-        if op is ReduceOp.MEAN and not (isinstance(divisor, int) and divisor == 1):
+        if op.op is ReduceOp.MEAN and not (isinstance(divisor, int) and divisor == 1):
             out = {key: v / _real(divisor) for key, v in out.items()}
-        return out
+        return Coeffs(out, buffer.vary)
 
-    def collective(self, op: Collective) -> None:
-        if op.target.kind is not TargetKind.GRADS or not op.target.applies_to(self.view.group):
-            return
-        if op.kind is CollectiveKind.ALL_GATHER:
-            if self.sharded and self.shard is not None:
-                self.full, self.vary_full = dict(self.shard), set(self.vary_shard)
-                self.sharded = False
-            return
-        if op.kind not in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
-            return
-        scatter = op.kind is CollectiveKind.REDUCE_SCATTER
-        on_shard = self.sharded and not scatter and self.shard is not None
-        if on_shard and self.scattered & set(op.group.axes):
-            self.mixing.append(op)  # ranks of a scattered axis hold different elements
-            return
-        source = self.shard if on_shard else self.full
-        vary = self.vary_shard if on_shard else self.vary_full
-        assert source is not None
-        result = self.reduce(source, vary, op.group, op.op)
-        if result is None:
-            self.mixing.append(op)
-            return
-        if scatter:
-            if op.accumulate and self.shard is not None:
-                result = {key: self.shard[key] + result[key] for key in self.keys}
-                self.vary_shard |= vary
-            else:
-                self.vary_shard = set(vary)
-            self.shard = result
-            self.sharded = True
-            self.scattered |= {a for a in op.group.axes if a in self.axes}
-        elif on_shard:
-            self.shard = result
-        else:
-            self.full = result
+    def accumulate(self, shard: Coeffs, value: Coeffs) -> Coeffs:
+        return Coeffs({key: shard.values[key] + value.values[key] for key in self.keys},
+                      shard.vary | value.vary)
 
-    def scale(self, op: Scale, k: KSpec) -> None:
-        if not op.target.applies_to(self.view.group):
-            return
-        vary = self.varying(op.factor)
-        if self.sharded and self.shard is not None:
-            self.shard = {key: v * self.factor(op.factor, key, False, k)
-                          for key, v in self.shard.items()}
-            self.vary_shard |= vary
-        else:
-            self.full = {key: v * self.factor(op.factor, key, False, k)
-                         for key, v in self.full.items()}
-            self.vary_full |= vary
-
-    def apply(self, op: Op, k: int | str) -> None:
-        if isinstance(op, Backward):
-            self.backward(op, k)
-        elif isinstance(op, Collective):
-            self.collective(op)
-        elif isinstance(op, Scale):
-            self.scale(op, k if isinstance(k, int) else None)
-        elif isinstance(op, Free):
-            if op.target.applies_to(self.view.group):
-                self.full = {key: z3.RealVal(0) for key in self.keys}
-                self.vary_full = set()
-        elif isinstance(op, Update):
-            source = self.shard if self.sharded and self.shard is not None else self.full
-            self.consumed = dict(source)
-            self.consumed_line = op.span.line
-
-    def run(self) -> None:
-        step = self.s.step
-        if self.generic:
-            for lo in step.loop:
-                self.apply(lo.op, "g")
-        else:
-            for k in range(self.m):
-                for lo in step.loop:
-                    if lo.microbatch is None or lo.microbatch == k:
-                        self.apply(lo.op, k)
-        last: int | str = "g" if self.generic else self.m - 1
-        for op in step.post:
-            self.apply(op, last)
+    def scale(self, buffer: Coeffs, op: Scale, k: MicroBatch) -> Coeffs:
+        k_now: KSpec = k if isinstance(k, int) else None
+        return Coeffs({key: v * self.factor(op.factor, key, False, k_now)
+                       for key, v in buffer.values.items()}, buffer.vary | self.varying(op.factor))
 
     # ---- the reference -----------------------------------------------------------------------
 
@@ -300,18 +237,24 @@ def encode(strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size,
            integer: bool) -> Encoded:
     equal_samples = not strategy.loss.uneven_samples
     counts = CountVars(view, sizes, m, prefix, integer, equal_samples)
-    machine = _Machine(strategy, view, sizes, m, counts)
-    machine.run()
-    if machine.consumed is None:
+    domain = _Coefficients(strategy, view, sizes, m, counts)
+    machine = GradMachine(domain, view.group, domain.live)
+    machine.run(strategy.step, m if isinstance(m, int) else 1, generic=domain.generic)
+    if machine.update is None:
         raise Unmodelled("the step never updates the parameters")
-    reference = {key: machine.reference(key) for key in machine.keys}
-    return Encoded(machine.consumed, reference, counts, machine.mixing, machine.consumed_line)
+    reference = {key: domain.reference(key) for key in domain.keys}
+    update = machine.update
+    return Encoded(update.value.values, reference, counts, machine.mixes,
+                   update.op.span.line if isinstance(update.op, Update) else None,
+                   machine.clips, [domain.loss_scale > 0])
 
 
-def mismatch_formula(encoded: Encoded) -> Any:
-    """Satisfiable iff some atom's consumed coefficient differs from its reference weight."""
-    differs = [encoded.consumed[key] != encoded.reference[key] for key in encoded.consumed]
-    return z3.And(*encoded.counts.constraints(), z3.Or(*differs))
+def mismatch_formula(encoded: Encoded, observed: dict[Key, Any] | None = None) -> Any:
+    """Satisfiable iff some atom's coefficient in what the update consumed (or ``observed``, what
+    a clip saw) differs from its reference weight."""
+    values = encoded.consumed if observed is None else observed
+    differs = [values[key] != encoded.reference[key] for key in values]
+    return z3.And(*encoded.counts.constraints(), *encoded.constraints, z3.Or(*differs))
 
 
 def _group_size(group: Group, sizes: dict[str, Size]) -> Any:
