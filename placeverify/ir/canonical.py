@@ -21,7 +21,8 @@ from dataclasses import replace
 
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Mode, Role, State
+from placeverify.ir.placement import Role, State
+from placeverify.ir.queries import gathered_after_update, sharded_update
 from placeverify.ir.relations import batch_axes, reduction_axes, sample_axes
 from placeverify.ir.step import (
     Backward,
@@ -120,7 +121,7 @@ def _post(strategy: Strategy) -> list[Op]:
             phases["sp"][group] = mesh.group(*sp)
         batch = [a for a, _ in needed if strategy.placement(a).role not in (Role.TENSOR,
                                                                              Role.PIPELINE)]
-        scatter = [a for a in batch if _sharded_update(strategy, a)]
+        scatter = [a for a in batch if sharded_update(strategy, a)]
         rest = [a for a in batch if a not in scatter]
         if scatter:
             phases["reduce_scatter"][group] = mesh.group(*scatter)
@@ -139,7 +140,7 @@ def _post(strategy: Strategy) -> list[Op]:
 
     if strategy.clip is not None:
         norm_axes = [p.axis for p in strategy.placements
-                     if (p.role is Role.DATA and _sharded_update(strategy, p.axis))
+                     if sharded_update(strategy, p.axis)
                      or p.role in (Role.TENSOR, Role.PIPELINE)
                      or (p.role is Role.EXPERT and ParamGroup.EXPERTS in groups)]
         ops.append(Clip(strategy.clip.max_norm, mesh.group(*norm_axes), True, strategy.clip.span))
@@ -147,19 +148,11 @@ def _post(strategy: Strategy) -> list[Op]:
         ops.append(Collective(CollectiveKind.ALL_REDUCE, ReduceOp.MAX,
                               Target(TargetKind.OVERFLOW), mesh.group(*mesh.names), span))
     ops.append(Update(span))
-    gather = [p.axis for p in strategy.placements
-              if p.role is Role.DATA and p.mode(State.PARAMS) is Mode.R
-              and p.mode(State.OPTIMIZER).sharded]
+    gather = list(gathered_after_update(strategy))
     if gather:
         ops.append(Collective(CollectiveKind.ALL_GATHER, None, Target(TargetKind.PARAMS),
                               mesh.group(*gather), span))
     return ops
-
-
-def _sharded_update(strategy: Strategy, axis: str) -> bool:
-    """Is the optimizer step along this data axis done on shards (ZeRO-1/2/3, FSDP, offload)?"""
-    p = strategy.placement(axis)
-    return p.role is Role.DATA and (p.mode(State.OPTIMIZER).sharded or p.mode(State.GRADIENTS).sharded)
 
 
 def _seeds(strategy: Strategy) -> list[Seed]:

@@ -236,7 +236,7 @@ def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m:
                     continue
                 found = search(case, view, timeout_ms)
                 if found is not None:
-                    bad = found.run.mismatches()[0]
+                    _, bad = found.run.mismatches()[0]
                     evidence = {"mesh": found.sizes, "microbatches": found.microbatches,
                                 "group": group.value,
                                 "tokens": {f"{k}": n for k, n in found.instance.tokens.items()},

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from placeverify.ir import queries
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
 from placeverify.ir.relations import batch_axes, sample_axes
@@ -231,13 +232,8 @@ def local_key(spec: ParamSpec, layout: Layout, coords: dict[str, int]) -> str:
 
 
 def optimizer_axes(strategy: Strategy, group: ParamGroup) -> tuple[str, ...]:
-    """Data axes (larger than 1) whose ranks each update one shard of this group (ZeRO)."""
-    from placeverify.ir.relations import Relation, relation
-
-    return tuple(p.axis for p in strategy.placements
-                 if p.role is Role.DATA and strategy.size(p.axis) > 1
-                 and p.mode(State.OPTIMIZER).sharded
-                 and relation(strategy, group, p.axis) is not Relation.OWNED)
+    """Axes (larger than 1) whose ranks each update one shard of this group (ZeRO)."""
+    return queries.optimizer_axes(strategy, group)
 
 
 def gathered_axes(strategy: Strategy) -> tuple[str, ...]:

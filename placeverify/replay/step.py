@@ -468,7 +468,8 @@ class RankRun:
     def clip(self, op: Clip) -> None:
         handle = self.handle(op.group)
         total = torch.zeros(1, dtype=self.dtype, device=self.device)
-        for buf in self.buffers.values():
+        clipped = self.targeted(op.target.applies_to)
+        for buf in clipped:
             counted = op.replicated_once is False or all(
                 self.coords[a] == 0 for a in op.group.axes
                 if self.grid.size(a) > 1 and self._replica(buf, a))
@@ -478,7 +479,7 @@ class RankRun:
         comm.all_reduce(total, handle)
         norm = float(torch.sqrt(total).item())
         coef = min(1.0, float(op.max_norm) / (norm + NORM_EPS))
-        for buf in self.buffers.values():
+        for buf in clipped:
             buf.set_denoted(buf.denoted() * coef)
 
     def _local_overflow(self, denoted: bool) -> bool:

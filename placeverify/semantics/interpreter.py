@@ -72,8 +72,13 @@ class Run:
     consumed_at_line: int | None
     clips: list[Seen[list[Fraction]]] = field(default_factory=list)  # what each clip saw
 
-    def mismatches(self) -> list[DeviceTrace]:
-        return [d for d in self.devices if d.consumed != self.reference]
+    def mismatches(self, observe: int | None = None) -> list[tuple[int, DeviceTrace]]:
+        """Devices (index, trace) whose consumed gradient, or with ``observe`` the gradient
+        clip number ``observe`` saw, differs from the single-device reference."""
+        if observe is None:
+            return [(i, d) for i, d in enumerate(self.devices) if d.consumed != self.reference]
+        seen = self.clips[observe].value
+        return [(i, d) for i, d in enumerate(self.devices) if seen[i] != self.reference]
 
 
 def batch_coords(view: GroupView, sizes: dict[str, int]) -> list[Coords]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from placeverify.ir.step import Backward, Collective, Op, Order, Scale, TermKind, Update
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.buffers import GradMachine
+from placeverify.semantics.buffers import GradMachine, Position, Seen
 from placeverify.semantics.groups import GroupView, ends_match
 from placeverify.semantics.schedule import MicroBatch
 
@@ -27,6 +27,9 @@ class Agreement:
     bitwise_breaks: dict[str, Collective] = field(default_factory=dict)  # axis -> the reduction
     mixing: tuple[Op, ...] = ()
     update_line: int | None = None
+    scattered: frozenset[str] = frozenset()  # axes the consumed gradient is a shard over
+    clips: tuple[Seen[Same], ...] = ()  # what each clip of this group saw, in order
+    positions: tuple[Position, ...] = ()  # overflow reductions and parameter gathers
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,12 @@ def agreement(strategy: Strategy, view: GroupView, sizes: dict[str, int] | None 
     machine.run(strategy.step, strategy.step.microbatches, fixpoint=state)
     update = machine.update
     if update is None:
-        return Agreement(frozenset(), {}, tuple(machine.mixes), None)
+        return Agreement(frozenset(), {}, tuple(machine.mixes), None, frozenset(),
+                         tuple(machine.clips), tuple(machine.positions))
     line = update.op.span.line if isinstance(update.op, Update) else None
-    return Agreement(update.value.identical, dict(update.value.fp), tuple(machine.mixes), line)
+    scattered = update.scattered if update.sharded else frozenset()
+    return Agreement(update.value.identical, dict(update.value.fp), tuple(machine.mixes), line,
+                     scattered, tuple(machine.clips), tuple(machine.positions))
 
 
 def _group_size(op: Collective, view: GroupView, sizes: dict[str, int]) -> int:

@@ -9,9 +9,11 @@ Three kinds of obligations:
 - *realisable modes*: each axis's (Θ, Ω, G, A) is one its role can realise, e.g. a data-parallel
   rank needs its layers' full parameters (R, S* or O, not S), an optimizer step on a shard needs
   only that shard's gradient but a replicated one needs all of it;
-- *ordering hazards*: the tied-embedding sum must run before a reduce-scatter re-partitions the
-  gradient; a synchronisation decided on a micro-batch before the last leaves later micro-batches
-  unreduced; a pipeline that frees gradients reduced per micro-batch loses what it accumulates.
+- *ordering hazards*: a synchronisation decided on a micro-batch before the last leaves later
+  micro-batches unreduced; a pipeline that frees gradients reduced per micro-batch loses what it
+  accumulates. (A tied-embedding sum after a reduce-scatter is not one: each parameter group has
+  its own gradient buffer, so the first and last stage shard the embedding alike. Megatron-LM's
+  single contiguous buffer per stage, where they do not — Megatron-LM#844 — is not modelled.)
 
 These are decided by rules over the placement relations (:mod:`placeverify.ir.relations`), not
 by a solver; each refutation names the statement and the axis.
@@ -22,10 +24,11 @@ from __future__ import annotations
 from placeverify.diagnostics import Code, Diagnostic, Severity, Span
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Mode, Role, State
+from placeverify.ir.queries import BATCH_SPLITTING, partitions
 from placeverify.ir.relations import Relation, relation
 from placeverify.ir.step import Collective, CollectiveKind, Free, ReduceOp, TargetKind
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.groups import group_view
+from placeverify.semantics.groups import ends_match, group_view
 from placeverify.verdicts import Condition, Obligation, Verdict
 
 METHOD = "rules over the placement relations"
@@ -134,17 +137,17 @@ def _axis_problem(strategy: Strategy, op: Collective, group: ParamGroup, axis: s
     placement = strategy.placement(axis)
     view = group_view(strategy, group)
     if op.target.kind is TargetKind.PARAMS:
-        if placement.role is Role.DATA and placement.mode(State.OPTIMIZER).sharded:
+        if partitions(strategy, axis, State.OPTIMIZER):
             return ""
-        if placement.role is Role.DATA:
+        if placement.role in BATCH_SPLITTING:
             return (f"{axis}: the {group.value} parameters are not updated on shards over {axis} "
                     "(Ω is not sharded there), so there is nothing to gather")
         return (f"{axis}: ranks along this {placement.role.value} axis hold different "
                 f"{group.value} parameters; gathering them would assemble other ranks' shards")
-    if axis in view.ends and axis not in op.group.ends:
-        return (f"{axis}: only the first and last stage hold the tied embedding; reduce over "
-                f"ends({axis})")
-    if axis in op.group.ends and axis not in view.ends:
+    if not ends_match(view, op.group, axis, strategy.size(axis)):
+        if axis in view.ends:
+            return (f"{axis}: only the first and last stage hold the tied embedding; reduce over "
+                    f"ends({axis})")
         return f"ends({axis}): the {group.value} parameters are not tied across stages"
     rel = relation(strategy, group, axis)
     if group is ParamGroup.EXPERTS and placement.role is Role.EXPERT:
@@ -159,24 +162,6 @@ def _axis_problem(strategy: Strategy, op: Collective, group: ParamGroup, axis: s
 def _ordering(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation]:
     out: list[Obligation] = []
     step = strategy.step
-    ops = [lo.op for lo in step.loop] + list(step.post)
-    # the tied embedding's sum before any reduce-scatter of its gradient
-    tie = next((op for op in ops if isinstance(op, Collective) and op.group.ends
-                and op.target.kind is TargetKind.GRADS), None)
-    if tie is not None:
-        claim = "the tied-embedding sum over ends(pp) runs before the gradient is reduce-scattered"
-        first_scatter = next((op for op in ops if isinstance(op, Collective)
-                              and op.kind is CollectiveKind.REDUCE_SCATTER
-                              and op.target.applies_to(ParamGroup.EMBEDDING)), None)
-        if first_scatter is not None and ops.index(first_scatter) < ops.index(tie):
-            out.append(_bad(claim, tie.span, "ordering",
-                            f"'{first_scatter.label()}' (line {first_scatter.span.line}) already "
-                            "re-partitioned the embedding gradient over data-parallel ranks; the "
-                            "first and last stage need not partition it alike, so the sum adds "
-                            "mismatched elements",
-                            "move the ends(pp) all-reduce before the reduce-scatter"))
-        else:
-            out.append(_ok(claim, tie.span, "ordering"))
     # a synchronisation decided before the last micro-batch
     m = step.microbatches
     for lo in step.loop:

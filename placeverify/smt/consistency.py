@@ -26,8 +26,10 @@ import z3
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Mode, Role, State
-from placeverify.ir.step import Clip, Collective, CollectiveKind, Region, TargetKind, Update
+from placeverify.ir.queries import partitions
+from placeverify.ir.step import Clip, Collective, CollectiveKind, Region, Seed, TargetKind, Update
 from placeverify.ir.strategy import Strategy
+from placeverify.semantics import rng
 from placeverify.semantics.groups import GroupView, group_view
 from placeverify.semantics.interpreter import Instance, Run, atoms, run, uniform_instance
 from placeverify.smt import solve
@@ -72,8 +74,7 @@ def consistency_obligations(strategy: Strategy,
 
 
 def _sharded_update(strategy: Strategy, axis: str) -> bool:
-    p = strategy.placement(axis)
-    return p.role is Role.DATA and p.mode(State.OPTIMIZER).sharded
+    return partitions(strategy, axis, State.OPTIMIZER)
 
 
 def _gathered_after_update(strategy: Strategy, axis: str) -> Collective | None:
@@ -262,7 +263,12 @@ def _overflow_ops(strategy: Strategy) -> list[Collective]:
 
 
 def _overflow_covers(strategy: Strategy, axis: str) -> bool:
-    return any(op.group.covers(axis) for op in _overflow_ops(strategy))
+    """Is the skip decision shared along ``axis``: an overflow reduction over it runs after the
+    last backward and before the update?"""
+    from placeverify.smt.update import overflow_reductions
+
+    deciding, _ = overflow_reductions(strategy)
+    return any(p.op.group.covers(axis) for p in deciding)
 
 
 def _same_gradient(strategy: Strategy, axis: str) -> bool:
@@ -277,23 +283,18 @@ def _overflow_span(strategy: Strategy) -> Any:
 
 
 def split_axes(strategy: Strategy, group: ParamGroup, sizes: dict[str, int]) -> set[str]:
-    """Axes along which ranks consume different elements of this group's gradient."""
+    """Axes along which ranks consume different elements of this group's gradient: those where
+    they hold different parameters, and those the consumed gradient is a shard over."""
     view = group_view(strategy, group)
     out = {a for a in view.owned if sizes[a] > 1}
-    for op in strategy.step.ops():
-        if (isinstance(op, Collective) and op.kind is CollectiveKind.REDUCE_SCATTER
-                and op.target.applies_to(group)):
-            out.update(a for a in op.group.axes if sizes[a] > 1)
+    out.update(a for a in agreement(strategy, view, sizes).scattered if sizes[a] > 1)
     return out
 
 
 def _clip_identical(strategy: Strategy, axis: str, sizes: dict[str, int]) -> bool:
     """Is the clip factor identical along ``axis``? (True when the step does not clip.)"""
     clips = [op for op in strategy.step.ops() if isinstance(op, Clip)]
-    if not clips:
-        return True
-    clip = clips[0]
-    if axis in clip.group.axes:
+    if not clips or all(axis in clip.group.axes for clip in clips):
         return True
     for group in strategy.model.groups_present():
         if axis in split_axes(strategy, group, sizes):
@@ -356,54 +357,89 @@ def _reason(strategy: Strategy, view: GroupView, axis: str, cause: str,
 
 
 def rng_obligations(strategy: Strategy, timeout_ms: int) -> list[tuple[Obligation, Divergence | None]]:
+    """The seed policy of every dropout region along every axis (:mod:`placeverify.semantics.rng`).
+
+    The random stream is an uninterpreted function ``rng(seed, offset)``; a rank's seed is the
+    shared seed, plus its coordinate where the policy differs. Copies (the replicated region) must
+    read one stream position; different elements (the sharded region) must never read the same
+    one. The tensor axes' replicated region is always judged (its default is what Megatron's
+    tracker does); other regions only where a statement sets their policy (the default is right
+    by construction)."""
     arch = strategy.model.arch
     out: list[tuple[Obligation, Divergence | None]] = []
     if arch is None or not arch.dropout:
         return out
     for placement in strategy.placements:
         axis = placement.axis
-        if placement.role is not Role.TENSOR or strategy.size(axis) < 2:
+        if strategy.size(axis) < 2:
             continue
-        if placement.mode(State.ACTIVATIONS) is not Mode.R:
-            continue  # sequence parallel: the hidden dropout region is sharded, not replicated
-        seeds = [s for s in strategy.step.seeds
-                 if s.region is Region.REPLICATED and s.group.covers(axis)]
-        same = all(s.same for s in seeds) if seeds else True
+        for region in rng.regions(strategy, axis):
+            differ, seed = rng.declared(strategy, axis, region)
+            always = region is Region.REPLICATED
+            if seed is None and not always:
+                continue
+            out.append(_rng_obligation(strategy, axis, region, differ, seed, timeout_ms))
+    return out
+
+
+def _rng_obligation(strategy: Strategy, axis: str, region: Region, differ: bool, seed: Seed | None,
+                    timeout_ms: int) -> tuple[Obligation, Divergence | None]:
+    copies = region is Region.REPLICATED
+    role = strategy.placement(axis).role.value
+    if copies:
         claim = (f"dropout masks agree across {axis} in the replicated activation region "
                  "(hidden dropout after the tensor-parallel all-reduce)")
-        span = seeds[0].span if seeds else placement.span
-        rng = z3.Function("rng", z3.IntSort(), z3.IntSort(), z3.RealSort())
-        seed0, offset = z3.Int("seed0"), z3.Int("offset")
-        rank_x, rank_y = z3.Int("rank_x"), z3.Int("rank_y")
-        seed_x = seed0 if same else seed0 + rank_x
-        seed_y = seed0 if same else seed0 + rank_y
-        formula = z3.And(rank_x != rank_y, rank_x >= 0, rank_y >= 0,
-                         rng(seed_x, offset) != rng(seed_y, offset))
-        outcome = solve.check(formula, timeout_ms)
-        method = "z3 (uninterpreted random stream)"
-        if outcome.status == "unsat":
-            out.append((Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED, span, "rng",
-                                   seconds=outcome.seconds, method=method), None))
-            continue
-        if outcome.status == "unknown":
-            out.append((Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span, "rng",
-                                   reason="the solver timed out", method=method), None))
-            continue
-        model = outcome.model
-        seed_values = (int(solve.value(model, seed_x)), int(solve.value(model, seed_y)))
-        masks = (str(solve.value(model, rng(seed_x, offset))),
-                 str(solve.value(model, rng(seed_y, offset))))
-        values = {"devices": [
-            {"coords": {axis: r}, "dropout seed": seed_values[r],
-             "mask value rng(seed, offset)": masks[r],
-             "note": "the replicated activation must match on every rank"} for r in (0, 1)]}
+        condition = Condition.STATE_CONSISTENCY
+    else:
+        claim = (f"dropout masks of different activation elements across {axis} ({role}) come "
+                 "from different random-stream positions, as every element draws its own mask "
+                 "in single-device training")
+        condition = Condition.GRADIENT_INTEGRITY
+    span = seed.span if seed is not None else strategy.placement(axis).span
+    stream = z3.Function("rng", z3.IntSort(), z3.IntSort(), z3.RealSort())
+    seed0, offset = z3.Int("seed0"), z3.Int("offset")
+    rank_x, rank_y = z3.Int("rank_x"), z3.Int("rank_y")
+    seed_x = seed0 + rank_x if differ else seed0
+    seed_y = seed0 + rank_y if differ else seed0
+    ranks = [rank_x != rank_y, rank_x >= 0, rank_y >= 0]
+    if copies:  # copies must read one position: can the two masks differ?
+        formula = z3.And(*ranks, stream(seed_x, offset) != stream(seed_y, offset))
+    else:  # different elements must not read one position: can they coincide?
+        formula = z3.And(*ranks, seed_x == seed_y)
+    outcome = solve.check(formula, timeout_ms)
+    method = "z3 (uninterpreted random stream)"
+    if outcome.status == "unsat":
+        return Obligation(condition, claim, Verdict.PROVED, span, "rng", seconds=outcome.seconds,
+                          method=method), None
+    if outcome.status == "unknown":
+        return Obligation(condition, claim, Verdict.UNKNOWN, span, "rng",
+                          reason="the solver timed out", method=method), None
+    model = outcome.model
+    seed_values = (int(solve.value(model, seed_x)), int(solve.value(model, seed_y)))
+    masks = (str(solve.value(model, stream(seed_x, offset))),
+             str(solve.value(model, stream(seed_y, offset))))
+    note = ("the replicated activation must match on every rank" if copies else
+            "a different activation element: it must draw its own mask")
+    values = {"devices": [
+        {"coords": {axis: r}, "dropout seed": seed_values[r],
+         "mask value rng(seed, offset)": masks[r], "note": note} for r in (0, 1)]}
+    if copies:
         reason = (f"the dropout seed differs across {axis} ({seed_values[0]} vs "
                   f"{seed_values[1]}) in a region whose activations are replicated over "
                   f"{axis}: the ranks drop different elements, so the replicated activations, and "
                   "the replicated LayerNorm parameters trained on them, diverge")
-        out.append((Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, "rng",
-                               reason=reason, counterexample=values, seconds=outcome.seconds,
-                               method=method),
-                    Divergence(axis, ParamGroup.NORMS, "rng", _small(strategy, axis, 2), 1,
-                               values=values)))
-    return out
+        fix = (f"seed dropout(replicated) same over {axis}: replicated regions need one random "
+               "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
+               "Megatron-DeepSpeed#276)")
+    else:
+        reason = (f"every rank along {axis} uses dropout seed {seed_values[0]}, but the ranks of "
+                  f"this {role} axis hold different activation elements (other samples, "
+                  "positions, heads or layers): element i of one rank and element i of another "
+                  "reuse one mask draw, where single-device training draws them independently")
+        fix = (f"seed dropout({region.value}) differ over {axis}: fold the {axis} coordinate into "
+               "the dropout seed (transformers#31412 for data parallelism, PaddleFleetX#1005 for "
+               "sequence parallelism)")
+    return (Obligation(condition, claim, Verdict.REFUTED, span, "rng", reason=reason,
+                       counterexample=values, seconds=outcome.seconds, method=method, fix=fix),
+            Divergence(axis, ParamGroup.NORMS, "rng", _small(strategy, axis, 2), 1,
+                       values=values))

@@ -8,7 +8,7 @@ from fractions import Fraction
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
 from placeverify.ir.relations import batch_axes
-from placeverify.ir.step import CollectiveKind
+from placeverify.ir.step import CollectiveKind, Free
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.groups import GroupView
 from placeverify.smt.gradients import (
@@ -54,6 +54,14 @@ def integrity_fix(strategy: Strategy, view: GroupView, found: Counterexample) ->
             return (f"all_reduce(sum) grads over {' * '.join(data)} after the last micro-batch: "
                     "without it each replica trains on its own data and they drift")
     ratio = ratio_pattern(strategy, view, found)
+    if ratio == 0:
+        freed = [op for op in strategy.step.ops() if isinstance(op, Free)
+                 and op.target.applies_to(group)]
+        if freed:
+            return (f"'free {freed[0].target.label()}' (line {freed[0].span.line}) drops the "
+                    "gradient before the update consumes it: free after 'update params', or "
+                    "reduce-scatter into the shard first")
+        return None
     if ratio is not None and ratio != 1:
         named = _size_product(strategy, sizes, ratio)
         if named is not None and ratio > 1:

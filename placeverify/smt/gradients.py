@@ -19,7 +19,7 @@ from fractions import Fraction
 from typing import Any
 
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.step import Backward, Collective, Scale, TermKind
+from placeverify.ir.step import Backward, Clip, Collective, Scale, TermKind
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import GroupView, group_view
 from placeverify.semantics.interpreter import (
@@ -49,6 +49,7 @@ class Counterexample:
     instance: Instance
     run: Run
     key: Key | None
+    observe: int | None = None  # None: what the update consumed; i: what this group's clip i saw
 
 
 def integrity_obligations(strategy: Strategy,
@@ -56,7 +57,56 @@ def integrity_obligations(strategy: Strategy,
     out = []
     for group in strategy.model.groups_present():
         out.append(group_obligation(strategy, group, timeout_ms))
+        out.extend(clip_input_obligations(strategy, group, timeout_ms))
     return out
+
+
+def clip_input_obligations(strategy: Strategy, group: ParamGroup,
+                           timeout_ms: int) -> list[tuple[Obligation, Counterexample | None]]:
+    """Every clip must see the single-device gradient where it stands: reduced over every axis
+    where it is partial, normalised as the declared loss, unscaled, and not a partial
+    accumulation; its norm (judged in :mod:`placeverify.smt.update`) is only right then."""
+    clips = [op for op in strategy.step.ops() if isinstance(op, Clip) and op.target.applies_to(group)]
+    if not clips:
+        return []
+    view = group_view(strategy, group)
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    claim = (f"every clip sees the single-device gradient of the {group.value} parameters "
+             "(complete, reduced, normalised and unscaled)")
+    method = "z3 (nonlinear real arithmetic over count variables)"
+    try:
+        encoded = encode(strategy, view, sizes, strategy.step.microbatches, f"{group.value}_clip_",
+                         integer=False)
+    except Unmodelled as err:
+        return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN,
+                            err.span or clips[0].span, "clip-input", reason=f"not modelled: {err}"),
+                 None)]
+    if encoded.mixing:
+        return []  # the group's integrity obligation is refuted for mixing shards already
+    seconds = 0.0
+    for index, seen in enumerate(encoded.clips):
+        outcome = solve.check(mismatch_formula(encoded, seen.value.values), timeout_ms)
+        seconds += outcome.seconds
+        if outcome.status == "unsat":
+            continue
+        found = search(strategy, view, timeout_ms, observe=index)
+        if found is None:
+            why = ("the solver timed out" if outcome.status == "unknown"
+                   else "a real-valued counterexample exists but no integer one was confirmed "
+                        "on small meshes")
+            return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN,
+                                seen.op.span, "clip-input", reason=why, seconds=seconds,
+                                method=method), None)]
+        return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED,
+                            seen.op.span, "clip-input",
+                            reason=describe(strategy, view, found),
+                            counterexample=summary(view, found), seconds=seconds, method=method,
+                            fix="clip after the last gradient reduction and scale (the loss "
+                                "normalisation and any loss-scale unscaling), once, after the "
+                                "last micro-batch"),
+                 found)]
+    return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, clips[0].span,
+                        "clip-input", seconds=seconds, method=method), None)]
 
 
 def group_obligation(strategy: Strategy, group: ParamGroup,
@@ -147,7 +197,10 @@ def _mentioned_axes(strategy: Strategy) -> set[str]:
     return out
 
 
-def search(strategy: Strategy, view: GroupView, timeout_ms: int) -> Counterexample | None:
+def search(strategy: Strategy, view: GroupView, timeout_ms: int,
+           observe: int | None = None) -> Counterexample | None:
+    """The smallest confirmed counterexample: of what the update consumes, or with ``observe``
+    of what the clip with that index (in this group's order of clips) sees."""
     deadline = timeout_ms
     for sizes, m in candidate_meshes(strategy, view):
         if len(atoms(view, sizes, m)) * max(1, len(extra_coords(view, sizes))) > MAX_INTERPRETED_ATOMS:
@@ -158,20 +211,24 @@ def search(strategy: Strategy, view: GroupView, timeout_ms: int) -> Counterexamp
             continue
         if encoded.mixing:
             continue
-        outcome = solve.check(mismatch_formula(encoded), deadline)
+        if observe is not None and observe >= len(encoded.clips):
+            continue
+        observed = None if observe is None else encoded.clips[observe].value.values
+        outcome = solve.check(mismatch_formula(encoded, observed), deadline)
         if outcome.status != "sat":
             continue
-        found = confirm(strategy, view, sizes, m, encoded, outcome.model)
+        found = confirm(strategy, view, sizes, m, encoded, outcome.model, observe)
         if found is not None:
             return found
     return None
 
 
 def confirm(strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int, encoded: Encoded,
-            model: Any) -> Counterexample | None:
+            model: Any, observe: int | None = None) -> Counterexample | None:
     """Turn a model into concrete counts and keep it only if the interpreter diverges too."""
-    key = next((k for k in encoded.consumed
-                if solve.truthy(model, encoded.consumed[k] != encoded.reference[k])), None)
+    values = encoded.consumed if observe is None else encoded.clips[observe].value.values
+    key = next((k for k in values
+                if solve.truthy(model, values[k] != encoded.reference[k])), None)
     tokens, samples = realise(view, sizes, m, encoded, model, key)
     tries: list[tuple[dict[AtomKey, int], dict[AtomKey, int]]] = []
     if tokens is not None:
@@ -184,8 +241,8 @@ def confirm(strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int, 
     for t, s in tries:
         instance = uniform_instance(strategy, view, sizes, m, t, s)
         result = run(strategy, view, instance)
-        if result.mismatches():
-            return Counterexample(view.group, sizes, m, instance, result, key)
+        if result.mismatches(observe):
+            return Counterexample(view.group, sizes, m, instance, result, key, observe)
     return None
 
 
@@ -251,10 +308,17 @@ def _member(desc: SetDesc, atom: AtomKey, view: GroupView, alpha_k: int) -> bool
 
 
 def describe(strategy: Strategy, view: GroupView, found: Counterexample) -> str:
-    bad = found.run.mismatches()[0]
+    index, bad = found.run.mismatches(found.observe)[0]
     coords = ", ".join(f"{a} {c}" for a, c in bad.coords.items()) or "the only device"
+    if found.observe is None:
+        what = f"consumes {show(bad.consumed)}"
+    else:
+        seen = found.run.clips[found.observe]
+        line = getattr(seen.op, "span", None)
+        what = (f"clips (line {line.line if line else '?'}, micro-batch {seen.k}) a gradient of "
+                f"{show(seen.value[index])}")
     return (f"on {mesh_text(found.sizes, found.microbatches)} ({token_text(view, found)}), "
-            f"device ({coords}) consumes {show(bad.consumed)} where the single-device gradient is "
+            f"device ({coords}) {what} where the single-device gradient is "
             f"{show(found.run.reference)}")
 
 

@@ -18,18 +18,25 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 import z3
 
-from placeverify.ir.placement import Role, State
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.placement import State
+from placeverify.ir.queries import optimizer_axes, partitions
 from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import RecomputeKind, Strategy
-from placeverify.semantics.groups import group_view
+from placeverify.semantics.buffers import Position
+from placeverify.semantics.groups import GroupView, group_view
 from placeverify.smt import solve
-from placeverify.smt.agreement import agreement
+from placeverify.smt.agreement import Agreement, agreement
 from placeverify.smt.consistency import split_axes
 from placeverify.verdicts import Condition, Obligation, Verdict
+
+METHOD_RULES = "rules over the step's statement positions and the placement"
 
 
 def update_obligations(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
@@ -41,11 +48,73 @@ def update_obligations(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     return out
 
 
+def clip_policy(strategy: Strategy) -> Fraction | None:
+    """The max_norm single-device training clips at: the declared ``clip``, else the step's."""
+    if strategy.clip is not None:
+        return strategy.clip.max_norm
+    clips = [op for op in strategy.step.ops() if isinstance(op, Clip)]
+    return clips[0].max_norm if clips else None
+
+
 def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     clips = [op for op in strategy.step.ops() if isinstance(op, Clip)]
-    if not clips:
+    declared = strategy.clip
+    max_norm = clip_policy(strategy)
+    if max_norm is None:
         return []
-    clip = clips[0]
+    claim = (f"clipping scales the update by min(1, {float(max_norm):g} / ||g||) with the "
+             "global norm of the single-device gradient")
+    if not clips:
+        assert declared is not None
+        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, declared.span,
+                           "clip", reason=f"'clip max_norm = {float(max_norm):g}' is declared but "
+                           "the step has no clip statement, so the update is never clipped",
+                           fix=f"clip(max_norm = {float(max_norm):g}) grads over the axes where "
+                               "gradients are sharded, after the last reduction and before update",
+                           method=METHOD_RULES)]
+    groups = strategy.model.groups_present()
+    views = {g: group_view(strategy, g) for g in groups}
+    agreed = {g: agreement(strategy, views[g]) for g in groups}
+    out = []
+    for clip in dict.fromkeys(clips):
+        problems = _clip_position(strategy, clip, max_norm, groups, agreed)
+        if problems:
+            out.append(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span,
+                                  "clip", reason="; ".join(problems), method=METHOD_RULES,
+                                  fix="clip once, after the last gradient reduction and any "
+                                      "unscaling and before 'update params', the gradients of "
+                                      "every parameter group together"))
+            continue
+        out.append(_clip_norm(strategy, clip, groups, views, agreed, timeout_ms))
+    return out
+
+
+def _clip_position(strategy: Strategy, clip: Clip, max_norm: Fraction, groups: Sequence[ParamGroup],
+                   agreed: dict[ParamGroup, Agreement]) -> list[str]:
+    """What makes a clip statement differ from single-device clipping whatever the norm."""
+    problems = []
+    if clip.max_norm != max_norm:
+        problems.append(f"it clips at max_norm = {float(clip.max_norm):g} while the declared "
+                        f"policy clips at {float(max_norm):g}")
+    left_out = [g.value for g in groups if not clip.target.applies_to(g)]
+    if left_out:
+        problems.append(f"it clips {clip.target.label()} by their own norm and leaves out "
+                        f"{', '.join(left_out)}: per-group clipping, where single-device training "
+                        "clips by the global norm of all parameters")
+    seen = [s for g in groups for s in agreed[g].clips if s.op is clip]
+    if any(s.after_update for s in seen):
+        problems.append("it runs after 'update params', which already consumed the unclipped "
+                        "gradient")
+    elif any(not s.after_last_backward for s in seen):
+        problems.append("it runs inside the micro-batch loop before the last backward, on a "
+                        "partial accumulation of the gradient")
+    return problems
+
+
+def _clip_norm(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
+               views: dict[ParamGroup, GroupView], agreed: dict[ParamGroup, Agreement],
+               timeout_ms: int) -> Obligation:
+    """Is the squared norm the clip computes, summed over its group, the global one?"""
     sizes = {a.name: a.size for a in strategy.mesh.axes}
     claim = (f"clipping scales the update by min(1, {float(clip.max_norm):g} / ||g||) with the "
              "global norm of the single-device gradient")
@@ -53,14 +122,17 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     computed: Any = z3.RealVal(0)
     constraints = []
     notes = []
-    for group in strategy.model.groups_present():
-        view = group_view(strategy, group)
+    for group in groups:
+        view = views[group]
         t = z3.Real(f"norm2_{group.value}")
         constraints.append(t >= 0)
         true_total = true_total + t
-        split = split_axes(strategy, group, sizes)
+        seen = next(s for s in agreed[group].clips if s.op is clip)
+        split = {a for a in view.owned if sizes[a] > 1}
+        if seen.sharded:
+            split |= {a for a in seen.scattered if sizes[a] > 1}
         missing = sorted(a for a in split if a not in clip.group.axes)
-        identical = agreement(strategy, view).identical
+        identical = seen.value.identical
         repeated = [a for a in clip.group.axes if a not in split and sizes[a] > 1
                     and (a in identical or view.relation(a).value == "complete")]
         multiplicity = 1 if clip.replicated_once else math.prod(sizes[a] for a in repeated)
@@ -78,15 +150,16 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     outcome = solve.check(z3.And(*constraints, computed != true_total), timeout_ms)
     method = "z3 (real arithmetic over squared norms)"
     if outcome.status == "unsat":
-        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, clip.span, "clip",
-                           seconds=outcome.seconds, method=method)]
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, clip.span, "clip",
+                          seconds=outcome.seconds, method=method)
     if outcome.status == "unknown":
-        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, clip.span, "clip",
-                           reason="the solver timed out", method=method)]
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, clip.span, "clip",
+                          reason="the solver timed out", method=method)
     model = outcome.model
     true_value = float(solve.value(model, true_total))
-    seen = float(solve.value(model, computed))
-    values = {"true_norm": math.sqrt(true_value), "computed_norm": math.sqrt(seen)}
+    seen_value = float(solve.value(model, computed))
+    values = {"true_norm": math.sqrt(true_value), "computed_norm": math.sqrt(seen_value)}
+
     def factor(norm: float) -> float:
         return min(1.0, float(clip.max_norm) / norm) if norm > 0 else 1.0
 
@@ -94,11 +167,11 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
               f"{values['computed_norm']:.4g}: the update is scaled by "
               f"{factor(values['computed_norm']):.4g} instead of {factor(values['true_norm']):.4g}"
               " whenever either exceeds max_norm")
-    return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, "clip",
-                       reason=reason, counterexample=values, seconds=outcome.seconds,
-                       method=method,
-                       fix="sum the squared norm over every axis where gradients are sharded "
-                           "(tp, pp, and dp under ZeRO-2/3) and count replicated parameters once")]
+    return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, "clip",
+                      reason=reason, counterexample=values, seconds=outcome.seconds,
+                      method=method,
+                      fix="sum the squared norm over every axis where gradients are sharded "
+                          "(tp, pp, and dp under ZeRO-2/3) and count replicated parameters once")
 
 
 def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
@@ -141,18 +214,28 @@ def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
                            "= true); torch.utils.checkpoint's preserve_rng_state; OLMo-core#828)")]
 
 
+def overflow_reductions(strategy: Strategy) -> tuple[list[Position], list[Position]]:
+    """The overflow-flag reductions that decide the skip (after the last backward, before the
+    update), and those that run too early or too late to decide it."""
+    group = strategy.model.groups_present()[0]
+    positions = [p for p in agreement(strategy, group_view(strategy, group)).positions
+                 if p.op.target.kind is TargetKind.OVERFLOW]
+    deciding = [p for p in positions if p.after_last_backward and not p.after_update]
+    return deciding, [p for p in positions if p not in deciding]
+
+
 def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     if strategy.loss_scale != "dynamic":
         return []
-    ops = [op for op in strategy.step.ops() if isinstance(op, Collective)
-           and op.target.kind is TargetKind.OVERFLOW]
+    deciding, misplaced = overflow_reductions(strategy)
     axes = [a.name for a in strategy.mesh.axes if a.size > 1]
-    covered = {a for op in ops for a in op.group.axes if op.group.covers(a)}
+    covered = {a for p in deciding for a in p.op.group.axes if p.op.group.covers(a)}
     # Ranks that consume an identical (already reduced) gradient see the same inf/NaN, since a
     # sum carries it to every rank; only axes where they consume different elements or different
     # values need the flag reduced (Megatron reduces found_inf over the model-parallel group).
     missing = [a for a in axes if a not in covered and not same_gradient_everywhere(strategy, a)]
     claim = "with dynamic loss scaling every rank takes the same skip decision"
+    ops = [p.op for p in deciding + misplaced]
     span = ops[0].span if ops else strategy.step.span or strategy.placements[0].span
     flags = {a: z3.Bool(f"overflow_{a}") for a in axes}
     # Each rank skips iff a rank in its reduction group overflowed; ranks along a missing axis see
@@ -165,13 +248,25 @@ def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     if outcome.status == "unsat":
         return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span, "overflow",
                            seconds=outcome.seconds, method=method)]
-    reason = (f"the overflow flag is not reduced over {', '.join(missing)}, where ranks consume "
-              "different gradients: a rank whose gradients overflowed skips the step while ranks "
-              "holding other parts of the model apply it")
+    late = [p for p in misplaced if p.after_update]
+    early = [p for p in misplaced if not p.after_update]
+    where = ""
+    if late:
+        span = late[0].op.span
+        where = (f" before the update: '{late[0].op.label()}' runs after 'update params', when "
+                 "each rank has already decided on its own whether to skip")
+    elif early:
+        span = early[0].op.span
+        where = (f" after the last backward: '{early[0].op.label()}' runs before the last "
+                 "micro-batch's gradients exist, so their overflow is never shared")
+    reason = (f"the overflow flag is not reduced over {', '.join(missing)}{where}, where ranks "
+              "consume different gradients: a rank whose gradients overflowed skips the step "
+              "while ranks holding other parts of the model apply it")
     return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, "overflow",
                        reason=reason, counterexample={"unreduced_axes": missing},
                        seconds=outcome.seconds, method=method,
-                       fix="all_reduce(max) overflow over world")]
+                       fix="all_reduce(max) overflow over world, after the last backward and "
+                           "before 'update params'")]
 
 
 def same_gradient_everywhere(strategy: Strategy, axis: str) -> bool:
@@ -189,36 +284,49 @@ def same_gradient_everywhere(strategy: Strategy, axis: str) -> bool:
 def _shards(strategy: Strategy) -> list[Obligation]:
     out = []
     sizes = {a.name: a.size for a in strategy.mesh.axes}
+    for group in strategy.model.groups_present():
+        agree = agreement(strategy, group_view(strategy, group))
+        scattered = {a for a in agree.scattered if sizes[a] > 1}
+        layout = set(optimizer_axes(strategy, group))
+        if not scattered or scattered == layout:
+            continue
+        scatter = next((op for op in reversed(strategy.step.ops()) if isinstance(op, Collective)
+                        and op.kind is CollectiveKind.REDUCE_SCATTER
+                        and op.target.kind is TargetKind.GRADS and op.target.applies_to(group)),
+                       None)
+        span = scatter.span if scatter is not None else strategy.step.span
+        shard = " * ".join(a for a in strategy.mesh.names if a in scattered)
+        if layout:
+            state = f"the optimizer state is sharded over {' * '.join(sorted(layout))} only"
+        else:
+            state = "the optimizer state is replicated (Ω = R)"
+        out.append(Obligation(
+            Condition.GRADIENT_INTEGRITY,
+            f"the optimizer step on the {group.value} parameters reads only gradient elements "
+            "that were reduced",
+            Verdict.REFUTED, span, "shard-mismatch",
+            reason=f"the update consumes a gradient shard laid out over {shard} (1/"
+                   f"{math.prod(sizes[a] for a in scattered)} per rank, each rank's own part), "
+                   f"but {state}, so the step updates elements of its optimizer slice from "
+                   "gradients that were never reduced",
+            fix="reduce-scatter over exactly the axes the optimizer state is sharded over (and "
+                "all-reduce over the others), or all_gather the gradient before the update",
+            method=METHOD_RULES))
     update = next((op for op in strategy.step.post if isinstance(op, Update)), None)
     for p in strategy.placements:
-        if p.role is not Role.DATA or sizes[p.axis] < 2:
+        if sizes[p.axis] < 2 or update is None or not partitions(strategy, p.axis, State.OPTIMIZER):
             continue
-        scattered = [op for op in strategy.step.ops() if isinstance(op, Collective)
-                     and op.kind is CollectiveKind.REDUCE_SCATTER and op.group.covers(p.axis)
-                     and op.target.kind is TargetKind.GRADS]
-        if scattered and not p.mode(State.OPTIMIZER).sharded:
-            out.append(Obligation(
-                Condition.GRADIENT_INTEGRITY,
-                f"the optimizer step over {p.axis} reads only gradient elements that were reduced",
-                Verdict.REFUTED, scattered[0].span, "shard-mismatch",
-                reason=f"'{scattered[0].label()}' leaves each rank with a reduced 1/{sizes[p.axis]} "
-                       f"of the gradient, but the optimizer state is replicated over {p.axis} "
-                       "(Ω = R), so the step updates every element, most of them from unreduced "
-                       "local gradients",
-                fix=f"all_reduce the gradients over {p.axis}, or shard the optimizer (zero1)",
-                method="rules over the placement relations"))
-        if p.mode(State.OPTIMIZER).sharded and update is not None:
-            for op in strategy.step.post:
-                if (isinstance(op, Collective) and op.kind is CollectiveKind.BROADCAST
-                        and op.target.kind is TargetKind.PARAMS and op.source != "owner"
-                        and op.group.covers(p.axis)):
-                    out.append(Obligation(
-                        Condition.GRADIENT_INTEGRITY,
-                        f"every shard's update over {p.axis} reaches all ranks",
-                        Verdict.REFUTED, op.span, "lost-update",
-                        reason=f"the optimizer state is sharded over {p.axis}, so rank {op.source} "
-                               "updated only its own shard; broadcasting its copy overwrites the "
-                               "other shards' updates on every rank",
-                        fix="broadcast each shard from its owner (from = owner) or all_gather",
-                        method="rules over the placement relations"))
+        for op in strategy.step.post:
+            if (isinstance(op, Collective) and op.kind is CollectiveKind.BROADCAST
+                    and op.target.kind is TargetKind.PARAMS and op.source != "owner"
+                    and op.group.covers(p.axis)):
+                out.append(Obligation(
+                    Condition.GRADIENT_INTEGRITY,
+                    f"every shard's update over {p.axis} reaches all ranks",
+                    Verdict.REFUTED, op.span, "lost-update",
+                    reason=f"the optimizer state is sharded over {p.axis}, so rank {op.source} "
+                           "updated only its own shard; broadcasting its copy overwrites the "
+                           "other shards' updates on every rank",
+                    fix="broadcast each shard from its owner (from = owner) or all_gather",
+                    method=METHOD_RULES))
     return out

@@ -1,0 +1,45 @@
+"""Questions about a placement asked by several backends, each answered in one place.
+
+Data and context axes split the batch: every rank along them holds the same parameters, so a
+state placed S (or offloaded, O) along one of them is a ZeRO-style partition of one copy: each
+rank updates one shard (ZeRO stage 1-3, FSDP, Megatron-LM's distributed optimizer, which shards
+over data × context ranks) and the updated parameters must reach the others. Along tensor,
+pipeline and expert axes a sharded state is a different part of the model, not a partition.
+"""
+
+from __future__ import annotations
+
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.placement import Mode, Role, State
+from placeverify.ir.relations import Relation, relation
+from placeverify.ir.strategy import Strategy
+
+BATCH_SPLITTING = (Role.DATA, Role.CONTEXT)
+
+
+def partitions(strategy: Strategy, axis: str, state: State) -> bool:
+    """Is ``state`` along ``axis`` a partition of one replicated copy (ZeRO-style)?"""
+    p = strategy.placement(axis)
+    return p.role in BATCH_SPLITTING and p.mode(state).sharded
+
+
+def optimizer_axes(strategy: Strategy, group: ParamGroup) -> tuple[str, ...]:
+    """Axes (larger than 1) along which each rank updates one shard of this group's optimizer
+    state, in mesh order."""
+    return tuple(p.axis for p in strategy.placements
+                 if strategy.size(p.axis) > 1 and partitions(strategy, p.axis, State.OPTIMIZER)
+                 and relation(strategy, group, p.axis) is not Relation.OWNED)
+
+
+def sharded_update(strategy: Strategy, axis: str) -> bool:
+    """Is the optimizer step along this axis done on shards (of Ω, or of G: ZeRO-2 without a
+    sharded Ω is not realisable and refuted on composition)?"""
+    return partitions(strategy, axis, State.OPTIMIZER) or partitions(strategy, axis, State.GRADIENTS)
+
+
+def gathered_after_update(strategy: Strategy) -> tuple[str, ...]:
+    """Axes where the parameters stay replicated but are updated on shards, so they must be
+    all-gathered after the update (ZeRO-1/2, an offloaded optimizer)."""
+    return tuple(p.axis for p in strategy.placements
+                 if p.role in BATCH_SPLITTING and p.mode(State.PARAMS) is Mode.R
+                 and p.mode(State.OPTIMIZER).sharded)
