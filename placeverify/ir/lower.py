@@ -1068,6 +1068,16 @@ def _show(number: Fraction) -> str:
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "send", "recv",
        "update", "free", "clip")
 TARGETS = {k.value: k for k in TargetKind}
+# what each collective may act on in a step (every pair is modelled by semantics.buffers)
+COLLECTIVE_TARGETS: dict[CollectiveKind, list[TargetKind]] = {
+    CollectiveKind.ALL_REDUCE: [TargetKind.GRADS, TargetKind.TOKENS, TargetKind.OVERFLOW],
+    CollectiveKind.REDUCE_SCATTER: [TargetKind.GRADS],
+    CollectiveKind.ALL_GATHER: [TargetKind.PARAMS, TargetKind.GRADS],
+    CollectiveKind.BROADCAST: [TargetKind.PARAMS],
+    CollectiveKind.ALL_TO_ALL: [TargetKind.TOKENS],
+    CollectiveKind.SEND: [TargetKind.ACTIVATIONS],
+    CollectiveKind.RECV: [TargetKind.ACTIVATIONS],
+}
 GROUP_NAMES = {g.value: g for g in ParamGroup}
 
 
@@ -1414,16 +1424,7 @@ class _StepLowerer:
         options = self.options(item, allowed, positional)
         if options is None:
             return None
-        targets = {
-            CollectiveKind.ALL_REDUCE: [TargetKind.GRADS, TargetKind.TOKENS, TargetKind.OVERFLOW],
-            CollectiveKind.REDUCE_SCATTER: [TargetKind.GRADS],
-            CollectiveKind.ALL_GATHER: [TargetKind.PARAMS, TargetKind.GRADS],
-            CollectiveKind.BROADCAST: [TargetKind.PARAMS],
-            CollectiveKind.ALL_TO_ALL: [TargetKind.TOKENS],
-            CollectiveKind.SEND: [TargetKind.ACTIVATIONS],
-            CollectiveKind.RECV: [TargetKind.ACTIVATIONS],
-        }[kind]
-        target = self.target(item.target, targets)
+        target = self.target(item.target, COLLECTIVE_TARGETS[kind])
         if target is None:
             return None
         op = ReduceOp(options["op"]) if "op" in options else (ReduceOp.SUM if reducing else None)

@@ -7,37 +7,75 @@ trace (:mod:`placeverify.trace`) the torch replay backend can run.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
+from placeverify.diagnostics import Diagnostic, Span
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import group_view
+from placeverify.semantics.schedule import Unmodelled
 from placeverify.smt.composition import composition_obligations
 from placeverify.smt.consistency import Divergence, consistency_obligations
 from placeverify.smt.fixes import integrity_fix
 from placeverify.smt.gradients import Counterexample, integrity_obligations
 from placeverify.smt.update import update_obligations
-from placeverify.verdicts import Obligation, Verdict, Verification
+from placeverify.verdicts import Condition, Obligation, Verdict, Verification
+
+Evidence = Counterexample | Divergence | None
+T = TypeVar("T")
+
+
+def _modelled(condition: Condition, family: str, span: Span | None,
+              produce: Callable[[], Iterable[T]], unknown: Callable[[Obligation], T]) -> list[T]:
+    """A family's obligations, or one *unknown* obligation at the statement a backend does not
+    model: an unmodelled statement is never skipped and never proved."""
+    try:
+        return list(produce())
+    except Unmodelled as err:
+        return [unknown(Obligation(condition, f"{family}: every statement of the step is modelled",
+                                   Verdict.UNKNOWN, err.span or span, "not-modelled",
+                                   reason=f"not modelled: {err}"))]
 
 
 def verify(strategy: Strategy, timeout_ms: int = 10_000) -> Verification:
     obligations: list[Obligation] = []
-    evidence: list[tuple[Obligation, Counterexample | Divergence | None]] = []
-    for obligation, found in integrity_obligations(strategy, timeout_ms):
-        if found is not None:
+    evidence: list[tuple[Obligation, Evidence]] = []
+    span = strategy.step.span
+
+    def alone(o: Obligation) -> tuple[Obligation, Evidence]:
+        return (o, None)
+
+    integrity = _modelled(Condition.GRADIENT_INTEGRITY, "gradient integrity", span,
+                          lambda: integrity_obligations(strategy, timeout_ms), alone)
+    for obligation, found in integrity:
+        if isinstance(found, Counterexample):
             fix = integrity_fix(strategy, group_view(strategy, found.group), found)
             obligation = replace(obligation, fix=fix)
         obligations.append(obligation)
         evidence.append((obligation, found))
-    for obligation in update_obligations(strategy, timeout_ms):
+    update = _modelled(Condition.GRADIENT_INTEGRITY, "what the update applies", span,
+                       lambda: update_obligations(strategy, timeout_ms), lambda o: o)
+    for obligation in update:
         obligations.append(obligation)
         evidence.append((obligation, None))
-    for obligation, divergence in consistency_obligations(strategy, timeout_ms):
-        if obligation.verdict is Verdict.REFUTED and obligation.fix is None:
+    consistency = _modelled(Condition.STATE_CONSISTENCY, "state consistency", span,
+                            lambda: consistency_obligations(strategy, timeout_ms), alone)
+    for obligation, divergence in consistency:
+        if obligation.verdict is Verdict.REFUTED and obligation.fix is None and \
+                not isinstance(divergence, Counterexample):
             obligation = replace(obligation, fix=_consistency_fix(strategy, obligation, divergence))
         obligations.append(obligation)
         evidence.append((obligation, divergence))
-    composition, warnings = composition_obligations(strategy)
+    warnings: list[Diagnostic] = []
+
+    def composition_family() -> list[Obligation]:
+        found, notes = composition_obligations(strategy)
+        warnings.extend(notes)
+        return found
+
+    composition = _modelled(Condition.COMPOSITION_SAFETY, "composition safety", span,
+                            composition_family, lambda o: o)
     for obligation in composition:
         obligations.append(obligation)
         evidence.append((obligation, None))

@@ -1,0 +1,129 @@
+"""Every step statement against every backend: modelled, or refused out loud.
+
+The step semantics is written once (placeverify.semantics.buffers) and run by the exact, Z3
+coefficient and agreement domains and by the torch replay. A statement outside the table must
+raise ``Unmodelled`` (``Unsupported`` in the replay) and make the verdict *unknown* at the
+statement's line — never be skipped, never be proved.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+import pytest
+
+from placeverify.diagnostics import Span
+from placeverify.ir.lower import COLLECTIVE_TARGETS, load_text
+from placeverify.ir.step import (
+    Collective,
+    CollectiveKind,
+    LoopOp,
+    ReduceOp,
+    Target,
+    TargetKind,
+)
+from placeverify.semantics.buffers import (
+    GRADIENT_COLLECTIVES,
+    MODELLED_COLLECTIVES,
+    NEUTRAL_COLLECTIVES,
+    POSITIONAL_COLLECTIVES,
+)
+from placeverify.semantics.groups import group_view
+from placeverify.semantics.interpreter import run, uniform_instance
+from placeverify.semantics.schedule import Unmodelled
+from placeverify.smt import verify
+from placeverify.smt.agreement import agreement
+from placeverify.smt.integrity import encode
+from placeverify.verdicts import Condition, Verdict
+
+DDP = """
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }
+precision megatron
+mesh { dp = 2 }
+place ddp over dp
+step {
+    microbatches = 2
+    each microbatch {
+        backward sum / tokens(dp, step)
+    }
+    all_reduce(sum) grads over dp
+    update params
+}
+"""
+
+ALL_PAIRS = list(itertools.product(CollectiveKind, TargetKind))
+LOWERED = {(kind, target) for kind, targets in COLLECTIVE_TARGETS.items() for target in targets}
+UNMODELLED = [pair for pair in ALL_PAIRS if pair not in MODELLED_COLLECTIVES]
+
+
+def test_every_collective_the_language_accepts_is_modelled() -> None:
+    assert LOWERED <= MODELLED_COLLECTIVES
+    assert LOWERED == MODELLED_COLLECTIVES  # nothing is modelled that cannot be written
+
+
+def test_the_table_classes_are_disjoint() -> None:
+    classes = [set(GRADIENT_COLLECTIVES), POSITIONAL_COLLECTIVES, NEUTRAL_COLLECTIVES]
+    for a, b in itertools.combinations(classes, 2):
+        assert not a & b
+
+
+def _with_loop_op(op: object) -> object:
+    strategy = load_text(DDP, "ddp.place")
+    step = strategy.step
+    return replace(strategy, step=replace(step, loop=(*step.loop, LoopOp(op))))  # type: ignore[arg-type]
+
+
+SPAN = Span(11, 9, 11, 40)
+
+
+@pytest.mark.parametrize("pair", UNMODELLED, ids=lambda p: f"{p[0].value}-{p[1].value}")
+def test_an_unmodelled_collective_is_refused_by_every_solver_domain(
+        pair: tuple[CollectiveKind, TargetKind]) -> None:
+    kind, target = pair
+    op = Collective(kind, ReduceOp.SUM, Target(target), load_text(DDP, "x").mesh.group("dp"), SPAN)
+    strategy = _with_loop_op(op)
+    group = strategy.model.groups_present()[0]  # type: ignore[attr-defined]
+    view = group_view(strategy, group)  # type: ignore[arg-type]
+    sizes = {"dp": 2}
+    with pytest.raises(Unmodelled):
+        run(strategy, view, uniform_instance(strategy, view, sizes, 2))  # type: ignore[arg-type]
+    with pytest.raises(Unmodelled):
+        encode(strategy, view, sizes, 2, "t_", integer=False)  # type: ignore[arg-type]
+    with pytest.raises(Unmodelled):
+        agreement(strategy, view)  # type: ignore[arg-type]
+    verification = verify(strategy)  # type: ignore[arg-type]
+    assert verification.overall() is not Verdict.PROVED
+    unknown = [o for o in verification.obligations if o.verdict is Verdict.UNKNOWN]
+    assert unknown and all(o.span == SPAN for o in unknown if o.kind == "not-modelled")
+    assert verification.verdict(Condition.GRADIENT_INTEGRITY) is Verdict.UNKNOWN
+
+
+@dataclass(frozen=True)
+class Mystery:
+    """A statement no backend knows."""
+
+    span: Span
+
+
+def test_an_unknown_statement_type_is_refused() -> None:
+    strategy = _with_loop_op(Mystery(SPAN))
+    group = strategy.model.groups_present()[0]  # type: ignore[attr-defined]
+    view = group_view(strategy, group)  # type: ignore[arg-type]
+    with pytest.raises(Unmodelled):
+        agreement(strategy, view)  # type: ignore[arg-type]
+    verification = verify(strategy)  # type: ignore[arg-type]
+    assert verification.overall() is Verdict.UNKNOWN
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("pair", UNMODELLED[:4], ids=lambda p: f"{p[0].value}-{p[1].value}")
+def test_the_replay_refuses_an_unmodelled_collective(pair: tuple[CollectiveKind, TargetKind]) -> None:
+    pytest.importorskip("torch")
+    from placeverify.replay.layout import Unsupported
+    from placeverify.replay.step import RankRun
+
+    kind, target = pair
+    op = Collective(kind, ReduceOp.SUM, Target(target), load_text(DDP, "x").mesh.group("dp"), SPAN)
+    with pytest.raises(Unsupported):
+        RankRun.collective(object.__new__(RankRun), op)
