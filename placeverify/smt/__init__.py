@@ -49,7 +49,7 @@ def verify(strategy: Strategy, timeout_ms: int = 10_000) -> Verification:
     integrity = _modelled(Condition.GRADIENT_INTEGRITY, "gradient integrity", span,
                           lambda: integrity_obligations(strategy, timeout_ms), alone)
     for obligation, found in integrity:
-        if isinstance(found, Counterexample):
+        if isinstance(found, Counterexample) and found.observe is None:
             fix = integrity_fix(strategy, group_view(strategy, found.group), found)
             obligation = replace(obligation, fix=fix)
         obligations.append(obligation)
