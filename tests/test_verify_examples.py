@@ -18,7 +18,7 @@ from placeverify.verdicts import Verdict
 from tests.conftest import EXAMPLES, example_files
 
 BUGS: dict[str, tuple[set[str], str]] = {
-    # REFERENCE §3 (1-12) and two more: (conditions refuted, counterexample kind of the first)
+    # REFERENCE §3 (1-12) and the others: (conditions refuted, counterexample kind of the first)
     "ga-token-normalisation": ({"gradient_integrity"}, "coefficient"),
     "missing-allreduce": ({"gradient_integrity", "state_consistency"}, "coefficient"),
     "sum-without-average": ({"gradient_integrity"}, "coefficient"),
@@ -33,6 +33,20 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "hsdp-shard-group-of-one": ({"gradient_integrity", "state_consistency"}, "coefficient"),
     "rank-dependent-order": ({"state_consistency"}, "fp-order"),
     "clip-norm-tensor-parallel": ({"gradient_integrity", "state_consistency"}, "clip"),
+    # statements judged where they stand: clips, the skip decision, the optimizer shard, seeds
+    "clip-before-allreduce": ({"gradient_integrity"}, "clip-input"),
+    # a clip inside the loop is wrong twice at its line: its input is a partial accumulation
+    # (clip-input, with an interpreter trace, reported first) and it runs before the last
+    # backward (the position rule, kind "clip", also refuted)
+    "clip-every-microbatch": ({"gradient_integrity"}, "clip-input"),
+    "clip-scaled-gradients": ({"gradient_integrity"}, "clip-input"),
+    "clip-after-step": ({"gradient_integrity"}, "clip"),
+    "clip-per-group": ({"gradient_integrity"}, "clip"),
+    # the rank that skips leaves its tp-replicated norms behind the ranks that step
+    "overflow-after-update": ({"gradient_integrity", "state_consistency"}, "overflow"),
+    "distributed-optimizer-wrong-group": ({"gradient_integrity"}, "shard-mismatch"),
+    "dropout-seed-data-parallel": ({"gradient_integrity"}, "rng"),
+    "dropout-seed-sequence-parallel": ({"gradient_integrity"}, "rng"),
 }
 
 REFERENCE_BUGS = 12
