@@ -35,10 +35,8 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "clip-norm-tensor-parallel": ({"gradient_integrity", "state_consistency"}, "clip"),
     # statements judged where they stand: clips, the skip decision, the optimizer shard, seeds
     "clip-before-allreduce": ({"gradient_integrity"}, "clip-input"),
-    # a clip inside the loop is wrong twice at its line: its input is a partial accumulation
-    # (clip-input, with an interpreter trace, reported first) and it runs before the last
-    # backward (the position rule, kind "clip", also refuted)
-    "clip-every-microbatch": ({"gradient_integrity"}, "clip-input"),
+    # a clip inside the loop runs before the last backward: refuted for its position (lingua#59)
+    "clip-every-microbatch": ({"gradient_integrity"}, "clip"),
     "clip-scaled-gradients": ({"gradient_integrity"}, "clip-input"),
     "clip-after-step": ({"gradient_integrity"}, "clip"),
     "clip-per-group": ({"gradient_integrity"}, "clip"),
