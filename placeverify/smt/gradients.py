@@ -84,8 +84,9 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
     if encoded.mixing:
         return []  # the group's integrity obligation is refuted for mixing shards already
     seconds = 0.0
+    misplaced = [s.op for s in encoded.clips if s.after_update or not s.after_last_backward]
     for index, seen in enumerate(encoded.clips):
-        if seen.after_update or not seen.after_last_backward:
+        if any(seen.op is op for op in misplaced):
             continue  # refuted for where it stands (placeverify.smt.update): no input is right
         outcome = solve.check(mismatch_formula(encoded, seen.value.values), timeout_ms)
         seconds += outcome.seconds
