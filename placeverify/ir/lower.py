@@ -8,6 +8,7 @@ modes into M; ``offload`` turns a state's sharded data-axis modes into O.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -961,64 +962,145 @@ class _Lowerer:
 
     def check_shapes(self, model: Model, mesh: Mesh, placements: tuple[AxisPlacement, ...],
                      microbatches: int, model_span: Span) -> None:
+        """Every dimension a role shards must split evenly over the product of its axes.
+
+        The rules are the ones Megatron-LM asserts (each check cites where). A dimension split
+        over several axes (two tensor axes; the sequence under sequence parallelism inside context
+        parallelism) must divide by their product, not only by each. An error points at the
+        placement of the last axis of the product, so errors come in file order.
+        """
         arch = model.arch
+        if arch is None:
+            for p in placements:
+                if p.role in (Role.TENSOR, Role.CONTEXT, Role.EXPERT, Role.PIPELINE):
+                    self.error(f"{p.role.value} parallelism over {p.axis} needs the architecture "
+                               "(layers, hidden, heads, seq); this model is a bare parameter "
+                               "count", Code.CONFLICT, p.span)
+            return
+        by_role: dict[Role, list[AxisPlacement]] = {}
         for p in placements:
-            n = mesh.size(p.axis)
-            where = p.span
+            by_role.setdefault(p.role, []).append(p)
+        sequence_parallel = [p for p in by_role.get(Role.TENSOR, []) if p.sequence_parallel]
+        context = _factors(mesh, by_role.get(Role.CONTEXT, []))
+        for p in placements:
+            if p.role is Role.EXPERT and not arch.moe:
+                self.error(f"expert parallelism over {p.axis} needs a mixture-of-experts model "
+                           "(experts, top_k)", Code.CONFLICT, p.span)
+            if p is by_role[p.role][-1]:
+                self.check_role_shapes(arch, mesh, by_role[p.role], microbatches)
+            if sequence_parallel and p is sequence_parallel[-1]:
+                self.check_sequence_parallel(arch, p, _factors(mesh, sequence_parallel), context)
 
-            def need(what: str, value: int, divisor: int, note: str = "",
-                     by: tuple[str, str] | None = None, axis: str = p.axis,
-                     at: Span = where) -> None:
-                if value % divisor:
-                    label, product = by or (axis, "")
-                    shown = f"{product} = {divisor}" if product else str(divisor)
-                    self.error(f"{label} ({shown}) does not divide {what} ({value:,})",
-                               Code.NOT_DIVISIBLE, at, *((note,) if note else ()))
+    def need(self, what: str, value: int, by: Sequence[tuple[str, int]], at: Span,
+             *notes: str) -> None:
+        """``value`` must be divisible by the product of the named factors ``by``; say so if not."""
+        divisor = math.prod(size for _, size in by)
+        if value % divisor == 0:
+            return
+        if len(by) == 1:
+            shown = f"{by[0][0]} ({divisor:,})"
+        else:
+            shown = (" x ".join(name for name, _ in by) + " ("
+                     + " x ".join(f"{size:,}" for _, size in by) + f" = {divisor:,})")
+        self.error(f"{shown} does not divide {what} ({value:,})", Code.NOT_DIVISIBLE, at, *notes)
 
-            if p.role in (Role.TENSOR, Role.CONTEXT, Role.EXPERT, Role.PIPELINE) and arch is None:
-                self.error(f"{p.role.value} parallelism over {p.axis} needs the architecture "
-                           "(layers, hidden, heads, seq); this model is a bare parameter count",
-                           Code.CONFLICT, where)
-                continue
-            if arch is None:
-                continue
-            if p.role is Role.TENSOR:
-                need("heads", arch.heads, n)
-                need("kv_heads", arch.kv_heads, n,
-                     "Megatron-LM shards whole key/value head groups over tp")
-                need("ffn", arch.expert_ffn or arch.ffn, n)
-                padded = arch.padded_vocab(n)
-                need("the vocabulary" + (f" padded to {padded:,}" if padded != arch.vocab else ""),
-                     padded, n, "set vocab_divisible_by (Megatron pads to a multiple of 128 * tp)")
-                if p.sequence_parallel:
-                    need("seq", arch.seq, n, "sequence parallelism splits the sequence over tp")
-            elif p.role is Role.PIPELINE:
-                stages = n * p.chunks
-                if p.chunks > 1:
-                    need("layers", arch.layers, stages,
-                         f"{n} stages of {p.chunks} chunks each hold the same number of layers",
-                         by=(f"{p.axis} x chunks", f"{n} x {p.chunks}"))
-                else:
-                    need("layers", arch.layers, stages,
-                         "each pipeline stage holds the same number of layers")
-                if p.schedule is Schedule.INTERLEAVED and microbatches % n:
-                    self.error(f"the interleaved schedule needs microbatches ({microbatches}) "
-                               f"divisible by {p.axis} ({n})", Code.NOT_DIVISIBLE, where)
-            elif p.role is Role.CONTEXT:
-                need("seq", arch.seq, 2 * n,
-                     "context parallelism splits the sequence into 2 x cp load-balanced chunks",
-                     by=(f"2 x {p.axis}", f"2 x {n}"))
-            elif p.role is Role.EXPERT:
-                if not arch.moe:
-                    self.error(f"expert parallelism over {p.axis} needs a mixture-of-experts model "
-                               "(experts, top_k)", Code.CONFLICT, where)
-                else:
-                    need("experts", arch.experts, n)
+    def check_role_shapes(self, arch: Transformer, mesh: Mesh, role_placements: list[AxisPlacement],
+                          microbatches: int) -> None:
+        """The dimensions one role splits, over the product of all of its axes."""
+        p = role_placements[-1]
+        by = _factors(mesh, role_placements)
+        n = math.prod(size for _, size in by)
+        label = " x ".join(name for name, _ in by)
+        if p.role is Role.TENSOR:
+            # megatron/core/transformer/transformer_config.py (__post_init__):
+            # num_attention_heads % tensor_model_parallel_size == 0
+            self.need("heads", arch.heads, by, p.span)
+            if arch.kv_heads != arch.heads and arch.kv_heads % n:
+                # ibid.: num_query_groups must be a multiple or a divisor of the TP size. For a
+                # divisor, attention.py all-gathers the fused QKV output over tp and each rank
+                # slices out one key/value head: a collective, and K and V per rank, that the cost
+                # model (K, V split over tp) does not describe.
+                why = ("Megatron-LM shards whole key/value head groups over tp; with "
+                       f"{label} a multiple of kv_heads it instead all-gathers the fused QKV "
+                       "output over tp and each rank slices out its head, which placeverify does "
+                       "not model" if n % arch.kv_heads == 0 else
+                       "Megatron-LM shards whole key/value head groups over tp, and rejects "
+                       "kv_heads that is neither a multiple nor a divisor of the tensor-parallel "
+                       "size")
+                self.need("kv_heads", arch.kv_heads, by, p.span, why)
+            # megatron/core/tensor_parallel/layers.py: Column/RowParallelLinear divide() the
+            # split dimension by the TP size
+            self.need("ffn", arch.expert_ffn or arch.ffn, by, p.span)
+            padded = arch.padded_vocab(n)
+            self.need("the vocabulary" + (f" padded to {padded:,}" if padded != arch.vocab else ""),
+                      padded, by, p.span,
+                      "set vocab_divisible_by (Megatron pads to a multiple of 128 * tp)")
+        elif p.role is Role.PIPELINE:
+            # megatron/training/arguments.py (validate_args): num_layers % pp == 0, and with
+            # --num-layers-per-virtual-pipeline-stage (num_layers / pp) % layers_per_chunk == 0:
+            # together, layers % (pp * chunks) == 0
+            chunks = math.prod(q.chunks for q in role_placements)
+            if chunks > 1:
+                self.need("layers", arch.layers, [*by, ("chunks", chunks)], p.span,
+                          f"{n} stages of {chunks} chunks each hold the same number of layers")
+            else:
+                self.need("layers", arch.layers, by, p.span,
+                          "each pipeline stage holds the same number of layers")
+            if any(q.schedule is Schedule.INTERLEAVED for q in role_placements):
+                self.check_interleaved(p, label, n, microbatches)
+        elif p.role is Role.CONTEXT and n > 1:
+            # megatron/training/arguments.py (validate_args): with context_parallel_size > 1,
+            # seq_length % (2 * context_parallel_size) == 0 (causal load balancing: 2 x cp
+            # chunks, two per rank)
+            self.need("seq", arch.seq, [("2", 2), *by], p.span,
+                      "context parallelism splits the sequence into 2 x cp load-balanced chunks")
+        elif p.role is Role.EXPERT and arch.moe:
+            # megatron/core/transformer/moe/moe_layer.py: num_moe_experts % ep_size == 0
+            self.need("experts", arch.experts, by, p.span)
+
+    def check_interleaved(self, p: AxisPlacement, label: str, n: int, microbatches: int) -> None:
+        # megatron/training/arguments.py: a virtual pipeline needs pipeline-model-parallel size
+        # > 1 (> 2 without --overlap-p2p-comm); schedules.py runs micro-batches in groups of
+        # microbatch_group_size_per_vp_stage (default pp) and raises when the last group is
+        # smaller than pp: microbatches % pp == 0
+        if n < 2:
+            self.error(f"the interleaved schedule needs at least 2 pipeline stages, but {label} = "
+                       f"{n}", Code.BAD_VALUE, p.span,
+                       "Megatron-LM asserts pipeline-model-parallel size > 1 for a virtual "
+                       "pipeline (> 2 without --overlap-p2p-comm)")
+        elif microbatches % n:
+            self.error(f"the interleaved schedule needs microbatches ({microbatches:,}) "
+                       f"divisible by {label} ({n:,})", Code.NOT_DIVISIBLE, p.span,
+                       "Megatron-LM runs micro-batches in groups of pp on each model chunk and "
+                       "rejects a last group smaller than pp")
+
+    def check_sequence_parallel(self, arch: Transformer, p: AxisPlacement,
+                                sp: list[tuple[str, int]], cp: list[tuple[str, int]]) -> None:
+        sp_label = " x ".join(name for name, _ in sp)
+        if math.prod(size for _, size in cp) > 1:
+            # Each context-parallel rank holds seq / cp tokens (two chunks of seq / (2 cp));
+            # sequence parallelism scatters them along the first dimension over tp, and
+            # megatron/core/tensor_parallel/mappings.py (_split_along_first_dim) asserts that
+            # the split is even: (seq / cp) % tp == 0. (megatron/core/models/multimodal/
+            # context_parallel.py pads to tp * cp * 2 under CP + SP for the same reason.)
+            cp_label = " x ".join(name for name, _ in cp)
+            self.need("seq", arch.seq, [*sp, *cp], p.span,
+                      f"sequence parallelism splits the seq / {cp_label} tokens of each "
+                      f"context-parallel rank again over {sp_label}")
+        else:
+            # mappings.py (_split_along_first_dim): seq % tp == 0
+            self.need("seq", arch.seq, sp, p.span,
+                      f"sequence parallelism splits the sequence over {sp_label}")
 
     # ---- the step -------------------------------------------------------------------------------
 
     def step(self, stmt: ast.StepStmt, strategy: Strategy) -> Step:
         return _StepLowerer(self, strategy).run(stmt)
+
+
+def _factors(mesh: Mesh, placements: Sequence[AxisPlacement]) -> list[tuple[str, int]]:
+    """The axes of ``placements`` with their sizes, for a divisibility message."""
+    return [(p.axis, mesh.size(p.axis)) for p in placements]
 
 
 def _entry_span(entries: dict[str, ast.Entry], key: str, default: Span) -> Span:

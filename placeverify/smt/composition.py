@@ -29,6 +29,7 @@ from placeverify.ir.relations import Relation, relation
 from placeverify.ir.step import Collective, CollectiveKind, Free, ReduceOp, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import ends_match, group_view
+from placeverify.smt.placement_step import placement_step_obligations
 from placeverify.verdicts import Condition, Obligation, Verdict
 
 METHOD = "rules over the placement relations"
@@ -57,6 +58,7 @@ def composition_obligations(strategy: Strategy) -> tuple[list[Obligation], list[
     obligations.extend(_realisable(strategy))
     obligations.extend(_groups(strategy))
     obligations.extend(_ordering(strategy, warnings))
+    obligations.extend(placement_step_obligations(strategy))
     return obligations, warnings
 
 
