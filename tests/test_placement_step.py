@@ -108,14 +108,16 @@ step {
     update params
     all_gather params over dp
 }""", {("Θ", "dp")}, ["Θ is S* over dp (placed at line 4)", "'all_gather params over dp' at line 9"]),
-    ("optimizer sharded over cp, canonical step", """mesh { dp = 2, cp = 2 }
+    ("optimizer sharded over cp, step reduces over cp", """mesh { dp = 2, cp = 2 }
 place zero1 over dp
-place context(R, S, R, S) over cp""", {("Ω", "cp")},
-     ["Ω is S over cp (placed at line 5)", "the canonical step's 'all_reduce(sum) grads over cp'"]),
-    ("gradients sharded over cp, canonical step", """mesh { dp = 2, cp = 2 }
-place ddp over dp
-place context(R, R, S, S) over cp""", {("G", "cp")},
-     ["G is S over cp (placed at line 5)", "the canonical step's 'all_reduce(sum) grads over dp * cp'"]),
+place context(R, S, R, S) over cp
+step {
+    backward sum / tokens(dp, cp, step)
+    reduce_scatter(sum) grads over dp
+    all_reduce(sum) grads over cp
+    update params
+    all_gather params over dp
+}""", {("Ω", "cp")}, ["Ω is S over cp (placed at line 5)"]),
     ("norms scattered over tp", """mesh { tp = 2, dp = 2 }
 place megatron(sequence_parallel) over tp
 place ddp over dp
@@ -242,22 +244,17 @@ def test_the_check_verdict_is_refuted(tmp_path: Path) -> None:
 DATA = ["ddp", "zero1", "zero2", "zero3", "fsdp(grad_op)", "zero3(reshard_after_forward = false)"]
 OTHER = [None, "megatron over tp", "megatron(sequence_parallel) over tp",
          "pipeline(1f1b, microbatches = 4) over pp", "expert over ep", "context over cp",
-         "hsdp over hs * hr", "context(R, S, R, S) over cp", "context(R, R, S, S) over cp"]
+         "hsdp over hs * hr", "context(R, S, R, S) over cp", "context(R, S, S, S) over cp"]
 OFFLOAD = [None, "offload optimizer to cpu", "offload optimizer, gradients to cpu",
            "offload params, optimizer, gradients to cpu"]
 MOE = ("model transformer { layers = 8, hidden = 1024, heads = 16, vocab = 32000, seq = 8192, "
        "experts = 4, top_k = 2 }")
 
-# Known disagreements of placeverify/ir/canonical.py, reported rather than fixed here (this change
-# may not edit canonical.py); strict, so that fixing canonical.py turns them into failures to
-# remove.
-CONTEXT_GAP = pytest.mark.xfail(strict=True, reason=(
-    "canonical.py shards the update only over data axes (_sharded_update, the parameter "
-    "all-gather): with Ω or G = S over a context axis it all-reduces over cp and gathers nothing, "
-    "while memory divides Ω or G by cp"))
+# A known disagreement of placeverify/ir/canonical.py; strict, so that fixing it turns the case
+# into a failure to remove.
 MIXED_GAP = pytest.mark.xfail(strict=True, reason=(
     "canonical.py reduce-scatters per micro-batch only over groups whose every axis shards G: with "
-    "m > 1, zero1 (G = R) on one data axis and G = S on another, it accumulates the full gradient "
+    "m > 1, G = R on one data or context axis and G = S on another, it accumulates the full gradient "
     "and reduce-scatters over both after the loop, while memory divides G by the second axis"))
 
 
@@ -281,9 +278,7 @@ def canonical_cases() -> list[object]:
         except Exception:  # offloading what is not sharded is a lowering error: not a case
             continue
         marks = []
-        if other in ("context(R, S, R, S) over cp", "context(R, R, S, S) over cp"):
-            marks.append(CONTEXT_GAP)
-        data = [p for p in strategy.placements if p.role is Role.DATA]
+        data = [p for p in strategy.placements if p.role in (Role.DATA, Role.CONTEXT)]
         if m > 1 and any(p.mode(State.OPTIMIZER).sharded and not p.mode(State.GRADIENTS).sharded
                          for p in data) and any(p.mode(State.GRADIENTS).sharded for p in data):
             marks.append(MIXED_GAP)

@@ -84,7 +84,7 @@ def _realisable(strategy: Strategy) -> list[Obligation]:
                 why = WHY.get((p.role, state), "")
                 problems.append(f"{state.symbol} = {mode.value} is not a mode of a "
                                 f"{p.role.value} axis" + (f" ({why})" if why else ""))
-        if p.role is Role.DATA and p.mode(State.GRADIENTS).sharded and \
+        if p.role in BATCH_SPLITTING and p.mode(State.GRADIENTS).sharded and \
                 not p.mode(State.OPTIMIZER).sharded:
             problems.append(f"G is sharded over {p.axis} but Ω is replicated: a replicated "
                             "optimizer step needs the full gradient of every element it updates")
