@@ -21,7 +21,9 @@ Exit codes:
   0  every condition proved (or nothing to verify)
   1  a condition refuted (a counterexample was found); replay: not confirmed
   2  malformed or inconsistent input, or a usage error
-  3  unknown: some condition neither proved nor refuted (never reported as proved)
+  3  unknown: some condition neither proved nor refuted (never reported as proved);
+     replay: unknown, or unconfirmed (run on a smaller mesh where Z3's verdict
+     differs from the declared mesh's)
   4  a file is missing, unreadable or not a regular file
   5  replay/measure could not run (torch missing, a rank crashed or hung)
   70 internal error (a bug in placeverify; please report it)
@@ -110,7 +112,8 @@ def main() -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
               help="Write the counterexample trace (JSON) of a refuted file here.")
 @click.option("--replay", is_flag=True,
-              help="Replay a refutation on real torch.distributed processes (needs torch).")
+              help="Replay the step on real torch.distributed processes at the declared mesh "
+                   "(a smaller one, said so, above 8 devices; needs torch).")
 @click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds per solver query before it counts as unknown.")
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
@@ -231,7 +234,7 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100),
               help="Training steps to run before comparing.")
 @click.option("--world", type=click.IntRange(1, 64), default=None,
-              help="Processes to run (default: the trace's smallest mesh).")
+              help="Processes to run (default: the trace's mesh, resized above 8).")
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1, 3600),
               help="Seconds before a hung replay is stopped.")
 def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: float) -> None:

@@ -30,12 +30,16 @@ from placeverify.diagnostics import ExitCode
 from placeverify.ir.lower import load, load_text
 from placeverify.replay.compare import TOLERANCE_FACTOR, outcome, tolerance
 from placeverify.replay.plan import (
+    MAX_DEFAULT_WORLD,
+    Claim,
     Expectation,
+    Plan,
     RunSpec,
     choose_sizes,
     pick_counts,
     plan_from_strategy,
     plan_from_trace,
+    shrink_sizes,
     strategy_of,
 )
 from placeverify.verdicts import Verdict
@@ -57,6 +61,43 @@ def trace_of(path: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(json.dumps(result.verification.trace))
     doc["file"] = path  # relative to ROOT, so that the fixed twin is found from the tests' cwd
     return doc
+
+
+# A step whose 1/16 is 1/|dp * cp| written as a number: right at the declared 4 x 4 mesh only.
+CONSTANT_AT_4X4 = """
+strategy "Context parallel with a hard-coded 1/16"
+model transformer {{ layers = 4, hidden = 1024, heads = 16, vocab = 32000, seq = 8192 }}
+precision megatron
+mesh {{ dp = 4, cp = 4 }}
+place ddp over dp
+place context over cp
+loss microbatch_mean
+step {{
+    microbatches = 2
+    backward sum / tokens(cp) * |cp| / microbatches
+    scale grads by {factor}
+    all_reduce(sum) grads over dp * cp
+    update params
+}}
+"""
+
+# A small transformer with dropout; {mesh} and {place} choose the split, {seeds} the RNG policy.
+DROPOUT = """
+strategy "dropout seed policy"
+model transformer {{ layers = 2, hidden = 64, heads = 4, vocab = 64, seq = 8, dropout = true }}
+precision megatron
+mesh {{ {mesh} }}
+{place}
+step {{
+    {body}
+    update params
+    {seeds}
+}}
+"""
+
+
+def dropout_text(mesh: str, place: str, body: str, seeds: str = "") -> str:
+    return DROPOUT.format(mesh=mesh, place=place, body=body, seeds=seeds)
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +184,10 @@ def test_a_reduction_order_only_differs_with_three_ranks() -> None:
     two = plan_from_trace(doc, world=2, steps=1)
     assert two.expect.verdict is Verdict.PROVED
     assert two.control_origin == "examples/ok/rank-dependent-order-fixed.place"
+    # the claim is the trace's refutation at dp = 3: a run at dp = 2 cannot confirm it
+    assert two.claim.verdict is Verdict.REFUTED and two.claim.sizes == {"dp": 3}
+    assert two.resized and not two.same_verdict
+    assert two.resize_reason == "--world 2 asked for 2 processes"
 
 
 def test_the_control_of_a_file_outside_examples_is_the_canonical_step(tmp_path: Path) -> None:
@@ -154,6 +199,93 @@ def test_the_control_of_a_file_outside_examples_is_the_canonical_step(tmp_path: 
     assert plan.control_origin == "canonical step"
     assert plan.control is not None and plan.control.canonical
     assert plan.control_expect is not None and plan.control_expect.verdict is Verdict.PROVED
+
+
+def test_check_replays_the_declared_mesh_up_to_eight_devices() -> None:
+    for name, declared in (("ok/tp-dropout-seed-fixed.place", {"tp": 4, "dp": 2}),
+                           ("ok/zero1-no-allgather-fixed.place", {"dp": 8}),
+                           ("ok/missing-allreduce-fixed.place", {"dp": 4})):
+        result = check(str(EXAMPLES / name))
+        plan = plan_from_strategy(result.strategy, known=result.verification)
+        assert plan.main.sizes == declared == plan.claim.sizes, name
+        assert not plan.resized and plan.resize_reason is None
+        assert plan.claim.verdict is plan.expect.verdict is Verdict.PROVED
+    two = load_text(dropout_text("dp = 2", "place ddp over dp",
+                                 "backward sum / tokens(dp, step)\n all_reduce(sum) grads over dp"),
+                    "dp2.place")
+    plan = plan_from_strategy(two)
+    assert plan.main.sizes == {"dp": 2} and not plan.resized
+
+
+def test_a_refuted_file_is_replayed_at_its_declared_mesh_with_its_control() -> None:
+    result = check(str(EXAMPLES / "bugs/zero1-no-allgather.place"))
+    assert result.verification is not None
+    assert result.verification.trace["mesh"] != {"dp": 8}  # type: ignore[index]
+    plan = plan_from_strategy(result.strategy, known=result.verification)
+    assert plan.main.sizes == {"dp": 8} and not plan.resized
+    assert plan.claim.verdict is plan.expect.verdict is Verdict.REFUTED
+    assert plan.control is not None and plan.control.sizes == {"dp": 8}
+    assert plan.control_origin is not None
+    assert plan.control_origin.endswith("ok/zero1-no-allgather-fixed.place")
+
+
+def test_a_mesh_above_eight_devices_is_shrunk_and_asked_again() -> None:
+    text = CONSTANT_AT_4X4.format(factor="1 / 16")
+    result = check_text(text)
+    assert result.verification is not None
+    assert result.verification.overall() is Verdict.PROVED  # right at dp = 4, cp = 4
+    plan = plan_from_strategy(result.strategy, known=result.verification)
+    assert plan.resized and plan.claim.sizes == {"dp": 4, "cp": 4}
+    assert math.prod(plan.main.sizes.values()) == MAX_DEFAULT_WORLD
+    assert plan.resize_reason is not None and "16 devices" in plan.resize_reason
+    # at dp * cp = 8 the 1/16 halves the gradient: Z3 asked again refutes it there
+    assert plan.claim.verdict is Verdict.PROVED and plan.expect.verdict is Verdict.REFUTED
+    assert not plan.same_verdict
+    fine = check_text(CONSTANT_AT_4X4.format(factor="1 / |dp * cp|"))
+    plan = plan_from_strategy(fine.strategy, known=fine.verification)
+    assert plan.resized and plan.same_verdict and plan.expect.verdict is Verdict.PROVED
+
+
+def test_a_trace_replays_at_its_own_mesh_and_shrinks_only_above_eight() -> None:
+    doc = trace_of("examples/bugs/missing-allreduce.place")
+    own = plan_from_trace(doc, world=None, steps=1)
+    assert own.main.sizes == doc["mesh"] == own.claim.sizes and not own.resized
+    assert own.claim.origin == "trace" and own.claim.verdict is Verdict.REFUTED
+    big = plan_from_trace({**doc, "mesh": {"dp": 12}}, world=None, steps=1)
+    assert big.main.sizes == {"dp": 8} and big.claim.sizes == {"dp": 12} and big.resized
+    assert big.resize_reason is not None and "trace's mesh has 12 devices" in big.resize_reason
+    assert big.expect.verdict is Verdict.REFUTED and big.same_verdict
+
+
+def check_text(text: str) -> Any:
+    from placeverify.api import check_strategy
+
+    return check_strategy(load_text(text, "inline.place"))
+
+
+def test_shrunk_meshes() -> None:
+    s = load_text(CONSTANT_AT_4X4.format(factor="1 / 16"), "x.place")
+    assert shrink_sizes(s, {"dp": 16, "cp": 1}, 8) == {"dp": 8, "cp": 1}
+    assert shrink_sizes(s, {"dp": 4, "cp": 4}, 8) in ({"dp": 4, "cp": 2}, {"dp": 2, "cp": 4})
+    assert shrink_sizes(s, {"dp": 3, "cp": 3}, 8) in ({"dp": 3, "cp": 2}, {"dp": 2, "cp": 3})
+    deep = load(str(EXAMPLES / "ok/recompute-restores-rng.place"))  # tp = 8, pp = 8, dp = 4
+    assert shrink_sizes(deep, {"tp": 8, "pp": 8, "dp": 4}, 8) == {"tp": 2, "pp": 2, "dp": 2}
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.integers(1, 16), pp=st.integers(1, 16), dp=st.integers(1, 4096),
+       limit=st.sampled_from([1, 2, 4, 8]))
+def test_shrunk_mesh_fits_and_keeps_the_split_axes(tp: int, pp: int, dp: int, limit: int) -> None:
+    s = load(str(EXAMPLES / "ok/recompute-restores-rng.place"))
+    declared = {"tp": tp, "pp": pp, "dp": dp}
+    sizes = shrink_sizes(s, declared, limit)
+    assert math.prod(sizes.values()) <= limit
+    assert all(1 <= sizes[a] <= declared[a] for a in declared)
+    split = [a for a, n in declared.items() if n > 1]
+    if 2 ** len(split) <= limit:
+        assert all(sizes[a] > 1 for a in split), (declared, limit, sizes)
+    if math.prod(declared.values()) <= limit:
+        assert sizes == declared
 
 
 # ---- comparison and tolerance (no torch) --------------------------------------------------------
@@ -196,6 +328,48 @@ def test_differences_from_the_reference_use_the_tolerance() -> None:
     assert not within.diverges and beyond.diverges and broken.diverges
 
 
+def _report(declared: Verdict, replayed: Verdict, resized: bool, diverges: bool) -> Any:
+    from placeverify.replay.cli import Report, RunReport
+    from placeverify.replay.compare import Outcome
+
+    claim_sizes = {"dp": 16} if resized else {"dp": 8}
+    spec = RunSpec("step", "", "x.place", {"dp": 8}, 1, False, [], [])
+    plan = Plan(spec, Expectation(replayed), Claim(declared, claim_sizes, "file"),
+                resize_reason="too big" if resized else None)
+    outcome = Outcome(8, {"dp": 8}, {"params": 1.0 if diverges else 0.0}, {"params": 0.0}, 1e-12,
+                      {}, [], "gloo", 0.0, 1.0)
+    return Report(plan, RunReport(spec, Expectation(replayed), outcome), None, None, 0.0, "x")
+
+
+P, R, U = Verdict.PROVED, Verdict.REFUTED, Verdict.UNKNOWN
+
+
+@pytest.mark.parametrize(("declared", "replayed", "resized", "diverges", "verdict", "code"), [
+    # at the declared mesh: the run agrees with Z3 or it is a bug
+    (P, P, False, False, "confirmed", ExitCode.OK),
+    (R, R, False, True, "confirmed", ExitCode.OK),
+    (P, P, False, True, "not_confirmed", ExitCode.REFUTED),
+    (R, R, False, False, "not_confirmed", ExitCode.REFUTED),
+    (U, U, False, True, "unknown", ExitCode.UNKNOWN),
+    # shrunk, Z3 says the same there: the run stands for the declared mesh
+    (P, P, True, False, "confirmed", ExitCode.OK),
+    (R, R, True, True, "confirmed", ExitCode.OK),
+    # shrunk, Z3 says otherwise there: agreeing with the smaller mesh's verdict confirms nothing
+    (P, R, True, True, "unconfirmed", ExitCode.UNKNOWN),
+    (R, P, True, False, "unconfirmed", ExitCode.UNKNOWN),
+    (U, P, True, False, "unconfirmed", ExitCode.UNKNOWN),
+    # a disagreement with Z3 at the replayed mesh is a bug whatever the declared verdict
+    (P, R, True, False, "not_confirmed", ExitCode.REFUTED),
+    (P, U, True, True, "unknown", ExitCode.UNKNOWN),
+])
+def test_the_verdict_is_about_the_declared_mesh(declared: Verdict, replayed: Verdict,
+                                                resized: bool, diverges: bool, verdict: str,
+                                                code: ExitCode) -> None:
+    report = _report(declared, replayed, resized, diverges)
+    assert report.verdict == verdict
+    assert report.exit_code is code
+
+
 # ---- the rank grid and the random streams (torch, in this process) --------------------------------
 
 
@@ -231,6 +405,153 @@ def test_the_reference_draws_the_nonces_the_ranks_draw() -> None:
     assert drawn != reference_nonces(7, 2, 1, 4)
 
 
+@torch_test
+def test_the_mask_hash_is_exact_integer_arithmetic() -> None:
+    """``_mul32`` and ``_mix32`` against plain Python integers (lowbias32, C. Wellons)."""
+    import random
+
+    import torch
+
+    from placeverify.replay.data import _mix32, _mul32
+
+    def mix(h: int) -> int:
+        h ^= h >> 16
+        h = (h * 0x7FEB352D) % 2 ** 32
+        h ^= h >> 15
+        h = (h * 0x846CA68B) % 2 ** 32
+        return h ^ (h >> 16)
+
+    rng = random.Random(3)
+    xs = [0, 1, 2 ** 32 - 1, 2 ** 31] + [rng.randrange(2 ** 32) for _ in range(1000)]
+    t = torch.tensor(xs, dtype=torch.int64)
+    assert _mul32(t, 0x846CA68B).tolist() == [(x * 0x846CA68B) % 2 ** 32 for x in xs]
+    assert _mix32(t).tolist() == [mix(x) for x in xs]
+
+
+def _dropout(text: str) -> Any:
+    import torch
+
+    from placeverify.replay.data import Dropout
+    from placeverify.replay.layout import layout_of, model_config
+
+    strategy = load_text(text, "masks.place")
+    layout = layout_of(strategy)
+    config = model_config(strategy, layout, 3)
+    return Dropout(strategy, layout, config, torch.float64)
+
+
+MESH_3D = "tp = 2, cp = 2, dp = 2"
+PLACE_3D = "place megatron{sp} over tp\nplace context over cp\nplace ddp over dp"
+BODY_3D = "backward sum / tokens(dp * cp, step)\n all_reduce(sum) grads over dp * cp"
+SAMPLES = 3
+NONCE = 123456789
+
+
+def _local(dropout: Any, site: str, coords: dict[str, int]) -> Any:
+    c = dropout.config
+    tp = dropout.layout.tp_size
+    if site == "attn":
+        shape = (SAMPLES, c.heads // tp, c.chunk, c.seq)
+    else:
+        shape = (SAMPLES, c.chunk // tp if dropout.layout.sp else c.chunk, c.hidden)
+    return dropout.mask(site, 1, NONCE, coords, shape)
+
+
+def _slice(dropout: Any, site: str, coords: dict[str, int], unit: tuple[int, ...] | None = None,
+           tp: int | None = None, cp: int | None = None) -> Any:
+    """The part of the reference's mask that the rank at ``coords`` holds (Megatron layouts:
+    heads split by tp; positions by cp, then by tp under sequence parallelism)."""
+    c = dropout.config
+    t = coords["tp"] if tp is None else tp
+    k = coords["cp"] if cp is None else cp
+    ref = dropout.reference_mask(site, 1, NONCE, unit or (coords["dp"],), SAMPLES)
+    if site == "attn":
+        heads = c.heads // 2
+        return ref[:, t * heads:(t + 1) * heads, k * c.chunk:(k + 1) * c.chunk, :]
+    if dropout.layout.sp:
+        piece = c.chunk // 2
+        start = k * c.chunk + t * piece
+        return ref[:, start:start + piece, :]
+    return ref[:, k * c.chunk:(k + 1) * c.chunk, :]
+
+
+RANKS_3D = [{"tp": t, "cp": k, "dp": d} for t in range(2) for k in range(2) for d in range(2)]
+
+
+@torch_test
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("seeds", ["", "seed dropout(sharded) differ over dp * cp * tp\n"
+                                       " seed dropout(replicated) same over tp"])
+def test_a_correct_seed_policy_gives_every_rank_the_reference_masks(sp: bool, seeds: str) -> None:
+    import torch
+
+    dropout = _dropout(dropout_text(MESH_3D, PLACE_3D.format(sp="(sequence_parallel)" if sp
+                                                             else ""), BODY_3D, seeds))
+    for coords in RANKS_3D:
+        for site in ("attn", "hid_attn", "hid_mlp"):
+            local = _local(dropout, site, coords)
+            assert torch.equal(local, _slice(dropout, site, coords)), (site, coords)
+
+
+@torch_test
+def test_reference_masks_are_independent_draws() -> None:
+    import torch
+
+    dropout = _dropout(dropout_text(MESH_3D, PLACE_3D.format(sp=""), BODY_3D))
+    a = dropout.reference_mask("hid_mlp", 1, NONCE, (0,), SAMPLES)
+    b = dropout.reference_mask("hid_mlp", 1, NONCE, (1,), SAMPLES)
+    assert set(a.unique().tolist()) == {0.0, 2.0}  # keep with 1 - p = 1/2, scaled by 1/(1 - p)
+    assert not torch.equal(a, b)  # other samples
+    assert not torch.equal(a[0], a[1])  # other rows
+    assert not torch.equal(a[:, 0], a[:, 1])  # other positions
+    assert not torch.equal(a, dropout.reference_mask("hid_attn", 1, NONCE, (0,), SAMPLES))
+    assert not torch.equal(a, dropout.reference_mask("hid_mlp", 0, NONCE, (0,), SAMPLES))
+    assert not torch.equal(a, dropout.reference_mask("hid_mlp", 1, NONCE + 1, (0,), SAMPLES))
+    kept = float((a > 0).to(torch.float64).mean())
+    assert 0.4 < kept < 0.6, kept
+
+
+@torch_test
+@pytest.mark.parametrize(("seeds", "sp", "moved"), [
+    ("seed dropout(sharded) same over dp", False, "dp"),
+    ("seed dropout(sharded) same over cp", False, "cp"),
+    ("seed dropout(sharded) same over tp", True, "tp"),
+])
+def test_same_over_a_sharded_axis_reuses_another_ranks_masks(seeds: str, sp: bool,
+                                                              moved: str) -> None:
+    """Not folding in a coordinate is computing the offset of coordinate 0: the rank gets
+    exactly the masks of the elements that rank 0 along that axis holds."""
+    import torch
+
+    dropout = _dropout(dropout_text(MESH_3D, PLACE_3D.format(sp="(sequence_parallel)" if sp
+                                                             else ""), BODY_3D, seeds))
+    sites = ["hid_mlp"] if moved == "tp" else ["attn", "hid_attn", "hid_mlp"]
+    for coords in RANKS_3D:
+        for site in sites:
+            local = _local(dropout, site, coords)
+            borrowed = _slice(dropout, site, coords, unit=(0,) if moved == "dp" else None,
+                              cp=0 if moved == "cp" else None, tp=0 if moved == "tp" else None)
+            assert torch.equal(local, borrowed), (site, coords)
+            own = torch.equal(local, _slice(dropout, site, coords))
+            assert own == (coords[moved] == 0), (site, coords)
+
+
+@torch_test
+def test_differ_over_a_replicated_region_gives_the_copies_other_masks() -> None:
+    import torch
+
+    dropout = _dropout(dropout_text(MESH_3D, PLACE_3D.format(sp=""), BODY_3D,
+                                    "seed dropout(replicated) differ over tp"))
+    for coords in RANKS_3D:
+        other = {**coords, "tp": 1 - coords["tp"]}
+        for site in ("hid_attn", "hid_mlp"):
+            local = _local(dropout, site, coords)
+            assert not torch.equal(local, _slice(dropout, site, coords))
+            assert not torch.equal(local, _local(dropout, site, other))
+        # attention dropout is on this rank's heads: still the reference's
+        assert torch.equal(_local(dropout, "attn", coords), _slice(dropout, "attn", coords))
+
+
 # ---- real runs ---------------------------------------------------------------------------------------
 
 
@@ -252,7 +573,9 @@ def test_rank_dependent_order_diverges_bitwise_from_three_ranks(replay_pool: Any
     assert o.max_across_ranks > 0, "replicas summed in different orders must differ in some bit"
     assert o.max_vs_reference <= o.tolerance, "the sums agree as real numbers"
     two = _execute(plan_from_trace(doc, world=2, steps=2))
-    assert two.main.outcome.max_across_ranks == 0.0 and two.verdict == "confirmed"
+    assert two.main.outcome.max_across_ranks == 0.0 and two.main.agrees
+    # the run agrees with Z3 at dp = 2 (proved), which says nothing about the trace's dp = 3
+    assert two.verdict == "unconfirmed" and two.exit_code is ExitCode.UNKNOWN
 
 
 @torch_test
@@ -356,6 +679,42 @@ def test_a_missing_torch_is_a_backend_error(tmp_path: Path, monkeypatch: pytest.
     assert "torch is not installed" in capsys.readouterr().err
 
 
+DDP = ("dp = 2", "place ddp over dp",
+       "backward sum / tokens(dp, step)\n all_reduce(sum) grads over dp")
+SP = ("tp = 2", "place megatron(sequence_parallel) over tp",
+      "backward sum / tokens(step)\n all_reduce(sum) grads[norms] over tp")
+TP = ("tp = 2", "place megatron over tp", "backward sum / tokens(step)")
+CP = ("cp = 2", "place context over cp",
+      "backward sum / tokens(cp, step)\n all_reduce(sum) grads over cp")
+
+
+@torch_test
+@pytest.mark.parametrize(("split", "seeds", "diverges"), [
+    (DDP, "", False),
+    (DDP, "seed dropout(sharded) differ over dp", False),
+    (DDP, "seed dropout(sharded) same over dp", True),  # two samples, one mask
+    (SP, "", False),
+    (SP, "seed dropout(sharded) same over tp", True),  # two sequence chunks, one mask
+    (TP, "seed dropout(replicated) same over tp", False),
+    (TP, "seed dropout(replicated) differ over tp", True),  # one activation, two masks
+    (TP, "seed dropout(sharded) same over tp", True),  # two heads' blocks, one mask
+    (CP, "", False),
+    (CP, "seed dropout(sharded) same over cp", True),
+], ids=["ddp", "ddp-differ", "ddp-same", "sp", "sp-same", "tp-replicated-same",
+        "tp-replicated-differ", "tp-heads-same", "cp", "cp-same"])
+def test_a_wrong_dropout_seed_policy_diverges(replay_pool: Any, split: tuple[str, str, str],
+                                              seeds: str, diverges: bool) -> None:
+    plan = plan_from_strategy(load_text(dropout_text(*split, seeds), "seeds.place"))
+    assert plan.main.world == 2 and not plan.resized
+    o = _execute(plan).main.outcome
+    if diverges:
+        assert o.diverges and o.max_vs_reference > 1e-3, o
+    else:
+        # the masks are the reference's bit for bit: only rounding is left
+        assert not o.diverges and o.max_vs_reference < 1e-14, o
+        assert o.max_across_ranks == 0.0
+
+
 # ---- the command, through real processes ---------------------------------------------------------
 
 
@@ -403,6 +762,55 @@ def test_cli_check_replay() -> None:
     document = json.loads(as_json.stdout)
     assert document["verdicts"]["gradient_integrity"] == "refuted"
     assert document["replay"]["verdict"] == "confirmed"  # embedded in the check document
+
+
+@torch_test
+def test_cli_check_replay_does_not_stand_a_smaller_mesh_for_the_declared_one(
+        tmp_path: Path) -> None:
+    wrong = tmp_path / "constant.place"
+    wrong.write_text(CONSTANT_AT_4X4.format(factor="1 / 16"), encoding="utf-8")
+    text = run("check", "--replay", str(wrong))
+    assert text.returncode == ExitCode.UNKNOWN, text.stdout + text.stderr
+    out = " ".join(text.stdout.split())  # undo the console's line wrapping
+    assert "RESIZED: the declared mesh is dp = 4, cp = 4 (16 devices); replayed at" in out
+    assert "more than the 8 processes" in out
+    assert "Z3 at the declared mesh: proved" in out
+    assert "Z3 at the replayed mesh: refuted" in out
+    assert "NOT REPLAYABLE AT THE DECLARED MESH" in out
+    assert "unconfirmed in" in out and " confirmed in" not in out
+    as_json = run("check", "--replay", "--json", str(wrong))
+    assert as_json.returncode == ExitCode.UNKNOWN
+    document = json.loads(as_json.stdout)
+    assert document["verdicts"]["gradient_integrity"] == "proved"
+    replay = document["replay"]
+    assert replay["verdict"] == "unconfirmed"
+    assert replay["declared_mesh"] == {"dp": 4, "cp": 4} and replay["declared_world_size"] == 16
+    assert replay["declared_verdict"] == "proved" and replay["z3_verdict"] == "refuted"
+    assert replay["resized"] is True and "16 devices" in replay["resize_reason"]
+    assert replay["world_size"] == 8 and math.prod(replay["mesh"].values()) == 8
+    assert replay["replay"] == "diverges"  # the 1/16 is wrong at 8 devices, and it shows
+    right = tmp_path / "sized.place"
+    right.write_text(CONSTANT_AT_4X4.format(factor="1 / |dp * cp|"), encoding="utf-8")
+    done = run("check", "--replay", "--json", str(right))
+    assert done.returncode == ExitCode.OK, done.stdout + done.stderr
+    replay = json.loads(done.stdout)["replay"]
+    assert replay["resized"] is True and replay["verdict"] == "confirmed"
+    assert replay["z3_verdict"] == replay["declared_verdict"] == "proved"
+
+
+@torch_test
+def test_cli_check_replay_runs_a_small_file_at_its_declared_mesh(tmp_path: Path) -> None:
+    small = tmp_path / "dp2.place"
+    small.write_text(dropout_text(*DDP), encoding="utf-8")
+    text = run("check", "--replay", str(small))
+    assert text.returncode == ExitCode.OK, text.stdout + text.stderr
+    assert "RESIZED" not in text.stdout
+    assert "replay of" in text.stdout and "2 processes (dp = 2)" in text.stdout
+    done = run("check", "--replay", "--json", str(small))
+    replay = json.loads(done.stdout)["replay"]
+    assert replay["mesh"] == replay["declared_mesh"] == {"dp": 2}
+    assert replay["resized"] is False and replay["resize_reason"] is None
+    assert replay["verdict"] == "confirmed" and replay["world_size"] == 2
 
 
 def test_cli_rejects_a_bad_trace(tmp_path: Path) -> None:

@@ -1,14 +1,26 @@
 """``placeverify replay`` and ``placeverify check --replay``: run, compare, judge, report.
 
-A replay *confirms* the verifier when the real run agrees with Z3's verdict at the replayed mesh:
-a refuted strategy diverges (from the single-device reference beyond the tolerance, or between
-ranks that must hold identical copies), a proved one matches. A disagreement is a bug in
-placeverify — the verifier's or the replay's — and is reported loudly with both numbers. The
-control run (the fixed twin, or the canonical correct step of the same placement) must agree too.
+A replay is asked to confirm a *claim*: the verdict at the file's declared mesh (``check
+--replay``) or the refutation at the trace's mesh (``replay trace.json``). It runs on that mesh
+when it has at most 8 devices; otherwise, or with ``--world N``, on a resized mesh, where Z3 is
+asked again (:mod:`placeverify.replay.plan`). The real run *agrees* with Z3 at the replayed mesh
+when a refuted strategy diverges (from the single-device reference beyond the tolerance, or
+between ranks that must hold identical copies) and a proved one matches. The verdict, in order:
 
-Exit codes: 0 confirmed, 1 not confirmed (a verifier or replay bug), 3 Z3 said unknown at this
-mesh (the replay ran, but there is nothing to confirm), 5 the replay could not run (torch missing,
-a rank crashed, hung or failed, or a strategy the replay model cannot split); a bad trace raises
+- *error* (exit 5): the replay could not run (torch missing, a rank crashed, hung or failed, or a
+  strategy the replay model cannot split);
+- *not confirmed* (exit 1): the real run disagrees with Z3 at the replayed mesh, or the control
+  run (the fixed twin, or the canonical correct step of the same placement) does — a bug in
+  placeverify, the verifier's or the replay's, reported loudly with both numbers;
+- *unknown* (exit 3): Z3 said unknown at the replayed mesh, so there is nothing to confirm;
+- *unconfirmed* (exit 3): the mesh was resized and Z3's verdict at the replayed mesh is not the
+  claimed one (a constant right only at the declared size, a reduction order that needs three
+  ranks): the run agrees with Z3 there, which says nothing about the claimed mesh — not
+  replayable at the declared mesh;
+- *confirmed* (exit 0): Z3's verdict at the replayed mesh is the claimed verdict (the replayed
+  mesh is the claimed one, or a resized mesh where Z3 says the same) and the run agrees with it.
+
+So a smaller mesh's verdict never stands in for the declared one's. A bad trace raises
 :class:`placeverify.diagnostics.PlaceError` (exit 2 or 4, printed by the CLI).
 """
 
@@ -28,6 +40,7 @@ from placeverify.diagnostics import ExitCode
 from placeverify.replay.compare import Outcome, outcome
 from placeverify.replay.plan import (
     DEFAULT_STEPS,
+    MAX_DEFAULT_WORLD,
     Expectation,
     Plan,
     RunSpec,
@@ -77,12 +90,15 @@ class Report:
             return "not_confirmed"
         if self.main.agrees is None:
             return "unknown"
+        if not self.plan.same_verdict:
+            return "unconfirmed"
         return "confirmed"
 
     @property
     def exit_code(self) -> ExitCode:
         return {"error": ExitCode.BACKEND_ERROR, "not_confirmed": ExitCode.REFUTED,
-                "unknown": ExitCode.UNKNOWN, "confirmed": ExitCode.OK}[self.verdict]
+                "unknown": ExitCode.UNKNOWN, "unconfirmed": ExitCode.UNKNOWN,
+                "confirmed": ExitCode.OK}[self.verdict]
 
 
 # ---- running ---------------------------------------------------------------------------------------
@@ -141,9 +157,9 @@ def replay_trace(path: str, *, as_json: bool, steps: int, world: int | None, tim
 
 
 def replay_result(result: Any, *, as_json: bool, console: Console) -> ExitCode:
-    """``placeverify check --replay``: replay the refutation's trace, or a proved file's own step
-    as a control (it must match). With ``--json`` the replay document goes to stderr, so that
-    stdout stays the check document."""
+    """``placeverify check --replay``: replay the file's step at its declared mesh (or a smaller
+    one, see the module doc), judged against the check's verdict there. With ``--json`` the
+    replay document goes to stderr, so that stdout stays the check document."""
     from placeverify.replay.layout import Unsupported
 
     verification = result.verification
@@ -154,11 +170,7 @@ def replay_result(result: Any, *, as_json: bool, console: Console) -> ExitCode:
     try:
         _check_backend()
         pool().prestart()
-        if verification.trace is not None:
-            doc = json.loads(json.dumps(verification.trace))
-            plan = plan_from_trace(doc, world=None, steps=DEFAULT_STEPS)
-        else:
-            plan = plan_from_strategy(result.strategy, steps=DEFAULT_STEPS)
+        plan = plan_from_strategy(result.strategy, steps=DEFAULT_STEPS, known=verification)
         _validate(plan)
     except (ReplayFailure, Unsupported, ValueError) as error:
         return _fail(error, path, as_json, out, console)
@@ -174,11 +186,7 @@ def replay_document(result: Any, *, timeout: float = 120.0) -> tuple[ExitCode, d
     try:
         _check_backend()
         pool().prestart()
-        if verification is not None and verification.trace is not None:
-            plan = plan_from_trace(json.loads(json.dumps(verification.trace)), world=None,
-                                   steps=DEFAULT_STEPS)
-        else:
-            plan = plan_from_strategy(result.strategy, steps=DEFAULT_STEPS)
+        plan = plan_from_strategy(result.strategy, steps=DEFAULT_STEPS, known=verification)
         _validate(plan)
     except (ReplayFailure, Unsupported, ValueError) as error:
         failure = error if isinstance(error, ReplayFailure) else ReplayFailure(
@@ -274,6 +282,12 @@ def document(report: Report) -> dict[str, Any]:
         "line": plan.expect.line,
         "world_size": plan.main.world,
         "mesh": plan.main.sizes,
+        "declared_verdict": plan.claim.verdict.value,
+        "declared_mesh": plan.claim.sizes,
+        "declared_mesh_origin": plan.claim.origin,
+        "declared_world_size": math.prod(plan.claim.sizes.values()),
+        "resized": plan.resized,
+        "resize_reason": plan.resize_reason,
         "microbatches": plan.main.microbatches,
         "steps": plan.main.steps,
         "dtype": plan.main.dtype,
@@ -322,10 +336,15 @@ def render(report: Report, console: Console) -> None:
     plan = report.plan
     spec = plan.main
     world = spec.world
+    claim = plan.claim
     console.print(f"replay of {report.source}: {world} process{'es' if world != 1 else ''} "
                   f"({_mesh(spec.sizes)}), {spec.microbatches} micro-batch"
                   f"{'es' if spec.microbatches != 1 else ''}, {spec.steps} step"
                   f"{'s' if spec.steps != 1 else ''}, {spec.dtype}", markup=False)
+    if plan.resized:
+        console.print(f"  RESIZED: the {claim.mesh_name} is {_mesh(claim.sizes)} "
+                      f"({math.prod(claim.sizes.values())} devices); replayed at "
+                      f"{_mesh(spec.sizes)} because {plan.resize_reason}", markup=False)
     for note in plan.notes:
         console.print(f"  note: {note}", markup=False)
     expect = plan.expect
@@ -333,7 +352,11 @@ def render(report: Report, console: Console) -> None:
     if expect.condition:
         where = f" ({expect.condition.replace('_', ' ')}" + (f", line {expect.line}" if expect.line
                                                             else "") + ")"
-    console.print(f"  Z3 at this mesh: {expect.verdict.value}{where}", markup=False)
+    if plan.resized:
+        console.print(f"  Z3 at the {claim.mesh_name}: {claim.verdict.value}", markup=False)
+        console.print(f"  Z3 at the replayed mesh: {expect.verdict.value}{where}", markup=False)
+    else:
+        console.print(f"  Z3 at this mesh: {expect.verdict.value}{where}", markup=False)
     if report.error is not None:
         console.print(f"  error: {report.error.message}", markup=False)
         if report.error.detail and os.environ.get("PLACEVERIFY_DEBUG"):
@@ -346,22 +369,36 @@ def render(report: Report, console: Console) -> None:
     if main.outcome.skipped:
         console.print(f"  skipped steps (dynamic loss scaling, overflow injected on rank 0): "
                       f"{main.outcome.skipped}", markup=False)
-    _judge(main, "the replay", console)
+    _judge(main, "the replay", console, plan.resized)
     if report.control is not None:
         control = report.control
         console.print(f"  control ({plan.control_origin}, Z3: {control.expect.verdict.value}): "
                       f"{control.replay}: {_numbers(control.outcome)}", markup=False)
-        _judge(control, "the control", console)
+        _judge(control, "the control", console, plan.resized)
+    if report.verdict == "unconfirmed":
+        headline = (f"NOT REPLAYABLE AT THE {claim.mesh_name.upper()}"
+                    if math.prod(claim.sizes.values()) > MAX_DEFAULT_WORLD
+                    else f"UNCONFIRMED FOR THE {claim.mesh_name.upper()}")
+        console.print(
+            f"  {headline}: Z3 says {claim.verdict.value} at {_mesh(claim.sizes)} but "
+            f"{expect.verdict.value} at the replayed {_mesh(spec.sizes)}; the run agrees with Z3 "
+            f"there, which confirms nothing about the {claim.mesh_name} (the step is right at "
+            "some sizes and wrong at others)", markup=False)
+    elif report.verdict == "confirmed" and plan.resized:
+        console.print(f"  Z3 says {claim.verdict.value} at both meshes: the run on the replayed "
+                      f"mesh stands for the {claim.mesh_name}", markup=False)
     console.print(f"  {report.verdict.replace('_', ' ')} in {report.seconds:.1f} s", markup=False)
 
 
-def _judge(run: RunReport, what: str, console: Console) -> None:
+def _judge(run: RunReport, what: str, console: Console, resized: bool) -> None:
+    at = " at the replayed mesh" if resized else ""
     if run.agrees is None:
         console.print(f"  {what}: Z3 said unknown at this mesh, so there is nothing to confirm",
                       markup=False)
     elif run.agrees:
         said = "refuted" if run.expect.verdict is Verdict.REFUTED else "proved"
-        console.print(f"  {what} agrees with Z3 ({said}; the real run {run.replay})", markup=False)
+        console.print(f"  {what} agrees with Z3{at} ({said}; the real run {run.replay})",
+                      markup=False)
     else:
         o = run.outcome
         console.print(

@@ -14,17 +14,33 @@ over the atom's labelled positions, or under ``loss sample_mean`` the sum of per
 a sample's loss being the mean of its per-position losses over the whole sequence (so a context
 rank's share of it is its positions' sum divided by the full sequence length).
 
-**Dropout.** A mask is a function of (layer nonce, site, layer, the coordinates folded in): a rank
-draws it from a private generator, never from the global stream. The *layer nonce* is the only
-value drawn from the global RNG (``torch.randint`` after ``torch.manual_seed(layer seed)``, outside
-any recomputation), so ``torch.utils.checkpoint(preserve_rng_state=False)`` recomputes a layer
-with a different nonce and different masks (OLMo-core#828), and ``preserve_rng_state=True`` with
-the same. Along each mesh axis a site is in a *replicated* region (all ranks hold the same
-activations: hidden dropout over a tensor axis without sequence parallelism) or a *sharded* one
-(attention heads over a tensor axis, and every batch axis). The step's ``seed dropout(region)
-same|differ over axes`` statements say whether the axis coordinate is folded into the seed (differ)
-or not (same); without a statement a sharded region differs and a replicated region is the same —
-Megatron-LM's ``model_parallel_cuda_manual_seed`` split into a default and a tracker stream.
+**Dropout: one independent draw per element of the single-device model.** The reference is the
+paper's single-device semantics: every element of every dropout site draws its own mask, a pure
+function of its *global identity* — (layer nonce, site, layer, the sample's coordinates on the
+sample axes and its row in its atom, global head, global position, key position or hidden index)
+— through a counter-based hash (:func:`uniform`), so the reference computes exactly the mask each
+element must get, whatever the mesh. The *layer nonce* is the only value drawn from the global RNG
+(``torch.randint`` after ``torch.manual_seed(layer seed)``, outside any recomputation; the layer
+seed mixes step, micro-batch and layer), so ``torch.utils.checkpoint(preserve_rng_state=False)``
+recomputes a layer with a different nonce and different masks (OLMo-core#828), and
+``preserve_rng_state=True`` with the same.
+
+A rank does not know global identities: it hashes a *stream key* — the coordinates its seed
+policy folds in — with the *local* index of each element, exactly as a rank seeding its own
+generator does. Along each mesh axis a site is *sharded* (the ranks hold different elements:
+samples along data and expert axes, positions along context axes and along a tensor axis under
+sequence parallelism, heads of attention dropout along a tensor axis) or *replicated* (the ranks
+hold copies: hidden dropout along a tensor axis without sequence parallelism). The step's ``seed
+dropout(region) same|differ over axes`` statements say whether the axis coordinate is folded in
+(differ) or not (same); without a statement a sharded region differs and a replicated region is
+the same — Megatron-LM's ``model_parallel_cuda_manual_seed`` split into a default and a tracker
+stream. Folding in the coordinate of a sharded axis is knowing which global element a local index
+is (the local index plus the rank's offset along the axis), so with the correct policy a rank's
+key *is* the global identity and its masks equal the reference's bit for bit. A wrong policy
+shows: ``same`` over a sharded axis makes every rank compute the offset of coordinate 0, so it
+reuses the masks of another rank's samples, positions or heads; ``differ`` over a replicated axis
+adds the coordinate to the key (the global identity has none), so the copies draw different masks.
+Pipeline axes are neither: a layer lives on one stage, and the layer is part of the identity.
 """
 
 from __future__ import annotations
@@ -103,24 +119,80 @@ def reference_nonces(seed: int, step: int, k: int, layer: int) -> tuple[int, int
     return draw_nonce(g), draw_nonce(g)
 
 
+M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2^32`` for ``0 <= x < 2^32`` in int64, without overflowing int64."""
+    lo = x * (c & 0xFFFF)
+    hi = ((x * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & M32
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit finaliser (C. Wellons' ``lowbias32``), elementwise and exact."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x7FEB352D)
+    h = h ^ (h >> 15)
+    h = _mul32(h, 0x846CA68B)
+    return h ^ (h >> 16)
+
+
+def uniform(key: int, fields: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Uniform numbers in [0, 1) on 24 bits, one per element of the broadcast ``fields`` (int64
+    index tensors, each below 2^32), a pure function of ``key`` and the element's field values:
+    the same on every rank, device and run."""
+    h = _mix32(torch.tensor(key & M32, dtype=torch.int64))
+    h = _mix32(h ^ ((key >> 32) & M32))
+    for f in fields:
+        h = _mix32(h ^ f)
+    return (h >> 8).to(dtype) * 2.0 ** -24
+
+
+@dataclass(frozen=True, slots=True)
+class SiteAxes:
+    """How the mesh axes split one dropout site's activations (see the module doc)."""
+
+    samples: tuple[str, ...]  # axes whose ranks hold different samples
+    heads: tuple[str, ...]  # axes whose ranks hold different heads (attention dropout)
+    positions: tuple[str, ...]  # axes whose ranks hold different positions, outermost first
+    replicated: tuple[str, ...]  # axes whose ranks hold copies of the same activations
+
+
 class Dropout:
-    """Mask factory for every dropout site, following the step's seed statements."""
+    """Mask factory for every dropout site: the ranks' masks follow the step's seed statements,
+    the reference's follow the elements' global identity (see the module doc)."""
 
     def __init__(self, strategy: Strategy, layout: Layout, config: ModelConfig,
                  dtype: torch.dtype) -> None:
         self.p = config.dropout
         self.dtype = dtype
+        self.layout = layout
+        self.config = config
         self.names = layout.names
+        self.sites: dict[str, SiteAxes] = {}
         self.fold: dict[str, tuple[str, ...]] = {}
         roles = {pl.axis: pl.role for pl in strategy.placements}
         for site in SITES:
+            samples = layout.samples
+            heads: tuple[str, ...] = ()
+            positions: tuple[str, ...] = (layout.cp,) if layout.cp else ()
+            replicated: tuple[str, ...] = ()
+            if layout.tp is not None:
+                if site == "attn":
+                    heads = (layout.tp,)
+                elif layout.sp:
+                    positions = (*positions, layout.tp)
+                else:
+                    replicated = (layout.tp,)
+            self.sites[site] = SiteAxes(samples, heads, positions, replicated)
             folded = []
             for axis in layout.names:
                 role = roles[axis]
                 if role is Role.PIPELINE:
-                    continue  # a layer lives on one stage: its nonce already tells stages apart
+                    continue  # a layer lives on one stage: the layer tells stages apart
                 region = Region.SHARDED
-                if role is Role.TENSOR and site != "attn" and not layout.sp:
+                if role is Role.TENSOR and axis in replicated:
                     region = Region.REPLICATED
                 differ = region is Region.SHARDED
                 for s in strategy.step.seeds:
@@ -134,9 +206,53 @@ class Dropout:
     def active(self) -> bool:
         return self.p > 0
 
+    def _keep(self, site: str, layer: int, nonce: int, sample: tuple[int, ...],
+              salt: tuple[int, ...], fields: list[torch.Tensor]) -> torch.Tensor:
+        key = mix(nonce, SITES[site], layer, len(sample), *sample, len(salt), *salt)
+        keep = uniform(key, fields, self.dtype) >= self.p
+        return keep.to(self.dtype) / (1 - self.p)
+
     def mask(self, site: str, layer: int, nonce: int, coords: dict[str, int],
              shape: tuple[int, ...]) -> torch.Tensor:
-        folded = [v for a in self.fold[site] for v in (self.names.index(a), coords.get(a, 0))]
-        g = torch.Generator().manual_seed(mix(nonce, SITES[site], layer, *folded))
-        keep = torch.rand(shape, generator=g, dtype=self.dtype) >= self.p
-        return keep.to(self.dtype) / (1 - self.p)
+        """A rank's mask: its local elements, keyed by the coordinates its policy folds in."""
+        axes = self.sites[site]
+        fold = self.fold[site]
+
+        def seen(axis: str) -> int:  # the coordinate the rank's stream knows (0 when not folded)
+            return coords.get(axis, 0) if axis in fold else 0
+
+        def offset(split: tuple[str, ...], local: int) -> int:
+            total, stride = 0, local
+            for axis in reversed(split):
+                total += seen(axis) * stride
+                stride *= self.layout.size(axis)
+            return total
+
+        sample = tuple(seen(a) for a in axes.samples)
+        salt = tuple(v for a in axes.replicated if a in fold and self.layout.size(a) > 1
+                     for v in (self.names.index(a), coords.get(a, 0)))
+        rows = _index(shape, 0, 0)
+        if site == "attn":
+            fields = [rows, _index(shape, 1, offset(axes.heads, shape[1])),
+                      _index(shape, 2, offset(axes.positions, shape[2])), _index(shape, 3, 0)]
+        else:
+            fields = [rows, _index(shape, 1, offset(axes.positions, shape[1])),
+                      _index(shape, 2, 0)]
+        return self._keep(site, layer, nonce, sample, salt, fields)
+
+    def reference_mask(self, site: str, layer: int, nonce: int, unit: tuple[int, ...],
+                       samples: int) -> torch.Tensor:
+        """The single-device model's mask for the ``samples`` sequences of one micro-batch unit
+        (coordinates ``unit`` on the sample axes): every element from its global identity."""
+        c = self.config
+        shape = ((samples, c.heads, c.seq, c.seq) if site == "attn"
+                 else (samples, c.seq, c.hidden))
+        return self._keep(site, layer, nonce, unit, (),
+                          [_index(shape, d, 0) for d in range(len(shape))])
+
+
+def _index(shape: tuple[int, ...], dim: int, start: int) -> torch.Tensor:
+    """Indices ``start + i`` along ``dim``, shaped to broadcast against ``shape``."""
+    view = [1] * len(shape)
+    view[dim] = shape[dim]
+    return (torch.arange(shape[dim], dtype=torch.int64) + start).view(view)

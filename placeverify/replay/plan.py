@@ -5,11 +5,20 @@ the whole input of one distributed run, as plain JSON: the worker processes rece
 string and rebuild the strategy by lowering the ``.place`` text again (nothing is unpickled or
 evaluated).
 
-A replay at another world size than the trace's keeps the counterexample's axes
-(:func:`choose_sizes`), re-targets the strategy with :func:`placeverify.api.resize`, asks Z3 for
-its verdict *at that mesh* (a rank-dependent reduction order, for example, can only differ
-bitwise with three or more ranks) and, when Z3 refutes gradient integrity, picks token counts
-that the exact interpreter (:func:`placeverify.semantics.interpreter.run`) shows diverging.
+**Which mesh.** A replay confirms a *claimed verdict about one mesh*: for ``check --replay`` the
+verdict at the file's declared mesh, for ``replay trace.json`` the refutation at the trace's mesh
+(the smallest mesh Z3 found). It runs on that mesh whenever it has at most
+:data:`MAX_DEFAULT_WORLD` devices. A larger mesh, or ``--world N``, is *resized*
+(:func:`shrink_sizes`, :func:`choose_sizes`): the strategy is re-targeted with
+:func:`placeverify.api.resize`, Z3 is asked for its verdict *at the replayed mesh* (a constant
+such as ``scale grads by 1 / 4`` can be right at dp = 4 and wrong at dp = 2; a rank-dependent
+reduction order only differs bitwise with three or more ranks) and, when Z3 refutes gradient
+integrity there, token counts are picked that the exact interpreter
+(:func:`placeverify.semantics.interpreter.run`) shows diverging. The plan records the claimed
+mesh and verdict, the replayed mesh and why it differs; :mod:`placeverify.replay.cli` calls the
+result *confirmed* only when Z3's verdict at the replayed mesh is the claimed verdict and the real
+run agrees with it, and *unconfirmed* when the replayed mesh's verdict is another one: a run on
+a smaller mesh says nothing about the declared one then.
 """
 
 from __future__ import annotations
@@ -31,7 +40,6 @@ DEFAULT_STEPS = 3
 DEFAULT_SEED = 1234
 MAX_DEFAULT_WORLD = 8  # a trace or file on a larger mesh is replayed on a smaller one
 MAX_MICROBATCHES = 4  # a proved file's pipeline micro-batches beyond this are not replayed
-CONTROL_WORLD = 4  # `check --replay` of a proved file on a large mesh replays it on this many
 
 AtomCounts = list[tuple[tuple[int, ...], int, int]]  # (batch coordinates, micro-batch, count)
 
@@ -94,13 +102,37 @@ class Expectation:
 
 
 @dataclass(frozen=True, slots=True)
+class Claim:
+    """The verdict a replay is asked to confirm, and the mesh it is about."""
+
+    verdict: Verdict
+    sizes: dict[str, int]
+    origin: str  # "file" (check --replay: the declared mesh) or "trace" (the trace's mesh)
+
+    @property
+    def mesh_name(self) -> str:
+        return "declared mesh" if self.origin == "file" else "trace's mesh"
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     main: RunSpec
-    expect: Expectation
+    expect: Expectation  # Z3 at the replayed mesh
+    claim: Claim
     control: RunSpec | None = None
     control_expect: Expectation | None = None
     control_origin: str | None = None  # the fixed twin's path, or "canonical step"
+    resize_reason: str | None = None  # why the replayed mesh is not the claim's
     notes: tuple[str, ...] = field(default=())
+
+    @property
+    def resized(self) -> bool:
+        return self.main.sizes != self.claim.sizes
+
+    @property
+    def same_verdict(self) -> bool:
+        """Is Z3's verdict at the replayed mesh the verdict the replay is to confirm?"""
+        return self.expect.verdict is self.claim.verdict
 
 
 # ---- strategies ----------------------------------------------------------------------------------
@@ -175,6 +207,47 @@ def choose_sizes(strategy: Strategy, keep: dict[str, int], world: int) -> dict[s
             best, chosen = score, sizes
     assert chosen is not None  # world itself on the first axis always factorises
     return chosen
+
+
+def shrink_sizes(strategy: Strategy, declared: dict[str, int], limit: int) -> dict[str, int]:
+    """The mesh to replay when the declared one has more than ``limit`` devices.
+
+    Every axis at most its declared size and the product at most ``limit``; prefer (in order):
+    every declared split axis still split, the most devices, more non-data axes split, sizes
+    closest to the declared ones (log scale), larger leading axes.
+    """
+    names = list(strategy.mesh.names)
+    roles = {p.axis: p.role for p in strategy.placements}
+    best: tuple[Any, ...] | None = None
+    chosen: dict[str, int] | None = None
+    for combo in itertools.product(*(range(1, min(declared[a], limit) + 1) for a in names)):
+        world = math.prod(combo)
+        if world > limit:
+            continue
+        sizes = dict(zip(names, combo, strict=True))
+        dropped = sum(1 for a in names if declared[a] > 1 and sizes[a] == 1)
+        split_other = sum(1 for a in names if sizes[a] > 1 and roles.get(a) is not Role.DATA)
+        distance = sum(math.log(declared[a]) - math.log(sizes[a]) for a in names)
+        score = (dropped, -world, -split_other, round(distance, 9), tuple(-n for n in combo))
+        if best is None or score < best:
+            best, chosen = score, sizes
+    assert chosen is not None  # all ones always fits
+    return chosen
+
+
+def _replayed_sizes(strategy: Strategy, claimed: dict[str, int], world: int | None,
+                    what: str) -> tuple[dict[str, int], str | None]:
+    """The mesh to run and, when it is not ``claimed``, why."""
+    total = math.prod(claimed.values())
+    if world is not None:
+        if world == total:
+            return claimed, None
+        return choose_sizes(strategy, claimed, world), f"--world {world} asked for {world} processes"
+    if total <= MAX_DEFAULT_WORLD:
+        return claimed, None
+    return (shrink_sizes(strategy, claimed, MAX_DEFAULT_WORLD),
+            f"the {what} has {total} devices, more than the {MAX_DEFAULT_WORLD} processes a replay "
+            "runs on one machine")
 
 
 # ---- counts --------------------------------------------------------------------------------------
@@ -284,7 +357,8 @@ def _trace_sizes(doc: dict[str, Any], strategy: Strategy) -> dict[str, int]:
 
 def plan_from_trace(doc: dict[str, Any], *, world: int | None, steps: int,
                     timeout_ms: int = 10_000) -> Plan:
-    """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`)."""
+    """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`) on the
+    trace's mesh, or on ``world`` processes."""
     from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
     from placeverify.ir.lower import load_text
 
@@ -297,12 +371,7 @@ def plan_from_trace(doc: dict[str, Any], *, world: int | None, steps: int,
                          Source(path, ""))
     keep = _trace_sizes(doc, strategy)
     notes: list[str] = []
-    target = world if world is not None else math.prod(keep.values())
-    if world is None and target > MAX_DEFAULT_WORLD:
-        target = CONTROL_WORLD
-        notes.append(f"the trace's mesh has {math.prod(keep.values())} devices; replaying on "
-                     f"{target} (use --world to choose)")
-    sizes = keep if math.prod(keep.values()) == target else choose_sizes(strategy, keep, target)
+    sizes, reason = _replayed_sizes(strategy, keep, world, "trace's mesh")
     m = int(doc["microbatches"])
     spec_base = RunSpec("trace", doc["source"], path, sizes, m, False, [], [], steps)
     resized = strategy_of(spec_base)
@@ -316,21 +385,22 @@ def plan_from_trace(doc: dict[str, Any], *, world: int | None, steps: int,
     else:
         tokens, samples = counts
     main = replace(spec_base, tokens=tokens, samples=samples)
-    control, control_expect, origin = _control(doc, strategy, main, timeout_ms)
-    if sizes != keep:
-        notes.append("mesh resized from the trace's " + _mesh_text(keep) + " to " +
-                     _mesh_text(sizes))
-    return Plan(main, expect, control, control_expect, origin, tuple(notes))
+    control, control_expect, origin = _control(path, main, timeout_ms)
+    return Plan(main, expect, Claim(Verdict.REFUTED, keep, "trace"), control, control_expect,
+                origin, reason, tuple(notes))
 
 
 def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
                        steps: int = DEFAULT_STEPS, timeout_ms: int = 10_000,
-                       label: str = "step") -> Plan:
-    """Replay a strategy's own step (a proved file's control run, or the differential tests)."""
+                       label: str = "step", known: Verification | None = None) -> Plan:
+    """Replay a strategy's own step at its declared mesh (or a smaller one, see the module doc).
+
+    ``known`` is the verification ``check`` already has at the declared mesh: it is the claim,
+    and, when the declared mesh is replayed, Z3's verdict there (it is not asked again). A
+    refuted strategy gets a control run: its fixed twin, or the canonical step.
+    """
     declared = {a.name: a.size for a in strategy.mesh.axes}
-    total = math.prod(declared.values())
-    target = world if world is not None else (total if total <= CONTROL_WORLD else CONTROL_WORLD)
-    sizes = declared if total == target else choose_sizes(strategy, declared, target)
+    sizes, reason = _replayed_sizes(strategy, declared, world, "declared mesh")
     m = strategy.step.microbatches
     notes: list[str] = []
     if m > MAX_MICROBATCHES and not any(lo.microbatch is not None for lo in strategy.step.loop):
@@ -340,18 +410,38 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
     base = RunSpec(label, strategy.source.text, strategy.source.path, sizes, m, False, [], [],
                    steps)
     resized = strategy_of(base)
-    expect = verify(resized, timeout_ms)
-    tokens, samples, _ = pick_counts(resized, sizes, m, expect.needs_counts)
-    if sizes != declared:
-        notes.append(f"mesh resized from {_mesh_text(declared)} to {_mesh_text(sizes)}")
-    return Plan(replace(base, tokens=tokens, samples=samples), expect, notes=tuple(notes))
+    if sizes == declared:
+        expect = expectation(known) if known is not None else verify(resized, timeout_ms)
+        claimed = expect.verdict
+    else:
+        expect = verify(resized, timeout_ms)
+        claimed = (known.overall() if known is not None
+                   else verify(strategy, timeout_ms).verdict)
+    counts = None
+    if known is not None and known.trace is not None and sizes == declared:
+        doc = json.loads(json.dumps(known.trace))
+        if _trace_sizes(doc, strategy) == sizes and int(doc["microbatches"]) == m:
+            counts = trace_counts(doc, resized, sizes, m)
+    if counts is None:
+        tokens, samples, found = pick_counts(resized, sizes, m, expect.needs_counts)
+        if not found:
+            notes.append("no token counts were found that the exact interpreter shows diverging "
+                          "at this mesh")
+    else:
+        tokens, samples = counts
+    main = replace(base, tokens=tokens, samples=samples)
+    control = control_expect = origin = None
+    if claimed is Verdict.REFUTED:
+        control, control_expect, origin = _control(strategy.source.path, main, timeout_ms)
+    return Plan(main, expect, Claim(claimed, declared, "file"), control, control_expect, origin,
+                reason, tuple(notes))
 
 
-def _control(doc: dict[str, Any], strategy: Strategy, main: RunSpec,
+def _control(path: str, main: RunSpec,
              timeout_ms: int) -> tuple[RunSpec | None, Expectation | None, str | None]:
     """The fixed twin (examples/ok/<name>-fixed.place beside examples/bugs/<name>.place) on the
     same mesh, else the canonical correct step of the same placement."""
-    twin = _twin_path(str(doc.get("file") or ""))
+    twin = _twin_path(path if path != "<trace>" else "")
     if twin is not None:
         try:
             from placeverify.ir.lower import load_text
@@ -376,6 +466,3 @@ def _twin_path(file: str) -> Path | None:
     twin = p.parent.parent / "ok" / f"{p.stem}-fixed.place"
     return twin if twin.is_file() else None
 
-
-def _mesh_text(sizes: dict[str, int]) -> str:
-    return ", ".join(f"{a} = {n}" for a, n in sizes.items())

@@ -11,9 +11,11 @@ context and expert coordinates, all micro-batches). Its loss is the one the stra
   coordinate) of each unit's token mean;
 - ``sum``: the plain sum.
 
-Dropout uses the masks the ranks are meant to use (:mod:`placeverify.replay.data`): there is no
-other meaning of "the same run on one device" with dropout. The optimizer, the clipping and the
-skipped step of dynamic loss scaling are those of the ranks.
+Dropout draws one independent mask per element from the element's global identity (sample,
+position, head, hidden index, layer, site; :mod:`placeverify.replay.data`), never from the ranks'
+seed policy: a rank that seeds its dropout wrongly (the same stream for different samples or
+positions, different streams for copies of one activation) gets other masks and diverges. The
+optimizer, the clipping and the skipped step of dynamic loss scaling are those of the ranks.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fractions import Fraction
 import torch
 
 from placeverify.ir.strategy import LossKind, Strategy
-from placeverify.replay.data import Dropout, make_atom, reference_nonces
+from placeverify.replay.data import SITES, Dropout, make_atom, reference_nonces
 from placeverify.replay.layout import Layout, ModelConfig, ParamSpec
 from placeverify.replay.model import ReferenceMasks, init_params, reference_losses
 
@@ -131,45 +133,22 @@ def global_batch(setup: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor,
 
 def reference_masks(setup: Setup, step: int,
                     rows: list[tuple[tuple[int, ...], int, int]]) -> ReferenceMasks:
-    """Assemble each site's mask for the whole batch from the pieces the ranks draw."""
-    layout, config, dropout = setup.layout, setup.config, setup.dropout
+    """Each site's mask for the whole batch, every element from its global identity
+    (:class:`placeverify.replay.data.Dropout`): what every element must get, whatever the ranks'
+    seed policy says."""
+    config, dropout = setup.config, setup.dropout
     if not dropout.active or not config.transformer:
         return ReferenceMasks({})
-    t = layout.tp_size
     masks: dict[tuple[str, int], torch.Tensor] = {}
     for i in range(config.layers):
-        attn, hid_attn, hid_mlp = [], [], []
+        drawn: dict[str, list[torch.Tensor]] = {site: [] for site in SITES}
         for unit, k, samples in rows:
             n_hid, n_attn = reference_nonces(setup.seed, step, k, i)
-            coords = dict(zip(layout.samples, unit, strict=True))
-            attn_c, ha_c, hm_c = [], [], []
-            for c in range(layout.cp_size):
-                if layout.cp is not None:
-                    coords[layout.cp] = c
-                heads = []
-                for j in range(t):
-                    if layout.tp is not None:
-                        coords[layout.tp] = j
-                    heads.append(dropout.mask("attn", i, n_attn, coords,
-                                              (samples, config.heads // t, config.chunk,
-                                               config.seq)))
-                attn_c.append(torch.cat(heads, dim=1))
-                pieces = t if layout.sp else 1
-                ha, hm = [], []
-                for j in range(pieces):
-                    if layout.tp is not None:
-                        coords[layout.tp] = j
-                    shape = (samples, config.chunk // pieces, config.hidden)
-                    ha.append(dropout.mask("hid_attn", i, n_hid, coords, shape))
-                    hm.append(dropout.mask("hid_mlp", i, n_hid, coords, shape))
-                ha_c.append(torch.cat(ha, dim=1))
-                hm_c.append(torch.cat(hm, dim=1))
-            attn.append(torch.cat(attn_c, dim=2))
-            hid_attn.append(torch.cat(ha_c, dim=1))
-            hid_mlp.append(torch.cat(hm_c, dim=1))
-        masks[("attn", i)] = torch.cat(attn)
-        masks[("hid_attn", i)] = torch.cat(hid_attn)
-        masks[("hid_mlp", i)] = torch.cat(hid_mlp)
+            for site in SITES:
+                nonce = n_attn if site == "attn" else n_hid
+                drawn[site].append(dropout.reference_mask(site, i, nonce, unit, samples))
+        for site, parts in drawn.items():
+            masks[(site, i)] = torch.cat(parts)
     return ReferenceMasks(masks)
 
 
