@@ -53,6 +53,7 @@ from placeverify.ir.placement import Role
 from placeverify.ir.step import Region
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.replay.layout import Layout, ModelConfig
+from placeverify.semantics import rng
 
 MASK64 = (1 << 64) - 1
 NONCE_LIMIT = 1 << 62
@@ -188,19 +189,24 @@ class Dropout:
             self.sites[site] = SiteAxes(samples, heads, positions, replicated)
             folded = []
             for axis in layout.names:
-                role = roles[axis]
-                if role is Role.PIPELINE:
-                    continue  # a layer lives on one stage: the layer tells stages apart
-                region = Region.SHARDED
-                if role is Role.TENSOR and axis in replicated:
-                    region = Region.REPLICATED
-                differ = region is Region.SHARDED
-                for s in strategy.step.seeds:
-                    if s.region is region and axis in s.group.axes:
-                        differ = not s.same
+                if roles[axis] is Role.PIPELINE:
+                    continue  # stages are told apart by the layer (stream_layer)
+                region = Region.REPLICATED if axis in replicated else Region.SHARDED
+                differ, _ = rng.declared(strategy, axis, region)
                 if differ:
                     folded.append(axis)
             self.fold[site] = tuple(folded)
+        # Along a pipeline axis stages hold different layers; a seed shared by the stages
+        # ('same over pp') makes stage s's j-th layer draw what stage 0's j-th layer draws.
+        self.stages_differ = layout.pp is None or rng.declared(strategy, layout.pp,
+                                                               Region.SHARDED)[0]
+
+    def stream_layer(self, layer: int, coords: dict[str, int]) -> int:
+        """The layer index a rank's random stream is keyed by: the global layer, or with one
+        seed shared by all pipeline stages, the layer's index within its stage."""
+        if self.stages_differ or self.layout.pp is None:
+            return layer
+        return layer - coords.get(self.layout.pp, 0) * (self.config.layers // self.layout.pp_size)
 
     @property
     def active(self) -> bool:

@@ -187,7 +187,8 @@ class StageModel:
         return comm.scatter_along(y, self.tp, 1) if self.layout.sp else comm.reduce_from_region(y, self.tp)
 
     def mask(self, site: str, layer: int, nonce: int, shape: tuple[int, ...]) -> torch.Tensor:
-        return self.dropout.mask(site, layer, nonce, self.coords, shape).to(self._device())
+        return self.dropout.mask(site, self.dropout.stream_layer(layer, self.coords), nonce,
+                                 self.coords, shape).to(self._device())
 
     def _device(self) -> torch.device:
         return next(iter(self.p.values())).device

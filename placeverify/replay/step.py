@@ -303,7 +303,7 @@ class RankRun:
         def seed_layer(i: int) -> None:
             from placeverify.replay.data import layer_seed
 
-            torch.manual_seed(layer_seed(s.seed, t, k, i))
+            torch.manual_seed(layer_seed(s.seed, t, k, model.dropout.stream_layer(i, self.coords)))
 
         h = model.layers(x, seed_layer)
         if model.last:
