@@ -42,7 +42,10 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "clip-per-group": ({"gradient_integrity"}, "clip"),
     # the rank that skips leaves its tp-replicated norms behind the ranks that step
     "overflow-after-update": ({"gradient_integrity", "state_consistency"}, "overflow"),
-    "distributed-optimizer-wrong-group": ({"gradient_integrity"}, "shard-mismatch"),
+    # the update reads a dp * cp shard: unreduced elements (integrity), and a gradient sharded
+    # where zero1 places it replicated (the placement and the step disagree: composition)
+    "distributed-optimizer-wrong-group": ({"gradient_integrity", "composition_safety"},
+                                          "shard-mismatch"),
     "dropout-seed-data-parallel": ({"gradient_integrity"}, "rng"),
     "dropout-seed-sequence-parallel": ({"gradient_integrity"}, "rng"),
 }
