@@ -59,11 +59,11 @@ from placeverify.ir.strategy import Strategy  # noqa: E402
 SCHEMA = "placeverify.soundness/1"
 VERDICTS = ("proved", "refuted", "unknown")
 DEFAULT_LIMIT = 1500  # mutants checked in the full run (a stratified sample when more are made)
-DEFAULT_REPLAYS = 300  # at least this many replays: the differing mutants, then a sample
+DEFAULT_REPLAYS = 300  # replays beyond the differing mutants: a sample of the others
 DEFAULT_WORLD = 4
 DEFAULT_TIMEOUT = 60.0  # seconds per mutant check
 QUERY_TIMEOUT_MS = 10_000  # per solver query, as `placeverify check`
-REPLAY_TIMEOUT = 120.0  # seconds per replay run
+REPLAY_TIMEOUT = 30.0  # seconds per replay run (a correct one takes a few; a mismatch hangs)
 REPLAY_STEPS = 3
 
 
@@ -747,6 +747,18 @@ def change_clip(body: StepBody, ctx: Context) -> Iterator[StepBody]:
 
 
 @operator
+def insert_clip(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A clip before the update, of the norm summed over one axis, all of them or none (steps
+    without one)."""
+    if any(is_clip(s) for _, s in body.statements()):
+        return
+    for group in [*ctx.axes, *(["world"] if len(ctx.axes) > 1 else []), None]:
+        result = before_update(body, Call("clip", ("max_norm = 1",), "grads", group).text())
+        if result is not None:
+            yield result
+
+
+@operator
 def flip_seed(body: StepBody, ctx: Context) -> Iterator[StepBody]:
     """A dropout seed ``same`` for ``differ`` (and back), or for the other activation region."""
     def variants(statement: str) -> Iterator[str | None]:
@@ -776,6 +788,18 @@ def insert_seed(body: StepBody, ctx: Context) -> Iterator[StepBody]:
 def move_overflow(body: StepBody, ctx: Context) -> Iterator[StepBody]:
     """The overflow flag's all-reduce before the reductions, in the loop, or after the update."""
     yield from relocations(body, is_overflow)
+
+
+@operator
+def insert_overflow(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The overflow flag's all-reduce (max) over one axis or the world, before the update
+    (steps without one)."""
+    if any(is_overflow(s) for _, s in body.statements()):
+        return
+    for group in [*ctx.axes, *(["world"] if len(ctx.axes) > 1 else [])]:
+        result = before_update(body, f"all_reduce(max) overflow over {group}")
+        if result is not None:
+            yield result
 
 
 @operator
@@ -1066,7 +1090,7 @@ class CheckPool:
 # ---- replaying ----------------------------------------------------------------------------------
 
 
-def replay(mutant: Mutant, world: int) -> dict[str, Any]:
+def replay(mutant: Mutant, world: int, timeout: float = REPLAY_TIMEOUT) -> dict[str, Any]:
     """Run the mutant on ``world`` real processes: its counterexample when refuted, else its own
     step; Z3 is asked again at the replayed mesh. No control run."""
     from placeverify.replay.cli import execute
@@ -1088,7 +1112,7 @@ def replay(mutant: Mutant, world: int) -> dict[str, Any]:
         return {"result": "unsupported", "message": str(error).splitlines()[0]}
     except Exception:
         return {"result": "internal_error", "traceback": traceback.format_exc()}
-    report = execute(plan, timeout=REPLAY_TIMEOUT, source=mutant.path)
+    report = execute(plan, timeout=timeout, source=mutant.path)
     record: dict[str, Any] = {"mesh": plan.main.sizes, "microbatches": plan.main.microbatches,
                               "z3": plan.expect.verdict.value,
                               "z3_refuted": _refutation(plan.expect.condition, plan.expect.kind,
@@ -1123,18 +1147,15 @@ def _finite(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)
 
 
-def choose_replays(mutants: Sequence[Mutant], bases: dict[Base, Mutant], budget: int,
+def choose_replays(mutants: Sequence[Mutant], bases: dict[Base, Mutant], others: int,
                    rng: random.Random) -> list[Mutant]:
-    """Every mutant whose verdict differs from its base's, then a sample of the others,
-    round-robin over (base file, verdict), up to ``budget`` replays in all."""
+    """Every mutant whose verdict differs from its base's, and ``others`` of the rest: a sample
+    stratified by base file, then verdict."""
     checked = [m for m in mutants if m.verdict in VERDICTS]
     differing = [m for m in checked if m.verdict != bases[m.base].verdict]
     same = [m for m in checked if m.verdict == bases[m.base].verdict]
-    rest = sample(same, max(0, budget - len(differing)), lambda m: (m.base.path, m.verdict), rng)
+    rest = sample(same, others, lambda m: (m.base.path, m.verdict), rng)
     return sorted([*differing, *rest], key=lambda m: m.id)
-
-
-# ---- the run ------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -1242,22 +1263,22 @@ def check_all(result: Run, *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT,
 
 
 def replay_all(result: Run, *, replays: int = DEFAULT_REPLAYS, world: int = DEFAULT_WORLD,
-               seed: int = 0, say: Callable[[str], None] = lambda _: None) -> None:
-    """Replay every mutant whose verdict differs from its base's, and a sample of the others up
-    to ``replays`` in all."""
+               seed: int = 0, timeout: float = REPLAY_TIMEOUT,
+               say: Callable[[str], None] = lambda _: None) -> None:
+    """Replay every mutant whose verdict differs from its base's, and ``replays`` of the others."""
     chosen = choose_replays(result.mutants, {b.base: b for b in result.bases}, replays,
                             random.Random(seed))
     started = time.perf_counter()
     for i, m in enumerate(chosen, 1):
-        m.replay = replay(m, world)
+        m.replay = replay(m, world, timeout)
         if i % 25 == 0 or i == len(chosen):
             say(f"replayed {i} of {len(chosen)} in {time.perf_counter() - started:.0f} s")
 
 
 def run(files: Sequence[Path], *, seed: int = 0, limit: int | None = DEFAULT_LIMIT,
         replays: int = DEFAULT_REPLAYS, world: int = DEFAULT_WORLD, jobs: int = 2,
-        timeout: float = DEFAULT_TIMEOUT, operators: Sequence[str] | None = None,
-        say: Callable[[str], None] = lambda _: None) -> Run:
+        timeout: float = DEFAULT_TIMEOUT, replay_timeout: float = REPLAY_TIMEOUT,
+        operators: Sequence[str] | None = None, say: Callable[[str], None] = lambda _: None) -> Run:
     """Generate, check and replay (``replays = 0``: check only)."""
     result = generate(files, seed=seed, limit=limit, operators=operators)
     say(f"{len(result.bases)} bases from {len(files)} files; {result.generated} distinct mutants, "
@@ -1272,11 +1293,16 @@ def run(files: Sequence[Path], *, seed: int = 0, limit: int | None = DEFAULT_LIM
             replays = 0
     check_all(result, jobs=jobs, timeout=timeout, say=say)
     if replays > 0:
-        replay_all(result, replays=replays, world=world, seed=seed, say=say)
+        replay_all(result, replays=replays, world=world, seed=seed, timeout=replay_timeout,
+                   say=say)
     return result
 
 
 # ---- the report ---------------------------------------------------------------------------------
+
+
+def _g(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, float | int) else str(x)
 
 
 def _mesh(sizes: dict[str, int]) -> str:
@@ -1341,9 +1367,9 @@ def print_report(result: Run, out: Any = None) -> None:
             say(f"  #{m.id} {r['result'].replace('_', '-')}: {m.base.label}, {m.operator}")
             say(f"      verdict: base {bases[m.base].verdict}, mutant {m.verdict}"
                 + (f" ({why})" if why else ""))
-            say(f"      replay at {_mesh(r.get('mesh', {}))}, {r.get('microbatches')} micro-batches: "
-                f"{at_mesh}; the run {r.get('run')} (vs reference {r.get('vs_reference')}, "
-                f"across ranks {r.get('across_ranks')}, tolerance {r.get('tolerance', 0):.3g})")
+            say(f"      replay at {_mesh(r.get('mesh', {}))}, micro-batches {r.get('microbatches')}: "
+                f"{at_mesh}; the run {r.get('run')} (vs reference {_g(r.get('vs_reference'))}, "
+                f"across ranks {_g(r.get('across_ranks'))}, tolerance {_g(r.get('tolerance'))})")
             for line in m.diff():
                 say(f"        {line}")
     errors: dict[str, list[Mutant]] = defaultdict(list)
@@ -1412,13 +1438,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"check at most this many mutants, a sample stratified by operator and "
                         f"file (default {DEFAULT_LIMIT}; 0: all)")
     parser.add_argument("--replays", type=int, default=DEFAULT_REPLAYS,
-                        help="replay every mutant whose verdict differs from its base's, and "
-                        f"others up to this many in all (default {DEFAULT_REPLAYS}; 0: none)")
+                        help="replay every mutant whose verdict differs from its base's, and a sample "
+                        f"of this many others (default {DEFAULT_REPLAYS}; 0: no replays at all)")
     parser.add_argument("--world", type=int, default=DEFAULT_WORLD,
                         help=f"processes per replay (default {DEFAULT_WORLD})")
     parser.add_argument("--jobs", type=int, default=2, help="check processes (default 2)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds per mutant check (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--replay-timeout", type=float, default=REPLAY_TIMEOUT,
+                        help=f"seconds per replay before its ranks are stopped (default "
+                        f"{REPLAY_TIMEOUT:g})")
     parser.add_argument("--operators", help="comma-separated operator names (default: all)")
     parser.add_argument("--json", dest="json_out", type=Path, help="write every record here")
     args = parser.parse_args(argv)
@@ -1431,7 +1460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"{', '.join(OPERATORS)}")
     files = [p.resolve() for p in args.files] or example_files()
     result = run(files, seed=args.seed, limit=args.limit_mutants or None, replays=args.replays,
-                 world=args.world, jobs=args.jobs, timeout=args.timeout, operators=operators,
+                 world=args.world, jobs=args.jobs, timeout=args.timeout,
+                 replay_timeout=args.replay_timeout, operators=operators,
                  say=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json_out is not None:
         options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()

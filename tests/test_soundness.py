@@ -78,6 +78,18 @@ step {
     seed dropout(replicated) same over tp
 }
 """
+PLAIN = """\
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }
+precision mixed_adam
+mesh { dp = 2, cp = 2 }
+place ddp over dp
+place context over cp
+step {
+    backward sum / tokens(dp, cp, step)
+    all_reduce(sum) grads over dp * cp
+    update params
+}
+"""
 
 
 def _harness() -> ModuleType:
@@ -92,10 +104,10 @@ def _harness() -> ModuleType:
 soundness = _harness()
 
 
-def _rich_base() -> Any:
-    strategy = load_text(RICH)
+def _base(text: str = RICH) -> Any:
+    strategy = load_text(text)
     body = soundness.StepBody.parse(step_text(strategy))
-    return soundness.Base("<rich>", "written", replace_step(RICH, None), body,
+    return soundness.Base("<text>", "written", replace_step(text, None), body,
                           soundness.Context.of(strategy))
 
 
@@ -130,11 +142,11 @@ def test_a_rendered_step_parses_back_to_the_same_text(path: Path) -> None:
 
 @pytest.mark.parametrize("name", list(soundness.OPERATORS))
 def test_every_operator_makes_a_mutant_that_lowers(name: str) -> None:
-    base = _rich_base()
+    made = [(base, body) for base in (_base(RICH), _base(PLAIN))
+            for body in soundness.OPERATORS[name](base.body, base.context)]
+    assert made, f"{name} made no mutant of a step with every construct, nor of a plain one"
     lowered = 0
-    made = list(soundness.OPERATORS[name](base.body, base.context))
-    assert made, f"{name} made no mutant of a step that has every construct"
-    for body in made:
+    for base, body in made:
         assert body != base.body
         try:
             load_text(base.text(body))
@@ -144,8 +156,8 @@ def test_every_operator_makes_a_mutant_that_lowers(name: str) -> None:
     assert lowered, f"every mutant {name} made was rejected"
 
 
-def _diffs(name: str) -> list[list[str]]:
-    base = _rich_base()
+def _diffs(name: str, text: str = RICH) -> list[list[str]]:
+    base = _base(text)
     return [soundness.Mutant(0, base, name, body).diff()
             for body in soundness.OPERATORS[name](base.body, base.context)]
 
@@ -170,6 +182,8 @@ def test_operators_edit_what_they_say() -> None:
     assert ["- all_gather params over dp",
             "+ broadcast(from = owner) params over dp"] in _diffs("change_param_gather")
     assert ["- all_reduce(max) overflow over tp * pp * dp"] in _diffs("delete_statement")
+    assert ["+ all_reduce(max) overflow over cp"] in _diffs("insert_overflow", PLAIN)
+    assert ["+ clip(max_norm = 1) grads over world"] in _diffs("insert_clip", PLAIN)
 
 
 def test_the_sample_keeps_every_stratum_and_depends_only_on_the_seed() -> None:
