@@ -1,0 +1,1476 @@
+"""Mutation-based soundness harness: mutate every example's step, verify, replay on torch.
+
+For every bundled example (``examples/**/*.place``) the harness takes up to two *bases*: the step
+as written (when the file has a ``step`` block) and the canonical step placeverify derives from
+the placement, written out explicitly (:func:`placeverify.ir.render.step_text`). It applies small
+named mutation operators to each base's step text (delete, duplicate, swap and move statements,
+move them into and out of the micro-batch loop and ``on microbatch last``, change reduce ops,
+groups, targets, scales, the loss, the clip, the RNG seeds, the overflow reduction, the parameter
+gather, ...), checks every mutant that still lowers with placeverify's Python API under a
+per-mutant time limit, and replays on real ``torch.distributed`` processes every mutant whose
+verdict differs from its base's, plus a sample of the rest stratified by base file and verdict.
+
+A replay re-asks Z3 at the replayed mesh and runs the step: *proved-but-diverges* (Z3 proved it
+at that mesh but the real run diverges) is a soundness bug of the verifier or of the replay;
+*refuted-but-matches* (the replay's ``not_confirmed`` for a refutation) a false alarm or a replay
+that cannot see the difference. Mutants that no longer parse or lower are *rejected* and not
+counted; an exception other than placeverify's diagnostics is an *internal error*.
+
+    .venv/bin/python benchmarks/soundness.py                          # the full run
+    .venv/bin/python benchmarks/soundness.py --limit-mutants 300 --replays 30 --json out.json
+    .venv/bin/python benchmarks/soundness.py examples/ok/hsdp.place --replays 0
+
+The last line printed is always (one line)::
+
+    soundness: N mutants, P proved, R refuted, U unknown;
+    proved-but-diverges X, refuted-but-matches Y, internal errors Z
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import multiprocessing as mp
+import random
+import re
+import sys
+import time
+import traceback
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from placeverify.diagnostics import PlaceError  # noqa: E402
+from placeverify.ir.lower import load_text  # noqa: E402
+from placeverify.ir.placement import Role  # noqa: E402
+from placeverify.ir.relations import batch_axes  # noqa: E402
+from placeverify.ir.render import replace_step, step_text  # noqa: E402
+from placeverify.ir.strategy import Strategy  # noqa: E402
+
+SCHEMA = "placeverify.soundness/1"
+VERDICTS = ("proved", "refuted", "unknown")
+DEFAULT_LIMIT = 1500  # mutants checked in the full run (a stratified sample when more are made)
+DEFAULT_REPLAYS = 300  # replays beyond the differing mutants: a sample of the others
+DEFAULT_WORLD = 4
+DEFAULT_TIMEOUT = 60.0  # seconds per mutant check
+QUERY_TIMEOUT_MS = 10_000  # per solver query, as `placeverify check`
+REPLAY_TIMEOUT = 30.0  # seconds per replay run (a correct one takes a few; a mismatch hangs)
+REPLAY_STEPS = 3
+
+
+# ---- the step as text -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """``each microbatch { ... }`` or ``on microbatch last { ... }``: a header and its statements."""
+
+    header: str
+    body: tuple[str, ...]
+
+
+Item = str | Block
+Loc = tuple[int | None, int]  # (the top-level index of a block, or None for the top level; index)
+
+
+@dataclass(frozen=True, slots=True)
+class StepBody:
+    """A step block's statements, one per line, as :func:`step_text` writes them."""
+
+    items: tuple[Item, ...]
+
+    @staticmethod
+    def parse(text: str) -> StepBody:
+        lines = [line.strip() for line in text.strip().splitlines()]
+        if lines[:1] != ["step {"] or lines[-1:] != ["}"]:
+            raise ValueError(f"not a rendered step block: {text!r}")
+        items: list[Item] = []
+        block: tuple[str, list[str]] | None = None
+        for line in lines[1:-1]:
+            if line.endswith("{"):
+                block = (line[:-1].strip(), [])
+            elif line == "}":
+                assert block is not None, "unbalanced braces in a rendered step"
+                items.append(Block(block[0], tuple(block[1])))
+                block = None
+            elif block is not None:
+                block[1].append(line)
+            else:
+                items.append(line)
+        return StepBody(tuple(items))
+
+    def text(self) -> str:
+        lines = ["step {"]
+        for item in self.items:
+            if isinstance(item, Block):
+                lines += [f"    {item.header} {{", *(f"        {s}" for s in item.body), "    }"]
+            else:
+                lines.append(f"    {item}")
+        return "\n".join([*lines, "}"]) + "\n"
+
+    def flat(self) -> list[str]:
+        """One line per statement, prefixed by its block: what a diff between steps shows."""
+        return [f"{self.items[b].header}: {s}" if b is not None else s  # type: ignore[union-attr]
+                for (b, _), s in self.statements()]
+
+    def statements(self) -> Iterator[tuple[Loc, str]]:
+        for i, item in enumerate(self.items):
+            if isinstance(item, Block):
+                for j, statement in enumerate(item.body):
+                    yield (i, j), statement
+            else:
+                yield (None, i), item
+
+    def container(self, block: int | None) -> tuple[Item, ...]:
+        if block is None:
+            return self.items
+        item = self.items[block]
+        assert isinstance(item, Block)
+        return item.body
+
+    def with_container(self, block: int | None, items: Sequence[Item]) -> StepBody:
+        """The body with one container's items replaced (a block left empty is dropped)."""
+        if block is None:
+            return StepBody(tuple(items))
+        header = self.items[block].header  # type: ignore[union-attr]
+        top = list(self.items)
+        if items:
+            assert all(isinstance(s, str) for s in items), "blocks do not nest"
+            top[block] = Block(header, tuple(items))  # type: ignore[arg-type]
+        else:
+            del top[block]
+        return StepBody(tuple(top))
+
+    def at(self, loc: Loc) -> Item:
+        return self.container(loc[0])[loc[1]]
+
+    def removed(self, loc: Loc) -> StepBody:
+        items = list(self.container(loc[0]))
+        del items[loc[1]]
+        return self.with_container(loc[0], items)
+
+    def inserted(self, loc: Loc, item: Item) -> StepBody:
+        items = list(self.container(loc[0]))
+        items.insert(loc[1], item)
+        return self.with_container(loc[0], items)
+
+    def replaced(self, loc: Loc, item: Item) -> StepBody:
+        items = list(self.container(loc[0]))
+        items[loc[1]] = item
+        return self.with_container(loc[0], items)
+
+    def block(self, header: str) -> int | None:
+        return next((i for i, item in enumerate(self.items)
+                     if isinstance(item, Block) and item.header == header), None)
+
+    def loop_end(self) -> int:
+        """The top-level index just after the last micro-batch block."""
+        blocks = [i for i, item in enumerate(self.items) if isinstance(item, Block)]
+        return blocks[-1] + 1 if blocks else 1
+
+    def top_index(self, predicate: Callable[[str], bool]) -> int | None:
+        return next((i for i, item in enumerate(self.items)
+                     if isinstance(item, str) and predicate(item)), None)
+
+
+# ---- statements -------------------------------------------------------------------------------
+
+CALL = re.compile(r"^(?P<name>[a-z_]+)(?:\((?P<options>[^)]*)\))? (?P<target>[a-z_]+(?:\[[^\]]*\])?)"
+                  r"(?: over (?P<group>.+))?$")
+SEED = re.compile(r"^seed dropout\((?P<region>[a-z_]+)\) (?P<policy>same|differ) over (?P<group>.+)$")
+SCALE = re.compile(r"^scale (?P<target>\S+) by (?P<expr>.+)$")
+BACKWARD = re.compile(r"^backward (?P<expr>.+)$")
+COUNT = re.compile(r"\b(?P<kind>tokens|samples)(?:\((?P<args>[^)]*)\))?")
+REDUCE_OPS = ("sum", "mean", "max")
+REDUCTIONS = ("all_reduce", "reduce_scatter")
+EACH = "each microbatch"
+LAST = "on microbatch last"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A statement ``name(options) target over group``: collectives, clip, update, free."""
+
+    name: str
+    options: tuple[str, ...]
+    target: str
+    group: str | None
+
+    @staticmethod
+    def parse(text: str) -> Call | None:
+        match = CALL.match(text)
+        if match is None or text.startswith(("seed ", "scale ", "backward ")):
+            return None
+        options = tuple(o.strip() for o in (match["options"] or "").split(",") if o.strip())
+        return Call(match["name"], options, match["target"], match["group"])
+
+    def text(self) -> str:
+        call = f"{self.name}({', '.join(self.options)})" if self.options else self.name
+        over = f" over {self.group}" if self.group else ""
+        return f"{call} {self.target}{over}"
+
+    @property
+    def reduce_op(self) -> str | None:
+        return next((o for o in self.options if o in REDUCE_OPS), None)
+
+    def reduces_grads(self) -> bool:
+        return self.name in REDUCTIONS and self.target.startswith("grads")
+
+
+def is_fixed(statement: str) -> bool:
+    """The backward, the update and the micro-batch count: every step has exactly one."""
+    return statement.startswith(("backward ", "microbatches")) or statement == "update params"
+
+
+def reduces_grads(statement: str) -> bool:
+    call = Call.parse(statement)
+    return call is not None and call.reduces_grads()
+
+
+def group_of(statement: str) -> str | None:
+    call = Call.parse(statement)
+    if call is not None:
+        return call.group
+    seed = SEED.match(statement)
+    return seed["group"] if seed else None
+
+
+def with_group(statement: str, group: str | None) -> str | None:
+    """The statement over another group (None: without ``over``, where that is allowed)."""
+    call = Call.parse(statement)
+    if call is not None:
+        return replace(call, group=group).text()
+    seed = SEED.match(statement)
+    if seed is None or group is None:
+        return None
+    return f"seed dropout({seed['region']}) {seed['policy']} over {group}"
+
+
+def group_terms(group: str) -> list[str]:
+    return [t.strip() for t in group.split("*")]
+
+
+def term_axis(term: str) -> str:
+    return term[5:-1] if term.startswith("ends(") else term
+
+
+def target_name(target: str) -> tuple[str, list[str]]:
+    """``grads[dense, norms]`` -> ("grads", ["dense", "norms"])."""
+    if "[" not in target:
+        return target, []
+    name, selectors = target[:-1].split("[", 1)
+    return name, [s.strip() for s in selectors.split(",")]
+
+
+def with_selectors(name: str, selectors: Sequence[str]) -> str:
+    return f"{name}[{', '.join(selectors)}]" if selectors else name
+
+
+def expr_factors(expr: str) -> list[str]:
+    """``sum / tokens(dp, step) * |cp|`` -> ["sum", "/ tokens(dp, step)", "* |cp|"]."""
+    parts = re.split(r" ([*/]) ", expr)
+    return [parts[0], *(f"{op} {factor}" for op, factor in zip(parts[1::2], parts[2::2], strict=True))]
+
+
+# ---- what a base's operators may use ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the mutation operators may use about a base's strategy."""
+
+    axes: tuple[str, ...]
+    batch_axes: tuple[str, ...]
+    pipeline_axes: tuple[str, ...]
+    param_groups: tuple[str, ...]
+    dropout: bool
+
+    @staticmethod
+    def of(strategy: Strategy) -> Context:
+        arch = strategy.model.arch
+        return Context(strategy.mesh.names, batch_axes(strategy), strategy.axes(Role.PIPELINE),
+                       tuple(g.value for g in strategy.model.groups_present()),
+                       arch is not None and bool(arch.dropout))
+
+
+# ---- mutation operators -------------------------------------------------------------------------
+
+Operator = Callable[[StepBody, Context], Iterator[StepBody]]
+OPERATORS: dict[str, Operator] = {}
+
+
+def operator(function: Operator) -> Operator:
+    OPERATORS[function.__name__] = function
+    return function
+
+
+Placer = Callable[[StepBody, str], StepBody | None]
+
+
+def moved(body: StepBody, loc: Loc, place: Placer) -> StepBody | None:
+    """The statement at ``loc`` placed elsewhere; None when it cannot go there or stays put."""
+    statement = body.at(loc)
+    assert isinstance(statement, str)
+    result = place(body.removed(loc), statement)
+    return None if result == body else result
+
+
+def into_block(header: str) -> Placer:
+    """At the end of the block; ``on microbatch last`` is made after the loop when missing."""
+
+    def place(body: StepBody, statement: str) -> StepBody | None:
+        index = body.block(header)
+        if index is not None:
+            return body.inserted((index, len(body.container(index))), statement)
+        if header != LAST:
+            return None
+        return body.inserted((None, body.loop_end()), Block(LAST, (statement,)))
+
+    return place
+
+
+def after_loop(body: StepBody, statement: str) -> StepBody:
+    return body.inserted((None, body.loop_end()), statement)
+
+
+def before_update(body: StepBody, statement: str) -> StepBody | None:
+    index = body.top_index(lambda s: s == "update params")
+    return None if index is None else body.inserted((None, index), statement)
+
+
+def after_update(body: StepBody, statement: str) -> StepBody | None:
+    index = body.top_index(lambda s: s == "update params")
+    return None if index is None else body.inserted((None, index + 1), statement)
+
+
+def before_reductions(body: StepBody, statement: str) -> StepBody | None:
+    """Just after the loop, before the first gradient reduction that follows it."""
+    index = body.top_index(reduces_grads)
+    return None if index is None else body.inserted((None, index), statement)
+
+
+def edited(body: StepBody, select: Callable[[str], bool],
+           variants: Callable[[str], Iterator[str | None]]) -> Iterator[StepBody]:
+    """Each selected statement replaced by each of its variants."""
+    for loc, statement in body.statements():
+        if select(statement):
+            for variant in variants(statement):
+                if variant is not None and variant != statement:
+                    yield body.replaced(loc, variant)
+
+
+def movable(statement: str) -> bool:
+    return not is_fixed(statement) and not statement.startswith("seed ")
+
+
+@operator
+def delete_statement(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Delete one statement (not the backward, the update or the micro-batch count)."""
+    for loc, statement in body.statements():
+        if not is_fixed(statement):
+            yield body.removed(loc)
+
+
+@operator
+def duplicate_statement(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Run a statement twice in a row."""
+    for (block, index), statement in body.statements():
+        if not is_fixed(statement):
+            yield body.inserted((block, index + 1), statement)
+
+
+@operator
+def swap_neighbours(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Swap two neighbouring statements of one block (or a statement and a loop block)."""
+    containers: list[int | None] = [None, *(i for i, item in enumerate(body.items)
+                                            if isinstance(item, Block))]
+    for block in containers:
+        items = list(body.container(block))
+        for i in range(len(items) - 1):
+            a, b = items[i], items[i + 1]
+            if a == b or any(isinstance(x, str) and x.startswith("microbatches") for x in (a, b)):
+                continue
+            yield body.with_container(block, [*items[:i], b, a, *items[i + 2:]])
+
+
+@operator
+def move_statement(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Move a statement to the start or the end of its block (the update too)."""
+    for (block, index), statement in body.statements():
+        if statement.startswith(("microbatches", "seed ")):
+            continue
+        size = len(body.container(block))
+        first = 1 if block is None else 0  # after the micro-batch count
+        for target in (first, size - 1):
+            if target not in (index, index - 1, index + 1):
+                rest = body.removed((block, index))
+                if len(rest.container(block)) == size - 1:  # the block survived the removal
+                    yield rest.inserted((block, target), statement)
+
+
+@operator
+def into_loop(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Run a statement after (or before) the loop in every micro-batch instead."""
+    for (block, index), statement in body.statements():
+        if block is None and movable(statement):
+            result = moved(body, (None, index), into_block(EACH))
+            if result is not None:
+                yield result
+
+
+@operator
+def out_of_loop(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Run a statement of ``each microbatch`` once, after the loop."""
+    each = body.block(EACH)
+    for (block, index), statement in body.statements():
+        if block is not None and block == each and movable(statement):
+            result = moved(body, (block, index), after_loop)
+            if result is not None:
+                yield result
+
+
+@operator
+def into_last_microbatch(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Run a statement in ``on microbatch last`` instead (from the loop or after it)."""
+    last = body.block(LAST)
+    for (block, index), statement in body.statements():
+        if movable(statement) and (block is None or block != last):
+            result = moved(body, (block, index), into_block(LAST))
+            if result is not None:
+                yield result
+
+
+@operator
+def out_of_last_microbatch(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Run a statement of an ``on microbatch`` block in every micro-batch, or after the loop."""
+    for (block, index), _ in body.statements():
+        if block is not None and body.items[block].header.startswith("on microbatch"):  # type: ignore[union-attr]
+            for place in (into_block(EACH), after_loop):
+                result = moved(body, (block, index), place)
+                if result is not None:
+                    yield result
+
+
+@operator
+def change_reduce_op(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """sum / mean / max in a gradient reduction."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None and call.reduce_op is not None
+        for op in REDUCE_OPS:
+            yield replace(call, options=tuple(op if o == call.reduce_op else o
+                                              for o in call.options)).text()
+
+    yield from edited(body, lambda s: reduces_grads(s) and Call.parse(s).reduce_op is not None,  # type: ignore[union-attr]
+                      variants)
+
+
+def grouped(statement: str) -> bool:
+    return group_of(statement) is not None
+
+
+@operator
+def change_group(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A collective, clip or seed over another single axis, or over the whole world."""
+    def variants(statement: str) -> Iterator[str | None]:
+        for axis in ctx.axes:
+            yield with_group(statement, axis)
+        if len(ctx.axes) > 1:
+            yield with_group(statement, "world")
+
+    yield from edited(body, grouped, variants)
+
+
+@operator
+def add_group_axis(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """One more axis in a statement's group."""
+    def variants(statement: str) -> Iterator[str | None]:
+        group = group_of(statement)
+        assert group is not None
+        present = {term_axis(t) for t in group_terms(group)}
+        for axis in ctx.axes:
+            if axis not in present and group != "world":
+                yield with_group(statement, f"{group} * {axis}")
+
+    yield from edited(body, grouped, variants)
+
+
+@operator
+def remove_group_axis(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """One axis fewer in a statement's group (``world`` spelled out first)."""
+    def variants(statement: str) -> Iterator[str | None]:
+        group = group_of(statement)
+        assert group is not None
+        terms = list(ctx.axes) if group == "world" else group_terms(group)
+        if len(terms) > 1:
+            for i in range(len(terms)):
+                yield with_group(statement, " * ".join(terms[:i] + terms[i + 1:]))
+
+    yield from edited(body, grouped, variants)
+
+
+@operator
+def toggle_ends(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """``ends(pp)`` for ``pp`` and back, in any statement's group."""
+    def variants(statement: str) -> Iterator[str | None]:
+        group = group_of(statement)
+        assert group is not None
+        terms = group_terms(group)
+        for i, term in enumerate(terms):
+            if term.startswith("ends("):
+                flipped = term_axis(term)
+            elif term in ctx.pipeline_axes:
+                flipped = f"ends({term})"
+            else:
+                continue
+            yield with_group(statement, " * ".join([*terms[:i], flipped, *terms[i + 1:]]))
+
+    yield from edited(body, grouped, variants)
+
+
+@operator
+def change_selector(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """``grads`` for ``grads[embedding]`` and back, one parameter group fewer or another one."""
+    def selector_variants(target: str) -> Iterator[str]:
+        name, selectors = target_name(target)
+        if selectors:
+            yield name
+            for s in selectors:
+                if len(selectors) > 1:
+                    yield with_selectors(name, [x for x in selectors if x != s])
+        for group in ctx.param_groups:
+            if group not in selectors and len(ctx.param_groups) > 1:
+                yield with_selectors(name, [group] if not selectors else sorted([*selectors, group]))
+
+    def variants(statement: str) -> Iterator[str | None]:
+        scale = SCALE.match(statement)
+        if scale:
+            for target in selector_variants(scale["target"]):
+                yield f"scale {target} by {scale['expr']}"
+            return
+        call = Call.parse(statement)
+        assert call is not None
+        for target in selector_variants(call.target):
+            yield replace(call, target=target).text()
+
+    def selectable(statement: str) -> bool:
+        call = Call.parse(statement)
+        scale = SCALE.match(statement)
+        return (call is not None and call.target.startswith("grads")) or scale is not None
+
+    yield from edited(body, selectable, variants)
+
+
+@operator
+def toggle_accumulate(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """``reduce_scatter(sum, accumulate)`` for ``reduce_scatter(sum)`` and back."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None
+        options = tuple(o for o in call.options if o != "accumulate")
+        if options == call.options:
+            options = (*options[:1], "accumulate", *options[1:])
+        yield replace(call, options=options).text()
+
+    yield from edited(body, lambda s: s.startswith("reduce_scatter"), variants)
+
+
+@operator
+def change_collective(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """An all-reduce of gradients for a reduce-scatter, and back."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None
+        if call.name == "all_reduce":
+            yield replace(call, name="reduce_scatter").text()
+        else:
+            yield replace(call, name="all_reduce",
+                          options=tuple(o for o in call.options if o != "accumulate")).text()
+
+    yield from edited(body, reduces_grads, variants)
+
+
+@operator
+def toggle_rank_order(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """``order = rank_dependent`` on a gradient reduction, or off."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None
+        flag = "order = rank_dependent"
+        options = tuple(o for o in call.options if o != flag)
+        yield replace(call, options=options if options != call.options else (*options, flag)).text()
+
+    yield from edited(body, reduces_grads, variants)
+
+
+@operator
+def insert_reduction(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """One more gradient all-reduce (sum) over one axis, just before the update."""
+    for axis in ctx.axes:
+        result = before_update(body, f"all_reduce(sum) grads over {axis}")
+        if result is not None:
+            yield result
+
+
+def factor_variants(expr: str, ctx: Context, loss: bool) -> Iterator[str]:
+    """An expression with one factor more or fewer: sizes, micro-batches, counts, numbers."""
+    factors = expr_factors(expr)
+    for i in range(1, len(factors)):
+        rest = [*factors[:i], *factors[i + 1:]]
+        yield " ".join(rest)
+    extra = ["/ microbatches", "* microbatches", "* 2", *(f"/ |{a}|" for a in ctx.axes),
+             *(f"* |{a}|" for a in ctx.axes)]
+    if loss:
+        extra += [f"/ tokens({', '.join(ctx.batch_axes)}, step)" if ctx.batch_axes else
+                  "/ tokens(step)", "/ tokens"]
+    for factor in extra:
+        yield f"{expr} {factor}"
+
+
+def count_variants(expr: str, ctx: Context) -> Iterator[str]:
+    """A token or sample count summed over one axis fewer or more, per micro-batch or per step,
+    or counting the other unit."""
+    for match in COUNT.finditer(expr):
+        args = [a.strip() for a in (match["args"] or "").split(",") if a.strip()]
+        axes = [a for a in args if a != "step"]
+        step = ["step"] if "step" in args else []
+
+        def count(kind: str, axes: list[str], step: list[str]) -> str:
+            inner = [*axes, *step]
+            return f"{kind}({', '.join(inner)})" if inner else kind
+
+        other = "samples" if match["kind"] == "tokens" else "tokens"
+        replacements = [count(other, axes, step), count(match["kind"], axes, [] if step else ["step"])]
+        replacements += [count(match["kind"], [a for a in axes if a != x], step) for x in axes]
+        replacements += [count(match["kind"], [*axes, a], step) for a in ctx.batch_axes
+                         if a not in axes]
+        for new in replacements:
+            yield expr[:match.start()] + new + expr[match.end():]
+
+
+@operator
+def change_scale(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A gradient scale's factor with one factor more or fewer."""
+    def variants(statement: str) -> Iterator[str | None]:
+        match = SCALE.match(statement)
+        assert match is not None
+        expr = match["expr"]
+        alternatives = [*factor_variants(expr, ctx, loss=False), *count_variants(expr, ctx)]
+        if len(expr_factors(expr)) == 1:
+            alternatives.append("2")
+        for new in alternatives:
+            yield f"scale {match['target']} by {new}"
+
+    yield from edited(body, lambda s: SCALE.match(s) is not None, variants)
+
+
+@operator
+def insert_scale(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A gradient scale by 1 / |axis| or 1 / microbatches before the update."""
+    for factor in ["1 / microbatches", *(f"1 / |{a}|" for a in ctx.axes)]:
+        result = before_update(body, f"scale grads by {factor}")
+        if result is not None:
+            yield result
+
+
+@operator
+def change_loss(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The backward's loss: a factor more or fewer, another count, ``mean`` for ``sum``."""
+    def variants(statement: str) -> Iterator[str | None]:
+        match = BACKWARD.match(statement)
+        assert match is not None
+        expr = match["expr"]
+        alternatives = [*factor_variants(expr, ctx, loss=True), *count_variants(expr, ctx)]
+        head = expr_factors(expr)[0]
+        if head in ("sum", "mean"):
+            alternatives.append(("mean" if head == "sum" else "sum") + expr[len(head):])
+        for new in alternatives:
+            yield f"backward {new}"
+
+    yield from edited(body, lambda s: s.startswith("backward "), variants)
+
+
+def is_clip(statement: str) -> bool:
+    return statement.startswith("clip(")
+
+
+def is_overflow(statement: str) -> bool:
+    call = Call.parse(statement)
+    return call is not None and call.target == "overflow"
+
+
+def is_param_gather(statement: str) -> bool:
+    call = Call.parse(statement)
+    return call is not None and call.target == "params" and call.name in ("all_gather", "broadcast")
+
+
+def relocations(body: StepBody, select: Callable[[str], bool]) -> Iterator[StepBody]:
+    """Each selected statement before the reductions, into the loop, into the last micro-batch,
+    before and after the update."""
+    for loc, statement in body.statements():
+        if select(statement):
+            for place in (before_reductions, into_block(EACH), into_block(LAST), before_update,
+                          after_update):
+                result = moved(body, loc, place)
+                if result is not None:
+                    yield result
+
+
+@operator
+def move_clip(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The clip before the gradient reduction, in the loop, or after the update."""
+    yield from relocations(body, is_clip)
+
+
+@operator
+def change_clip(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The clip counting replicated elements on every rank (or once), or without a group."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None
+        flag = "replicated = every_rank"
+        options = tuple(o for o in call.options if o != flag)
+        yield replace(call, options=options if options != call.options else (*options, flag)).text()
+        if call.group is not None:
+            yield replace(call, group=None).text()
+
+    yield from edited(body, is_clip, variants)
+
+
+@operator
+def insert_clip(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A clip before the update, of the norm summed over one axis, all of them or none (steps
+    without one)."""
+    if any(is_clip(s) for _, s in body.statements()):
+        return
+    for group in [*ctx.axes, *(["world"] if len(ctx.axes) > 1 else []), None]:
+        result = before_update(body, Call("clip", ("max_norm = 1",), "grads", group).text())
+        if result is not None:
+            yield result
+
+
+@operator
+def flip_seed(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A dropout seed ``same`` for ``differ`` (and back), or for the other activation region."""
+    def variants(statement: str) -> Iterator[str | None]:
+        match = SEED.match(statement)
+        assert match is not None
+        policy = "differ" if match["policy"] == "same" else "same"
+        region = "sharded" if match["region"] == "replicated" else "replicated"
+        yield f"seed dropout({match['region']}) {policy} over {match['group']}"
+        yield f"seed dropout({region}) {match['policy']} over {match['group']}"
+
+    yield from edited(body, lambda s: SEED.match(s) is not None, variants)
+
+
+@operator
+def insert_seed(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """One more dropout seed policy (models with dropout only)."""
+    if not ctx.dropout:
+        return
+    for axis in ctx.axes:
+        for region in ("replicated", "sharded"):
+            for policy in ("same", "differ"):
+                yield body.inserted((None, len(body.items)),
+                                    f"seed dropout({region}) {policy} over {axis}")
+
+
+@operator
+def move_overflow(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The overflow flag's all-reduce before the reductions, in the loop, or after the update."""
+    yield from relocations(body, is_overflow)
+
+
+@operator
+def insert_overflow(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The overflow flag's all-reduce (max) over one axis or the world, before the update
+    (steps without one)."""
+    if any(is_overflow(s) for _, s in body.statements()):
+        return
+    for group in [*ctx.axes, *(["world"] if len(ctx.axes) > 1 else [])]:
+        result = before_update(body, f"all_reduce(max) overflow over {group}")
+        if result is not None:
+            yield result
+
+
+@operator
+def change_param_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The parameter all-gather as a broadcast (from the owner, from rank 0), moved before the
+    update or into the loop; a gather added where there is none."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None
+        for source in ("owner", "0"):
+            yield Call("broadcast", (f"from = {source}",), "params", call.group).text()
+        yield Call("all_gather", (), "params", call.group).text()
+
+    yield from edited(body, is_param_gather, variants)
+    for loc, statement in body.statements():
+        if is_param_gather(statement):
+            for place in (before_update, into_block(EACH)):
+                result = moved(body, loc, place)
+                if result is not None:
+                    yield result
+    if not any(is_param_gather(s) for _, s in body.statements()):
+        for axis in ctx.batch_axes:
+            result = after_update(body, f"all_gather params over {axis}")
+            if result is not None:
+                yield result
+
+
+@operator
+def insert_free(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """``free grads`` at the end of each micro-batch, before or after the update."""
+    for place in (into_block(EACH), before_update, after_update):
+        result = place(body, "free grads")
+        if result is not None:
+            yield result
+
+
+@operator
+def insert_token_reduction(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """An all-reduce of the token counts before the loop (over the batch axes, or one of them)."""
+    groups = [" * ".join(ctx.batch_axes)] if len(ctx.batch_axes) > 1 else []
+    for group in [*groups, *ctx.batch_axes]:
+        yield body.inserted((None, 1), f"all_reduce(sum) tokens over {group}")
+
+
+# ---- bases and mutants ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """A file with one step to mutate: as written, or the canonical step written out."""
+
+    path: str  # relative to the repository
+    kind: str  # "written" or "canonical"
+    stepless: str  # the file's text without its step block
+    body: StepBody
+    context: Context
+
+    @property
+    def label(self) -> str:
+        return f"{self.path} ({self.kind})"
+
+    def text(self, body: StepBody) -> str:
+        return self.stepless.rstrip("\n") + "\n\n" + body.text()
+
+
+@dataclass(slots=True)
+class Mutant:
+    id: int
+    base: Base
+    operator: str  # "" for the base itself
+    body: StepBody
+    check: dict[str, Any] = field(default_factory=dict)
+    replay: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        return self.base.text(self.body)
+
+    @property
+    def path(self) -> str:
+        return f"{self.base.path}#{self.base.kind}-{self.operator or 'base'}-{self.id}"
+
+    @property
+    def verdict(self) -> str:
+        """proved / refuted / unknown, or rejected / internal_error."""
+        status = self.check.get("status")
+        if status == "checked":
+            return str(self.check["verdict"])
+        return "unknown" if status == "timeout" else str(status)
+
+    def diff(self) -> list[str]:
+        """The removed lines (``-``), then the added ones (``+``); a line that moved says what
+        now precedes it."""
+        before, after = self.base.body.flat(), self.body.flat()
+        removed, added = [], []
+        matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag in ("replace", "delete"):
+                removed += before[i1:i2]
+            if tag in ("replace", "insert"):
+                added += [(j, after[j]) for j in range(j1, j2)]
+        lines = [f"- {line}" for line in removed]
+        for j, line in added:
+            moved_here = line in removed or line.split(": ", 1)[-1] in removed
+            where = f"   [after: {after[j - 1]}]" if j else "   [first]"
+            lines.append(f"+ {line}{where if moved_here else ''}")
+        return lines
+
+
+def bases_of(path: Path) -> list[Base]:
+    """The file's written step (if any) and its canonical step, both as step text."""
+    relative = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+    source = path.read_text(encoding="utf-8")
+    stepless = replace_step(source, None)
+    canonical = load_text(stepless, relative)
+    bases = []
+    if stepless != source:
+        written = load_text(source, relative)
+        bases.append(Base(relative, "written", stepless, StepBody.parse(step_text(written)),
+                          Context.of(written)))
+    body = StepBody.parse(step_text(canonical))
+    if not bases or bases[0].body != body:
+        bases.append(Base(relative, "canonical", stepless, body, Context.of(canonical)))
+    return bases
+
+
+def mutants_of(base: Base, operators: dict[str, Operator]) -> Iterator[tuple[str, StepBody]]:
+    for name, function in operators.items():
+        for body in function(base.body, base.context):
+            if body != base.body:
+                yield name, body
+
+
+def sample(items: Sequence[Any], limit: int | None, key: Callable[[Any], tuple[str, str]],
+           rng: random.Random) -> list[Any]:
+    """At most ``limit`` items (all when they fit), stratified two levels deep by ``key``: each
+    round takes one item of every first-level stratum (in a shuffled order), cycling through its
+    second-level strata, so that small strata are kept whole and large ones are thinned."""
+    if limit is None or len(items) <= limit:
+        return list(items)
+    strata: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+    for item in items:
+        first, second = key(item)
+        strata[first][second].append(item)
+    rotations: dict[str, list[list[Any]]] = {}
+    for first, inner in sorted(strata.items()):
+        buckets = [inner[k] for k in sorted(inner)]
+        for bucket in buckets:
+            rng.shuffle(bucket)
+        rng.shuffle(buckets)
+        rotations[first] = buckets
+    order = sorted(rotations)
+    rng.shuffle(order)
+    picked: list[Any] = []
+    while len(picked) < limit:
+        for first in order:
+            buckets = rotations[first]
+            while buckets and not buckets[0]:
+                buckets.pop(0)
+            if buckets and len(picked) < limit:
+                picked.append(buckets[0].pop())
+                buckets.append(buckets.pop(0))
+    return picked
+
+
+# ---- checking, in worker processes --------------------------------------------------------------
+
+
+def check_text(text: str, path: str, timeout_ms: int) -> dict[str, Any]:
+    """placeverify's combined verdict on one file's text, as a JSON-serialisable record."""
+    from placeverify.api import verify
+
+    started = time.perf_counter()
+    try:
+        strategy = load_text(text, path)
+    except PlaceError as error:
+        return {"status": "rejected", "message": str(error).splitlines()[0] if str(error) else ""}
+    except Exception:
+        return {"status": "internal_error", "phase": "lower", "traceback": traceback.format_exc()}
+    try:
+        verification = verify(strategy, timeout_ms)
+    except PlaceError as error:
+        return {"status": "rejected", "message": str(error).splitlines()[0] if str(error) else ""}
+    except Exception:
+        return {"status": "internal_error", "phase": "verify", "traceback": traceback.format_exc()}
+    record: dict[str, Any] = {
+        "status": "checked",
+        "verdict": verification.overall().value,
+        "conditions": verification.verdicts(),
+        "unknown": sorted({f"{o.condition.value}: {o.kind}: {o.reason}"
+                           for o in verification.obligations if o.verdict.value == "unknown"}),
+        "trace": verification.trace,
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+    first = verification.first_refuted()
+    if first is not None:
+        record["refuted"] = {"condition": first.condition.value, "kind": first.kind,
+                             "line": first.span.line if first.span else None, "claim": first.claim}
+    return json.loads(json.dumps(record))
+
+
+def _serve(conn: Connection, timeout_ms: int) -> None:
+    """A check worker: one JSON request (text, path) in, one JSON record out, until EOF."""
+    while True:
+        try:
+            text, path = json.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        conn.send_bytes(json.dumps(check_text(text, path, timeout_ms)).encode("utf-8"))
+
+
+class CheckPool:
+    """Checks in ``jobs`` forked worker processes; a check past ``limit`` seconds is killed
+    (its worker replaced) and recorded as a timeout."""
+
+    def __init__(self, jobs: int, limit: float, timeout_ms: int) -> None:
+        self.jobs = max(1, jobs)
+        self.limit = limit
+        self.timeout_ms = timeout_ms
+        self.context = mp.get_context("fork")
+
+    def _start(self) -> tuple[Any, Connection]:
+        parent, child = self.context.Pipe()
+        process = self.context.Process(target=_serve, args=(child, self.timeout_ms), daemon=True,
+                                       name="soundness-check")
+        process.start()
+        child.close()
+        return process, parent
+
+    def map(self, tasks: Sequence[tuple[str, str]],
+            progress: Callable[[int], None] = lambda done: None) -> list[dict[str, Any]]:
+        """Each task's record, in order; ``progress`` hears the count done after each one."""
+        results: list[dict[str, Any]] = [{} for _ in tasks]
+        queue = iter(range(len(tasks)))
+        busy: dict[Connection, tuple[Any, int, float]] = {}
+        idle: list[tuple[Any, Connection]] = []
+        done = 0
+
+        def dispatch(process: Any, conn: Connection) -> None:
+            index = next(queue, None)
+            if index is None:
+                idle.append((process, conn))
+                return
+            conn.send_bytes(json.dumps(tasks[index]).encode("utf-8"))
+            busy[conn] = (process, index, time.monotonic() + self.limit)
+
+        try:
+            for _ in range(min(self.jobs, len(tasks))):
+                dispatch(*self._start())
+            while busy:
+                deadline = min(d for _, _, d in busy.values())
+                for conn in wait(list(busy), timeout=max(0.0, deadline - time.monotonic())):
+                    process, index, _ = busy.pop(conn)  # type: ignore[call-overload]
+                    try:
+                        results[index] = json.loads(conn.recv_bytes())
+                    except (EOFError, OSError):
+                        self._stop(process, conn)
+                        results[index] = {"status": "internal_error", "phase": "worker",
+                                          "traceback": "the check process died (exit code "
+                                                       f"{process.exitcode})"}
+                        process, conn = self._start()
+                    done += 1
+                    progress(done)
+                    dispatch(process, conn)
+                now = time.monotonic()
+                for conn, (process, index, deadline) in list(busy.items()):
+                    if deadline <= now:
+                        del busy[conn]
+                        self._stop(process, conn)
+                        results[index] = {"status": "timeout", "unknown": [
+                            f"time limit: no verdict within {self.limit:g} s"]}
+                        done += 1
+                        progress(done)
+                        dispatch(*self._start())
+        finally:
+            for process, conn in [*idle, *((p, c) for c, (p, _, _) in busy.items())]:
+                self._stop(process, conn)
+        return results
+
+    @staticmethod
+    def _stop(process: Any, conn: Connection) -> None:
+        """Close the worker's pipe and end it (workers keep nothing worth waiting for)."""
+        conn.close()
+        process.kill()
+        process.join(timeout=10)
+
+
+# ---- replaying ----------------------------------------------------------------------------------
+
+
+def replay(mutant: Mutant, world: int, timeout: float = REPLAY_TIMEOUT) -> dict[str, Any]:
+    """Run the mutant on ``world`` real processes: its counterexample when refuted, else its own
+    step; Z3 is asked again at the replayed mesh. No control run."""
+    from placeverify.replay.cli import execute
+    from placeverify.replay.layout import Unsupported, layout_of
+    from placeverify.replay.plan import plan_from_strategy, plan_from_trace, strategy_of
+    from placeverify.replay.pool import ReplayFailure
+
+    started = time.perf_counter()
+    try:
+        trace = mutant.check.get("trace")
+        if mutant.verdict == "refuted" and trace is not None:
+            plan = plan_from_trace(trace, world=world, steps=REPLAY_STEPS)
+        else:
+            plan = plan_from_strategy(load_text(mutant.text, mutant.path), world=world,
+                                      steps=REPLAY_STEPS)
+        plan = replace(plan, control=None, control_expect=None, control_origin=None)
+        layout_of(strategy_of(plan.main))
+    except (ReplayFailure, Unsupported, ValueError, PlaceError) as error:
+        return {"result": "unsupported", "message": str(error).splitlines()[0]}
+    except Exception:
+        return {"result": "internal_error", "traceback": traceback.format_exc()}
+    report = execute(plan, timeout=timeout, source=mutant.path)
+    record: dict[str, Any] = {"mesh": plan.main.sizes, "microbatches": plan.main.microbatches,
+                              "z3": plan.expect.verdict.value,
+                              "z3_refuted": _refutation(plan.expect.condition, plan.expect.kind,
+                                                        plan.expect.line),
+                              "seconds": round(time.perf_counter() - started, 3)}
+    if report.error is not None:
+        result = "unsupported" if report.error.kind == "unsupported" else "error"
+        return {**record, "result": result, "message": report.error.message}
+    main = report.main
+    assert main is not None
+    o = main.outcome
+    record.update(run=main.replay, vs_reference=_finite(o.max_vs_reference),
+                  across_ranks=_finite(o.max_across_ranks), tolerance=o.tolerance, worst=o.worst)
+    if plan.expect.verdict.value == "proved" and o.diverges:
+        record["result"] = "proved_but_diverges"
+    elif plan.expect.verdict.value == "refuted" and not o.diverges:
+        record["result"] = "refuted_but_matches"
+    elif plan.expect.verdict.value == "unknown":
+        record["result"] = "z3_unknown"
+    else:
+        record["result"] = "confirmed"
+    return record
+
+
+def _refutation(condition: str | None, kind: str | None, line: int | None) -> str | None:
+    if condition is None:
+        return None
+    return f"{condition}: {kind}" + (f", line {line}" if line else "")
+
+
+def _finite(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)
+
+
+def choose_replays(mutants: Sequence[Mutant], bases: dict[Base, Mutant], others: int,
+                   rng: random.Random) -> list[Mutant]:
+    """Every mutant whose verdict differs from its base's, and ``others`` of the rest: a sample
+    stratified by base file, then verdict."""
+    checked = [m for m in mutants if m.verdict in VERDICTS]
+    differing = [m for m in checked if m.verdict != bases[m.base].verdict]
+    same = [m for m in checked if m.verdict == bases[m.base].verdict]
+    rest = sample(same, others, lambda m: (m.base.path, m.verdict), rng)
+    return sorted([*differing, *rest], key=lambda m: m.id)
+
+
+@dataclass(slots=True)
+class Summary:
+    mutants: int = 0  # checked to a verdict: proved + refuted + unknown
+    proved: int = 0
+    refuted: int = 0
+    unknown: int = 0
+    rejected: int = 0
+    internal_errors: int = 0  # in checks and in planning replays
+    replays: int = 0
+    proved_but_diverges: int = 0
+    refuted_but_matches: int = 0
+    replay_unsupported: int = 0
+    replay_errors: int = 0
+    replay_unknown: int = 0
+
+    @staticmethod
+    def of(mutants: Sequence[Mutant]) -> Summary:
+        verdicts = Counter(m.verdict for m in mutants)
+        replays = Counter(m.replay["result"] for m in mutants if m.replay is not None)
+        return Summary(
+            mutants=sum(verdicts[v] for v in VERDICTS), proved=verdicts["proved"],
+            refuted=verdicts["refuted"], unknown=verdicts["unknown"], rejected=verdicts["rejected"],
+            internal_errors=verdicts["internal_error"] + replays["internal_error"],
+            replays=sum(replays.values()), proved_but_diverges=replays["proved_but_diverges"],
+            refuted_but_matches=replays["refuted_but_matches"],
+            replay_unsupported=replays["unsupported"], replay_errors=replays["error"],
+            replay_unknown=replays["z3_unknown"])
+
+    def line(self) -> str:
+        return (f"soundness: {self.mutants} mutants, {self.proved} proved, {self.refuted} refuted, "
+                f"{self.unknown} unknown; proved-but-diverges {self.proved_but_diverges}, "
+                f"refuted-but-matches {self.refuted_but_matches}, internal errors "
+                f"{self.internal_errors}")
+
+
+@dataclass(slots=True)
+class Run:
+    bases: list[Mutant]  # each base's own step, checked like a mutant (operator "")
+    mutants: list[Mutant]
+    generated: int  # distinct mutants made, before sampling
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> Summary:
+        return Summary.of(self.mutants)
+
+
+def example_files() -> list[Path]:
+    return sorted((ROOT / "examples").glob("**/*.place"))
+
+
+def generate(files: Sequence[Path], *, seed: int = 0, limit: int | None = DEFAULT_LIMIT,
+             operators: Sequence[str] | None = None) -> Run:
+    """The bases of ``files`` and their distinct mutants, at most ``limit`` of them (a sample
+    stratified by operator, then file)."""
+    rng = random.Random(seed)
+    chosen = {n: OPERATORS[n] for n in (operators or OPERATORS)}
+    bases = [b for path in files for b in bases_of(path)]
+    seen: set[tuple[str, str]] = {(b.path, b.body.text()) for b in bases}
+    candidates: list[tuple[Base, str, StepBody]] = []
+    for base in bases:
+        for name, body in mutants_of(base, chosen):
+            key = (base.path, body.text())
+            if key not in seen:
+                seen.add(key)
+                candidates.append((base, name, body))
+    indices = sorted(sample(range(len(candidates)), limit,
+                            lambda i: (candidates[i][1], candidates[i][0].path), rng))
+    base_runs = [Mutant(i, b, "", b.body) for i, b in enumerate(bases)]
+    mutants = [Mutant(len(bases) + n, candidates[i][0], candidates[i][1], candidates[i][2])
+               for n, i in enumerate(indices)]
+    return Run(base_runs, mutants, len(candidates))
+
+
+def check_all(result: Run, *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT,
+              say: Callable[[str], None] = lambda _: None) -> None:
+    """Check every base and mutant (in worker processes); note bases that do not check, and
+    written steps whose rendering changes the file's verdict."""
+    import placeverify.smt  # noqa: F401  (z3 imported once, before the workers fork)
+
+    everything = [*result.bases, *result.mutants]
+    started = time.perf_counter()
+    every = max(1, len(everything) // 10)
+
+    def progress(done: int) -> None:
+        if done % every == 0 or done == len(everything):
+            say(f"checked {done} of {len(everything)} in {time.perf_counter() - started:.0f} s")
+
+    pool = CheckPool(jobs, timeout, min(QUERY_TIMEOUT_MS, int(timeout * 1000)))
+    for m, record in zip(everything, pool.map([(m.text, m.path) for m in everything], progress),
+                         strict=True):
+        m.check = record
+    for b in result.bases:
+        if b.verdict not in VERDICTS:
+            result.notes.append(f"{b.base.label}: the base itself is {b.verdict}: "
+                                f"{b.check.get('message') or b.check.get('traceback', '')}")
+        elif b.base.kind == "written":
+            source = (ROOT / b.base.path).read_text(encoding="utf-8")
+            original = check_text(source, b.base.path, QUERY_TIMEOUT_MS).get("verdict")
+            if original != b.verdict:
+                result.notes.append(f"{b.base.label}: the file says {original}, its step as the "
+                                    f"renderer writes it says {b.verdict}")
+
+
+def replay_all(result: Run, *, replays: int = DEFAULT_REPLAYS, world: int = DEFAULT_WORLD,
+               seed: int = 0, timeout: float = REPLAY_TIMEOUT,
+               say: Callable[[str], None] = lambda _: None) -> None:
+    """Replay every mutant whose verdict differs from its base's, and ``replays`` of the others."""
+    chosen = choose_replays(result.mutants, {b.base: b for b in result.bases}, replays,
+                            random.Random(seed))
+    started = time.perf_counter()
+    for i, m in enumerate(chosen, 1):
+        m.replay = replay(m, world, timeout)
+        if i % 25 == 0 or i == len(chosen):
+            say(f"replayed {i} of {len(chosen)} in {time.perf_counter() - started:.0f} s")
+
+
+def run(files: Sequence[Path], *, seed: int = 0, limit: int | None = DEFAULT_LIMIT,
+        replays: int = DEFAULT_REPLAYS, world: int = DEFAULT_WORLD, jobs: int = 2,
+        timeout: float = DEFAULT_TIMEOUT, replay_timeout: float = REPLAY_TIMEOUT,
+        operators: Sequence[str] | None = None, say: Callable[[str], None] = lambda _: None) -> Run:
+    """Generate, check and replay (``replays = 0``: check only)."""
+    result = generate(files, seed=seed, limit=limit, operators=operators)
+    say(f"{len(result.bases)} bases from {len(files)} files; {result.generated} distinct mutants, "
+        f"{len(result.mutants)} to check")
+    if replays > 0:
+        from placeverify.replay.pool import pool, torch_available
+
+        if torch_available():
+            pool().prestart()  # torch imports in the forkserver while the checks run
+        else:
+            result.notes.append("torch is not installed: no replays")
+            replays = 0
+    check_all(result, jobs=jobs, timeout=timeout, say=say)
+    if replays > 0:
+        replay_all(result, replays=replays, world=world, seed=seed, timeout=replay_timeout,
+                   say=say)
+    return result
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+
+def _g(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, float | int) else str(x)
+
+
+def _mesh(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{a} = {n}" for a, n in sizes.items())
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _error_summary(tb: str) -> str:
+    """The exception and the innermost placeverify frame that raised it."""
+    lines = [line.strip() for line in tb.strip().splitlines() if line.strip()]
+    frames = [line for line in lines if line.startswith("File ") and "placeverify" in line
+              and "benchmarks" not in line]
+    where = ""
+    if frames:
+        match = re.search(r'File "(?:.*/)?(placeverify/[^"]+)", line (\d+), in (\S+)', frames[-1])
+        where = f" at {match[1]}:{match[2]} in {match[3]}" if match else ""
+    return f"{lines[-1] if lines else '?'}{where}"
+
+
+def print_report(result: Run, out: Any = None) -> None:
+    def say(line: str = "") -> None:
+        print(line, file=out or sys.stdout)
+
+    s = result.summary
+    say(f"bases: {len(result.bases)}; distinct mutants made: {result.generated}, checked: "
+        f"{len(result.mutants)}, rejected (do not lower): {s.rejected}")
+    for note in result.notes:
+        say(f"note: {note}")
+    say()
+    say(f"{'operator':24} {'mutants':>8} {'proved':>7} {'refuted':>8} {'unknown':>8} {'rejected':>9} "
+        f"{'errors':>7}")
+    by_operator: dict[str, Counter[str]] = defaultdict(Counter)
+    for m in result.mutants:
+        by_operator[m.operator][m.verdict] += 1
+    for name in OPERATORS:
+        c = by_operator.get(name)
+        if c is not None:
+            say(f"{name:24} {sum(c[v] for v in VERDICTS):8} {c['proved']:7} {c['refuted']:8} "
+                f"{c['unknown']:8} {c['rejected']:9} {c['internal_error']:7}")
+    if s.replays:
+        say()
+        say(f"replays: {s.replays} on real processes; proved-but-diverges {s.proved_but_diverges}, "
+            f"refuted-but-matches {s.refuted_but_matches}, Z3 unknown at the replayed mesh "
+            f"{s.replay_unknown}, replay unsupported {s.replay_unsupported}, replay errors "
+            f"{s.replay_errors}")
+    bases = {m.base: m for m in result.bases}
+    flagged = [m for m in result.mutants if m.replay and m.replay["result"] in
+               ("proved_but_diverges", "refuted_but_matches")]
+    if flagged:
+        say()
+        say("discrepancies (the mutated lines: - removed, + added; 'each microbatch:' and 'on "
+            "microbatch last:' say where)")
+        for m in flagged:
+            r = m.replay or {}
+            refuted = m.check.get("refuted")
+            why = _refutation(refuted["condition"], refuted["kind"], refuted["line"]) if refuted \
+                else None
+            at_mesh = f"Z3 {r.get('z3')}" + (f" ({r['z3_refuted']})" if r.get("z3_refuted") else "")
+            say(f"  #{m.id} {r['result'].replace('_', '-')}: {m.base.label}, {m.operator}")
+            say(f"      verdict: base {bases[m.base].verdict}, mutant {m.verdict}"
+                + (f" ({why})" if why else ""))
+            say(f"      replay at {_mesh(r.get('mesh', {}))}, micro-batches {r.get('microbatches')}: "
+                f"{at_mesh}; the run {r.get('run')} (vs reference {_g(r.get('vs_reference'))}, "
+                f"across ranks {_g(r.get('across_ranks'))}, tolerance {_g(r.get('tolerance'))})")
+            for line in m.diff():
+                say(f"        {line}")
+    errors: dict[str, list[Mutant]] = defaultdict(list)
+    for m in result.mutants:
+        tb = m.check.get("traceback") if m.verdict == "internal_error" else \
+            (m.replay or {}).get("traceback") if (m.replay or {}).get("result") == "internal_error" \
+            else None
+        if tb is not None:
+            errors[_error_summary(str(tb))].append(m)
+    if errors:
+        say()
+        say("internal errors (by exception and place; the first mutant of each)")
+        for summary, members in sorted(errors.items(), key=lambda e: -len(e[1])):
+            first = members[0]
+            operators = Counter(m.operator for m in members)
+            say(f"  {len(members):5}  {summary}")
+            say(f"         e.g. #{first.id} {first.base.label}; operators: "
+                + ", ".join(f"{name} {n}" for name, n in operators.most_common()))
+            for line in first.diff():
+                say(f"           {line}")
+    unknown_reasons: Counter[str] = Counter()
+    for m in result.mutants:
+        if m.verdict == "unknown":
+            for reason in m.check.get("unknown", ["?"]):
+                unknown_reasons[_short(reason, 150)] += 1
+    if unknown_reasons:
+        say()
+        say("unknown verdicts by reason")
+        for reason, n in unknown_reasons.most_common():
+            say(f"  {n:5}  {reason}")
+    unsupported: Counter[str] = Counter()
+    for m in result.mutants:
+        if m.replay and m.replay["result"] in ("unsupported", "error"):
+            message = re.sub(r"line \d+", "line N", str(m.replay.get("message", "")))
+            unsupported[f"{m.replay['result']}: {_short(message, 140)}"] += 1
+    if unsupported:
+        say()
+        say("replays that could not run")
+        for message, n in unsupported.most_common():
+            say(f"  {n:5}  {message}")
+    say()
+    say(s.line())
+
+
+def document(result: Run, options: dict[str, Any]) -> dict[str, Any]:
+    def record(m: Mutant) -> dict[str, Any]:
+        check = {k: v for k, v in m.check.items() if k != "trace"}
+        return {"id": m.id, "file": m.base.path, "base": m.base.kind, "operator": m.operator or None,
+                "diff": m.diff(), "verdict": m.verdict, "check": check, "replay": m.replay,
+                "text": m.text}
+
+    summary = result.summary
+    return {"schema": SCHEMA, "options": options,
+            "summary": {**asdict(summary), "line": summary.line(), "generated": result.generated},
+            "notes": result.notes, "bases": [record(b) for b in result.bases],
+            "mutants": [record(m) for m in result.mutants]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="*", type=Path,
+                        help="example files (default: every examples/**/*.place)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--limit-mutants", type=int, default=DEFAULT_LIMIT,
+                        help=f"check at most this many mutants, a sample stratified by operator and "
+                        f"file (default {DEFAULT_LIMIT}; 0: all)")
+    parser.add_argument("--replays", type=int, default=DEFAULT_REPLAYS,
+                        help="replay every mutant whose verdict differs from its base's, and a sample "
+                        f"of this many others (default {DEFAULT_REPLAYS}; 0: no replays at all)")
+    parser.add_argument("--world", type=int, default=DEFAULT_WORLD,
+                        help=f"processes per replay (default {DEFAULT_WORLD})")
+    parser.add_argument("--jobs", type=int, default=2, help="check processes (default 2)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds per mutant check (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--replay-timeout", type=float, default=REPLAY_TIMEOUT,
+                        help=f"seconds per replay before its ranks are stopped (default "
+                        f"{REPLAY_TIMEOUT:g})")
+    parser.add_argument("--operators", help="comma-separated operator names (default: all)")
+    parser.add_argument("--json", dest="json_out", type=Path, help="write every record here")
+    args = parser.parse_args(argv)
+    if args.world < 2:
+        parser.error("--world must be at least 2")
+    operators = args.operators.split(",") if args.operators else None
+    unknown = set(operators or ()) - set(OPERATORS)
+    if unknown:
+        parser.error(f"unknown operators: {', '.join(sorted(unknown))}; known: "
+                     f"{', '.join(OPERATORS)}")
+    files = [p.resolve() for p in args.files] or example_files()
+    result = run(files, seed=args.seed, limit=args.limit_mutants or None, replays=args.replays,
+                 world=args.world, jobs=args.jobs, timeout=args.timeout,
+                 replay_timeout=args.replay_timeout, operators=operators,
+                 say=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json_out is not None:
+        options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                   if k != "files"}
+        args.json_out.write_text(json.dumps(document(result, options), indent=1, default=str) + "\n",
+                                 encoding="utf-8")
+    print_report(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
