@@ -56,7 +56,7 @@ def composition_obligations(strategy: Strategy) -> tuple[list[Obligation], list[
     obligations: list[Obligation] = []
     warnings: list[Diagnostic] = []
     obligations.extend(_realisable(strategy))
-    obligations.extend(_groups(strategy))
+    obligations.extend(_groups(strategy, warnings))
     obligations.extend(_ordering(strategy, warnings))
     obligations.extend(placement_step_obligations(strategy))
     return obligations, warnings
@@ -95,7 +95,7 @@ def _realisable(strategy: Strategy) -> list[Obligation]:
     return out
 
 
-def _groups(strategy: Strategy) -> list[Obligation]:
+def _groups(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation]:
     out = []
     sizes = {a.name: a.size for a in strategy.mesh.axes}
     for op in strategy.step.ops():
@@ -106,8 +106,17 @@ def _groups(strategy: Strategy) -> list[Obligation]:
             continue
         claim = f"'{op.label()}' runs over a group that matches the placement"
         problems = []
-        if kind is TargetKind.GRADS and op.op is ReduceOp.MAX:
+        if kind is TargetKind.GRADS and op.op is ReduceOp.MAX and op.group.size_of(sizes) > 1:
             problems.append("gradients are reduced with sum or mean, not max")
+        idle = [a for a in op.group.axes if sizes[a] > 1 and kind is TargetKind.PARAMS
+                and strategy.placement(a).role in BATCH_SPLITTING
+                and not partitions(strategy, a, State.OPTIMIZER)]
+        if idle:
+            warnings.append(Diagnostic(
+                Severity.WARNING,
+                f"'{op.label()}': every rank along {', '.join(idle)} updates whole parameters "
+                "(the optimizer state is not sharded there), so this gather moves bytes and "
+                "changes nothing", Code.COST, op.span))
         for group in strategy.model.groups_present():
             if not op.target.applies_to(group):
                 continue
@@ -139,11 +148,8 @@ def _axis_problem(strategy: Strategy, op: Collective, group: ParamGroup, axis: s
     placement = strategy.placement(axis)
     view = group_view(strategy, group)
     if op.target.kind is TargetKind.PARAMS:
-        if partitions(strategy, axis, State.OPTIMIZER):
-            return ""
         if placement.role in BATCH_SPLITTING:
-            return (f"{axis}: the {group.value} parameters are not updated on shards over {axis} "
-                    "(Ω is not sharded there), so there is nothing to gather")
+            return ""  # each element from its owner; with Ω whole there, every rank owns it
         return (f"{axis}: ranks along this {placement.role.value} axis hold different "
                 f"{group.value} parameters; gathering them would assemble other ranks' shards")
     if not ends_match(view, op.group, axis, strategy.size(axis)):
