@@ -98,6 +98,23 @@ step {
     update params
 }
 """),
+    "clip-twice": (
+        "refuted", 'clip',
+        'a second clip of a clipped gradient rescales it (the norm + 1e-6 divisor): found by '
+        'benchmarks/soundness.py',
+        """
+model transformer { layers = 4, hidden = 1024, heads = 16, vocab = 32000, seq = 2048 }
+precision megatron
+mesh { dp = 2 }
+place ddp over dp
+step {
+    backward sum / tokens(dp, step)
+    all_reduce(sum) grads over dp
+    clip(max_norm = 1) grads
+    clip(max_norm = 1) grads
+    update params
+}
+"""),
     "overflow-after-update": (
         "refuted", 'overflow',
         'overflow flag reduced after the update (DeepSpeed#994 family)',

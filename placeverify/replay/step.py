@@ -356,6 +356,7 @@ class RankRun:
                 self.grads_collective(op, buf)
         elif target is TargetKind.PARAMS:
             for buf in self.targeted(op.target.applies_to):
+                self._params_held_alike(op, buf)
                 if op.kind is CollectiveKind.ALL_GATHER:
                     self.gather_params(buf, op.group, "owner")
                 elif op.kind is CollectiveKind.BROADCAST:
@@ -366,6 +367,17 @@ class RankRun:
                                 dtype=self.dtype, device=self.device)
             comm.all_reduce(flag, handle, "max")
             self.overflow = bool(flag.item() > 0)
+
+    def _params_held_alike(self, op: Collective, buf: Buffers) -> None:
+        """A parameter gather or broadcast takes each element from the rank that owns it; along
+        an axis where ranks hold different parameters (tensor shards, other stages or experts)
+        there is no such rank, and a flat gather would mix them: refused, never run."""
+        for axis in op.group.axes:
+            if self.grid.size(axis) > 1 and \
+                    relation(self.strategy, buf.group, axis) is Relation.OWNED:
+                raise Unsupported(f"line {op.span.line}: '{op.label()}' gathers "
+                                  f"{buf.group.value} parameters over {axis}, where ranks hold "
+                                  "different parameters; it cannot run")
 
     def _same_shapes(self, op: Collective, buf: Buffers, handle: Handle) -> None:
         sizes = {self.numel_of(buf.group, r) for r in handle.members}

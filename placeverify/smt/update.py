@@ -29,7 +29,7 @@ from placeverify.ir.placement import State
 from placeverify.ir.queries import optimizer_axes, partitions
 from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import RecomputeKind, Strategy
-from placeverify.semantics.buffers import Position
+from placeverify.semantics.buffers import Position, Seen
 from placeverify.semantics.groups import GroupView, group_view
 from placeverify.smt import solve
 from placeverify.smt.agreement import Agreement, agreement
@@ -108,7 +108,25 @@ def _clip_position(strategy: Strategy, clip: Clip, max_norm: Fraction, groups: S
     elif any(not s.after_last_backward for s in seen):
         problems.append("it runs inside the micro-batch loop before the last backward, on a "
                         "partial accumulation of the gradient")
+    else:
+        again = [g.value for g in groups if any(
+            s.op is not clip and not s.after_update for s in _before(agreed[g].clips, clip))]
+        if again:
+            problems.append(f"it clips the {', '.join(again)} gradients a second time: "
+                            "clip_grad_norm_ divides by ||g|| + 1e-6, so clipping an already "
+                            "clipped gradient scales it again (by about 1 - 1e-6 / max_norm), "
+                            "where single-device training clips once")
     return problems
+
+
+def _before(seen: Sequence[Seen[Any]], clip: Clip) -> list[Seen[Any]]:
+    """The clips a group saw before the first time ``clip`` ran."""
+    out = []
+    for s in seen:
+        if s.op is clip:
+            break
+        out.append(s)
+    return out
 
 
 def _clip_norm(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
