@@ -5,9 +5,9 @@ at least one per operator, are checked (no mutant may raise anything but a diagn
 mutants whose verdict differs from their base's are replayed on two real processes together with
 a small sample of the others (no mutant Z3 proves at the replayed mesh may diverge).
 
-The verifier is being fixed while this harness finds its bugs: the cases that fail on today's
-code are listed below as non-strict xfails, with the cause (CrossHair keeps its known gaps the
-same way). The full run and its findings: ``.venv/bin/python benchmarks/soundness.py``.
+Cases that fail on today's code would be listed below as non-strict xfails with their cause
+(CrossHair keeps its known gaps the same way); there are none. The full run and its findings:
+``.venv/bin/python benchmarks/soundness.py``.
 """
 
 from __future__ import annotations
@@ -41,23 +41,11 @@ REPLAYS = 8
 LINE = re.compile(r"^soundness: (\d+) mutants, (\d+) proved, (\d+) refuted, (\d+) unknown; "
                   r"proved-but-diverges (\d+), refuted-but-matches (\d+), internal errors (\d+)$")
 
-# Known failures on today's code, by operator (the mutants of this seeded run that fail).
-ZERO_GRADIENT_FIX = ("a step whose consumed gradient is zero for some group (gradients freed, or "
-                     "freed before they are reduced into the shard) makes the fix suggestion "
-                     "divide by zero: ZeroDivisionError in placeverify/smt/fixes.py _size_product")
-KNOWN_INTERNAL_ERRORS = {
-    "insert_free": ZERO_GRADIENT_FIX,  # '+ each microbatch: free grads'
-    "out_of_loop": ZERO_GRADIENT_FIX,  # zero2-pipeline: reduce_scatter moved after the loop
-    "change_selector": ZERO_GRADIENT_FIX,  # zero2-pipeline: reduce_scatter of grads[dense] only
-    "swap_neighbours": ZERO_GRADIENT_FIX,  # zero2-pipeline: reduce_scatter before the backward
-}
-KNOWN_DIVERGENCES = {
-    # zero-paper/zero2: 'all_reduce(max) overflow over dp' moved after the update and the gather
-    "move_statement": "the overflow flag's all-reduce is accepted after the update (only the axes "
-                      "it covers are checked, not that it runs before 'update params': "
-                      "placeverify/smt/update.py _overflow, smt/consistency.py _overflow_covers); "
-                      "a rank that overflowed skips the step alone",
-}
+# Known failures by operator, kept as non-strict xfails with their cause (CrossHair's
+# KNOWN_FAILURES): none today. The ZeroDivisionError of a freed gradient's fix suggestion and the
+# overflow flag reduced after the update, both found by this harness, are fixed.
+KNOWN_INTERNAL_ERRORS: dict[str, str] = {}
+KNOWN_DIVERGENCES: dict[str, str] = {}
 
 RICH = """\
 model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16, dropout = true }
