@@ -28,6 +28,7 @@ from placeverify.ir.model import (
 )
 from placeverify.ir.placement import STATE_NAMES, STATES, AxisPlacement, Mode, Role, Schedule, State
 from placeverify.ir.precision import DTYPE_BYTES, PRECISIONS, Precision
+from placeverify.ir.queries import region_named
 from placeverify.ir.relations import BATCH_ROLES
 from placeverify.ir.step import (
     Backward,
@@ -1212,6 +1213,7 @@ class _StepLowerer:
             elif isinstance(item, ast.SeedStmt):
                 seed = self.seed(item)
                 if seed is not None:
+                    self.check_seed_conflict(seed, seeds)
                     seeds.append(seed)
             else:
                 op = self.op(item)
@@ -1253,6 +1255,24 @@ class _StepLowerer:
             self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
         return Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
                     False, stmt.span)
+
+    def check_seed_conflict(self, seed: Seed, earlier: list[Seed]) -> None:
+        """Two statements may not set opposite policies for one dropout region of one axis."""
+        for other in earlier:
+            if other.same == seed.same:
+                continue
+            for axis in seed.group.axes:
+                if axis not in other.group.axes:
+                    continue
+                region = region_named(self.strategy, axis, seed.region)
+                if region_named(self.strategy, axis, other.region) is region:
+                    self.error(f"this seed policy contradicts line {other.span.line}: the "
+                               f"{region.value} dropout region along {axis} is both "
+                               f"{'same' if seed.same else 'differ'} and "
+                               f"{'same' if other.same else 'differ'}", Code.CONFLICT, seed.span,
+                               *(["on this axis either region word names its one region"]
+                                 if seed.region is not other.region else []))
+                    return
 
     def check_post_scale(self, op: Op) -> None:
         """After the loop there is no current micro-batch to count the tokens of."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Mode, Role, State
 from placeverify.ir.relations import Relation, relation
+from placeverify.ir.step import Region
 from placeverify.ir.strategy import Strategy
 
 BATCH_SPLITTING = (Role.DATA, Role.CONTEXT)
@@ -43,3 +44,17 @@ def gathered_after_update(strategy: Strategy) -> tuple[str, ...]:
     return tuple(p.axis for p in strategy.placements
                  if p.role in BATCH_SPLITTING and p.mode(State.PARAMS) is Mode.R
                  and p.mode(State.OPTIMIZER).sharded)
+
+
+def dropout_regions(strategy: Strategy, axis: str) -> tuple[Region, ...]:
+    """The dropout regions an axis has (placeverify.semantics.rng): replicated and sharded on a
+    tensor axis without sequence parallelism, sharded only elsewhere."""
+    p = strategy.placement(axis)
+    if p.role is Role.TENSOR and not p.sequence_parallel:
+        return (Region.REPLICATED, Region.SHARDED)
+    return (Region.SHARDED,)
+
+
+def region_named(strategy: Strategy, axis: str, word: Region) -> Region:
+    """The region of ``axis`` that a seed statement's region word names."""
+    return word if word in dropout_regions(strategy, axis) else Region.SHARDED

@@ -23,23 +23,12 @@ that differs).
 
 from __future__ import annotations
 
-from placeverify.ir.placement import Role
+from placeverify.ir.queries import dropout_regions as regions
+from placeverify.ir.queries import region_named
 from placeverify.ir.step import Region, Seed
 from placeverify.ir.strategy import Strategy
 
-
-def regions(strategy: Strategy, axis: str) -> tuple[Region, ...]:
-    """The dropout regions an axis has: replicated and sharded on a tensor axis without
-    sequence parallelism, sharded only elsewhere."""
-    p = strategy.placement(axis)
-    if p.role is Role.TENSOR and not p.sequence_parallel:
-        return (Region.REPLICATED, Region.SHARDED)
-    return (Region.SHARDED,)
-
-
-def region_named(strategy: Strategy, axis: str, word: Region) -> Region:
-    """The region of ``axis`` that a statement's region word names."""
-    return word if word in regions(strategy, axis) else Region.SHARDED
+__all__ = ["declared", "must_differ", "region_named", "regions"]
 
 
 def must_differ(strategy: Strategy, axis: str, region: Region) -> bool:
