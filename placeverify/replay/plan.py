@@ -385,13 +385,7 @@ def plan_from_trace(doc: dict[str, Any], *, world: int | None, steps: int,
     resized = strategy_of(spec_base)
     expect = verify(resized, timeout_ms)
     counts = trace_counts(doc, resized, sizes, m) if sizes == keep else None
-    if counts is None:
-        tokens, samples, found = pick_counts(resized, sizes, m, expect.needs_counts)
-        if not found:
-            notes.append("no token counts were found that the exact interpreter shows diverging "
-                         "at this mesh")
-    else:
-        tokens, samples = counts
+    tokens, samples = _counts(resized, sizes, m, expect, counts, notes)
     main = replace(spec_base, tokens=tokens, samples=samples)
     control, control_expect, origin = _control(path, main, timeout_ms)
     return Plan(main, expect, Claim(Verdict.REFUTED, keep, "trace"), control, control_expect,
@@ -430,13 +424,7 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
         doc = json.loads(json.dumps(known.trace))
         if _trace_sizes(doc, strategy) == sizes and int(doc["microbatches"]) == m:
             counts = trace_counts(doc, resized, sizes, m)
-    if counts is None:
-        tokens, samples, found = pick_counts(resized, sizes, m, expect.needs_counts)
-        if not found:
-            notes.append("no token counts were found that the exact interpreter shows diverging "
-                          "at this mesh")
-    else:
-        tokens, samples = counts
+    tokens, samples = _counts(resized, sizes, m, expect, counts, notes)
     main = replace(base, tokens=tokens, samples=samples)
     control = control_expect = origin = None
     if claimed is Verdict.REFUTED:
@@ -474,3 +462,16 @@ def _twin_path(file: str) -> Path | None:
     twin = p.parent.parent / "ok" / f"{p.stem}-fixed.place"
     return twin if twin.is_file() else None
 
+
+def _counts(strategy: Strategy, sizes: dict[str, int], m: int, expect: Expectation,
+            counts: tuple[AtomCounts, AtomCounts] | None,
+            notes: list[str]) -> tuple[AtomCounts, AtomCounts]:
+    """The trace's own counts when they fit this mesh, else counts the exact interpreter shows
+    diverging here (a note says when there are none)."""
+    if counts is not None:
+        return counts
+    tokens, samples, found = pick_counts(strategy, sizes, m, expect.needs_counts)
+    if not found:
+        notes.append("no token counts were found that the exact interpreter shows diverging at "
+                     "this mesh")
+    return tokens, samples
