@@ -130,7 +130,8 @@ class GradMachine(Generic[V]):
     update: Seen[V] | None = None
     clips: list[Seen[V]] = field(default_factory=list)
     positions: list[Position] = field(default_factory=list)
-    _phase: Phase = Phase.PRE
+    phase: Phase = Phase.PRE  # the phase of the statement running now
+    scatter_op: Collective | None = None  # the reduce-scatter that left the current shard
     _backwards_left: int = 0
 
     def __post_init__(self) -> None:
@@ -165,7 +166,7 @@ class GradMachine(Generic[V]):
         for i, event in enumerate(schedule):
             if converged and event.phase is Phase.LOOP:
                 continue
-            self._phase = event.phase
+            self.phase = event.phase
             self.apply(event.op, event.k)
             if fixpoint is None or event.phase is not Phase.LOOP:
                 continue
@@ -204,7 +205,7 @@ class GradMachine(Generic[V]):
             self.observe(self, op, k)
 
     def _seen(self, op: Op, k: MicroBatch) -> Seen[V]:
-        return Seen(op, k, self._phase, self.denoted(), self.sharded, self.scattered,
+        return Seen(op, k, self.phase, self.denoted(), self.sharded, self.scattered,
                     self.update is not None, self._backwards_left == 0)
 
     # ---- the rules -------------------------------------------------------------------------
@@ -220,7 +221,7 @@ class GradMachine(Generic[V]):
             return
         if pair in POSITIONAL_COLLECTIVES:
             if op.target.applies_to(self.group):
-                self.positions.append(Position(op, k, self._phase, self.update is not None,
+                self.positions.append(Position(op, k, self.phase, self.update is not None,
                                                self._backwards_left == 0))
             return
         rule = GRADIENT_COLLECTIVES.get(pair)
@@ -232,6 +233,7 @@ class GradMachine(Generic[V]):
             if self.sharded:
                 assert self.shard is not None
                 self.full, self.sharded, self.scattered = self.shard, False, frozenset()
+                self.scatter_op = None
             return
         axes = frozenset(a for a in op.group.axes if self.live(a))
         if rule == "reduce":
@@ -255,6 +257,7 @@ class GradMachine(Generic[V]):
                                  "group", op.span)
             result = self.domain.accumulate(self.shard, result)
         self.shard, self.sharded, self.scattered, self.scatter_group = result, True, axes, layout
+        self.scatter_op = op
 
     def _mix(self, op: Op) -> None:
         if op not in self.mixes:

@@ -43,13 +43,15 @@ from placeverify.ir.step import (
     Backward,
     Collective,
     CollectiveKind,
-    Free,
     Op,
+    Scale,
     Step,
     TargetKind,
     Update,
 )
 from placeverify.ir.strategy import Strategy
+from placeverify.semantics.buffers import GradMachine
+from placeverify.semantics.schedule import MicroBatch, Phase
 from placeverify.verdicts import Condition, Obligation, Verdict
 
 METHOD = "rules over the placement and the step"
@@ -116,59 +118,54 @@ def _live(strategy: Strategy) -> frozenset[str]:
     return frozenset(a.name for a in strategy.mesh.axes if a.size > 1)
 
 
+class _Held:
+    """The domain of :mod:`placeverify.semantics.buffers` that knows only whether a buffer holds a
+    gradient: what memory needs to know of the step."""
+
+    def zero(self) -> bool:
+        return False
+
+    def backward(self, buffer: bool, op: Backward, k: MicroBatch) -> bool:
+        return True
+
+    def reduce(self, buffer: bool, op: Collective) -> bool:
+        return buffer
+
+    def accumulate(self, shard: bool, value: bool) -> bool:
+        return shard or value
+
+    def scale(self, buffer: bool, op: Scale, k: MicroBatch) -> bool:
+        return buffer
+
+
 def _walk(step: Step, group: ParamGroup, live: frozenset[str]) -> _Facts:
-    """Run the step abstractly for ``group``, under the buffer rules of
-    :mod:`placeverify.semantics.buffers`: ``grads`` denotes the full buffer until a
-    reduce-scatter, the shard from then until the next backward or ``all_gather grads``; ``free``
-    empties the full buffer.
-
-    Every loop body back-propagates, and a backward makes the full buffer denoted and live again,
-    so the state after a micro-batch depends only on that micro-batch's statements: running the
-    first two, the last two and every micro-batch an ``on microbatch`` block names (with its
-    neighbours) is exact for any micro-batch count."""
+    """Run the step for ``group`` under the buffer rules of :mod:`placeverify.semantics.buffers`
+    and record what memory depends on. The loop stops once a micro-batch maps the state to
+    itself (later ones then change nothing), so any micro-batch count costs a few."""
     facts = _Facts()
-    sharded = False
-    scattered: frozenset[str] = frozenset()
-    scatter: Collective | None = None
-    full = False  # does the full buffer hold a gradient?
+    held_after: dict[int, bool] = {}  # does the full buffer hold a gradient after micro-batch k?
 
-    def apply(op: Op) -> None:
-        nonlocal sharded, scattered, scatter, full
-        if isinstance(op, Backward):
-            sharded, full = False, True
-        elif isinstance(op, Free):
-            if op.target.applies_to(group):
-                full = False
-        elif isinstance(op, Update):
+    def observe(machine: GradMachine[bool], op: Op, k: MicroBatch) -> None:
+        if machine.phase is Phase.LOOP and isinstance(k, int):
+            held_after[k] = machine.full
+        if isinstance(op, Update):
             facts.update = op
-            facts.scattered = scattered if sharded else frozenset()
-            facts.scatter = scatter if sharded else None
-        elif isinstance(op, Collective) and op.target.applies_to(group):
-            if op.target.kind is TargetKind.GRADS:
-                if op.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
-                    facts.reductions.append(op)
-                if op.kind is CollectiveKind.REDUCE_SCATTER:
-                    sharded, scattered, scatter = True, frozenset(op.group.axes) & live, op
-                elif op.kind is CollectiveKind.ALL_GATHER and sharded:
-                    sharded, full = False, True
-            elif (op.target.kind is TargetKind.PARAMS and facts.update is not None
-                  and op.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.BROADCAST)):
-                facts.gathers.append(op)
+            if machine.sharded:
+                facts.scattered, facts.scatter = machine.scattered, machine.scatter_op
+        if (isinstance(op, Collective) and op.target.kind is TargetKind.GRADS
+                and op.kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
+                and op.target.applies_to(group)
+                and not any(op is seen for seen in facts.reductions)):
+            facts.reductions.append(op)
 
-    for op in step.pre:
-        apply(op)
-    m = step.microbatches
-    named = {lo.microbatch for lo in step.loop if lo.microbatch is not None}
-    ks = sorted(k for k in {0, 1, m - 2, m - 1, *named, *(k + 1 for k in named),
-                            *(k - 1 for k in named)} if 0 <= k < m)
-    for k in ks:
-        for lo in step.loop:
-            if lo.microbatch is None or lo.microbatch == k:
-                apply(lo.op)
-        if k < m - 1 and full:
-            facts.held_full = True
-    for op in step.post:
-        apply(op)
+    def state(machine: GradMachine[bool]) -> tuple[object, ...]:
+        return (machine.full, machine.shard, machine.sharded, machine.scattered)
+
+    machine = GradMachine(_Held(), group, live.__contains__, observe)
+    machine.run(step, step.microbatches, fixpoint=state)
+    facts.held_full = any(held for k, held in held_after.items() if k < step.microbatches - 1)
+    facts.gathers = [p.op for p in machine.positions
+                     if p.after_update and p.op.target.kind is TargetKind.PARAMS]
     return facts
 
 
