@@ -48,6 +48,8 @@ BUGS: dict[str, tuple[set[str], str]] = {
                                           "shard-mismatch"),
     "dropout-seed-data-parallel": ({"gradient_integrity"}, "rng"),
     "dropout-seed-sequence-parallel": ({"gradient_integrity"}, "rng"),
+    # the update consumes a freed (zero) gradient: the coefficient is 0, at the free
+    "free-before-update": ({"gradient_integrity"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12

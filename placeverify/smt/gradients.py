@@ -19,7 +19,7 @@ from fractions import Fraction
 from typing import Any
 
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.step import Backward, Clip, Collective, Scale, TermKind
+from placeverify.ir.step import Backward, Clip, Collective, Free, Scale, TermKind
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import GroupView, group_view
 from placeverify.semantics.interpreter import (
@@ -418,7 +418,11 @@ def cause_span(strategy: Strategy, view: GroupView, found: Counterexample) -> An
     if overwriting and found.microbatches > 1:
         return overwriting[0].span  # each micro-batch overwrites the shard
     ratio = ratio_pattern(strategy, view, found)
-    if ratio is None or ratio == 0:
+    if ratio == 0:  # nothing reaches the update: the gradient was dropped before it
+        freed = [op for op in strategy.step.ops() if isinstance(op, Free)
+                 and op.target.applies_to(view.group)]
+        return freed[0].span if freed else None
+    if ratio is None:
         return None
     ops = list(strategy.step.ops())
     scales = [op for op in ops if isinstance(op, Scale) and op.target.applies_to(view.group)]
