@@ -176,7 +176,10 @@ class _Coefficients:
             elif more_than_one(size):
                 return None  # ranks along it hold different parameters; one rank is a no-op
         if op.op is ReduceOp.MAX:
-            raise Unmodelled("gradients reduced with max are not a gradient", op.span)
+            # over identical copies, or ranks of size-1 axes, the maximum is the value itself
+            if any(kind == "coordinate" and more_than_one(self.size(axis)) for kind, axis in plan):
+                raise Unmodelled("gradients reduced with max are not a gradient", op.span)
+            return buffer
         out = dict(buffer.values)
         divisor: Any = 1
         for kind, axis in plan:
