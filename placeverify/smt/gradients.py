@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -55,10 +55,32 @@ class Counterexample:
 def integrity_obligations(strategy: Strategy,
                           timeout_ms: int) -> list[tuple[Obligation, Counterexample | None]]:
     out = []
+    clips: list[tuple[ParamGroup, tuple[Obligation, Counterexample | None]]] = []
     for group in strategy.model.groups_present():
         out.append(group_obligation(strategy, group, timeout_ms))
-        out.extend(clip_input_obligations(strategy, group, timeout_ms))
-    return out
+        clips.extend((group, found) for found in clip_input_obligations(strategy, group, timeout_ms))
+    return out + _merged(clips)
+
+
+def _merged(results: list[tuple[ParamGroup, tuple[Obligation, Counterexample | None]]]
+            ) -> list[tuple[Obligation, Counterexample | None]]:
+    """One clip-input obligation per clip statement and verdict, naming every group it is
+    about (the first group's evidence stands for the others)."""
+    kept: dict[tuple[Verdict, Any], tuple[list[ParamGroup], Obligation, Counterexample | None]] = {}
+    for group, (obligation, found) in results:
+        key = (obligation.verdict, obligation.span)
+        if key in kept:
+            kept[key][0].append(group)
+        else:
+            kept[key] = ([group], obligation, found)
+    return [(replace(obligation, claim=_clip_claim(groups)), found)
+            for groups, obligation, found in kept.values()]
+
+
+def _clip_claim(groups: list[ParamGroup]) -> str:
+    return (f"every clip sees the single-device gradient of the "
+            f"{', '.join(g.value for g in groups)} parameters (complete, reduced, normalised and "
+            "unscaled)")
 
 
 def clip_input_obligations(strategy: Strategy, group: ParamGroup,
@@ -71,8 +93,7 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
         return []
     view = group_view(strategy, group)
     sizes = {a.name: a.size for a in strategy.mesh.axes}
-    claim = (f"every clip sees the single-device gradient of the {group.value} parameters "
-             "(complete, reduced, normalised and unscaled)")
+    claim = _clip_claim([group])
     method = "z3 (nonlinear real arithmetic over count variables)"
     try:
         encoded = encode(strategy, view, sizes, strategy.step.microbatches, f"{group.value}_clip_",
