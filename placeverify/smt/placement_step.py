@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import AxisPlacement, Mode, Role, State
+from placeverify.ir.queries import BATCH_SPLITTING
 from placeverify.ir.step import (
     Backward,
     Collective,
@@ -90,7 +91,7 @@ def memory_sharded(strategy: Strategy, group: ParamGroup, p: AxisPlacement,
     """Does memory divide this group's state by the axis (True), keep it whole (False), or is the
     split fixed by the axis's role (None)? Mirrors :func:`placeverify.cost.memory.model_split`
     and :func:`~placeverify.cost.memory.data_split`."""
-    if p.role in (Role.DATA, Role.CONTEXT):
+    if p.role in BATCH_SPLITTING:
         return p.mode(state).sharded
     if p.role is Role.TENSOR:
         return False if group is ParamGroup.NORMS else None
@@ -287,7 +288,7 @@ def _statement(step: Step, op: Collective) -> str:
 
 def _layout(p: AxisPlacement, state: State) -> str:
     """A state's mode along an axis as memory reads it."""
-    return p.mode(state).value if p.role in (Role.DATA, Role.CONTEXT) else Mode.R.value
+    return p.mode(state).value if p.role in BATCH_SPLITTING else Mode.R.value
 
 
 def _why_whole(p: AxisPlacement) -> str:
