@@ -5,6 +5,7 @@ No Z3 object crosses this boundary: counterexamples are JSON-serialisable dictio
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -16,6 +17,17 @@ class Verdict(StrEnum):
     PROVED = "proved"
     REFUTED = "refuted"
     UNKNOWN = "unknown"
+
+    @staticmethod
+    def worst(verdicts: Iterable[Verdict]) -> Verdict:
+        """The verdict of a conjunction, the one order used everywhere: a refuted part refutes
+        the whole whatever else is unknown (its counterexample stands on its own); otherwise an
+        unknown part leaves the whole unknown; only all parts proved (or none) prove it."""
+        seen = set(verdicts)
+        for verdict in (Verdict.REFUTED, Verdict.UNKNOWN):
+            if verdict in seen:
+                return verdict
+        return Verdict.PROVED
 
 
 class Condition(StrEnum):
@@ -55,23 +67,13 @@ class Verification:
     notes: tuple[str, ...] = field(default=())
 
     def verdict(self, condition: Condition) -> Verdict:
-        verdicts = {o.verdict for o in self.obligations if o.condition is condition}
-        if Verdict.REFUTED in verdicts:
-            return Verdict.REFUTED
-        if Verdict.UNKNOWN in verdicts:
-            return Verdict.UNKNOWN
-        return Verdict.PROVED
+        return Verdict.worst(o.verdict for o in self.obligations if o.condition is condition)
 
     def verdicts(self) -> dict[str, str]:
         return {c.value: self.verdict(c).value for c in CONDITIONS}
 
     def overall(self) -> Verdict:
-        values = {self.verdict(c) for c in CONDITIONS}
-        if Verdict.REFUTED in values:
-            return Verdict.REFUTED
-        if Verdict.UNKNOWN in values:
-            return Verdict.UNKNOWN
-        return Verdict.PROVED
+        return Verdict.worst(self.verdict(c) for c in CONDITIONS)
 
     def first_refuted(self) -> Obligation | None:
         for o in self.obligations:

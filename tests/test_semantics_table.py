@@ -127,3 +127,14 @@ def test_the_replay_refuses_an_unmodelled_collective(pair: tuple[CollectiveKind,
     op = Collective(kind, ReduceOp.SUM, Target(target), load_text(DDP, "x").mesh.group("dp"), SPAN)
     with pytest.raises(Unsupported):
         RankRun.collective(object.__new__(RankRun), op)
+
+
+@pytest.mark.parametrize(("parts", "whole"), [
+    ((), Verdict.PROVED),
+    ((Verdict.PROVED, Verdict.PROVED), Verdict.PROVED),
+    ((Verdict.PROVED, Verdict.UNKNOWN), Verdict.UNKNOWN),
+    ((Verdict.UNKNOWN, Verdict.REFUTED), Verdict.REFUTED),  # a counterexample stands on its own
+    ((Verdict.REFUTED, Verdict.PROVED, Verdict.UNKNOWN), Verdict.REFUTED),
+])
+def test_one_verdict_order_for_a_conjunction(parts: tuple[Verdict, ...], whole: Verdict) -> None:
+    assert Verdict.worst(parts) is whole

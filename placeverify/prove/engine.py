@@ -70,12 +70,10 @@ class RuleResult:
 
     @property
     def verdict(self) -> Verdict:
-        """The rule's own verdict: refuted if a claim it refutes was refuted (or a claim it
-        proves was refuted), unknown if any is unknown, proved otherwise."""
-        verdicts = {c.verdict for c in self.claims}
-        if Verdict.UNKNOWN in verdicts:
-            return Verdict.UNKNOWN
-        return Verdict.REFUTED if Verdict.REFUTED in verdicts else Verdict.PROVED
+        """The rule's own verdict over its claims' verdicts (:meth:`Verdict.worst`: refuted if
+        any claim was refuted, else unknown if any is unknown, else proved). Whether the rule
+        holds as stated is :attr:`holds`."""
+        return Verdict.worst(c.verdict for c in self.claims)
 
     @property
     def holds(self) -> bool | None:
@@ -194,8 +192,7 @@ def _conditions(rule: Rule, strategy: Strategy, claim: Claim, bounds: dict[str, 
         methods.append(f"{', '.join(c.label for c in sorted(wanted - {Condition.GRADIENT_INTEGRITY}))}"
                        f" and the update rules: checked at sizes 1, 2 and 3 of {quantified}, which "
                        "stand for every size (these analyses only compare sizes with 1, 2 and 3)")
-    overall = (Verdict.REFUTED if Verdict.REFUTED in verdicts.values() else
-               Verdict.UNKNOWN if Verdict.UNKNOWN in verdicts.values() else Verdict.PROVED)
+    overall = Verdict.worst(verdicts.values())
     summary = "; ".join(f"{c.label}: {v.value}" for c, v in sorted(verdicts.items()))
     return ClaimResult(claim, overall, "; ".join(methods), detail or summary, counterexample)
 
