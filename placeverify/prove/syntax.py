@@ -136,11 +136,12 @@ class RuleBuilder(AstBuilder):
     def __default__(self, data: Any, children: list[Any], meta: Any) -> Any:
         name = str(data)
         if name.startswith(IMPORTED):
-            method = getattr(self, name[len(IMPORTED):], None)
+            rule = name[len(IMPORTED):]
+            method = getattr(self, rule, None)
             if method is not None:
                 return method(meta, children)
-            if name[len(IMPORTED):] in DERIVED:
-                return super().__default__(name[len(IMPORTED):], children, meta)
+            if rule in DERIVED:
+                return super().__default__(rule, children, meta)
         return super().__default__(data, children, meta)
 
     def __default_token__(self, token: Token) -> Token:
