@@ -13,8 +13,8 @@ import click
 from rich.console import Console
 
 from placeverify import __version__
-from placeverify.diagnostics import ExitCode, PlaceError
-from placeverify.verdicts import Verdict
+from placeverify.console import console, error_console, print_errors, verdict_exit, worst
+from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
 
 EXIT_CODES = """\b
 Exit codes:
@@ -28,39 +28,6 @@ Exit codes:
   5  replay/measure could not run (torch missing, a rank crashed or hung)
   70 internal error (a bug in placeverify; please report it)
 """
-
-PRIORITY = [ExitCode.INTERNAL_ERROR, ExitCode.READ_ERROR, ExitCode.INPUT_ERROR,
-            ExitCode.BACKEND_ERROR, ExitCode.REFUTED, ExitCode.UNKNOWN, ExitCode.OK]
-
-
-def worst(codes: Iterable[ExitCode]) -> ExitCode:
-    codes = list(codes)
-    for code in PRIORITY:
-        if code in codes:
-            return code
-    return ExitCode.OK
-
-
-def verdict_exit(verdict: Verdict) -> ExitCode:
-    return {Verdict.PROVED: ExitCode.OK, Verdict.REFUTED: ExitCode.REFUTED,
-            Verdict.UNKNOWN: ExitCode.UNKNOWN}[verdict]
-
-
-def console() -> Console:
-    width = None if sys.stdout.isatty() else 120
-    return Console(width=width, highlight=False, soft_wrap=False, markup=False)
-
-
-def error_console() -> Console:
-    width = None if sys.stderr.isatty() else 120
-    return Console(stderr=True, width=width, highlight=False, soft_wrap=True, markup=False)
-
-
-def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
-    err = error_console()
-    for diagnostic in error.diagnostics:
-        err.print(diagnostic.render(error.source, pretty=pretty), markup=False)
-
 
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, ensure_ascii=False))
@@ -273,8 +240,6 @@ def expand_paths(items: Iterable[str]) -> list[str]:
         if p.is_dir():
             found = sorted(str(f) for f in p.rglob("*.place"))
             if not found:
-                from placeverify.diagnostics import Source
-
                 raise PlaceError([_no_files(item)], Source(item, ""), ExitCode.READ_ERROR)
             out.extend(found)
         else:
@@ -283,8 +248,6 @@ def expand_paths(items: Iterable[str]) -> list[str]:
 
 
 def _no_files(folder: str) -> Any:
-    from placeverify.diagnostics import Code, Diagnostic, Severity
-
     return Diagnostic(Severity.ERROR, f"no .place files under {folder}", Code.READ)
 
 

@@ -108,7 +108,7 @@ def write(trace: dict[str, Any], path: str) -> None:
 
 def load(path: str) -> dict[str, Any]:
     """Read and validate a trace (JSON only: nothing in it is evaluated or unpickled)."""
-    from placeverify.syntax.parser import MAX_FILE_BYTES, decode_text
+    from placeverify.syntax.source import MAX_FILE_BYTES, decode_text
 
     p = Path(path)
     source = Source(path, "")

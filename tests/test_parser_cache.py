@@ -9,7 +9,8 @@ import pytest
 from lark import Lark
 
 from placeverify.syntax import parser_cache
-from placeverify.syntax.parser import PARSER_OPTIONS, _ToAst, grammar_path
+from placeverify.syntax.grammar import PARSER_OPTIONS, grammar_path
+from placeverify.syntax.to_ast import AstBuilder
 from tests.conftest import example_files
 
 
@@ -34,7 +35,7 @@ def test_a_cached_parser_builds_the_same_asts_with_the_same_spans(cache: Path) -
     assert loaded is not fresh
     for path in example_files("bugs", "ok", "strategies"):
         text = path.read_text()
-        assert _ToAst().transform(loaded.parse(text)) == _ToAst().transform(fresh.parse(text))
+        assert AstBuilder().transform(loaded.parse(text)) == AstBuilder().transform(fresh.parse(text))
 
 
 def test_a_damaged_or_foreign_cache_file_is_rebuilt(cache: Path) -> None:

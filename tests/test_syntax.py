@@ -9,22 +9,17 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from lark import Token, Tree
+from lark import Lark, Token, Tree
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span, did_you_mean
 from placeverify.ir.lower import load, load_text, lower
 from placeverify.ir.placement import Role, Schedule
+from placeverify.prove.syntax import IMPORTED, RuleBuilder, rules_parser
 from placeverify.syntax import ast
-from placeverify.syntax.parser import (
-    MAX_NESTING,
-    _ToAst,
-    grammar_path,
-    number_problem,
-    parse_source,
-    parse_text,
-    parser,
-    tree_of,
-)
+from placeverify.syntax.errors import MAX_NESTING
+from placeverify.syntax.grammar import grammar_path, parser
+from placeverify.syntax.parser import parse_source, parse_text, tree_of
+from placeverify.syntax.to_ast import DERIVED, AstBuilder, built_rules, number_problem, rule_name
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(ROOT.glob("examples/**/*.place"))
@@ -140,18 +135,45 @@ def test_multi_line_spans() -> None:
     assert slice_span(source, model.span).endswith("hidden = 1024\n}")
 
 
-def test_every_grammar_rule_has_an_ast_builder() -> None:
-    """One AST class per rule: each rule (or alias) the parse tree can contain has a method."""
+def grammar_rules(lark: Lark, prefix: str = "") -> set[str]:
+    """Every rule (or alias) a parse tree of ``lark`` can contain, without ``prefix``."""
     names = set()
-    for rule in parser().rules:
+    for rule in lark.rules:
         name = rule.alias or rule.origin.name
         if isinstance(name, Token):
             name = name.value
-        if name.startswith("_") or (rule.options.expand1 and not rule.alias):
-            continue
-        names.add(name)
-    missing = {n for n in names if not callable(getattr(_ToAst, n, None))}
-    assert not missing, f"grammar rules without an AST builder: {sorted(missing)}"
+        kept = [s for s in rule.expansion if not getattr(s, "filter_out", False)]
+        if name.startswith("_") or (rule.options.expand1 and not rule.alias and len(kept) < 2):
+            continue  # a '?rule' with one child is replaced by that child
+        names.add(name.removeprefix(prefix))
+    return names
+
+
+def test_every_grammar_rule_has_an_ast_builder_and_back() -> None:
+    """One AST class per rule: each rule the parse tree can contain is built, and nothing else."""
+    names = grammar_rules(parser())
+    assert names == built_rules(), (f"rules without a builder: {sorted(names - built_rules())}; "
+                                    f"builders without a rule: {sorted(built_rules() - names)}")
+
+
+def test_every_ast_class_is_built_by_a_rule() -> None:
+    """The other half of 'one AST class per rule': no class of syntax/ast.py lacks its rule."""
+    classes = {c for c in vars(ast).values() if isinstance(c, type)
+               and dataclasses.is_dataclass(c) and c.__module__ == ast.__name__} - {ast.Name}
+    built = {d.cls for d in DERIVED.values()}
+    for name in built_rules() - set(DERIVED):
+        returned = str(vars(AstBuilder)[name].__annotations__["return"])
+        built.add(getattr(ast, returned.removeprefix("ast."), tuple))
+    assert not classes - built, f"AST classes no rule builds: {sorted(c.__name__ for c in classes - built)}"
+    for rule, derived in DERIVED.items():
+        assert rule in ("start", "clip_op_stmt") or rule_name(derived.cls) == rule
+
+
+def test_every_rules_grammar_rule_has_a_builder_and_back() -> None:
+    """rules.lark: its own rules and the .place rules it imports are all built by the rule builder."""
+    names = grammar_rules(rules_parser(), IMPORTED)
+    own = {n for n, v in vars(RuleBuilder).items() if not n.startswith("_") and callable(v)}
+    assert names == built_rules() | own, sorted(names ^ (built_rules() | own))
 
 
 def test_grammar_is_the_only_syntax_definition() -> None:

@@ -14,10 +14,11 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from placeverify.console import print_errors, worst
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity
 from placeverify.prove.engine import RuleResult, check_rule
 from placeverify.prove.syntax import parse_rule
-from placeverify.syntax.parser import read_source
+from placeverify.syntax.source import read_source
 from placeverify.verdicts import Verdict
 
 PROVE_SCHEMA = "placeverify.prove/1"
@@ -86,8 +87,6 @@ def render(result: RuleResult, console: Console) -> None:
 
 def prove_paths(paths: tuple[str, ...], *, as_json: bool, timeout_ms: int,
                 console: Console) -> ExitCode:
-    from placeverify.cli import print_errors, worst
-
     codes: list[ExitCode] = []
     documents: list[dict[str, Any]] = []
     total = 0.0

@@ -18,7 +18,11 @@ from lark.exceptions import UnexpectedInput
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
 from placeverify.syntax import ast
-from placeverify.syntax.parser import _meta_span, _syntax_diagnostic, _ToAst, _token_span, grammar_path
+from placeverify.syntax.errors import syntax_diagnostic
+from placeverify.syntax.grammar import PARSER_OPTIONS, grammar_path
+from placeverify.syntax.parser_cache import load_or_build
+from placeverify.syntax.spans import meta_span, token_span
+from placeverify.syntax.to_ast import DERIVED, AstBuilder
 
 RULES_GRAMMAR = "rules.lark"
 IMPORTED = "placement__"
@@ -120,25 +124,25 @@ class Rule:
 
 @functools.cache
 def rules_parser() -> Lark:
-    from placeverify.syntax.parser import PARSER_OPTIONS
-    from placeverify.syntax.parser_cache import load_or_build
-
     folder = grammar_path().parent
     return load_or_build((folder / RULES_GRAMMAR).read_text(encoding="utf-8"), PARSER_OPTIONS,
                          "rules", [str(folder)])
 
 
 @v_args(meta=True)
-class _RuleTree(_ToAst):
+class RuleBuilder(AstBuilder):
     """The .place AST builder, extended with the theorem form; imported rules lose their prefix."""
 
     def __default__(self, data: Any, children: list[Any], meta: Any) -> Any:
         name = str(data)
         if name.startswith(IMPORTED):
-            method = getattr(self, name[len(IMPORTED):], None)
+            rule = name[len(IMPORTED):]
+            method = getattr(self, rule, None)
             if method is not None:
                 return method(meta, children)
-        return super().__default__(data, children, meta)  # type: ignore[no-untyped-call]
+            if rule in DERIVED:
+                return super().__default__(rule, children, meta)
+        return super().__default__(data, children, meta)
 
     def __default_token__(self, token: Token) -> Token:
         if token.type.startswith(IMPORTED):
@@ -184,19 +188,19 @@ class _RuleTree(_ToAst):
 
     # statements
     def rule_stmt(self, meta: Any, children: list[Token]) -> tuple[str, Any, Span]:
-        return ("rule", self.string_value(meta, [children[0]]).value, _meta_span(meta))
+        return ("rule", self.string_value(meta, [children[0]]).value, meta_span(meta))
 
     def bound(self, meta: Any, children: list[Any]) -> Bound:
         minimum = int(children[1]) if children[1] is not None else None
-        return Bound(str(children[0]), minimum, _token_span(children[0]))
+        return Bound(str(children[0]), minimum, token_span(children[0]))
 
     def for_stmt(self, meta: Any, children: list[Bound]) -> tuple[str, Any, Span]:
-        return ("for", children, _meta_span(meta))
+        return ("for", children, meta_span(meta))
 
     def let_stmt(self, meta: Any, children: list[Any]) -> tuple[str, Any, Span]:
         name, *params, body = children
-        return ("let", Let(str(name), tuple(str(p) for p in params), body, _meta_span(meta)),
-                _meta_span(meta))
+        return ("let", Let(str(name), tuple(str(p) for p in params), body, meta_span(meta)),
+                meta_span(meta))
 
     def conditions(self, meta: Any, children: list[Token]) -> dict[str, Any]:
         return {"kind": "conditions", "conditions": tuple(str(c) for c in children)}
@@ -211,12 +215,12 @@ class _RuleTree(_ToAst):
         return {"kind": "identity", "left": children[0], "right": children[1]}
 
     def prove_stmt(self, meta: Any, children: list[Any]) -> tuple[str, Any, Span]:
-        return ("prove", children[0], _meta_span(meta))
+        return ("prove", children[0], meta_span(meta))
 
     def refute_stmt(self, meta: Any, children: list[Any]) -> tuple[str, Any, Span]:
-        return ("refute", children[0], _meta_span(meta))
+        return ("refute", children[0], meta_span(meta))
 
-    def start(self, meta: Any, children: list[Any]) -> list[Any]:  # type: ignore[override]
+    def start(self, meta: Any, children: list[Any]) -> list[Any]:
         return children
 
 
@@ -224,11 +228,11 @@ def parse_rule(source: Source) -> Rule:
     try:
         tree = rules_parser().parse(source.text)
     except UnexpectedInput as err:
-        diagnostic = _syntax_diagnostic(err, source)
+        diagnostic = syntax_diagnostic(err, source)
         message = diagnostic.message.replace(IMPORTED, "")
         raise PlaceError([Diagnostic(diagnostic.severity, message, diagnostic.code, diagnostic.span,
                                      diagnostic.notes)], source) from None
-    items = _RuleTree().transform(tree)
+    items = RuleBuilder().transform(tree)
     rule = Rule(source, Path(source.path).stem)
     errors: list[Diagnostic] = []
     for item in items:

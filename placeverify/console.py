@@ -1,0 +1,53 @@
+"""Terminal helpers shared by the ``placeverify`` commands: consoles, error printing, exit codes.
+
+Both CLIs (:mod:`placeverify.cli` and :mod:`placeverify.prove.cli`) and the comparison table print
+diagnostics and combine per-file outcomes into one exit code the same way; the codes and their
+order are documented in ``placeverify --help`` (:data:`placeverify.cli.EXIT_CODES`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+
+from rich.console import Console
+
+from placeverify.diagnostics import ExitCode, PlaceError
+from placeverify.verdicts import Verdict
+
+PRIORITY = [ExitCode.INTERNAL_ERROR, ExitCode.READ_ERROR, ExitCode.INPUT_ERROR,
+            ExitCode.BACKEND_ERROR, ExitCode.REFUTED, ExitCode.UNKNOWN, ExitCode.OK]
+
+
+def worst(codes: Iterable[ExitCode]) -> ExitCode:
+    """The exit code of several files: the first of :data:`PRIORITY` that any of them has."""
+    codes = list(codes)
+    for code in PRIORITY:
+        if code in codes:
+            return code
+    return ExitCode.OK
+
+
+def verdict_exit(verdict: Verdict) -> ExitCode:
+    """The exit code of a verdict: proved 0, refuted 1, unknown 3."""
+    return {Verdict.PROVED: ExitCode.OK, Verdict.REFUTED: ExitCode.REFUTED,
+            Verdict.UNKNOWN: ExitCode.UNKNOWN}[verdict]
+
+
+def console() -> Console:
+    """Standard output: the terminal's width, or 120 columns when piped."""
+    width = None if sys.stdout.isatty() else 120
+    return Console(width=width, highlight=False, soft_wrap=False, markup=False)
+
+
+def error_console() -> Console:
+    """Standard error, for diagnostics: the terminal's width, or 120 columns when piped."""
+    width = None if sys.stderr.isatty() else 120
+    return Console(stderr=True, width=width, highlight=False, soft_wrap=True, markup=False)
+
+
+def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
+    """Every diagnostic of ``error`` on standard error, with its source line when ``pretty``."""
+    err = error_console()
+    for diagnostic in error.diagnostics:
+        err.print(diagnostic.render(error.source, pretty=pretty), markup=False)
