@@ -120,7 +120,7 @@ def _post(config: Config) -> list[Op]:
         if sp:
             phases["sp"][group] = mesh.group(*sp)
         batch = [a for a, _ in needed if config.placement(a).role not in (Role.TENSOR,
-                                                                             Role.PIPELINE)]
+                                                                           Role.PIPELINE)]
         scatter = [a for a in batch if sharded_update(config, a)]
         rest = [a for a in batch if a not in scatter]
         if scatter:
