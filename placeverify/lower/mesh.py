@@ -115,7 +115,7 @@ def link(ctx: Context, block: ast.Block | None) -> tuple[Fraction | None, Fracti
 
 
 def read_group(ctx: Context, group: ast.Group, mesh: Mesh, allow_named: bool = True,
-          extra: Sequence[str] = ()) -> Group | None:
+               extra: Sequence[str] = ()) -> Group | None:
     axes: list[str] = []
     ends: set[str] = set()
     ok = True

@@ -23,7 +23,7 @@ MODE_NAMES = {m.value: m for m in Mode}
 
 
 def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mesh,
-               model: Model) -> tuple[AxisPlacement, ...]:
+                    model: Model) -> tuple[AxisPlacement, ...]:
     by_axis: dict[str, AxisPlacement] = {}
     for stmt in statements:
         group = read_group(ctx, stmt.group, mesh)

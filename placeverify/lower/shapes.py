@@ -61,8 +61,8 @@ def need(ctx: Context, what: str, value: int, by: Sequence[tuple[str, int]], at:
     ctx.error(f"{shown} does not divide {what} ({value:,})", Code.NOT_DIVISIBLE, at, *notes)
 
 
-def check_role_shapes(ctx: Context, arch: Transformer, mesh: Mesh, role_placements: list[AxisPlacement],
-                      microbatches: int) -> None:
+def check_role_shapes(ctx: Context, arch: Transformer, mesh: Mesh,
+                      role_placements: list[AxisPlacement], microbatches: int) -> None:
     """The dimensions one role splits, over the product of all of its axes."""
     p = role_placements[-1]
     by = factors(mesh, role_placements)
