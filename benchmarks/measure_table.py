@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from placeverify.diagnostics import PlaceError  # noqa: E402
-from placeverify.ir.lower import load  # noqa: E402
+from placeverify.lower import load  # noqa: E402
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document  # noqa: E402
 from placeverify.measure.launch import BackendError, run_jobs  # noqa: E402
 from placeverify.measure.plan import Plan, plan  # noqa: E402

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from placeverify.api import resize, verify  # noqa: E402
-from placeverify.ir.lower import load  # noqa: E402
+from placeverify.lower import load  # noqa: E402
 
 REPEATS = 5
 

@@ -6,8 +6,8 @@ import time
 from dataclasses import replace
 
 from placeverify.cost import analyse
-from placeverify.ir.lower import load
 from placeverify.ir.strategy import Strategy
+from placeverify.lower import load
 from placeverify.report.data import CheckResult
 from placeverify.verdicts import Verification
 
@@ -50,7 +50,7 @@ def resize(strategy: Strategy, sizes: dict[str, int]) -> Strategy:
     unknown = set(sizes) - set(strategy.mesh.names)
     if unknown:
         raise ValueError(f"no such axes: {sorted(unknown)}")
-    resized = replace(strategy, mesh=strategy.mesh.with_sizes(sizes))
+    resized = replace(strategy, config=replace(strategy.config, mesh=strategy.mesh.with_sizes(sizes)))
     if strategy.step.canonical:
-        resized = replace(resized, step=canonical.derive(resized))
+        resized = replace(resized, step=canonical.derive(resized.config))
     return resized

@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 
 from placeverify.cost import Costs, analyse
-from placeverify.ir.lower import load
+from placeverify.lower import load
 
 ROOT = Path(__file__).resolve().parents[1]
 # The command of the environment running the tests (/work/main/.venv/bin/placeverify here).

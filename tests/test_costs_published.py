@@ -20,7 +20,7 @@ import pytest
 
 from placeverify.cost import Costs, analyse
 from placeverify.cost.communication import CommItem
-from placeverify.ir.lower import load_text
+from placeverify.lower import load_text
 
 ROOT = Path(__file__).resolve().parents[1]
 # The command of the environment running the tests (/work/main/.venv/bin/placeverify here).

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from placeverify.diagnostics import PlaceError
-from placeverify.ir.lower import load_text
+from placeverify.lower import load_text
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import atoms, run, uniform_instance
 from placeverify.smt.agreement import agreement

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from placeverify.cli import main
 from placeverify.diagnostics import Code, ExitCode, PlaceError
-from placeverify.ir.lower import load, load_text
+from placeverify.lower import load, load_text
 from placeverify.syntax.source import MAX_FILE_BYTES
 
 GOLDEN = Path(__file__).parent / "errors"

@@ -18,7 +18,7 @@ import sympy
 
 from placeverify.cost import CATEGORIES, Costs, analyse
 from placeverify.cost.domain import Symbolic
-from placeverify.ir.lower import load, load_text
+from placeverify.lower import load, load_text
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(f"{p.parent.name}/{p.name}" for folder in ("strategies", "zero-paper")

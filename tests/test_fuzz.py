@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from placeverify.api import check, check_strategy
 from placeverify.diagnostics import PlaceError, Source
-from placeverify.ir.lower import load_text
+from placeverify.lower import load_text
 from placeverify.syntax.source import decode_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from placeverify.cost.tensors import Implementation, OptimizerKind, Schedule, predict
 from placeverify.diagnostics import ExitCode, PlaceError
-from placeverify.ir.lower import load
+from placeverify.lower import load
 from placeverify.measure import cli as measure_cli
 from placeverify.measure import launch
 from placeverify.measure.compare import compare, comparison_document

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 
-from placeverify.ir.lower import load_text
 from placeverify.ir.model import (
     ARCHITECTURES,
     BARE_MODELS,
@@ -23,6 +22,7 @@ from placeverify.ir.model import (
     ParamGroup,
     Transformer,
 )
+from placeverify.lower import load_text
 
 # ---- Llama 3 8B (arXiv 2407.21783 Table 3; HF config): L 32, h 4096, 32 heads, 8 KV heads
 # (head dim 128, so K and V are 8 * 128 = 1024 wide), SwiGLU ffn 14336, vocab 128256, untied,

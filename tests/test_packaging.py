@@ -91,7 +91,7 @@ def test_installed_wheel_parses_an_example(wheel: Path, tmp_path: Path) -> None:
         "import sys\n"
         "import placeverify\n"
         "from placeverify.syntax.grammar import grammar_path\n"
-        "from placeverify.ir.lower import load\n"
+        "from placeverify.lower import load\n"
         "strategy = load(sys.argv[1])\n"
         "print(placeverify.__file__)\n"
         "print(grammar_path())\n"

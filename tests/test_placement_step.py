@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from placeverify.api import check
-from placeverify.ir.lower import load_text
 from placeverify.ir.placement import Role, State
+from placeverify.lower import load_text
 from placeverify.smt.composition import composition_obligations
 from placeverify.smt.placement_step import placement_step_obligations
 from placeverify.verdicts import Condition, Obligation, Verdict

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from placeverify.diagnostics import Span
-from placeverify.ir.lower import load, load_text
-from placeverify.ir.render import monomial_text, op_text, replace_step, step_text
+from placeverify.ir.render import monomial_text, op_text, step_text
 from placeverify.ir.step import Monomial, Scale, Step, Target, TargetKind, Term, TermKind
 from placeverify.ir.strategy import Strategy
+from placeverify.lower import load, load_text
+from placeverify.lower.edit import replace_step
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("**/*.place"))

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from placeverify.api import check
 from placeverify.diagnostics import ExitCode
-from placeverify.ir.lower import load, load_text
+from placeverify.lower import load, load_text
 from placeverify.replay.compare import TOLERANCE_FACTOR, outcome, tolerance
 from placeverify.replay.plan import (
     MAX_DEFAULT_WORLD,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from placeverify.api import check
-from placeverify.ir.lower import load
+from placeverify.lower import load
 from placeverify.replay.plan import MAX_DEFAULT_WORLD, plan_from_strategy, plan_from_trace
 from placeverify.verdicts import Verdict
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 import pytest
 
 from placeverify.diagnostics import Span
-from placeverify.ir.lower import COLLECTIVE_TARGETS, load_text
 from placeverify.ir.step import (
     Collective,
     CollectiveKind,
@@ -23,6 +22,8 @@ from placeverify.ir.step import (
     Target,
     TargetKind,
 )
+from placeverify.lower import load_text
+from placeverify.lower.step_ops import COLLECTIVE_TARGETS
 from placeverify.semantics.buffers import (
     GRADIENT_COLLECTIVES,
     MODELLED_COLLECTIVES,

@@ -1,6 +1,6 @@
 """Lowering's divisibility checks: every dimension a role shards splits evenly (issue 10, item 3).
 
-Each rule is the one Megatron-LM asserts (cited in ``placeverify/ir/lower.py``); the expected
+Each rule is the one Megatron-LM asserts (cited in ``placeverify/lower/shapes.py``); the expected
 messages below are written from the rule, not copied from a run. Every rejected case has an
 accepted neighbour, so a check that rejected everything (or nothing) fails here.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from placeverify.diagnostics import Code, PlaceError, Severity
-from placeverify.ir.lower import load_text
+from placeverify.lower import load_text
 
 GPT = ("model transformer {{ layers = {layers}, hidden = {hidden}, heads = {heads}{extra}, "
        "vocab = 32000, seq = {seq} }}")

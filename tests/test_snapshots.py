@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from placeverify.ir.lower import load
 from placeverify.ir.render import step_text
+from placeverify.lower import load
 from placeverify.semantics.groups import group_view
 from tests.conftest import EXAMPLES, ROOT
 

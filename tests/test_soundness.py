@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 from placeverify.diagnostics import PlaceError
-from placeverify.ir.lower import load, load_text
-from placeverify.ir.render import replace_step, step_text
+from placeverify.ir.render import step_text
+from placeverify.lower import load, load_text
+from placeverify.lower.edit import replace_step
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [ROOT / "examples" / p for p in (

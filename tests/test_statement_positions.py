@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from placeverify.ir.lower import load_text
+from placeverify.lower import load_text
 from placeverify.smt import verify
 from placeverify.verdicts import Verdict
 

@@ -12,8 +12,8 @@ import pytest
 from lark import Lark, Token, Tree
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span, did_you_mean
-from placeverify.ir.lower import load, load_text, lower
 from placeverify.ir.placement import Role, Schedule
+from placeverify.lower import load, load_text, lower
 from placeverify.prove.syntax import IMPORTED, RuleBuilder, rules_parser
 from placeverify.syntax import ast
 from placeverify.syntax.errors import MAX_NESTING

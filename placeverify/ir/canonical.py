@@ -46,26 +46,26 @@ from placeverify.ir.step import (
     TermKind,
     Update,
 )
-from placeverify.ir.strategy import LossKind, Strategy
+from placeverify.ir.strategy import Config, LossKind
 
 
-def canonical_loss(strategy: Strategy) -> Monomial:
+def canonical_loss(config: Config) -> Monomial:
     """The per-micro-batch loss whose gradients sum to the declared single-device loss."""
-    loss = strategy.loss.kind
+    loss = config.loss.kind
     factors: list[tuple[Term, int]] = [(Term(TermKind.LOSS_SUM), 1)]
-    mesh = strategy.mesh
+    mesh = config.mesh
     if loss is LossKind.TOKEN_MEAN:
-        count = Count(CountKind.TOKENS, batch_axes(strategy), Scope.STEP)
+        count = Count(CountKind.TOKENS, batch_axes(config), Scope.STEP)
         factors.append((Term(TermKind.COUNT, count=count), -1))
     elif loss is LossKind.SAMPLE_MEAN:
-        count = Count(CountKind.SAMPLES, sample_axes(strategy), Scope.STEP)
+        count = Count(CountKind.SAMPLES, sample_axes(config), Scope.STEP)
         factors.append((Term(TermKind.COUNT, count=count), -1))
     elif loss is LossKind.MICROBATCH_MEAN:
-        count = Count(CountKind.TOKENS, strategy.axes(Role.CONTEXT), Scope.MICROBATCH)
+        count = Count(CountKind.TOKENS, config.axes(Role.CONTEXT), Scope.MICROBATCH)
         factors.append((Term(TermKind.COUNT, count=count), -1))
         factors.append((Term(TermKind.MICROBATCHES), -1))
-        if sample_axes(strategy):
-            factors.append((Term(TermKind.SIZE, group=mesh.group(*sample_axes(strategy))), -1))
+        if sample_axes(config):
+            factors.append((Term(TermKind.SIZE, group=mesh.group(*sample_axes(config))), -1))
     text = " ".join(_render(factors))
     return Monomial(tuple(factors), text)
 
@@ -79,49 +79,49 @@ def _render(factors: list[tuple[Term, int]]) -> list[str]:
     return out
 
 
-def derive(strategy: Strategy) -> Step:
-    loop: list[LoopOp] = [LoopOp(Backward(canonical_loss(strategy), strategy.model_span))]
-    post = _post(strategy)
-    if strategy.microbatches > 1:
+def derive(config: Config) -> Step:
+    loop: list[LoopOp] = [LoopOp(Backward(canonical_loss(config), config.model_span))]
+    post = _post(config)
+    if config.microbatches > 1:
         # Sharded gradients (ZeRO-2/3, FSDP) cannot hold the full accumulated gradient: reduce
         # each micro-batch into the shard and free the full buffer, as DeepSpeed and FSDP do.
         per_microbatch = [op for op in post if isinstance(op, Collective)
                           and op.kind is CollectiveKind.REDUCE_SCATTER
-                          and all(_gradients_sharded(strategy, a) for a in op.group.axes)]
+                          and all(_gradients_sharded(config, a) for a in op.group.axes)]
         if per_microbatch:
-            span = strategy.placements[0].span
+            span = config.placements[0].span
             for op in per_microbatch:
                 post.remove(op)
                 loop.append(LoopOp(replace(op, accumulate=True)))
             loop.append(LoopOp(Free(Target(TargetKind.GRADS), span)))
-    return Step(strategy.microbatches, (), tuple(loop), tuple(post), tuple(_seeds(strategy)),
+    return Step(config.microbatches, (), tuple(loop), tuple(post), tuple(_seeds(config)),
                 True, None)
 
 
-def _gradients_sharded(strategy: Strategy, axis: str) -> bool:
-    return strategy.placement(axis).mode(State.GRADIENTS).sharded
+def _gradients_sharded(config: Config, axis: str) -> bool:
+    return config.placement(axis).mode(State.GRADIENTS).sharded
 
 
-def _post(strategy: Strategy) -> list[Op]:
-    mesh = strategy.mesh
-    span = strategy.placements[0].span
-    groups = strategy.model.groups_present()
+def _post(config: Config) -> list[Op]:
+    mesh = config.mesh
+    span = config.placements[0].span
+    groups = config.model.groups_present()
     # Phases in order: the tied embedding first, then sequence-parallel norms, then the batch
     # axes (reduce-scatter before all-reduce, as HSDP does). Groups sharing a reduction share a
     # statement.
     phases: dict[str, dict[ParamGroup, Group]] = {"tie": {}, "sp": {}, "reduce_scatter": {},
                                                    "all_reduce": {}}
     for group in groups:
-        needed = reduction_axes(strategy, group)
+        needed = reduction_axes(config, group)
         tie = [a for a, ends in needed if ends]
         if tie:
             phases["tie"][group] = Group(tuple(tie), frozenset(tie))
-        sp = [a for a, _ in needed if strategy.placement(a).role is Role.TENSOR]
+        sp = [a for a, _ in needed if config.placement(a).role is Role.TENSOR]
         if sp:
             phases["sp"][group] = mesh.group(*sp)
-        batch = [a for a, _ in needed if strategy.placement(a).role not in (Role.TENSOR,
-                                                                             Role.PIPELINE)]
-        scatter = [a for a in batch if sharded_update(strategy, a)]
+        batch = [a for a, _ in needed if config.placement(a).role not in (Role.TENSOR,
+                                                                           Role.PIPELINE)]
+        scatter = [a for a in batch if sharded_update(config, a)]
         rest = [a for a in batch if a not in scatter]
         if scatter:
             phases["reduce_scatter"][group] = mesh.group(*scatter)
@@ -138,37 +138,37 @@ def _post(strategy: Strategy) -> list[Op]:
             ops.append(Collective(kind, ReduceOp.SUM, Target(TargetKind.GRADS, selector, None), g,
                                   span))
 
-    if strategy.clip is not None:
-        norm_axes = [p.axis for p in strategy.placements
-                     if sharded_update(strategy, p.axis)
+    if config.clip is not None:
+        norm_axes = [p.axis for p in config.placements
+                     if sharded_update(config, p.axis)
                      or p.role in (Role.TENSOR, Role.PIPELINE)
                      or (p.role is Role.EXPERT and ParamGroup.EXPERTS in groups)]
-        ops.append(Clip(strategy.clip.max_norm, mesh.group(*norm_axes), True, strategy.clip.span))
-    if strategy.loss_scale == "dynamic":
+        ops.append(Clip(config.clip.max_norm, mesh.group(*norm_axes), True, config.clip.span))
+    if config.loss_scale == "dynamic":
         ops.append(Collective(CollectiveKind.ALL_REDUCE, ReduceOp.MAX,
                               Target(TargetKind.OVERFLOW), mesh.group(*mesh.names), span))
     ops.append(Update(span))
-    gather = list(gathered_after_update(strategy))
+    gather = list(gathered_after_update(config))
     if gather:
         ops.append(Collective(CollectiveKind.ALL_GATHER, None, Target(TargetKind.PARAMS),
                               mesh.group(*gather), span))
     return ops
 
 
-def _seeds(strategy: Strategy) -> list[Seed]:
-    arch = strategy.model.arch
+def _seeds(config: Config) -> list[Seed]:
+    arch = config.model.arch
     if arch is None or not arch.dropout:
         return []
-    mesh = strategy.mesh
+    mesh = config.mesh
     seeds: list[Seed] = []
-    for p in strategy.placements:
+    for p in config.placements:
         if p.role is not Role.TENSOR:
             continue
         group = mesh.group(p.axis)
         seeds.append(Seed(Region.SHARDED, False, group, p.span))
         if not p.sequence_parallel:
             seeds.append(Seed(Region.REPLICATED, True, group, p.span))
-    data = list(batch_axes(strategy))
+    data = list(batch_axes(config))
     if data:
-        seeds.append(Seed(Region.SHARDED, False, mesh.group(*data), strategy.placements[0].span))
+        seeds.append(Seed(Region.SHARDED, False, mesh.group(*data), config.placements[0].span))
     return seeds

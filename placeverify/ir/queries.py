@@ -13,18 +13,18 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Mode, Role, State
 from placeverify.ir.relations import Relation, relation
 from placeverify.ir.step import Region
-from placeverify.ir.strategy import Strategy
+from placeverify.ir.strategy import Layout
 
 BATCH_SPLITTING = (Role.DATA, Role.CONTEXT)
 
 
-def partitions(strategy: Strategy, axis: str, state: State) -> bool:
+def partitions(strategy: Layout, axis: str, state: State) -> bool:
     """Is ``state`` along ``axis`` a partition of one replicated copy (ZeRO-style)?"""
     p = strategy.placement(axis)
     return p.role in BATCH_SPLITTING and p.mode(state).sharded
 
 
-def optimizer_axes(strategy: Strategy, group: ParamGroup) -> tuple[str, ...]:
+def optimizer_axes(strategy: Layout, group: ParamGroup) -> tuple[str, ...]:
     """Axes (larger than 1) along which each rank updates one shard of this group's optimizer
     state, in mesh order."""
     return tuple(p.axis for p in strategy.placements
@@ -32,13 +32,13 @@ def optimizer_axes(strategy: Strategy, group: ParamGroup) -> tuple[str, ...]:
                  and relation(strategy, group, p.axis) is not Relation.OWNED)
 
 
-def sharded_update(strategy: Strategy, axis: str) -> bool:
+def sharded_update(strategy: Layout, axis: str) -> bool:
     """Is the optimizer step along this axis done on shards (of Ω, or of G: ZeRO-2 without a
     sharded Ω is not realisable and refuted on composition)?"""
     return partitions(strategy, axis, State.OPTIMIZER) or partitions(strategy, axis, State.GRADIENTS)
 
 
-def gathered_after_update(strategy: Strategy) -> tuple[str, ...]:
+def gathered_after_update(strategy: Layout) -> tuple[str, ...]:
     """Axes where the parameters stay replicated but are updated on shards, so they must be
     all-gathered after the update (ZeRO-1/2, an offloaded optimizer)."""
     return tuple(p.axis for p in strategy.placements
@@ -46,7 +46,7 @@ def gathered_after_update(strategy: Strategy) -> tuple[str, ...]:
                  and p.mode(State.OPTIMIZER).sharded)
 
 
-def dropout_regions(strategy: Strategy, axis: str) -> tuple[Region, ...]:
+def dropout_regions(strategy: Layout, axis: str) -> tuple[Region, ...]:
     """The dropout regions an axis has (placeverify.semantics.rng): replicated and sharded on a
     tensor axis without sequence parallelism, sharded only elsewhere."""
     p = strategy.placement(axis)
@@ -55,6 +55,6 @@ def dropout_regions(strategy: Strategy, axis: str) -> tuple[Region, ...]:
     return (Region.SHARDED,)
 
 
-def region_named(strategy: Strategy, axis: str, word: Region) -> Region:
+def region_named(strategy: Layout, axis: str, word: Region) -> Region:
     """The region of ``axis`` that a seed statement's region word names."""
     return word if word in dropout_regions(strategy, axis) else Region.SHARDED

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
-from placeverify.ir.strategy import Strategy
+from placeverify.ir.strategy import Layout
 
 
 class Relation(StrEnum):
@@ -26,7 +26,7 @@ BATCH_ROLES = (Role.DATA, Role.CONTEXT, Role.EXPERT)  # axes that split the toke
 SAMPLE_ROLES = (Role.DATA, Role.EXPERT)  # axes that split the samples (context splits sequences)
 
 
-def relation(strategy: Strategy, group: ParamGroup, axis: str) -> Relation:
+def relation(strategy: Layout, group: ParamGroup, axis: str) -> Relation:
     placement = strategy.placement(axis)
     role = placement.role
     if role in (Role.DATA, Role.CONTEXT):
@@ -43,27 +43,27 @@ def relation(strategy: Strategy, group: ParamGroup, axis: str) -> Relation:
     return Relation.OWNED
 
 
-def tied_across_stages(strategy: Strategy, axis: str) -> bool:
+def tied_across_stages(strategy: Layout, axis: str) -> bool:
     """Is the embedding held by the first and the last stage of this pipeline axis?"""
     arch = strategy.model.arch
     return (arch is not None and arch.tied_embeddings and strategy.placement(axis).role is Role.PIPELINE
             and strategy.size(axis) > 1)
 
 
-def batch_axes(strategy: Strategy) -> tuple[str, ...]:
+def batch_axes(strategy: Layout) -> tuple[str, ...]:
     return strategy.axes(*BATCH_ROLES)
 
 
-def sample_axes(strategy: Strategy) -> tuple[str, ...]:
+def sample_axes(strategy: Layout) -> tuple[str, ...]:
     return strategy.axes(*SAMPLE_ROLES)
 
 
-def routed_axes(strategy: Strategy, group: ParamGroup) -> tuple[str, ...]:
+def routed_axes(strategy: Layout, group: ParamGroup) -> tuple[str, ...]:
     """Batch axes whose tokens already reach this group locally (experts: through all-to-all)."""
     return strategy.axes(Role.EXPERT) if group is ParamGroup.EXPERTS else ()
 
 
-def reduction_axes(strategy: Strategy, group: ParamGroup) -> tuple[tuple[str, bool], ...]:
+def reduction_axes(strategy: Layout, group: ParamGroup) -> tuple[tuple[str, bool], ...]:
     """The axes a correct step must sum this group's gradient over, as (axis, only_ends)."""
     out: list[tuple[str, bool]] = []
     routed = routed_axes(strategy, group)

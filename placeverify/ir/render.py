@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from placeverify.diagnostics import Source, Span
 from placeverify.ir.mesh import Group
 from placeverify.ir.step import (
     Backward,
@@ -33,8 +32,6 @@ from placeverify.ir.step import (
     Update,
 )
 from placeverify.ir.strategy import Strategy
-from placeverify.syntax import ast
-from placeverify.syntax.parser import parse_source
 
 INDENT = "    "
 
@@ -42,25 +39,6 @@ INDENT = "    "
 def step_text(strategy: Strategy) -> str:
     """The strategy's step (written or canonical) as a ``step { ... }`` block, ending in a newline."""
     return "\n".join(["step {", *(INDENT + line for line in step_lines(strategy.step)), "}"]) + "\n"
-
-
-def replace_step(text: str, step: str | None) -> str:
-    """A file's text with its ``step`` block replaced by ``step`` (a whole ``step { ... }``
-    block), or removed when ``step`` is None; a file without one gets ``step`` appended."""
-    file = parse_source(Source("<text>", text))
-    blocks = [s for s in file.statements if isinstance(s, ast.StepStmt)]
-    if not blocks:
-        return text if step is None else text.rstrip("\n") + "\n\n" + step
-    start, end = span_offsets(text, blocks[0].span)
-    return text[:start] + ("" if step is None else step.rstrip("\n")) + text[end:]
-
-
-def span_offsets(text: str, span: Span) -> tuple[int, int]:
-    """The span's start and (exclusive) end as offsets into ``text``."""
-    starts = [0]
-    for line in text.split("\n"):
-        starts.append(starts[-1] + len(line) + 1)
-    return starts[span.line - 1] + span.column - 1, starts[span.end_line - 1] + span.end_column - 1
 
 
 def step_lines(step: Step) -> list[str]:

@@ -50,7 +50,9 @@ class ClipConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class Strategy:
+class Config:
+    """Everything a strategy says except its step: what the canonical step is derived from."""
+
     name: str
     source: Source
     model: Model
@@ -61,11 +63,9 @@ class Strategy:
     placements: tuple[AxisPlacement, ...]  # one per mesh axis, in mesh order
     recompute: Recompute
     loss: Loss
-    microbatches: int
+    microbatches: int  # the micro-batches of one step (a written step may declare them)
     clip: ClipConfig | None
     loss_scale: str
-    step: Step
-    warnings: tuple[Diagnostic, ...] = ()
 
     def placement(self, axis: str) -> AxisPlacement:
         for p in self.placements:
@@ -93,3 +93,89 @@ class Strategy:
     def offloaded(self) -> frozenset[State]:
         return frozenset(s for p in self.placements for s in State if p.mode(s) is Mode.O)
 
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """A configuration and the step it trains with (written in the file, or the canonical one).
+
+    Every field of :class:`Config` reads through, so ``strategy.mesh`` is ``strategy.config.mesh``.
+    """
+
+    config: Config
+    step: Step
+    warnings: tuple[Diagnostic, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def source(self) -> Source:
+        return self.config.source
+
+    @property
+    def model(self) -> Model:
+        return self.config.model
+
+    @property
+    def model_span(self) -> Span:
+        return self.config.model_span
+
+    @property
+    def precision(self) -> Precision:
+        return self.config.precision
+
+    @property
+    def precision_span(self) -> Span | None:
+        return self.config.precision_span
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.config.mesh
+
+    @property
+    def placements(self) -> tuple[AxisPlacement, ...]:
+        return self.config.placements
+
+    @property
+    def recompute(self) -> Recompute:
+        return self.config.recompute
+
+    @property
+    def loss(self) -> Loss:
+        return self.config.loss
+
+    @property
+    def microbatches(self) -> int:
+        return self.config.microbatches
+
+    @property
+    def clip(self) -> ClipConfig | None:
+        return self.config.clip
+
+    @property
+    def loss_scale(self) -> str:
+        return self.config.loss_scale
+
+    def placement(self, axis: str) -> AxisPlacement:
+        return self.config.placement(axis)
+
+    def mode(self, state: State, axis: str) -> Mode:
+        return self.config.mode(state, axis)
+
+    def axes(self, *roles: Role) -> tuple[str, ...]:
+        return self.config.axes(*roles)
+
+    def size(self, axis: str) -> int:
+        return self.config.size(axis)
+
+    @property
+    def pipeline(self) -> AxisPlacement | None:
+        return self.config.pipeline
+
+    @property
+    def offloaded(self) -> frozenset[State]:
+        return self.config.offloaded
+
+
+Layout = Config | Strategy  # what the placement questions of ir/relations and ir/queries read

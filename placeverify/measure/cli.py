@@ -32,7 +32,7 @@ def _stderr() -> Console:
 
 def measure_file(path: str, *, as_json: bool, timeout: float, console: Console) -> ExitCode:
     """Measure one ``.place`` file; print the comparison on ``console``; the exit code."""
-    from placeverify.ir.lower import load
+    from placeverify.lower import load
 
     err = _stderr()
     try:

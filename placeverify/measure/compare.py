@@ -217,7 +217,7 @@ def placement_model(strategy: Strategy, spec: RunSpec) -> dict[str, int]:
     else:
         assert spec.mlp is not None
         model = Model(strategy.model.name, spec.mlp.params(), None)
-    run = replace(strategy, model=model, precision=precision)
+    run = replace(strategy, config=replace(strategy.config, model=model, precision=precision))
     device = analyse(run).device_bytes()
     out = {"params": whole(device["params"]), "grads": whole(device["gradients"]),
            "optimizer": whole(device["optimizer"])}

@@ -29,8 +29,8 @@ import z3
 from placeverify.api import resize
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity
 from placeverify.ir import canonical
-from placeverify.ir.lower import lower
 from placeverify.ir.strategy import Strategy
+from placeverify.lower import lower
 from placeverify.prove.syntax import Claim, Rule, TApp, TBin, TElem, Term, TName, TNeg, TNum, TSum
 from placeverify.prove.tensor import prove_identity
 from placeverify.semantics.groups import group_view
@@ -136,9 +136,9 @@ def with_microbatches(strategy: Strategy, m: int) -> Strategy:
     """The strategy with another micro-batch count (pipelines included)."""
     placements = tuple(replace(p, microbatches=m) if p.microbatches is not None else p
                        for p in strategy.placements)
-    changed = replace(strategy, placements=placements, microbatches=m)
+    changed = replace(strategy, config=replace(strategy.config, placements=placements, microbatches=m))
     if strategy.step.canonical:
-        return replace(changed, step=canonical.derive(changed))
+        return replace(changed, step=canonical.derive(changed.config))
     return replace(changed, step=replace(strategy.step, microbatches=m))
 
 

@@ -142,12 +142,12 @@ def strategy_of(spec: RunSpec) -> Strategy:
     """Lower the spec's source and re-target it to the spec's mesh (worker and parent alike)."""
     from placeverify.api import resize
     from placeverify.ir import canonical
-    from placeverify.ir.lower import load_text
+    from placeverify.lower import load_text
 
     strategy = resize(load_text(spec.source, spec.path), spec.sizes)
     if spec.canonical:
-        strategy = replace(strategy, step=canonical.derive(strategy),
-                           recompute=replace(strategy.recompute, restore_rng=True))
+        strategy = replace(strategy, step=canonical.derive(strategy.config), config=replace(
+            strategy.config, recompute=replace(strategy.recompute, restore_rng=True)))
     return strategy
 
 
@@ -368,7 +368,7 @@ def plan_from_trace(doc: dict[str, Any], *, world: int | None, steps: int,
     """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`) on the
     trace's mesh, or on ``world`` processes."""
     from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
-    from placeverify.ir.lower import load_text
+    from placeverify.lower import load_text
 
     path = str(doc.get("file") or "<trace>")
     strategy = load_text(doc["source"], path)
@@ -440,7 +440,7 @@ def _control(path: str, main: RunSpec,
     twin = _twin_path(path if path != "<trace>" else "")
     if twin is not None:
         try:
-            from placeverify.ir.lower import load_text
+            from placeverify.lower import load_text
 
             text = twin.read_text(encoding="utf-8")
             fixed = load_text(text, str(twin))

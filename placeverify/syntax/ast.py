@@ -1,7 +1,7 @@
 """The abstract syntax tree of a ``.place`` file: one class per rule of ``grammar/placement.lark``.
 
 Nodes are plain, immutable and carry the span of the text they came from; nothing here knows
-what a name means (that is lowering's job, in :mod:`placeverify.ir.lower`).
+what a name means (that is lowering's job, in :mod:`placeverify.lower`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,114 @@
+"""The placement presets of one axis, as one table of data.
+
+Each preset names a role, the modes (Θ, Ω, G, A) it gives the states along its axis, how many axes
+it is placed over, and the options it takes: by keyword (``zero3(reshard_after_forward = false)``)
+and, for some, by a bare word (``fsdp(grad_op)``, ``pipeline(gpipe)``, ``megatron(sequence_parallel)``).
+A preset may also turn into another one by an option's value: FSDP's sharding strategies
+(PyTorch ``ShardingStrategy``: ``HYBRID_SHARD`` is HSDP, ``NO_SHARD`` is DDP). README's preset
+table states the same facts and ``tests/test_presets.py`` holds the two together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from placeverify.ir.placement import Mode, Role, Schedule
+
+MAX_MICROBATCHES = 10**6  # a sanity bound: more micro-batches per step is a typing mistake
+
+R, S, SS = Mode.R, Mode.S, Mode.S_STAR
+Modes = tuple[Mode, Mode, Mode, Mode]
+
+
+class OptionKind(StrEnum):
+    BOOL = "bool"  # true or false
+    INT = "int"  # a whole number within bounds
+    CHOICE = "choice"  # one of the words of ``choices``
+
+
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    """One option of a preset: its kind, and what the lowering reads and sets."""
+
+    kind: OptionKind
+    default: object = None  # set when the option is not given; None leaves the IR's default
+    bounds: tuple[int, int] = (1, MAX_MICROBATCHES)  # INT
+    choices: Mapping[str, object] = field(default_factory=dict)  # CHOICE: word -> value
+    what: str = ""  # CHOICE: how a message names the value ("pipeline schedule")
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """What a preset becomes for one value of its rewriting option."""
+
+    preset: str  # the preset whose role, modes and axes apply
+    label: str  # the name the placement carries (reports show it)
+    options: Mapping[str, object] = field(default_factory=dict)  # options it sets
+
+
+@dataclass(frozen=True, slots=True)
+class PresetSpec:
+    name: str
+    role: Role
+    modes: Modes
+    axes: int = 1  # hsdp takes two axes: shard, replicate (R, R, R, R)
+    options: Mapping[str, OptionSpec] = field(default_factory=dict)
+    positional: Mapping[str, tuple[str, object]] = field(default_factory=dict)  # word -> (option, value)
+    aliases: tuple[str, ...] = ()  # other names of the same preset (they keep their own label)
+    implied: Mapping[str, object] = field(default_factory=dict)  # option values the preset fixes
+    rewrite_option: str | None = None  # the option whose value may turn this preset into another
+    rewrite: Mapping[str, Rewrite] = field(default_factory=dict)
+
+
+RESHARD = OptionSpec(OptionKind.BOOL)
+SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
+MICROBATCHES = OptionSpec(OptionKind.INT)
+CHUNKS = OptionSpec(OptionKind.INT)
+
+# PyTorch FSDP ShardingStrategy names (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD) and short forms
+FSDP_STRATEGIES: Mapping[str, str] = {
+    "full": "full", "full_shard": "full", "grad_op": "grad_op", "shard_grad_op": "grad_op",
+    "no_shard": "no_shard", "hybrid": "hybrid", "hybrid_shard": "hybrid"}
+SCHEDULES: Mapping[str, Schedule] = {s.value: s for s in Schedule}
+
+_FSDP = PresetSpec(
+    "fsdp", Role.DATA, (SS, S, S, R),
+    options={"reshard_after_forward": RESHARD,
+             "strategy": OptionSpec(OptionKind.CHOICE, choices=FSDP_STRATEGIES,
+                                    what="FSDP sharding strategy")},
+    positional={word: ("strategy", value) for word, value in FSDP_STRATEGIES.items()},
+    rewrite_option="strategy",
+    rewrite={"hybrid": Rewrite("hsdp", "hsdp"), "no_shard": Rewrite("ddp", "fsdp(no_shard)"),
+             "grad_op": Rewrite("fsdp", "fsdp", {"reshard_after_forward": False})})
+
+TABLE: tuple[PresetSpec, ...] = (
+    PresetSpec("ddp", Role.DATA, (R, R, R, R)),
+    PresetSpec("zero1", Role.DATA, (R, S, R, R)),
+    PresetSpec("zero2", Role.DATA, (R, S, S, R)),
+    PresetSpec("zero3", Role.DATA, (SS, S, S, R), options={"reshard_after_forward": RESHARD}),
+    _FSDP,
+    PresetSpec("hsdp", Role.DATA, (SS, S, S, R), axes=2,
+               options={"reshard_after_forward": RESHARD}),
+    PresetSpec("megatron", Role.TENSOR, (S, S, S, R), aliases=("tp",),
+               options={"sequence_parallel": SEQUENCE_PARALLEL},
+               positional={"sequence_parallel": ("sequence_parallel", True)}),
+    PresetSpec("sp", Role.TENSOR, (S, S, S, S), implied={"sequence_parallel": True}),
+    PresetSpec("pipeline", Role.PIPELINE, (S, S, S, S),
+               options={"schedule": OptionSpec(OptionKind.CHOICE, Schedule.ONE_F_ONE_B,
+                                               choices=SCHEDULES, what="pipeline schedule"),
+                        "microbatches": MICROBATCHES, "chunks": CHUNKS},
+               positional={word: ("schedule", value) for word, value in SCHEDULES.items()}),
+    PresetSpec("gpipe", Role.PIPELINE, (S, S, S, S), options={"microbatches": MICROBATCHES},
+               implied={"schedule": Schedule.GPIPE}),
+    PresetSpec("interleaved", Role.PIPELINE, (S, S, S, S),
+               options={"microbatches": MICROBATCHES, "chunks": CHUNKS},
+               implied={"schedule": Schedule.INTERLEAVED}),
+    PresetSpec("context", Role.CONTEXT, (R, R, R, S), aliases=("cp",)),
+    PresetSpec("expert", Role.EXPERT, (S, S, S, R), aliases=("ep",)),
+)
+
+# every name a file may write, aliases included
+PRESETS: Mapping[str, PresetSpec] = {
+    name: spec for spec in TABLE for name in (spec.name, *spec.aliases)}

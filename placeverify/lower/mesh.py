@@ -1,0 +1,169 @@
+"""Lower the ``mesh`` statement (axes, their links, named groups, memory) and resolve groups.
+
+A group (``dp * cp``, ``world``, a named group, ``ends(pp)``) is resolved against the mesh here
+for every statement that names one: placements, the step's collectives, seeds and counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from fractions import Fraction
+
+from placeverify.diagnostics import Code, Span, did_you_mean
+from placeverify.ir.mesh import Axis, Group, Mesh
+from placeverify.lower.values import (
+    BYTE_UNITS,
+    MAX_AXIS,
+    MAX_MEMORY,
+    MAX_WORLD,
+    RESERVED_AXIS_NAMES,
+    TIME_UNITS,
+    Context,
+    at,
+)
+from placeverify.syntax import ast
+
+MESH_PROPERTIES = ("world", "device_memory", "host_memory", "pcie_bandwidth")
+
+
+def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
+    axes: list[Axis] = []
+    properties: dict[str, ast.AxisEntry] = {}
+    seen: dict[str, Span] = {}
+    for entry in stmt.entries:
+        name = entry.name.text
+        if name in seen:
+            ctx.error(f"duplicate mesh entry '{name}'", Code.DUPLICATE, entry.name.span,
+                      f"first defined at {at(seen[name])}")
+            continue
+        seen[name] = entry.name.span
+        if isinstance(entry, ast.GroupEntry):
+            continue
+        if name in MESH_PROPERTIES:
+            properties[name] = entry
+            if entry.block is not None:
+                ctx.error(f"'{name}' takes no block", Code.BAD_VALUE, entry.block.span)
+            continue
+        if name in RESERVED_AXIS_NAMES:
+            ctx.error(f"'{name}' is reserved and cannot name an axis", Code.BAD_VALUE,
+                      entry.name.span)
+            continue
+        if isinstance(entry.value, ast.QuantityValue):
+            hint = did_you_mean(name, MESH_PROPERTIES)
+            if hint.startswith("; did you mean"):
+                ctx.error(f"unknown mesh property '{name}'{hint}", Code.UNKNOWN_NAME,
+                          entry.name.span)
+            else:
+                ctx.error(f"the size of axis '{name}' is a plain number, not "
+                          f"'{entry.value.text}'", Code.BAD_VALUE, entry.value.span,
+                          "mesh properties with units: " + ", ".join(MESH_PROPERTIES[1:]))
+            continue
+        size = ctx.integer(entry.value, f"size of axis '{name}'", 1, MAX_AXIS)
+        if size is None:
+            continue
+        bandwidth, latency = link(ctx, entry.block)
+        axes.append(Axis(name, size, entry.name.span, bandwidth, latency))
+    if not axes and not ctx.diag.errors:
+        ctx.error("the mesh has no axes, e.g. 'dp = 8'", Code.MISSING, stmt.span)
+        return None
+    mesh = Mesh(tuple(axes), stmt.span)
+    groups: list[tuple[str, Group]] = []
+    for entry in stmt.entries:
+        if isinstance(entry, ast.GroupEntry):
+            group = read_group(ctx, entry.group, mesh, allow_named=False)
+            if group is not None:
+                groups.append((entry.name.text, group))
+    mesh = Mesh(mesh.axes, stmt.span, tuple(groups))
+    memory: dict[str, object] = {}
+    for name, entry in properties.items():
+        if name == "world":
+            world = ctx.integer(entry.value, "world", 1, MAX_WORLD)
+            if world is not None and world != mesh.world:
+                product = " x ".join(f"{a.name} {a.size}" for a in axes) or "no axes"
+                ctx.error(f"the mesh has {mesh.world:,} devices ({product}) but world = "
+                          f"{world:,}", Code.WORLD_MISMATCH, entry.value.span)
+        elif name == "pcie_bandwidth":
+            memory[name] = ctx.quantity(entry.value, "PCIe bandwidth", BYTE_UNITS, True,
+                                        Fraction(MAX_MEMORY))
+        else:
+            amount = ctx.quantity(entry.value, name.replace("_", " "), BYTE_UNITS, False,
+                                  Fraction(MAX_MEMORY))
+            memory[name] = None if amount is None else int(amount)
+    if mesh.world > MAX_WORLD:
+        ctx.error(f"the mesh has {mesh.world:,} devices, absurdly many", Code.BAD_VALUE,
+                  stmt.span)
+    return Mesh(mesh.axes, stmt.span, mesh.groups, memory.get("device_memory"),  # type: ignore[arg-type]
+                memory.get("host_memory"), memory.get("pcie_bandwidth"))  # type: ignore[arg-type]
+
+
+def link(ctx: Context, block: ast.Block | None) -> tuple[Fraction | None, Fraction | None]:
+    if block is None:
+        return None, None
+    bandwidth = latency = None
+    entries = ctx.unique(block.entries, lambda e: e.key.text, lambda e: e.key.span, "link key")
+    for key, entry in entries.items():
+        if key == "bandwidth":
+            bandwidth = ctx.quantity(entry.value, "bandwidth", BYTE_UNITS, True,
+                                     Fraction(MAX_MEMORY))
+        elif key == "latency":
+            latency = ctx.quantity(entry.value, "latency", TIME_UNITS, False, Fraction(60))
+        else:
+            ctx.error(f"unknown link key '{key}'{did_you_mean(key, ['bandwidth', 'latency'])}",
+                      Code.UNKNOWN_NAME, entry.key.span)
+    return bandwidth, latency
+
+
+def read_group(ctx: Context, group: ast.Group, mesh: Mesh, allow_named: bool = True,
+               extra: Sequence[str] = ()) -> Group | None:
+    axes: list[str] = []
+    ends: set[str] = set()
+    ok = True
+    names = mesh.names
+    named = dict(mesh.groups) if allow_named else {}
+    for term in group.terms:
+        if isinstance(term, ast.AxisRef):
+            refs = [term.name]
+        elif isinstance(term, ast.AxisTuple):
+            refs = list(term.names)
+        else:
+            if term.function.text != "ends":
+                ctx.error(f"unknown group function '{term.function.text}'; 'ends(pp)' is the "
+                          "first and last stage of an axis", Code.UNKNOWN_NAME,
+                          term.function.span)
+                ok = False
+                continue
+            if term.axis.text not in names:
+                ctx.error(f"unknown axis '{term.axis.text}'{did_you_mean(term.axis.text, names)}",
+                          Code.UNKNOWN_NAME, term.axis.span)
+                ok = False
+                continue
+            axes.append(term.axis.text)
+            ends.add(term.axis.text)
+            continue
+        for ref in refs:
+            if ref.text == "world":
+                axes.extend(names)
+            elif ref.text in named:
+                axes.extend(named[ref.text].axes)
+                ends.update(named[ref.text].ends)
+            elif ref.text in names or ref.text in extra:
+                axes.append(ref.text)
+            else:
+                candidates = [*names, *named, "world", *extra]
+                hint = did_you_mean(ref.text, candidates)
+                notes = () if "expected one of" in hint else (
+                    "the mesh declares: " + ", ".join(names),)
+                ctx.error(f"unknown axis '{ref.text}'{hint}", Code.UNKNOWN_NAME, ref.span,
+                          *notes)
+                ok = False
+    counts = Counter(axes)
+    duplicates = {a for a, k in counts.items() if k > 1}
+    if duplicates:
+        ctx.error(f"axis '{sorted(duplicates)[0]}' appears twice in this group",
+                  Code.DUPLICATE, group.span)
+        ok = False
+    if not ok:
+        return None
+    order = {n: i for i, n in enumerate([*names, *extra])}
+    return Group(tuple(sorted(axes, key=order.__getitem__)), frozenset(ends), group.span)

@@ -1,0 +1,138 @@
+"""Lower the ``model`` statement: a bundled model, a bare parameter count, or an architecture."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from placeverify.diagnostics import Code, Span, did_you_mean
+from placeverify.ir.model import ARCHITECTURES, BARE_MODELS, MODEL_PRESETS, Model, Transformer
+from placeverify.lower.values import MAX_DIM, MAX_LAYERS, MAX_PARAMS, MAX_SEQ, Context, literal
+from placeverify.syntax import ast
+
+ARCH_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab",
+             "vocab_divisible_by", "embeddings", "seq", "micro_batch", "position",
+             "max_position", "norm", "bias", "dropout", "attention", "experts", "top_k",
+             "expert_ffn")
+
+
+def read_model(ctx: Context, stmt: ast.ModelStmt) -> Model | None:
+    entries = ctx.unique(stmt.block.entries if stmt.block else (), lambda e: e.key.text,
+                         lambda e: e.key.span, "model key")
+    name = stmt.name.text if stmt.name else None
+    if name is not None and name not in (*MODEL_PRESETS, "transformer"):
+        ctx.error(f"unknown model '{name}'{did_you_mean(name, MODEL_PRESETS)}",
+                  Code.UNKNOWN_NAME, stmt.name.span if stmt.name else stmt.span,
+                  "bundled models: " + ", ".join(MODEL_PRESETS))
+        return None
+    if name in BARE_MODELS or (name is None and "params" in entries):
+        return bare_model(ctx, name, entries, stmt)
+    base = ARCHITECTURES.get(name or "")
+    if "params" in entries:
+        ctx.error("'params' is derived from the architecture; give either 'params' alone or "
+                  "the architecture", Code.CONFLICT, entries["params"].span)
+        return None
+    arch = architecture(ctx, base, entries, stmt)
+    if arch is None:
+        return None
+    return Model(name or "transformer", arch.params(), arch)
+
+
+def bare_model(ctx: Context, name: str | None, entries: dict[str, ast.Entry],
+               stmt: ast.ModelStmt) -> Model | None:
+    params = BARE_MODELS.get(name or "")
+    for key, entry in entries.items():
+        if key == "params":
+            number = ctx.number(entry.value, "params")
+            if number is None:
+                continue
+            if number.denominator != 1:
+                ctx.error(f"params must be a whole number, not {literal(entry.value, number)}",
+                          Code.BAD_VALUE, entry.value.span)
+                continue
+            params = ctx.in_range(int(number), "params", entry.value.span, 1, MAX_PARAMS)
+        elif key in ARCH_KEYS:
+            ctx.error(f"'{key}' describes an architecture, but this model is a bare parameter "
+                      "count; give the architecture without 'params'", Code.CONFLICT,
+                      entry.key.span)
+        else:
+            ctx.error(f"unknown model key '{key}'{did_you_mean(key, ['params'])}",
+                      Code.UNKNOWN_NAME, entry.key.span)
+    if params is None:
+        return None
+    return Model(name or "model", params, None)
+
+
+def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.Entry],
+                 stmt: ast.ModelStmt) -> Transformer | None:
+    values: dict[str, object] = {}
+    for key, entry in entries.items():
+        v = entry.value
+        if key in ("layers", "heads", "kv_heads", "experts", "top_k"):
+            low = 0 if key in ("experts", "top_k") else 1
+            high = MAX_LAYERS if key == "layers" else MAX_DIM
+            values[key] = ctx.integer(v, key, low, high)
+        elif key in ("hidden", "ffn", "vocab", "micro_batch", "vocab_divisible_by",
+                     "max_position", "expert_ffn"):
+            low = 0 if key in ("max_position", "expert_ffn") else 1
+            values[key] = ctx.integer(v, key, low, MAX_SEQ if key == "max_position" else MAX_DIM)
+        elif key == "seq":
+            values[key] = ctx.integer(v, key, 1, MAX_SEQ)
+        elif key == "mlp":
+            word = ctx.word(v, "mlp kind", ["plain", "gated", "swiglu", "geglu"])
+            values["gated"] = None if word is None else word != "plain"
+        elif key == "embeddings":
+            word = ctx.word(v, "embeddings kind", ["tied", "untied"])
+            values["tied_embeddings"] = None if word is None else word == "tied"
+        elif key == "position":
+            values[key] = ctx.word(v, "position encoding", ["learned", "rotary", "none"])
+        elif key == "norm":
+            values[key] = ctx.word(v, "norm", ["layernorm", "rmsnorm"])
+        elif key == "attention":
+            values[key] = ctx.word(v, "attention kind", ["standard", "flash"])
+        elif key in ("bias", "dropout"):
+            values[key] = ctx.boolean(v, key)
+        else:
+            ctx.error(f"unknown model key '{key}'{did_you_mean(key, ARCH_KEYS)}",
+                      Code.UNKNOWN_NAME, entry.key.span)
+    if any(v is None for v in values.values()):
+        return None
+    if base is None:
+        missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq") if k not in values]
+        if missing:
+            ctx.error("a transformer needs " + ", ".join(f"'{m}'" for m in missing),
+                      Code.MISSING, stmt.span)
+            return None
+        hidden = values["hidden"]
+        assert isinstance(hidden, int)
+        base = Transformer(
+            layers=1, hidden=hidden, heads=1, kv_heads=0, ffn=4 * hidden, gated=False, vocab=1,
+            seq=1, micro_batch=1, tied_embeddings=False, position="rotary", norm="layernorm",
+            bias=False, dropout=False, attention="standard")
+    arch = replace(base, **values)  # type: ignore[arg-type]
+    if arch.kv_heads == 0 or ("heads" in values and "kv_heads" not in values
+                              and base.kv_heads == base.heads):
+        arch = replace(arch, kv_heads=arch.heads)
+    span = stmt.span
+    if arch.hidden % arch.heads:
+        ctx.error(f"hidden ({arch.hidden}) must be divisible by heads ({arch.heads})",
+                  Code.NOT_DIVISIBLE, entry_span(entries, "hidden", span))
+    elif arch.heads % arch.kv_heads:
+        ctx.error(f"heads ({arch.heads}) must be divisible by kv_heads ({arch.kv_heads})",
+                  Code.NOT_DIVISIBLE, entry_span(entries, "kv_heads", span))
+    if arch.experts and not arch.top_k:
+        ctx.error("a mixture of experts needs 'top_k' (experts per token)", Code.MISSING,
+                  entry_span(entries, "experts", span))
+    if arch.top_k > max(arch.experts, 0) and arch.top_k:
+        ctx.error(f"top_k ({arch.top_k}) cannot exceed experts ({arch.experts})",
+                  Code.BAD_VALUE, entry_span(entries, "top_k", span))
+    if arch.position == "learned" and arch.max_position and arch.seq > arch.max_position:
+        ctx.error(f"seq ({arch.seq}) exceeds the learned position table ({arch.max_position} "
+                  "rows)", Code.BAD_VALUE, entry_span(entries, "seq", span))
+    if arch.params() > MAX_PARAMS:
+        ctx.error(f"this architecture has {arch.params():,} parameters, absurdly many",
+                  Code.BAD_VALUE, span)
+    return arch
+
+
+def entry_span(entries: dict[str, ast.Entry], key: str, default: Span) -> Span:
+    return entries[key].span if key in entries else default

@@ -1,0 +1,172 @@
+"""Lower ``step { ... }`` into the pre / loop / post operations of :class:`Step`.
+
+A written step says which collectives run where; the checks compare it with what the placement
+needs. Its operations and expressions are read by :class:`placeverify.lower.step_ops.OpReader`.
+"""
+
+from __future__ import annotations
+
+from placeverify.diagnostics import Code, Span
+from placeverify.ir.presets import MAX_MICROBATCHES
+from placeverify.ir.queries import region_named
+from placeverify.ir.step import Backward, Collective, LoopOp, Op, Scale, Scope, Seed, Step, TargetKind, Update
+from placeverify.ir.strategy import Config
+from placeverify.lower.settings import check_microbatches
+from placeverify.lower.step_ops import OpReader
+from placeverify.lower.values import Context
+from placeverify.syntax import ast
+
+
+def lower_step(ctx: Context, stmt: ast.StepStmt, config: Config) -> Step:
+    """The step a file writes, read against its configuration."""
+    return StepLowerer(ctx, config).run(stmt)
+
+
+class StepLowerer(OpReader):
+    """Lowers ``step { ... }``; keeps the micro-batch count the step declares."""
+
+    def __init__(self, ctx: Context, config: Config) -> None:
+        super().__init__(ctx, config)
+        self.microbatches: int = config.microbatches
+        self.microbatches_span: Span | None = None
+
+    def run(self, stmt: ast.StepStmt) -> Step:
+        pre: list[Op] = []
+        loop: list[LoopOp] = []
+        post: list[Op] = []
+        seeds: list[Seed] = []
+        backward_seen = False
+        deferred_on: list[ast.OnMicrobatch] = []
+        for item in stmt.items:
+            if isinstance(item, ast.MicrobatchesStmt):
+                self.set_microbatches(item)
+            elif isinstance(item, ast.BackwardStmt):
+                if backward_seen:
+                    self.error("a step has one 'backward'", Code.DUPLICATE, item.span)
+                backward_seen = True
+                loss = self.loss_expr(item.expr)
+                if loss is not None:
+                    loop.append(LoopOp(Backward(loss, item.span)))
+            elif isinstance(item, ast.EachMicrobatch):
+                for inner in item.items:
+                    if isinstance(inner, ast.BackwardStmt):
+                        if backward_seen:
+                            self.error("a step has one 'backward'", Code.DUPLICATE, inner.span)
+                        backward_seen = True
+                        loss = self.loss_expr(inner.expr)
+                        if loss is not None:
+                            loop.append(LoopOp(Backward(loss, inner.span)))
+                    else:
+                        op = self.inner_op(inner)
+                        if op is not None:
+                            loop.append(LoopOp(op))
+            elif isinstance(item, ast.OnMicrobatch):
+                deferred_on.append(item)
+                loop.append(LoopOp(Update(item.span), -1))  # placeholder keeps textual order
+            elif isinstance(item, ast.SeedStmt):
+                seed = self.seed(item)
+                if seed is not None:
+                    self.check_seed_conflict(seed, seeds)
+                    seeds.append(seed)
+            else:
+                op = self.op(item)
+                if op is None:
+                    continue
+                if backward_seen:
+                    self.check_post_scale(op)
+                    post.append(op)
+                else:
+                    if not (isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS):
+                        self.error("this runs before 'backward'; only token counts are reduced "
+                                   "before the micro-batch loop", Code.BAD_VALUE, item.span)
+                    pre.append(op)
+        if not backward_seen:
+            self.error("the step has no 'backward' (the loss each micro-batch back-propagates, "
+                       "e.g. 'backward sum / tokens(dp, step)')", Code.MISSING, stmt.span)
+        # resolve 'on microbatch' blocks now that the micro-batch count is known
+        resolved: list[LoopOp] = []
+        pending = iter(deferred_on)
+        for lo in loop:
+            if lo.microbatch == -1:
+                block = next(pending)
+                index = self.which(block.which)
+                for inner in block.items:
+                    if isinstance(inner, ast.BackwardStmt):
+                        self.error("'backward' belongs in the step or in 'each microbatch'",
+                                   Code.BAD_VALUE, inner.span)
+                        continue
+                    op = self.inner_op(inner)
+                    if op is not None and index is not None:
+                        resolved.append(LoopOp(op, index))
+            else:
+                resolved.append(lo)
+        updates = [op for op in post if isinstance(op, Update)]
+        if backward_seen and not updates:
+            self.error("the step never runs 'update params' (the optimizer step)", Code.MISSING,
+                       stmt.span)
+        for extra in updates[1:]:
+            self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
+        return Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
+                    False, stmt.span)
+
+    def check_seed_conflict(self, seed: Seed, earlier: list[Seed]) -> None:
+        """Two statements may not set opposite policies for one dropout region of one axis."""
+        for other in earlier:
+            if other.same == seed.same:
+                continue
+            for axis in seed.group.axes:
+                if axis not in other.group.axes:
+                    continue
+                region = region_named(self.config, axis, seed.region)
+                if region_named(self.config, axis, other.region) is region:
+                    self.error(f"this seed policy contradicts line {other.span.line}: the "
+                               f"{region.value} dropout region along {axis} is both "
+                               f"{'same' if seed.same else 'differ'} and "
+                               f"{'same' if other.same else 'differ'}", Code.CONFLICT, seed.span,
+                               *(["on this axis either region word names its one region"]
+                                 if seed.region is not other.region else []))
+                    return
+
+    def check_post_scale(self, op: Op) -> None:
+        """After the loop there is no current micro-batch to count the tokens of."""
+        if not isinstance(op, Scale):
+            return
+        for term, _ in op.factor.factors:
+            if term.count is not None and term.count.scope is Scope.MICROBATCH:
+                self.error(f"'{term.count.label()}' counts one micro-batch, but this scale runs "
+                           f"after the micro-batch loop; write {term.count.kind.value}(..., step)",
+                           Code.BAD_VALUE, op.span)
+
+    def set_microbatches(self, item: ast.MicrobatchesStmt) -> None:
+        n = self.ctx.integer(item.value, "microbatches", 1, MAX_MICROBATCHES)
+        if n is None:
+            return
+        if self.microbatches_span is not None:
+            self.error("duplicate 'microbatches'", Code.DUPLICATE, item.span)
+        check_microbatches(self.ctx, n, item.span, self.config.pipeline, self.config.microbatches)
+        self.microbatches = n
+        self.microbatches_span = item.span
+
+    def which(self, value: ast.Value) -> int | None:
+        if isinstance(value, ast.NameValue) and value.name.text in ("first", "last"):
+            return 0 if value.name.text == "first" else self.microbatches - 1
+        index = self.ctx.integer(value, "micro-batch index", 0, MAX_MICROBATCHES)
+        if index is not None and index >= self.microbatches:
+            self.error(f"micro-batch {index} does not exist: the step has {self.microbatches} "
+                       "(numbered from 0)", Code.BAD_VALUE, value.span)
+            return None
+        return index
+
+    def inner_op(self, item: ast.StepItem) -> Op | None:
+        if isinstance(item, ast.OpStmt):
+            op = self.op(item)
+            if isinstance(op, Update):
+                self.error("'update' runs once per step, after the micro-batch loop",
+                           Code.BAD_VALUE, item.span)
+                return None
+            return op
+        if isinstance(item, ast.ScaleStmt):
+            return self.op(item)
+        self.error("only collectives, 'scale' and 'free' run per micro-batch", Code.BAD_VALUE,
+                   item.span)
+        return None

@@ -1,0 +1,326 @@
+"""Lower the operations of a written step: targets, collectives, clips, seeds and the loss and
+scale expressions (monomials over sizes, counts and the loss)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+from placeverify.diagnostics import Code, Source, Span, did_you_mean
+from placeverify.ir.mesh import Group, Mesh
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.step import (
+    Clip,
+    Collective,
+    CollectiveKind,
+    Count,
+    CountKind,
+    Free,
+    Monomial,
+    Op,
+    Order,
+    ReduceOp,
+    Region,
+    Scale,
+    Scope,
+    Seed,
+    Target,
+    TargetKind,
+    Term,
+    TermKind,
+    Update,
+)
+from placeverify.ir.strategy import Config
+from placeverify.lower.mesh import read_group
+from placeverify.lower.values import Context, value_text
+from placeverify.syntax import ast
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "send", "recv",
+       "update", "free", "clip")
+TARGETS = {k.value: k for k in TargetKind}
+# what each collective may act on in a step (every pair is modelled by semantics.buffers)
+COLLECTIVE_TARGETS: dict[CollectiveKind, list[TargetKind]] = {
+    CollectiveKind.ALL_REDUCE: [TargetKind.GRADS, TargetKind.TOKENS, TargetKind.OVERFLOW],
+    CollectiveKind.REDUCE_SCATTER: [TargetKind.GRADS],
+    CollectiveKind.ALL_GATHER: [TargetKind.PARAMS, TargetKind.GRADS],
+    CollectiveKind.BROADCAST: [TargetKind.PARAMS],
+    CollectiveKind.ALL_TO_ALL: [TargetKind.TOKENS],
+    CollectiveKind.SEND: [TargetKind.ACTIVATIONS],
+    CollectiveKind.RECV: [TargetKind.ACTIVATIONS],
+}
+GROUP_NAMES = {g.value: g for g in ParamGroup}
+
+
+class OpReader:
+    """Reads one step's operations and expressions against a configuration."""
+
+    def __init__(self, ctx: Context, config: Config) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.mesh: Mesh = config.mesh
+
+    def error(self, message: str, code: Code, span: Span | None, *notes: str) -> None:
+        self.ctx.error(message, code, span, *notes)
+
+    # ---- expressions -------------------------------------------------------------------------
+
+    def loss_expr(self, expr: ast.Expr) -> Monomial | None:
+        monomial = self.monomial(expr, allow_loss=True)
+        if monomial is None:
+            return None
+        if monomial.exponent(TermKind.LOSS_SUM) != 1:
+            self.error("the loss must contain 'sum' or 'mean' exactly once, multiplied (not "
+                       "divided)", Code.BAD_VALUE, expr.span)
+            return None
+        return monomial
+
+    def monomial(self, expr: ast.Expr, allow_loss: bool) -> Monomial | None:
+        factors: list[tuple[Term, int]] = []
+        ok = True
+
+        def walk(e: ast.Expr, sign: int) -> None:
+            nonlocal ok
+            for op, factor in (("*", e.first), *e.rest):
+                exponent = sign if op == "*" else -sign
+                if isinstance(factor, ast.ParenFactor):
+                    walk(factor.expr, exponent)
+                    continue
+                terms = self.factor(factor, allow_loss)
+                if terms is None:
+                    ok = False
+                    continue
+                factors.extend((t, e_ * exponent) for t, e_ in terms)
+
+        walk(expr, 1)
+        if not ok:
+            return None
+        return Monomial(tuple(factors), expr_text(self.ctx.source, expr), expr.span)
+
+    def factor(self, factor: ast.Factor, allow_loss: bool) -> list[tuple[Term, int]] | None:
+        loss_kind = self.config.loss.kind
+        unit = CountKind.SAMPLES if loss_kind.value == "sample_mean" else CountKind.TOKENS
+        if isinstance(factor, ast.NumberFactor):
+            if factor.value.value <= 0:
+                self.error("a scale factor must be positive", Code.BAD_VALUE, factor.span)
+                return None
+            return [(Term(TermKind.NUMBER, factor.value.value), 1)]
+        if isinstance(factor, ast.SizeFactor):
+            group = read_group(self.ctx, factor.group, self.mesh)
+            return None if group is None else [(Term(TermKind.SIZE, group=group), 1)]
+        if isinstance(factor, ast.NameFactor):
+            name = factor.name.text
+            if name in ("sum", "mean"):
+                if not allow_loss:
+                    self.error(f"'{name}' is the loss; a gradient scale cannot contain it",
+                               Code.BAD_VALUE, factor.span)
+                    return None
+                terms = [(Term(TermKind.LOSS_SUM), 1)]
+                if name == "mean":
+                    terms.append((Term(TermKind.COUNT, count=Count(unit, (), Scope.MICROBATCH)), -1))
+                return terms
+            if name == "microbatches":
+                return [(Term(TermKind.MICROBATCHES), 1)]
+            if name == "loss_scale":
+                return [(Term(TermKind.LOSS_SCALE), 1)]
+            if name in ("tokens", "samples"):
+                return [(Term(TermKind.COUNT, count=Count(CountKind(name), (), Scope.MICROBATCH)), 1)]
+            names = ["sum", "mean", "tokens", "samples", "microbatches", "loss_scale"]
+            self.error(f"unknown name '{name}' in an expression{did_you_mean(name, names)}",
+                       Code.UNKNOWN_NAME, factor.span,
+                       "write axis sizes as |dp| and counts as tokens(dp, step)")
+            return None
+        if isinstance(factor, ast.CountFactor):
+            name = factor.name.text
+            if name not in ("tokens", "samples"):
+                self.error(f"unknown count '{name}'{did_you_mean(name, ['tokens', 'samples'])}",
+                           Code.UNKNOWN_NAME, factor.name.span)
+                return None
+            axes: list[str] = []
+            scope = Scope.MICROBATCH
+            for g in factor.groups:
+                if len(g.terms) == 1 and isinstance(g.terms[0], ast.AxisRef) and \
+                        g.terms[0].name.text in ("step", "microbatch"):
+                    scope = Scope(g.terms[0].name.text)
+                    continue
+                group = read_group(self.ctx, g, self.mesh)
+                if group is None:
+                    return None
+                if group.ends:
+                    self.error("counts are summed over whole axes", Code.BAD_VALUE, g.span)
+                    return None
+                axes.extend(group.axes)
+            order = {n: i for i, n in enumerate(self.mesh.names)}
+            count = Count(CountKind(name), tuple(sorted(set(axes), key=order.__getitem__)), scope)
+            return [(Term(TermKind.COUNT, count=count), 1)]
+        raise AssertionError(factor)
+
+    # ---- statements ----------------------------------------------------------------------------
+
+    def target(self, target: ast.Target, allowed: Sequence[TargetKind]) -> Target | None:
+        name = target.name.text
+        kind = TARGETS.get(name) or {"gradients": TargetKind.GRADS,
+                                     "parameters": TargetKind.PARAMS}.get(name)
+        if kind is None or kind not in allowed:
+            self.error(f"unknown target '{name}'{did_you_mean(name, [k.value for k in allowed])}",
+                       Code.UNKNOWN_NAME, target.name.span)
+            return None
+        if not target.selectors:
+            return Target(kind, None, target.span)
+        if kind not in (TargetKind.GRADS, TargetKind.PARAMS, TargetKind.OPTIMIZER):
+            self.error(f"'{name}' has no parameter groups to select", Code.BAD_VALUE, target.span)
+            return None
+        present = self.config.model.groups_present()
+        groups: set[ParamGroup] = set()
+        for sel in target.selectors:
+            group = GROUP_NAMES.get(sel.text)
+            if group is None:
+                self.error(f"unknown parameter group '{sel.text}'"
+                           f"{did_you_mean(sel.text, GROUP_NAMES)}", Code.UNKNOWN_NAME, sel.span)
+                return None
+            if group not in present:
+                self.error(f"this model has no '{sel.text}' parameters (it has "
+                           f"{', '.join(g.value for g in present)})", Code.BAD_VALUE, sel.span)
+                return None
+            groups.add(group)
+        return Target(kind, frozenset(groups), target.span)
+
+    def op(self, item: ast.StepItem) -> Op | None:
+        if isinstance(item, ast.ScaleStmt):
+            target = self.target(item.target, [TargetKind.GRADS])
+            factor = self.monomial(item.expr, allow_loss=False)
+            if target is None or factor is None:
+                return None
+            return Scale(target, factor, item.span)
+        if not isinstance(item, ast.OpStmt):
+            self.error("not allowed here", Code.BAD_VALUE, item.span)
+            return None
+        name = item.name.text
+        if name not in OPS:
+            self.error(f"unknown step operation '{name}'{did_you_mean(name, OPS)}",
+                       Code.UNKNOWN_NAME, item.name.span)
+            return None
+        group = None
+        if item.group is not None:
+            group = read_group(self.ctx, item.group, self.mesh)
+            if group is None:
+                return None
+        if name in ("update", "free"):
+            if item.args:
+                self.error(f"'{name}' takes no options", Code.BAD_VALUE, item.args[0].span)
+            if item.group is not None:
+                self.error(f"'{name}' runs on each device; it has no 'over' group", Code.BAD_VALUE,
+                           item.group.span)
+            if name == "update":
+                target = self.target(item.target, [TargetKind.PARAMS])
+                return None if target is None else Update(item.span)
+            target = self.target(item.target, [TargetKind.GRADS])
+            return None if target is None else Free(target, item.span)
+        if name == "clip":
+            return self.clip_op(item, group)
+        if group is None:
+            self.error(f"'{name}' needs a group: '{name} ... over dp'", Code.MISSING, item.span)
+            return None
+        return self.collective(item, CollectiveKind(name), group)
+
+    def options(self, item: ast.OpStmt, allowed: dict[str, Sequence[str]],
+                positional: Sequence[str]) -> dict[str, str] | None:
+        out: dict[str, str] = {}
+        for arg in item.args:
+            if isinstance(arg, ast.PositionalArg):
+                word = value_text(arg.value)
+                if word in positional:
+                    key = "op" if word in ("sum", "mean", "max") else word
+                    out[key] = word
+                else:
+                    self.error(f"'{item.name.text}' takes no option '{word}'"
+                               f"{did_you_mean(word, positional)}", Code.UNKNOWN_NAME, arg.span)
+                    return None
+                continue
+            key = arg.key.text
+            if key not in allowed:
+                self.error(f"'{item.name.text}' takes no option '{key}'"
+                           f"{did_you_mean(key, allowed)}", Code.UNKNOWN_NAME, arg.key.span)
+                return None
+            word = value_text(arg.value)
+            if allowed[key] and word not in allowed[key]:
+                self.error(f"'{word}' is not a value of {key}{did_you_mean(word, allowed[key])}",
+                           Code.UNKNOWN_NAME, arg.value.span)
+                return None
+            out[key] = word
+        return out
+
+    def collective(self, item: ast.OpStmt, kind: CollectiveKind, group: Group) -> Op | None:
+        reducing = kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
+        positional = ["sum", "mean", "max"] if reducing else []
+        if kind is CollectiveKind.REDUCE_SCATTER:
+            positional.append("accumulate")
+        allowed: dict[str, Sequence[str]] = {"order": ["fixed", "rank_dependent"]}
+        if reducing:
+            allowed["op"] = ["sum", "mean", "max"]
+        if kind is CollectiveKind.BROADCAST:
+            allowed["from"] = []
+        options = self.options(item, allowed, positional)
+        if options is None:
+            return None
+        target = self.target(item.target, COLLECTIVE_TARGETS[kind])
+        if target is None:
+            return None
+        op = ReduceOp(options["op"]) if "op" in options else (ReduceOp.SUM if reducing else None)
+        if target.kind is TargetKind.OVERFLOW and op is not ReduceOp.MAX:
+            self.error("the overflow flag is reduced with max (any rank overflowed)",
+                       Code.BAD_VALUE, item.span)
+        source = options.get("from", "owner")
+        if kind is CollectiveKind.BROADCAST and source != "owner" and not source.isdigit():
+            self.error("broadcast takes 'from = owner' or 'from = <rank>'", Code.BAD_VALUE, item.span)
+            return None
+        return Collective(kind, op, target, group, item.span, accumulate="accumulate" in options,
+                          order=Order(options.get("order", "fixed")), source=source)
+
+    def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:
+        max_norm: Fraction | None = None
+        once = True
+        for arg in item.args:
+            if isinstance(arg, ast.KeywordArg) and arg.key.text == "max_norm":
+                max_norm = self.ctx.number(arg.value, "max_norm")
+            elif isinstance(arg, ast.KeywordArg) and arg.key.text == "replicated":
+                word = self.ctx.word(arg.value, "replicated counting", ["once", "every_rank"])
+                once = word != "every_rank"
+            else:
+                self.error("clip takes 'max_norm = x' and 'replicated = once|every_rank'",
+                           Code.UNKNOWN_NAME, arg.span)
+                return None
+        if max_norm is None or max_norm <= 0:
+            self.error("clip needs a positive 'max_norm', e.g. clip(max_norm = 1.0) grads over dp",
+                       Code.MISSING, item.span)
+            return None
+        target = self.target(item.target, [TargetKind.GRADS])
+        if target is None:
+            return None
+        return Clip(max_norm, group or Group(()), once, item.span, target)
+
+    def seed(self, item: ast.SeedStmt) -> Seed | None:
+        if item.call.name.text != "dropout":
+            self.error(f"unknown random stream '{item.call.name.text}'; only 'dropout' is modelled",
+                       Code.UNKNOWN_NAME, item.call.name.span)
+            return None
+        region = Region.REPLICATED
+        for arg in item.call.args:
+            word = value_text(arg.value)
+            if isinstance(arg, ast.PositionalArg) and word in ("replicated", "sharded"):
+                region = Region(word)
+            else:
+                self.error("dropout takes 'replicated' or 'sharded' (the activation region)",
+                           Code.UNKNOWN_NAME, arg.span)
+                return None
+        group = read_group(self.ctx, item.group, self.mesh)
+        if group is None:
+            return None
+        return Seed(region, item.policy.text == "same", group, item.span)
+
+
+def expr_text(source: Source, expr: ast.Expr) -> str:
+    """An expression as written (its first line, whitespace collapsed, when it spans several)."""
+    span = expr.span
+    if span.line != span.end_line:
+        return " ".join(source.line_text(span.line)[span.column - 1:].split())
+    return source.line_text(span.line)[span.column - 1:span.end_column - 1]
