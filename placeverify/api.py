@@ -15,10 +15,10 @@ DEFAULT_TIMEOUT_MS = 10_000  # per solver query; past it the obligation is 'unkn
 
 
 def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verification:
-    from placeverify.smt import verify as smt_verify  # z3 is imported only when verifying
+    from placeverify.verify import verify as run_checks  # z3 is imported only when verifying
 
     started = time.perf_counter()
-    verification = smt_verify(strategy, timeout_ms=timeout_ms)
+    verification = run_checks(strategy, timeout_ms=timeout_ms)
     return Verification(verification.obligations, verification.trace,
                         time.perf_counter() - started, verification.notes)
 

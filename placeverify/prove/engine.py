@@ -35,11 +35,12 @@ from placeverify.prove.syntax import Claim, Rule, TApp, TBin, TElem, Term, TName
 from placeverify.prove.tensor import prove_identity
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.smt import solve
-from placeverify.smt.gradients import search
-from placeverify.smt.integrity import encode, loop_is_uniform, mismatch_formula
 from placeverify.syntax import ast
 from placeverify.verdicts import Condition, Verdict
+from placeverify.verify import verify
+from placeverify.verify.z3 import solve
+from placeverify.verify.z3.integrity import encode, loop_is_uniform, mismatch_formula
+from placeverify.verify.z3.search import search
 
 REPRESENTATIVES = (1, 2, 3)  # sizes standing for 1, 2 and every size >= 3
 BOUNDED_MICROBATCHES = 8
@@ -144,8 +145,6 @@ def with_microbatches(strategy: Strategy, m: int) -> Strategy:
 
 def _conditions(rule: Rule, strategy: Strategy, claim: Claim, bounds: dict[str, Any],
                 timeout_ms: int) -> ClaimResult:
-    from placeverify.smt import verify
-
     axes, quantified_m = _quantified(rule, strategy, bounds)
     wanted = {Condition(c) for c in claim.conditions}
     verdicts: dict[Condition, Verdict] = {c: Verdict.PROVED for c in wanted}

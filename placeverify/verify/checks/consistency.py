@@ -4,54 +4,58 @@ For each mesh axis and each parameter group replicated along it, two ranks x and
 only along the axis are compared after the step. The parameters start identical (θ0); the
 optimizer update is an uninterpreted function ``upd(θ, g, ω)`` (equal inputs give equal outputs,
 and nothing else is assumed); the gradient each rank consumes is one shared term when the step
-makes it identical along the axis (:mod:`placeverify.smt.agreement`), two terms otherwise, and two
+makes it identical along the axis (:mod:`placeverify.verify.agreement`), two terms otherwise, and two
 IEEE float32 sums in different orders when the reduction order is rank-dependent. Dynamic loss
 scaling adds the skip decision (a shared flag only if the overflow flag is reduced over the
 axis), clipping a shared or per-rank clip factor. A sharded update (ZeRO-1/2) compares the owner's
 updated element with the other rank's copy: the owner's value after an all-gather, the stale θ0
 otherwise. Dropout in a replicated activation region compares ``rng(seed, offset)`` on both
-ranks. Z3 is asked for a model where the two ranks differ.
+ranks (:mod:`placeverify.verify.dropout`). Z3 is asked for a model where the two ranks differ.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-import struct
-from dataclasses import dataclass
-from fractions import Fraction
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import z3
 
-from placeverify.ir.model import ParamGroup
+from placeverify.evidence import Divergence, small_mesh
 from placeverify.ir.placement import Mode, Role, State
 from placeverify.ir.queries import partitions
-from placeverify.ir.step import Clip, Collective, CollectiveKind, Region, Seed, TargetKind, Update
+from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics import rng
 from placeverify.semantics.groups import GroupView, group_view
-from placeverify.semantics.interpreter import Instance, Run, atoms, run, uniform_instance
-from placeverify.smt import solve
-from placeverify.smt.agreement import Agreement, agreement
+from placeverify.semantics.interpreter import atoms, run, uniform_instance
 from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verify.agreement import (
+    Agreement,
+    agreement,
+    overflow_reductions,
+    same_gradient_everywhere,
+    split_axes,
+)
+from placeverify.verify.check import Check, Context, Finding
+from placeverify.verify.dropout import rng_obligations
+from placeverify.verify.fixes import consistency_fix
+from placeverify.verify.z3 import solve
+from placeverify.verify.z3.float32 import float32_text, float32_witness, fp_value
 
 METHOD_UF = "z3 (uninterpreted update, real arithmetic)"
 METHOD_FP = "z3 (IEEE float32 sums)"
 
 
-@dataclass(frozen=True, slots=True)
-class Divergence:
-    """Evidence for a refuted consistency obligation, for the trace."""
+def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
+    for obligation, divergence in consistency_obligations(strategy, ctx.timeout_ms):
+        if obligation.verdict is Verdict.REFUTED and obligation.fix is None:
+            obligation = replace(obligation, fix=consistency_fix(strategy, obligation, divergence))
+        yield Finding(obligation, divergence)
 
-    axis: str
-    group: ParamGroup
-    cause: str  # gradient | bitwise | skip | clip | stale-shard | rng
-    sizes: dict[str, int]
-    microbatches: int
-    run: Run | None = None
-    values: dict[str, Any] | None = None
-    instance: Instance | None = None
+
+CHECK = Check(Condition.STATE_CONSISTENCY, "state consistency", findings)
 
 
 def consistency_obligations(strategy: Strategy,
@@ -130,13 +134,13 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
         return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, update_span,
                            "stale-shard", reason=reason, counterexample=values,
                            seconds=outcome.seconds, method=METHOD_UF),
-                Divergence(axis, group, "stale-shard", _small(strategy, axis, 2),
+                Divergence(axis, group, "stale-shard", small_mesh(strategy, axis, 2),
                            min(2, strategy.step.microbatches), values=values))
 
     same_gradient = axis in agree.identical
     fp_op = agree.bitwise_breaks.get(axis)
     skip_shared = not _dynamic(strategy) or _overflow_covers(strategy, axis) or \
-        _same_gradient(strategy, axis)
+        same_gradient_everywhere(strategy, axis)
     clip_shared = _clip_identical(strategy, axis, sizes)
     if fp_op is not None and same_gradient:
         return _bitwise_obligation(strategy, view, axis, claim, fp_op, timeout_ms)
@@ -182,36 +186,8 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
     return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span_at,
                        "replica-agreement", reason=reason, counterexample=counter,
                        seconds=outcome.seconds, method=method),
-            divergence or Divergence(axis, group, cause, _small(strategy, axis, 2),
+            divergence or Divergence(axis, group, cause, small_mesh(strategy, axis, 2),
                                      min(2, strategy.step.microbatches)))
-
-
-def float32_text(value: float) -> str:
-    """The shortest decimal that reads back as the same float32."""
-    exact = struct.unpack("f", struct.pack("f", value))[0]
-    for digits in range(1, 10):
-        text = f"{exact:.{digits}g}"
-        if struct.unpack("f", struct.pack("f", float(text)))[0] == exact:
-            return text
-    return repr(exact)
-
-
-def _fp(model: Any, term: Any) -> float:
-    value = model.eval(term, model_completion=True)
-    return float(Fraction(str(z3.simplify(z3.fpToReal(value)))))
-
-
-def float32_witness() -> tuple[float, float, float]:
-    """Three gradients whose float32 sum depends on the order, from short decimals: the
-    deterministic search placeverify does before Z3 confirms the witness."""
-    def f32(x: float) -> float:
-        return float(struct.unpack("f", struct.pack("f", x))[0])
-
-    values = [f32(v) for v in (0.1, 0.2, 0.3, 0.7, 1.0, 3.0, 1e-3, 1e3, 1e6, 1e8)]
-    for a, b, c in itertools.product(values, repeat=3):
-        if f32(f32(a + b) + c) != f32(f32(b + c) + a):
-            return a, b, c
-    raise AssertionError("float32 addition is not associative; a witness exists")
 
 
 def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: str,
@@ -236,7 +212,7 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
         return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span, "fp-order",
                           reason="Z3 did not confirm the float32 witness", seconds=outcome.seconds,
                           method=method), None
-    g0, g1, g2, s0, s1 = (float32_text(_fp(outcome.model, t)) for t in (a, b, c, sum_x, sum_y))
+    g0, g1, g2, s0, s1 = (float32_text(fp_value(outcome.model, t)) for t in (a, b, c, sum_x, sum_y))
     values = {"gradients": [g0, g1, g2], "devices": [
         {"coords": {axis: 0}, "local gradient": g0, "sum (float32)": s0,
          "note": f"({g0} + {g1}) + {g2}"},
@@ -249,7 +225,7 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
     return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, "fp-order",
                        reason=reason, counterexample=values, seconds=outcome.seconds,
                        method=method),
-            Divergence(axis, view.group, "bitwise", _small(strategy, axis, 3),
+            Divergence(axis, view.group, "bitwise", small_mesh(strategy, axis, 3),
                        min(2, strategy.step.microbatches), values=values))
 
 
@@ -265,30 +241,13 @@ def _overflow_ops(strategy: Strategy) -> list[Collective]:
 def _overflow_covers(strategy: Strategy, axis: str) -> bool:
     """Is the skip decision shared along ``axis``: an overflow reduction over it runs after the
     last backward and before the update?"""
-    from placeverify.smt.update import overflow_reductions
-
     deciding, _ = overflow_reductions(strategy)
     return any(p.op.group.covers(axis) for p in deciding)
-
-
-def _same_gradient(strategy: Strategy, axis: str) -> bool:
-    from placeverify.smt.update import same_gradient_everywhere
-
-    return same_gradient_everywhere(strategy, axis)
 
 
 def _overflow_span(strategy: Strategy) -> Any:
     ops = _overflow_ops(strategy)
     return ops[0].span if ops else None
-
-
-def split_axes(strategy: Strategy, group: ParamGroup, sizes: dict[str, int]) -> set[str]:
-    """Axes along which ranks consume different elements of this group's gradient: those where
-    they hold different parameters, and those the consumed gradient is a shard over."""
-    view = group_view(strategy, group)
-    out = {a for a in view.owned if sizes[a] > 1}
-    out.update(a for a in agreement(strategy, view, sizes).scattered if sizes[a] > 1)
-    return out
 
 
 def _clip_identical(strategy: Strategy, axis: str, sizes: dict[str, int]) -> bool:
@@ -305,12 +264,6 @@ def _clip_identical(strategy: Strategy, axis: str, sizes: dict[str, int]) -> boo
     return True
 
 
-def _small(strategy: Strategy, axis: str, n: int) -> dict[str, int]:
-    sizes = {a.name: 1 for a in strategy.mesh.axes}
-    sizes[axis] = n
-    return sizes
-
-
 def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | None:
     """Two ranks along ``axis`` consuming different gradients, on the smallest mesh found."""
     declared = strategy.step.microbatches
@@ -318,7 +271,7 @@ def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | Non
     if indexed and declared > 16:
         return None  # the step names micro-batch indices; a witness this long is not shown
     for m in ([declared] if indexed else sorted({1, min(2, declared)})):
-        sizes = _small(strategy, axis, 2)
+        sizes = small_mesh(strategy, axis, 2)
         rng = random.Random(1)
         keys = atoms(view, sizes, m)
         for attempt in range(32):
@@ -351,95 +304,3 @@ def _reason(strategy: Strategy, view: GroupView, axis: str, cause: str,
                 f"(no reduction over {axis} after the last backward): {shown}; with identical "
                 f"inputs elsewhere the replicas drift apart")
     return f"the gradient the optimizer consumes is not identical across {axis}"
-
-
-# ---- random streams ---------------------------------------------------------------------------
-
-
-def rng_obligations(strategy: Strategy, timeout_ms: int) -> list[tuple[Obligation, Divergence | None]]:
-    """The seed policy of every dropout region along every axis (:mod:`placeverify.semantics.rng`).
-
-    The random stream is an uninterpreted function ``rng(seed, offset)``; a rank's seed is the
-    shared seed, plus its coordinate where the policy differs. Copies (the replicated region) must
-    read one stream position; different elements (the sharded region) must never read the same
-    one. The tensor axes' replicated region is always judged (its default is what Megatron's
-    tracker does); other regions only where a statement sets their policy (the default is right
-    by construction)."""
-    arch = strategy.model.arch
-    out: list[tuple[Obligation, Divergence | None]] = []
-    if arch is None or not arch.dropout:
-        return out
-    for placement in strategy.placements:
-        axis = placement.axis
-        if strategy.size(axis) < 2:
-            continue
-        for region in rng.regions(strategy, axis):
-            differ, seed = rng.declared(strategy, axis, region)
-            always = region is Region.REPLICATED
-            if seed is None and not always:
-                continue
-            out.append(_rng_obligation(strategy, axis, region, differ, seed, timeout_ms))
-    return out
-
-
-def _rng_obligation(strategy: Strategy, axis: str, region: Region, differ: bool, seed: Seed | None,
-                    timeout_ms: int) -> tuple[Obligation, Divergence | None]:
-    copies = region is Region.REPLICATED
-    role = strategy.placement(axis).role.value
-    if copies:
-        claim = (f"dropout masks agree across {axis} in the replicated activation region "
-                 "(hidden dropout after the tensor-parallel all-reduce)")
-        condition = Condition.STATE_CONSISTENCY
-    else:
-        claim = (f"dropout masks of different activation elements across {axis} ({role}) come "
-                 "from different random-stream positions, as every element draws its own mask "
-                 "in single-device training")
-        condition = Condition.GRADIENT_INTEGRITY
-    span = seed.span if seed is not None else strategy.placement(axis).span
-    stream = z3.Function("rng", z3.IntSort(), z3.IntSort(), z3.RealSort())
-    seed0, offset = z3.Int("seed0"), z3.Int("offset")
-    rank_x, rank_y = z3.Int("rank_x"), z3.Int("rank_y")
-    seed_x = seed0 + rank_x if differ else seed0
-    seed_y = seed0 + rank_y if differ else seed0
-    ranks = [rank_x != rank_y, rank_x >= 0, rank_y >= 0]
-    if copies:  # copies must read one position: can the two masks differ?
-        formula = z3.And(*ranks, stream(seed_x, offset) != stream(seed_y, offset))
-    else:  # different elements must not read one position: can they coincide?
-        formula = z3.And(*ranks, seed_x == seed_y)
-    outcome = solve.check(formula, timeout_ms)
-    method = "z3 (uninterpreted random stream)"
-    if outcome.status == "unsat":
-        return Obligation(condition, claim, Verdict.PROVED, span, "rng", seconds=outcome.seconds,
-                          method=method), None
-    if outcome.status == "unknown":
-        return Obligation(condition, claim, Verdict.UNKNOWN, span, "rng",
-                          reason="the solver timed out", method=method), None
-    model = outcome.model
-    seed_values = (int(solve.value(model, seed_x)), int(solve.value(model, seed_y)))
-    masks = (str(solve.value(model, stream(seed_x, offset))),
-             str(solve.value(model, stream(seed_y, offset))))
-    note = ("the replicated activation must match on every rank" if copies else
-            "a different activation element: it must draw its own mask")
-    values = {"devices": [
-        {"coords": {axis: r}, "dropout seed": seed_values[r],
-         "mask value rng(seed, offset)": masks[r], "note": note} for r in (0, 1)]}
-    if copies:
-        reason = (f"the dropout seed differs across {axis} ({seed_values[0]} vs "
-                  f"{seed_values[1]}) in a region whose activations are replicated over "
-                  f"{axis}: the ranks drop different elements, so the replicated activations, and "
-                  "the replicated LayerNorm parameters trained on them, diverge")
-        fix = (f"seed dropout(replicated) same over {axis}: replicated regions need one random "
-               "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
-               "Megatron-DeepSpeed#276)")
-    else:
-        reason = (f"every rank along {axis} uses dropout seed {seed_values[0]}, but the ranks of "
-                  f"this {role} axis hold different activation elements (other samples, "
-                  "positions, heads or layers): element i of one rank and element i of another "
-                  "reuse one mask draw, where single-device training draws them independently")
-        fix = (f"seed dropout({region.value}) differ over {axis}: fold the {axis} coordinate into "
-               "the dropout seed (transformers#31412 for data parallelism, PaddleFleetX#1005 for "
-               "sequence parallelism)")
-    return (Obligation(condition, claim, Verdict.REFUTED, span, "rng", reason=reason,
-                       counterexample=values, seconds=outcome.seconds, method=method, fix=fix),
-            Divergence(axis, ParamGroup.NORMS, "rng", _small(strategy, axis, 2), 1,
-                       values=values))

@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -29,14 +29,27 @@ from placeverify.ir.placement import State
 from placeverify.ir.queries import optimizer_axes, partitions
 from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import RecomputeKind, Strategy
-from placeverify.semantics.buffers import Position, Seen
+from placeverify.semantics.buffers import Seen
 from placeverify.semantics.groups import GroupView, group_view
-from placeverify.smt import solve
-from placeverify.smt.agreement import Agreement, agreement
-from placeverify.smt.consistency import split_axes
 from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verify.agreement import (
+    Agreement,
+    agreement,
+    overflow_reductions,
+    same_gradient_everywhere,
+)
+from placeverify.verify.check import Check, Context, Finding
+from placeverify.verify.z3 import solve
 
 METHOD_RULES = "rules over the step's statement positions and the placement"
+
+
+def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
+    for obligation in update_obligations(strategy, ctx.timeout_ms):
+        yield Finding(obligation)
+
+
+CHECK = Check(Condition.GRADIENT_INTEGRITY, "what the update applies", findings)
 
 
 def update_obligations(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
@@ -232,16 +245,6 @@ def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
                            "= true); torch.utils.checkpoint's preserve_rng_state; OLMo-core#828)")]
 
 
-def overflow_reductions(strategy: Strategy) -> tuple[list[Position], list[Position]]:
-    """The overflow-flag reductions that decide the skip (after the last backward, before the
-    update), and those that run too early or too late to decide it."""
-    group = strategy.model.groups_present()[0]
-    positions = [p for p in agreement(strategy, group_view(strategy, group)).positions
-                 if p.op.target.kind is TargetKind.OVERFLOW]
-    deciding = [p for p in positions if p.after_last_backward and not p.after_update]
-    return deciding, [p for p in positions if p not in deciding]
-
-
 def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     if strategy.loss_scale != "dynamic":
         return []
@@ -285,18 +288,6 @@ def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
                        seconds=outcome.seconds, method=method,
                        fix="all_reduce(max) overflow over world, after the last backward and "
                            "before 'update params'")]
-
-
-def same_gradient_everywhere(strategy: Strategy, axis: str) -> bool:
-    """Do the ranks along ``axis`` consume the same gradient elements with the same values?"""
-    sizes = {a.name: a.size for a in strategy.mesh.axes}
-    for group in strategy.model.groups_present():
-        view = group_view(strategy, group)
-        if view.relation(axis).value == "owned" or axis in split_axes(strategy, group, sizes):
-            return False
-        if axis not in agreement(strategy, view).identical:
-            return False
-    return True
 
 
 def _shards(strategy: Strategy) -> list[Obligation]:

@@ -16,10 +16,13 @@ Three kinds of obligations:
   single contiguous buffer per stage, where they do not — Megatron-LM#844 — is not modelled.)
 
 These are decided by rules over the placement relations (:mod:`placeverify.ir.relations`), not
-by a solver; each refutation names the statement and the axis.
+by a solver; each refutation names the statement and the axis. The family ends with the
+placement-step obligations (:mod:`placeverify.verify.placement_step`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from placeverify.diagnostics import Code, Diagnostic, Severity, Span
 from placeverify.ir.model import ParamGroup
@@ -29,8 +32,9 @@ from placeverify.ir.relations import Relation, relation
 from placeverify.ir.step import Collective, CollectiveKind, Free, ReduceOp, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import ends_match, group_view
-from placeverify.smt.placement_step import placement_step_obligations
 from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verify.check import Check, Context, Finding
+from placeverify.verify.placement_step import placement_step_obligations
 
 METHOD = "rules over the placement relations"
 
@@ -50,6 +54,17 @@ WHY = {
     (Role.CONTEXT, State.PARAMS): "context-parallel ranks run the same layers on different "
                                   "parts of the sequence (R)",
 }
+
+
+def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
+    """The obligations in order; the warnings (cost notes) ride on the first, since every one
+    is found beside an obligation."""
+    obligations, warnings = composition_obligations(strategy)
+    for index, obligation in enumerate(obligations):
+        yield Finding(obligation, warnings=tuple(warnings) if index == 0 else ())
+
+
+CHECK = Check(Condition.COMPOSITION_SAFETY, "composition safety", findings)
 
 
 def composition_obligations(strategy: Strategy) -> tuple[list[Obligation], list[Diagnostic]]:
