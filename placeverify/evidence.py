@@ -11,11 +11,23 @@ replay backend are built from.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.interpreter import Instance, Run
+
+
+class Cause(StrEnum):
+    """Why two replicas diverge (:class:`Divergence`)."""
+
+    GRADIENT = "gradient"  # they consume different gradients
+    BITWISE = "bitwise"  # the same sum in rank-dependent float32 orders
+    SKIP = "skip"  # one skips the step on overflow, the other updates
+    CLIP = "clip"  # different clip factors
+    STALE_SHARD = "stale-shard"  # a sharded update never gathered back
+    RNG = "rng"  # different dropout masks in a replicated region
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +55,7 @@ class Divergence:
 
     axis: str
     group: ParamGroup
-    cause: str  # gradient | bitwise | skip | clip | stale-shard | rng
+    cause: Cause
     sizes: dict[str, int]
     microbatches: int
     run: Run | None = None

@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from placeverify.ir.model import ParamGroup
+from placeverify.ir.relations import Relation
 from placeverify.ir.step import (
     Backward,
     Collective,
+    CountKind,
     Op,
     Order,
     Scale,
@@ -136,7 +138,7 @@ def _varying(op: Scale, view: GroupView) -> frozenset[str]:
     out: set[str] = set()
     for term, _ in op.factor.factors:
         if term.kind is TermKind.COUNT and term.count is not None:
-            family = view.batch if term.count.kind.value == "tokens" else view.samples
+            family = view.batch if term.count.kind is CountKind.TOKENS else view.samples
             out.update(a for a in family if a not in term.count.axes)
     return frozenset(out)
 
@@ -158,7 +160,7 @@ def same_gradient_everywhere(strategy: Strategy, axis: str) -> bool:
     sizes = {a.name: a.size for a in strategy.mesh.axes}
     for group in strategy.model.groups_present():
         view = group_view(strategy, group)
-        if view.relation(axis).value == "owned" or axis in split_axes(strategy, group, sizes):
+        if view.relation(axis) is Relation.OWNED or axis in split_axes(strategy, group, sizes):
             return False
         if axis not in agreement(strategy, view).identical:
             return False

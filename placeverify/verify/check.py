@@ -15,7 +15,7 @@ from placeverify.diagnostics import Diagnostic
 from placeverify.evidence import Evidence
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,5 +50,6 @@ def run_check(check: Check, strategy: Strategy, ctx: Context) -> list[Finding]:
     except Unmodelled as err:
         return [Finding(Obligation(check.condition,
                                    f"{check.name}: every statement of the step is modelled",
-                                   Verdict.UNKNOWN, err.span or strategy.step.span, "not-modelled",
+                                   Verdict.UNKNOWN, err.span or strategy.step.span,
+                                   ObligationKind.NOT_MODELLED,
                                    reason=f"not modelled: {err}"))]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import z3
 
-from placeverify.evidence import Divergence, small_mesh
+from placeverify.evidence import Cause, Divergence, small_mesh
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import Region, Seed
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics import rng
-from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.z3 import solve
+from placeverify.verify.z3.solve import SolverStatus
 
 
 def rng_obligations(strategy: Strategy, timeout_ms: int) -> list[tuple[Obligation, Divergence | None]]:
@@ -70,11 +71,11 @@ def _rng_obligation(strategy: Strategy, axis: str, region: Region, differ: bool,
         formula = z3.And(*ranks, seed_x == seed_y)
     outcome = solve.check(formula, timeout_ms)
     method = "z3 (uninterpreted random stream)"
-    if outcome.status == "unsat":
-        return Obligation(condition, claim, Verdict.PROVED, span, "rng", seconds=outcome.seconds,
+    if outcome.status is SolverStatus.UNSAT:
+        return Obligation(condition, claim, Verdict.PROVED, span, ObligationKind.RNG, seconds=outcome.seconds,
                           method=method), None
-    if outcome.status == "unknown":
-        return Obligation(condition, claim, Verdict.UNKNOWN, span, "rng",
+    if outcome.status is SolverStatus.UNKNOWN:
+        return Obligation(condition, claim, Verdict.UNKNOWN, span, ObligationKind.RNG,
                           reason="the solver timed out", method=method), None
     model = outcome.model
     seed_values = (int(solve.value(model, seed_x)), int(solve.value(model, seed_y)))
@@ -101,7 +102,7 @@ def _rng_obligation(strategy: Strategy, axis: str, region: Region, differ: bool,
         fix = (f"seed dropout({region.value}) differ over {axis}: fold the {axis} coordinate into "
                "the dropout seed (transformers#31412 for data parallelism, PaddleFleetX#1005 for "
                "sequence parallelism)")
-    return (Obligation(condition, claim, Verdict.REFUTED, span, "rng", reason=reason,
+    return (Obligation(condition, claim, Verdict.REFUTED, span, ObligationKind.RNG, reason=reason,
                        counterexample=values, seconds=outcome.seconds, method=method, fix=fix),
-            Divergence(axis, ParamGroup.NORMS, "rng", small_mesh(strategy, axis, 2), 1,
+            Divergence(axis, ParamGroup.NORMS, Cause.RNG, small_mesh(strategy, axis, 2), 1,
                        values=values))

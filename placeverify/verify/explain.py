@@ -14,7 +14,7 @@ from typing import Any
 
 from placeverify.evidence import Counterexample
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.step import Backward, Collective, Free, Scale, TermKind
+from placeverify.ir.step import Backward, Collective, CollectiveKind, Free, Scale, Scope, TargetKind, TermKind
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.groups import GroupView
 from placeverify.semantics.interpreter import Instance, run, uniform_instance
@@ -99,14 +99,14 @@ def has_local_count(strategy: Strategy) -> bool:
         if isinstance(op, Backward):
             for term, exponent in op.loss.factors:
                 if (term.kind is TermKind.COUNT and term.count is not None and exponent < 0
-                        and not term.count.axes and term.count.scope.value == "microbatch"):
+                        and not term.count.axes and term.count.scope is Scope.MICROBATCH):
                     return True
     return False
 
 
 def reductions_of(strategy: Strategy, group: ParamGroup) -> list[Collective]:
     return [op for op in strategy.step.ops()
-            if isinstance(op, Collective) and op.target.kind.value == "grads"
+            if isinstance(op, Collective) and op.target.kind is TargetKind.GRADS
             and op.target.applies_to(group)]
 
 
@@ -121,7 +121,7 @@ def cause_span(strategy: Strategy, view: GroupView, found: Counterexample) -> An
             and found.microbatches > 1:
         return strategy.step.backward().span
     overwriting = [lo.op for lo in strategy.step.loop
-                   if isinstance(lo.op, Collective) and lo.op.kind.value == "reduce_scatter"
+                   if isinstance(lo.op, Collective) and lo.op.kind is CollectiveKind.REDUCE_SCATTER
                    and not lo.op.accumulate and lo.op.target.applies_to(view.group)]
     if overwriting and found.microbatches > 1:
         return overwriting[0].span  # each micro-batch overwrites the shard

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from placeverify.evidence import Counterexample, Divergence
+from placeverify.evidence import Cause, Counterexample, Divergence
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
 from placeverify.ir.relations import batch_axes
@@ -98,21 +98,21 @@ def consistency_fix(strategy: Strategy, obligation: Obligation,
     if divergence is None:
         return None
     axis = divergence.axis
-    if divergence.cause == "stale-shard":
+    if divergence.cause is Cause.STALE_SHARD:
         return (f"all_gather params over {axis} after the update: each rank updated only its "
                 "optimizer shard (ZeRO-1/2)")
-    if divergence.cause == "rng":
+    if divergence.cause is Cause.RNG:
         return (f"seed dropout(replicated) same over {axis}: replicated regions need one random "
                 "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
                 "Megatron-DeepSpeed#276)")
-    if divergence.cause == "bitwise":
+    if divergence.cause is Cause.BITWISE:
         return ("reduce in one fixed order on every rank (a ring or tree all-reduce gives every "
                 "rank the same bits)")
-    if divergence.cause == "skip":
+    if divergence.cause is Cause.SKIP:
         return "all_reduce(max) overflow over world"
-    if divergence.cause == "clip":
+    if divergence.cause is Cause.CLIP:
         return "sum the squared gradient norm over every axis where ranks hold different gradients"
-    if divergence.cause == "gradient":
+    if divergence.cause is Cause.GRADIENT:
         if divergence.group.value == "embedding" and axis in strategy.axes():
             return (f"all_reduce(sum) grads[embedding] over ends({axis}): the first and last stage "
                     "hold copies of the tied embedding (Megatron-LM#656)")

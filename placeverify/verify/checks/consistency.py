@@ -23,14 +23,16 @@ from typing import Any
 
 import z3
 
-from placeverify.evidence import Divergence, small_mesh
+from placeverify.evidence import Cause, Divergence, small_mesh
 from placeverify.ir.placement import Mode, Role, State
+from placeverify.ir.precision import LossScale
 from placeverify.ir.queries import partitions
+from placeverify.ir.relations import Relation
 from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import GroupView, group_view
 from placeverify.semantics.interpreter import atoms, run, uniform_instance
-from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.agreement import (
     Agreement,
     agreement,
@@ -43,6 +45,7 @@ from placeverify.verify.dropout import rng_obligations
 from placeverify.verify.fixes import consistency_fix
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.float32 import float32_text, float32_witness, fp_value
+from placeverify.verify.z3.solve import SolverStatus
 
 METHOD_UF = "z3 (uninterpreted update, real arithmetic)"
 METHOD_FP = "z3 (IEEE float32 sums)"
@@ -67,7 +70,7 @@ def consistency_obligations(strategy: Strategy,
         agree = agreement(strategy, view)
         for placement in strategy.placements:
             axis = placement.axis
-            if view.size(axis, sizes) < 2 or view.relation(axis).value == "owned":
+            if view.size(axis, sizes) < 2 or view.relation(axis) is Relation.OWNED:
                 continue
             if placement.role is not Role.TENSOR and placement.role is not Role.PIPELINE \
                     and placement.mode(State.PARAMS) in (Mode.S_STAR, Mode.O):
@@ -112,13 +115,13 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
             other = theta0  # every rank takes rank `source`'s copy, stale for others' shards
             owner = theta0
         outcome = solve.check(owner != other, timeout_ms)
-        if outcome.status == "unsat":
+        if outcome.status is SolverStatus.UNSAT:
             return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED,
-                              gather.span if gather else span, "replica-agreement",
+                              gather.span if gather else span, ObligationKind.REPLICA_AGREEMENT,
                               seconds=outcome.seconds, method=METHOD_UF), None
-        if outcome.status == "unknown":
+        if outcome.status is SolverStatus.UNKNOWN:
             return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
-                              "replica-agreement", reason="the solver timed out",
+                              ObligationKind.REPLICA_AGREEMENT, reason="the solver timed out",
                               method=METHOD_UF), None
         model = outcome.model
         old, new = str(solve.value(model, theta0)), str(solve.value(model, owner))
@@ -132,9 +135,9 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
                   f"shard, and no 'all_gather params over {axis}' follows the update: the owner of "
                   f"an element holds {values['updated']}, the other ranks keep {values['theta0']}")
         return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, update_span,
-                           "stale-shard", reason=reason, counterexample=values,
+                           ObligationKind.STALE_SHARD, reason=reason, counterexample=values,
                            seconds=outcome.seconds, method=METHOD_UF),
-                Divergence(axis, group, "stale-shard", small_mesh(strategy, axis, 2),
+                Divergence(axis, group, Cause.STALE_SHARD, small_mesh(strategy, axis, 2),
                            min(2, strategy.step.microbatches), values=values))
 
     same_gradient = axis in agree.identical
@@ -154,29 +157,30 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
     theta_y = z3.If(sy, theta0, upd(theta0, cy * gy, omega0))
     outcome = solve.check(theta_x != theta_y, timeout_ms)
     method = METHOD_UF
-    if outcome.status == "unsat":
+    if outcome.status is SolverStatus.UNSAT:
         return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED, span,
-                          "replica-agreement", seconds=outcome.seconds, method=method), None
-    if outcome.status == "unknown":
+                          ObligationKind.REPLICA_AGREEMENT, seconds=outcome.seconds, method=method), None
+    if outcome.status is SolverStatus.UNKNOWN:
         return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
-                          "replica-agreement", reason="the solver timed out", method=method), None
+                          ObligationKind.REPLICA_AGREEMENT, reason="the solver timed out",
+                          method=method), None
     model = outcome.model
-    causes = []
+    causes: list[Cause] = []
     if not same_gradient:
-        causes.append("gradient")
+        causes.append(Cause.GRADIENT)
     if not skip_shared and solve.truthy(model, sx != sy):
-        causes.append("skip")
+        causes.append(Cause.SKIP)
     if not clip_shared:
-        causes.append("clip")
-    cause = causes[0] if causes else "gradient"
-    divergence = _witness(strategy, view, axis) if cause == "gradient" else None
+        causes.append(Cause.CLIP)
+    cause = causes[0] if causes else Cause.GRADIENT
+    divergence = _witness(strategy, view, axis) if cause is Cause.GRADIENT else None
     reason = _reason(strategy, view, axis, cause, divergence)
     span_at = span
-    if cause == "gradient":
+    if cause is Cause.GRADIENT:
         span_at = next((op.span for op in strategy.step.post if isinstance(op, Update)), span)
-    elif cause == "skip":
+    elif cause is Cause.SKIP:
         span_at = _overflow_span(strategy) or span
-    elif cause == "clip":
+    elif cause is Cause.CLIP:
         span_at = next((op.span for op in strategy.step.ops() if isinstance(op, Clip)), span)
     counter = None
     if divergence is not None and divergence.run is not None:
@@ -184,7 +188,7 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
                    "consumed": {", ".join(f"{k}={v}" for k, v in d.coords.items()): str(d.consumed)
                                 for d in divergence.run.devices}}
     return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span_at,
-                       "replica-agreement", reason=reason, counterexample=counter,
+                       ObligationKind.REPLICA_AGREEMENT, reason=reason, counterexample=counter,
                        seconds=outcome.seconds, method=method),
             divergence or Divergence(axis, group, cause, small_mesh(strategy, axis, 2),
                                      min(2, strategy.step.microbatches)))
@@ -208,8 +212,8 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
     outcome = solve.check(z3.And(*pinned, upd(sum_x) != upd(sum_y)), timeout_ms)
     method = "z3 (IEEE float32 sums; witness from a search over short decimals)"
     span = op.span
-    if outcome.status != "sat":
-        return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span, "fp-order",
+    if outcome.status is not SolverStatus.SAT:
+        return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span, ObligationKind.FP_ORDER,
                           reason="Z3 did not confirm the float32 witness", seconds=outcome.seconds,
                           method=method), None
     g0, g1, g2, s0, s1 = (float32_text(fp_value(outcome.model, t)) for t in (a, b, c, sum_x, sum_y))
@@ -222,15 +226,15 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
     reason = (f"'{op.label()}' sums in a rank-dependent order: in float32, "
               f"({g0} + {g1}) + {g2} = {s0} on one rank but ({g1} + {g2}) + {g0} = {s1} on "
               "another, so the replicas differ bitwise after the update")
-    return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, "fp-order",
+    return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, ObligationKind.FP_ORDER,
                        reason=reason, counterexample=values, seconds=outcome.seconds,
                        method=method),
-            Divergence(axis, view.group, "bitwise", small_mesh(strategy, axis, 3),
+            Divergence(axis, view.group, Cause.BITWISE, small_mesh(strategy, axis, 3),
                        min(2, strategy.step.microbatches), values=values))
 
 
 def _dynamic(strategy: Strategy) -> bool:
-    return strategy.loss_scale == "dynamic"
+    return strategy.loss_scale == LossScale.DYNAMIC
 
 
 def _overflow_ops(strategy: Strategy) -> list[Collective]:
@@ -259,7 +263,7 @@ def _clip_identical(strategy: Strategy, axis: str, sizes: dict[str, int]) -> boo
         if axis in split_axes(strategy, group, sizes):
             return False
         if axis not in agreement(strategy, group_view(strategy, group)).identical and \
-                group_view(strategy, group).relation(axis).value != "owned":
+                group_view(strategy, group).relation(axis) is not Relation.OWNED:
             return False
     return True
 
@@ -282,17 +286,17 @@ def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | Non
             for d1, d2 in itertools.combinations(result.devices, 2):
                 differ = [a for a in d1.coords if d1.coords[a] != d2.coords[a]]
                 if differ == [axis] and d1.consumed != d2.consumed:
-                    return Divergence(axis, view.group, "gradient", sizes, m, run=result,
+                    return Divergence(axis, view.group, Cause.GRADIENT, sizes, m, run=result,
                                       instance=instance)
     return None
 
 
-def _reason(strategy: Strategy, view: GroupView, axis: str, cause: str,
+def _reason(strategy: Strategy, view: GroupView, axis: str, cause: Cause,
             divergence: Divergence | None) -> str:
-    if cause == "skip":
+    if cause is Cause.SKIP:
         return (f"dynamic loss scaling: the overflow flag is not reduced over {axis}, so one rank "
                 f"can skip the step (its gradients overflowed) while the other updates")
-    if cause == "clip":
+    if cause is Cause.CLIP:
         return (f"the clipping norm is not summed over {axis} while ranks along {axis} hold "
                 f"different gradients, so each rank scales its update by a different factor")
     if divergence is not None and divergence.run is not None:

@@ -20,17 +20,18 @@ from typing import Any
 
 from placeverify.evidence import Counterexample
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.step import Clip
+from placeverify.ir.step import Clip, Update
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.check import Check, Context, Finding
 from placeverify.verify.explain import cause_span, describe, summary
 from placeverify.verify.fixes import integrity_fix
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.integrity import encode, mismatch_formula
 from placeverify.verify.z3.search import search
+from placeverify.verify.z3.solve import SolverStatus
 
 
 def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
@@ -92,7 +93,8 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
                          integer=False)
     except Unmodelled as err:
         return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN,
-                            err.span or clips[0].span, "clip-input", reason=f"not modelled: {err}"),
+                            err.span or clips[0].span, ObligationKind.CLIP_INPUT,
+                            reason=f"not modelled: {err}"),
                  None)]
     if encoded.mixing:
         return []  # the group's integrity obligation is refuted for mixing shards already
@@ -103,18 +105,18 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
             continue  # refuted for where it stands (placeverify.verify.checks.update): no input is right
         outcome = solve.check(mismatch_formula(encoded, seen.value.values), timeout_ms)
         seconds += outcome.seconds
-        if outcome.status == "unsat":
+        if outcome.status is SolverStatus.UNSAT:
             continue
         found = search(strategy, view, timeout_ms, observe=index)
         if found is None:
-            why = ("the solver timed out" if outcome.status == "unknown"
+            why = ("the solver timed out" if outcome.status is SolverStatus.UNKNOWN
                    else "a real-valued counterexample exists but no integer one was confirmed "
                         "on small meshes")
             return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN,
-                                seen.op.span, "clip-input", reason=why, seconds=seconds,
+                                seen.op.span, ObligationKind.CLIP_INPUT, reason=why, seconds=seconds,
                                 method=method), None)]
         return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED,
-                            seen.op.span, "clip-input",
+                            seen.op.span, ObligationKind.CLIP_INPUT,
                             reason=describe(strategy, view, found),
                             counterexample=summary(view, found), seconds=seconds, method=method,
                             fix="clip after the last gradient reduction and scale (the loss "
@@ -122,7 +124,7 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
                                 "last micro-batch"),
                  found)]
     return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, clips[0].span,
-                        "clip-input", seconds=seconds, method=method), None)]
+                        ObligationKind.CLIP_INPUT, seconds=seconds, method=method), None)]
 
 
 def group_obligation(strategy: Strategy, group: ParamGroup,
@@ -136,30 +138,33 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
     try:
         encoded = encode(strategy, view, sizes, m, f"{group.value}_", integer=False)
     except Unmodelled as err:
-        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span, "coefficient",
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span,
+                          ObligationKind.COEFFICIENT,
                           reason=f"not modelled: {err}"), None
     if encoded.mixing:
         op = encoded.mixing[0]
         return Obligation(
             Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, getattr(op, "span", span),
-            "mixes-shards", reason=f"'{_text(op)}' sums gradients of different {group.value} "
+            ObligationKind.MIXES_SHARDS, reason=f"'{_text(op)}' sums gradients of different {group.value} "
             "parameters: ranks of that group hold different shards",
             method="placement relations"), None
     outcome = solve.check(mismatch_formula(encoded), timeout_ms)
     method = "z3 (nonlinear real arithmetic over count variables)"
-    if outcome.status == "unsat":
-        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span, "coefficient",
+    if outcome.status is SolverStatus.UNSAT:
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span,
+                          ObligationKind.COEFFICIENT,
                           seconds=outcome.seconds, method=method), None
     found = search(strategy, view, timeout_ms)
     if found is None:
-        why = ("the solver timed out" if outcome.status == "unknown"
+        why = ("the solver timed out" if outcome.status is SolverStatus.UNKNOWN
                else "a real-valued counterexample exists but no integer one was confirmed on "
                     "small meshes")
-        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span, "coefficient",
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span,
+                          ObligationKind.COEFFICIENT,
                           reason=why, seconds=outcome.seconds, method=method), None
     reason = describe(strategy, view, found)
     return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED,
-                      cause_span(strategy, view, found) or span, "coefficient",
+                      cause_span(strategy, view, found) or span, ObligationKind.COEFFICIENT,
                       reason=reason, counterexample=summary(view, found),
                       seconds=outcome.seconds, method=method), found
 
@@ -172,6 +177,6 @@ def _text(op: Any) -> str:
 
 def _consume_span(strategy: Strategy) -> Any:
     for op in strategy.step.post:
-        if op.__class__.__name__ == "Update":
+        if isinstance(op, Update):
             return op.span
     return strategy.step.span

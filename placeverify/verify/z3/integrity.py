@@ -32,6 +32,7 @@ from placeverify.ir.mesh import Group
 from placeverify.ir.step import (
     Backward,
     Collective,
+    CountKind,
     Monomial,
     Op,
     ReduceOp,
@@ -133,7 +134,7 @@ class _Coefficients:
         out: set[str] = set()
         for term, _ in monomial.factors:
             if term.kind is TermKind.COUNT and term.count is not None:
-                family = self.view.batch if term.count.kind.value == "tokens" else self.view.samples
+                family = self.view.batch if term.count.kind is CountKind.TOKENS else self.view.samples
                 out.update(a for a in family if a not in term.count.axes)
         return frozenset(out)
 

@@ -22,6 +22,7 @@ from placeverify.semantics.schedule import Unmodelled
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.counts import SetDesc
 from placeverify.verify.z3.integrity import Encoded, encode, mismatch_formula
+from placeverify.verify.z3.solve import SolverStatus
 
 MAX_SEARCH_SIZE = 3
 MAX_INTERPRETED_ATOMS = 1024
@@ -78,7 +79,7 @@ def search(strategy: Strategy, view: GroupView, timeout_ms: int,
             continue
         observed = None if observe is None else encoded.clips[observe].value.values
         outcome = solve.check(mismatch_formula(encoded, observed), deadline)
-        if outcome.status != "sat":
+        if outcome.status is not SolverStatus.SAT:
             continue
         found = confirm(strategy, view, sizes, m, encoded, outcome.model, observe)
         if found is not None:
