@@ -8,7 +8,7 @@ from dataclasses import replace
 from placeverify.cost import analyse
 from placeverify.ir.lower import load
 from placeverify.ir.strategy import Strategy
-from placeverify.report.data import CheckResult
+from placeverify.result import CheckResult
 from placeverify.verdicts import Verification
 
 DEFAULT_TIMEOUT_MS = 10_000  # per solver query; past it the obligation is 'unknown'

@@ -20,6 +20,7 @@ from typing import Any
 
 from placeverify.evidence import Counterexample
 from placeverify.ir.model import ParamGroup
+from placeverify.ir.render import op_label
 from placeverify.ir.step import Clip, Update
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import group_view
@@ -145,7 +146,7 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
         op = encoded.mixing[0]
         return Obligation(
             Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, getattr(op, "span", span),
-            ObligationKind.MIXES_SHARDS, reason=f"'{_text(op)}' sums gradients of different {group.value} "
+            ObligationKind.MIXES_SHARDS, reason=f"'{op_label(op)}' sums gradients of different {group.value} "
             "parameters: ranks of that group hold different shards",
             method="placement relations"), None
     outcome = solve.check(mismatch_formula(encoded), timeout_ms)
@@ -167,12 +168,6 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
                       cause_span(strategy, view, found) or span, ObligationKind.COEFFICIENT,
                       reason=reason, counterexample=summary(view, found),
                       seconds=outcome.seconds, method=method), found
-
-
-def _text(op: Any) -> str:
-    from placeverify.report.data import op_text
-
-    return op_text(op)
 
 
 def _consume_span(strategy: Strategy) -> Any:
