@@ -1261,7 +1261,7 @@ def check_all(result: Run, *, jobs: int = 2, timeout: float = DEFAULT_TIMEOUT,
               say: Callable[[str], None] = lambda _: None) -> None:
     """Check every base and mutant (in worker processes); note bases that do not check, and
     written steps whose rendering changes the file's verdict."""
-    import placeverify.smt  # noqa: F401  (z3 imported once, before the workers fork)
+    import placeverify.verify  # noqa: F401  (z3 imported once, before the workers fork)
 
     everything = [*result.bases, *result.mutants]
     started = time.perf_counter()

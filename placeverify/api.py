@@ -8,17 +8,17 @@ from dataclasses import replace
 from placeverify.cost import analyse
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import load
-from placeverify.report.data import CheckResult
+from placeverify.result import CheckResult
 from placeverify.verdicts import Verification
 
 DEFAULT_TIMEOUT_MS = 10_000  # per solver query; past it the obligation is 'unknown'
 
 
 def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verification:
-    from placeverify.smt import verify as smt_verify  # z3 is imported only when verifying
+    from placeverify.verify import verify as run_checks  # z3 is imported only when verifying
 
     started = time.perf_counter()
-    verification = smt_verify(strategy, timeout_ms=timeout_ms)
+    verification = run_checks(strategy, timeout_ms=timeout_ms)
     return Verification(verification.obligations, verification.trace,
                         time.perf_counter() - started, verification.notes)
 

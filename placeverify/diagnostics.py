@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
+from placeverify.errors import PlaceverifyError
+
 MAX_ERRORS = 50  # per file; past this the rest are counted, not printed
 
 
@@ -178,7 +180,7 @@ def _excerpt(source: Source, span: Span) -> list[str]:
 
 
 @dataclass
-class PlaceError(Exception):
+class PlaceError(PlaceverifyError):
     """Raised with one or more error diagnostics about a source; the CLI renders them."""
 
     diagnostics: list[Diagnostic]

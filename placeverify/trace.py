@@ -23,7 +23,9 @@ from typing import Any
 
 from placeverify import __version__
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
+from placeverify.evidence import Counterexample, Divergence, Evidence
 from placeverify.ir.strategy import Strategy
+from placeverify.semantics.groups import group_view
 from placeverify.verdicts import Obligation
 
 SCHEMA = "placeverify.trace/1"
@@ -35,10 +37,8 @@ def _fraction(value: Fraction | None) -> str | None:
     return None if value is None else str(value)
 
 
-def build(strategy: Strategy, obligation: Obligation, evidence: Any) -> dict[str, Any]:
-    from placeverify.smt.consistency import Divergence
-    from placeverify.smt.gradients import Counterexample
-
+def build(strategy: Strategy, obligation: Obligation,
+          evidence: Evidence | None) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "placeverify": __version__,
@@ -60,8 +60,6 @@ def build(strategy: Strategy, obligation: Obligation, evidence: Any) -> dict[str
         "values": obligation.counterexample or {},
     }
     if isinstance(evidence, Counterexample | Divergence):
-        from placeverify.semantics.groups import group_view
-
         view = group_view(strategy, evidence.group)
         doc.update(group=evidence.group.value, mesh=dict(evidence.sizes),
                    microbatches=evidence.microbatches)

@@ -43,6 +43,30 @@ class Condition(StrEnum):
 CONDITIONS = tuple(Condition)
 
 
+class ObligationKind(StrEnum):
+    """A stable name for the kind of check an obligation is (the ``kind`` of the JSON report and
+    of the trace)."""
+
+    COEFFICIENT = "coefficient"  # the consumed gradient's coefficients (verify.checks.integrity)
+    CLIP_INPUT = "clip-input"  # what a clip statement sees
+    MIXES_SHARDS = "mixes-shards"  # a reduction sums different parameters' gradients
+    CLIP = "clip"  # clipping uses the global norm (verify.checks.update)
+    RECOMPUTE = "recompute"
+    OVERFLOW = "overflow"
+    SHARD_MISMATCH = "shard-mismatch"
+    LOST_UPDATE = "lost-update"
+    REPLICA_AGREEMENT = "replica-agreement"  # verify.checks.consistency
+    STALE_SHARD = "stale-shard"
+    FP_ORDER = "fp-order"
+    RNG = "rng"  # verify.dropout
+    REALISABLE = "realisable"  # verify.checks.composition
+    REDUCTION_GROUP = "reduction-group"
+    ROUTING = "routing"
+    ORDERING = "ordering"
+    PLACEMENT_STEP = "placement-step"  # verify.placement_step
+    NOT_MODELLED = "not-modelled"  # a statement a backend does not model (verify.check)
+
+
 @dataclass(frozen=True, slots=True)
 class Obligation:
     """One proof obligation: a claim about the strategy, its verdict and its evidence."""
@@ -51,7 +75,7 @@ class Obligation:
     claim: str  # what is proved or refuted, in words
     verdict: Verdict
     span: Span | None  # the text the claim is about (a step line, a placement)
-    kind: str  # a stable name for the kind of check, e.g. "coefficient", "replica-agreement"
+    kind: ObligationKind
     reason: str = ""  # why refuted or unknown
     counterexample: dict[str, Any] | None = None
     fix: str | None = None  # a one-line suggested fix for a known pattern

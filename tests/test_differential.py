@@ -20,9 +20,9 @@ from placeverify.diagnostics import PlaceError
 from placeverify.lower import load_text
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import atoms, run, uniform_instance
-from placeverify.smt.agreement import agreement
-from placeverify.smt.gradients import group_obligation
 from placeverify.verdicts import Verdict
+from placeverify.verify.agreement import agreement
+from placeverify.verify.checks.integrity import group_obligation
 
 ARCH = "model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }"
 
@@ -133,7 +133,7 @@ def test_the_generator_reaches_both_verdicts(wanted: Verdict) -> None:
 @pytest.mark.parametrize("dp", [8, 4096])
 def test_formula_size_does_not_depend_on_the_mesh(dp: int) -> None:
     """The symmetry reduction: the same number of relation classes at dp = 8 and dp = 4096."""
-    from placeverify.smt.integrity import encode
+    from placeverify.verify.z3.integrity import encode
 
     text = f"model {{ params = 1e9 }}\nprecision megatron\nmesh {{ dp = {dp} }}\nplace zero2 over dp\n"
     strategy = load_text(text)

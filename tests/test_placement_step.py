@@ -3,7 +3,7 @@ is sharded by the step, and a state it keeps whole is not.
 
 Each case below is a strategy whose memory figures (from the placement) and whose verified step
 describe different programs; the expected verdicts and the statements the reasons must name come
-from the rule in ``placeverify/smt/placement_step.py``, not from running it.
+from the rule in ``placeverify/verify/placement_step.py``, not from running it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from placeverify.api import check
 from placeverify.ir.placement import Role, State
 from placeverify.lower import load_text
-from placeverify.smt.composition import composition_obligations
-from placeverify.smt.placement_step import placement_step_obligations
 from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verify.checks.composition import composition_obligations
+from placeverify.verify.placement_step import placement_step_obligations
 
 MODEL = ("model transformer { layers = 4, hidden = 1024, heads = 16, vocab = 32000, seq = 8192 }\n"
          "precision megatron\n")

@@ -33,10 +33,10 @@ from placeverify.semantics.buffers import (
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import run, uniform_instance
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.smt import verify
-from placeverify.smt.agreement import agreement
-from placeverify.smt.integrity import encode
 from placeverify.verdicts import Condition, Verdict
+from placeverify.verify import verify
+from placeverify.verify.agreement import agreement
+from placeverify.verify.z3.integrity import encode
 
 DDP = """
 model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }

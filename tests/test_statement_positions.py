@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from placeverify.lower import load_text
-from placeverify.smt import verify
 from placeverify.verdicts import Verdict
+from placeverify.verify import verify
 
 CASES: dict[str, tuple[str, str | None, str, str]] = {
     "clip-before-ar": (

@@ -22,6 +22,7 @@ from dataclasses import replace
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
+from placeverify.ir.precision import LossScale
 from placeverify.ir.queries import gathered_after_update, sharded_update
 from placeverify.ir.relations import batch_axes, reduction_axes, sample_axes
 from placeverify.ir.step import (
@@ -144,7 +145,7 @@ def _post(config: Config) -> list[Op]:
                      or p.role in (Role.TENSOR, Role.PIPELINE)
                      or (p.role is Role.EXPERT and ParamGroup.EXPERTS in groups)]
         ops.append(Clip(config.clip.max_norm, mesh.group(*norm_axes), True, config.clip.span))
-    if config.loss_scale == "dynamic":
+    if config.loss_scale == LossScale.DYNAMIC:
         ops.append(Collective(CollectiveKind.ALL_REDUCE, ReduceOp.MAX,
                               Target(TargetKind.OVERFLOW), mesh.group(*mesh.names), span))
     ops.append(Update(span))

@@ -8,9 +8,18 @@ Megatron-LM's bf16 parameters with an fp32 gradient buffer (2 / 4 / 12, 18 bytes
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from fractions import Fraction
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+class LossScale(StrEnum):
+    """Loss scaling of mixed-precision training (the lowering stores the word as written)."""
+
+    DYNAMIC = "dynamic"  # fp16: scaled, and a step is skipped when gradients overflow
+    STATIC = "static"
+    NONE = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,14 +31,14 @@ class Precision:
     activations: Fraction  # bytes per activation element (A)
     params_dtype: str
     grads_dtype: str
-    loss_scale: str  # "dynamic" (fp16), "static" or "none"
+    loss_scale: str  # a LossScale value
 
     def with_overrides(self, **changes: object) -> Precision:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
 def _preset(name: str, params: str, grads: str, optimizer: int, activations: str,
-            loss_scale: str) -> Precision:
+            loss_scale: LossScale) -> Precision:
     return Precision(name, Fraction(DTYPE_BYTES[params]), Fraction(DTYPE_BYTES[grads]),
                      Fraction(optimizer), Fraction(DTYPE_BYTES[activations]), params, grads,
                      loss_scale)
@@ -37,11 +46,11 @@ def _preset(name: str, params: str, grads: str, optimizer: int, activations: str
 
 PRECISIONS: dict[str, Precision] = {
     # ZeRO (arXiv 1910.02054) §3.1: fp16 parameters and gradients, fp32 master + Adam m, v.
-    "mixed_adam": _preset("mixed_adam", "fp16", "fp16", 12, "fp16", "dynamic"),
+    "mixed_adam": _preset("mixed_adam", "fp16", "fp16", 12, "fp16", LossScale.DYNAMIC),
     # Megatron-LM distributed optimizer docs: bf16 parameters, fp32 main grads, 18 bytes/param.
-    "megatron": _preset("megatron", "bf16", "fp32", 12, "bf16", "none"),
-    "bf16_adam": _preset("bf16_adam", "bf16", "bf16", 12, "bf16", "none"),
-    "fp32_adam": _preset("fp32_adam", "fp32", "fp32", 8, "fp32", "none"),
-    "sgd": _preset("sgd", "fp32", "fp32", 0, "fp32", "none"),
-    "sgd_momentum": _preset("sgd_momentum", "fp32", "fp32", 4, "fp32", "none"),
+    "megatron": _preset("megatron", "bf16", "fp32", 12, "bf16", LossScale.NONE),
+    "bf16_adam": _preset("bf16_adam", "bf16", "bf16", 12, "bf16", LossScale.NONE),
+    "fp32_adam": _preset("fp32_adam", "fp32", "fp32", 8, "fp32", LossScale.NONE),
+    "sgd": _preset("sgd", "fp32", "fp32", 0, "fp32", LossScale.NONE),
+    "sgd_momentum": _preset("sgd_momentum", "fp32", "fp32", 4, "fp32", LossScale.NONE),
 }

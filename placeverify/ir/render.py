@@ -93,6 +93,26 @@ def op_text(op: Op) -> str:
     raise AssertionError(f"no text for {op!r}")
 
 
+def op_label(op: Op) -> str:
+    """One step statement in the short form of reports and traces (labels, ``max_norm`` as
+    ``%g``), e.g. ``all_reduce(sum) grads over dp``; :func:`op_text` is the round-trip form."""
+    if isinstance(op, Backward):
+        return f"backward {op.loss.text}"
+    if isinstance(op, Collective):
+        return op.label()
+    if isinstance(op, Scale):
+        return f"scale {op.target.label()} by {op.factor.text}"
+    if isinstance(op, Clip):
+        once = "" if op.replicated_once else ", replicated = every_rank"
+        group = f" over {op.group.label()}" if op.group.axes else ""
+        return f"clip(max_norm = {float(op.max_norm):g}{once}) {op.target.label()}{group}"
+    if isinstance(op, Update):
+        return "update params"
+    if isinstance(op, Free):
+        return f"free {op.target.label()}"
+    raise AssertionError(op)
+
+
 def collective_text(op: Collective) -> str:
     options: list[str] = []
     if op.op is not None:

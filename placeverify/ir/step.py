@@ -4,7 +4,7 @@ A step runs ``pre`` once, then ``loop`` once per micro-batch (an op may be limit
 micro-batch), then ``post``. Gradients accumulate locally (``+=``) at each ``Backward``; a
 collective replaces the buffer it names by the reduced buffer, so a reduction inside the loop
 reduces everything accumulated so far. That exact semantics is shared by the Z3 encoding
-(:mod:`placeverify.smt`), the exact interpreter (:mod:`placeverify.semantics`) and the torch
+(:mod:`placeverify.verify`), the exact interpreter (:mod:`placeverify.semantics`) and the torch
 replay backend.
 """
 

@@ -31,15 +31,18 @@ from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity
 from placeverify.ir import canonical
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import lower
+from placeverify.prove.claims import ClaimKind, ClaimSense
 from placeverify.prove.syntax import Claim, Rule, TApp, TBin, TElem, Term, TName, TNeg, TNum, TSum
 from placeverify.prove.tensor import prove_identity
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.smt import solve
-from placeverify.smt.gradients import search
-from placeverify.smt.integrity import encode, loop_is_uniform, mismatch_formula
 from placeverify.syntax import ast
-from placeverify.verdicts import Condition, Verdict
+from placeverify.verdicts import Condition, ObligationKind, Verdict
+from placeverify.verify import verify
+from placeverify.verify.z3 import solve
+from placeverify.verify.z3.integrity import encode, loop_is_uniform, mismatch_formula
+from placeverify.verify.z3.search import search
+from placeverify.verify.z3.solve import SolverStatus
 
 REPRESENTATIVES = (1, 2, 3)  # sizes standing for 1, 2 and every size >= 3
 BOUNDED_MICROBATCHES = 8
@@ -59,7 +62,7 @@ class ClaimResult:
         """True if the claim came out as the rule states, False if opposite, None if unknown."""
         if self.verdict is Verdict.UNKNOWN:
             return None
-        return (self.verdict is Verdict.PROVED) == (self.claim.expect == "prove")
+        return (self.verdict is Verdict.PROVED) == (self.claim.expect == ClaimSense.PROVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +95,7 @@ def check_rule(rule: Rule, timeout_ms: int) -> RuleResult:
     results = []
     for claim in rule.claims:
         t0 = time.perf_counter()
-        if claim.kind == "identity":
+        if claim.kind == ClaimKind.IDENTITY:
             assert claim.left is not None and claim.right is not None
             minimums = {b.name: (b.minimum if b.minimum is not None else 0) for b in rule.bounds}
             outcome = prove_identity(claim.left, claim.right, rule.lets, minimums, timeout_ms)
@@ -102,7 +105,7 @@ def check_rule(rule: Rule, timeout_ms: int) -> RuleResult:
             raise PlaceError([Diagnostic(Severity.ERROR, f"'{claim.kind}' claims are about a "
                                          "strategy; give its model, mesh and placements",
                                          Code.RULE, claim.span)], rule.source)
-        elif claim.kind == "conditions":
+        elif claim.kind == ClaimKind.CONDITIONS:
             result = _conditions(rule, strategy, claim, bounds, timeout_ms)
         else:
             result = _cost(rule, strategy, claim)
@@ -124,7 +127,7 @@ def _strategy(rule: Rule) -> Strategy | None:
 def _quantified(rule: Rule, strategy: Strategy, bounds: dict[str, Any]) -> tuple[list[str], bool]:
     axes = [a for a in strategy.mesh.names if a in bounds]
     unknown = [b for b in bounds if b not in strategy.mesh.names and b != "microbatches"]
-    if unknown and not any(c.kind == "identity" for c in rule.claims):
+    if unknown and not any(c.kind == ClaimKind.IDENTITY for c in rule.claims):
         raise PlaceError([Diagnostic(
             Severity.ERROR, f"'for every {unknown[0]}': not a mesh axis of this strategy "
             f"(axes: {', '.join(strategy.mesh.names)}) nor 'microbatches'", Code.RULE,
@@ -144,8 +147,6 @@ def with_microbatches(strategy: Strategy, m: int) -> Strategy:
 
 def _conditions(rule: Rule, strategy: Strategy, claim: Claim, bounds: dict[str, Any],
                 timeout_ms: int) -> ClaimResult:
-    from placeverify.smt import verify
-
     axes, quantified_m = _quantified(rule, strategy, bounds)
     wanted = {Condition(c) for c in claim.conditions}
     verdicts: dict[Condition, Verdict] = {c: Verdict.PROVED for c in wanted}
@@ -177,7 +178,7 @@ def _conditions(rule: Rule, strategy: Strategy, claim: Claim, bounds: dict[str, 
             verification = verify(case, timeout_ms)
             for o in verification.obligations:
                 if o.condition not in wanted or (o.condition is Condition.GRADIENT_INTEGRITY
-                                                 and o.kind == "coefficient"):
+                                                 and o.kind is ObligationKind.COEFFICIENT):
                     continue
                 if o.verdict is Verdict.REFUTED:
                     mesh = ", ".join(f"{a} = {n}" for a, n in zip(axes, sizes, strict=True))
@@ -229,7 +230,7 @@ def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m:
                     return (Verdict.REFUTED, "placement relations",
                             f"a reduction mixes different {group.value} parameters", None)
                 outcome = solve.check(z3.And(*assumptions, mismatch_formula(encoded)), timeout_ms)
-                if outcome.status == "unsat":
+                if outcome.status is SolverStatus.UNSAT:
                     continue
                 found = search(case, view, timeout_ms)
                 if found is not None:
@@ -242,7 +243,7 @@ def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m:
                             f"{group.value} gradient on {found.sizes}, {found.microbatches} "
                             f"micro-batch(es): consumed {bad.consumed}, single-device "
                             f"{found.run.reference}", evidence)
-                unknown = ("the solver timed out" if outcome.status == "unknown" else
+                unknown = ("the solver timed out" if outcome.status is SolverStatus.UNKNOWN else
                            "a real-valued model exists but no integer counterexample was found")
     quantified = [f"{a} >= 2 (and {a} = 1)" for a in axes]
     if quantified_m:
@@ -287,7 +288,7 @@ def _cost(rule: Rule, strategy: Strategy, claim: Claim) -> ClaimResult:
 
     costs = analyse(strategy, symbolic=True)
     domain: Any = costs.domain
-    if claim.kind == "memory":
+    if claim.kind == ClaimKind.MEMORY:
         device = costs.device_bytes()
         table = {**device, "host": costs.host_bytes(),
                  "states": device["params"] + device["optimizer"] + device["gradients"]}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from placeverify.errors import PlaceverifyError
 from placeverify.ir import queries
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
@@ -34,7 +35,7 @@ HEAD_DIM = 4
 DROPOUT = 0.5  # high on purpose: masks drawn from different streams differ almost surely
 
 
-class Unsupported(Exception):
+class Unsupported(PlaceverifyError):
     """A strategy the replay cannot run; the message says what and why."""
 
 

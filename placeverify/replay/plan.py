@@ -34,7 +34,7 @@ from typing import Any
 from placeverify.ir.placement import Role
 from placeverify.ir.relations import batch_axes, sample_axes
 from placeverify.ir.strategy import Strategy
-from placeverify.verdicts import Verdict, Verification
+from placeverify.verdicts import ObligationKind, Verdict, Verification
 
 DEFAULT_STEPS = 3
 DEFAULT_SEED = 1234
@@ -98,7 +98,7 @@ class Expectation:
     @property
     def needs_counts(self) -> bool:
         """Does the refutation depend on the token counts (a wrong loss coefficient)?"""
-        return self.verdict is Verdict.REFUTED and self.kind == "coefficient"
+        return self.verdict is Verdict.REFUTED and self.kind == ObligationKind.COEFFICIENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +153,7 @@ def strategy_of(spec: RunSpec) -> Strategy:
 
 # Refutations about the placement's own bookkeeping (its modes, and whether memory's layout is
 # what the step does), not about the values a run computes: a numeric replay cannot witness them.
-UNWITNESSED = frozenset({"placement-step", "realisable"})
+UNWITNESSED = frozenset({ObligationKind.PLACEMENT_STEP, ObligationKind.REALISABLE})
 
 
 def expectation(verification: Verification) -> Expectation:

@@ -25,6 +25,7 @@ from fractions import Fraction
 
 import torch
 
+from placeverify.ir.precision import LossScale
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.replay.data import SITES, Dropout, make_atom, reference_nonces
 from placeverify.replay.layout import Layout, ModelConfig, ParamSpec
@@ -64,7 +65,7 @@ class Setup:
 
     @property
     def dynamic(self) -> bool:
-        return self.strategy.loss_scale == "dynamic"
+        return self.strategy.loss_scale == LossScale.DYNAMIC
 
 
 @dataclass

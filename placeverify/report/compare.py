@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from placeverify.api import check
 from placeverify.console import print_errors, verdict_exit
 from placeverify.cost import whole
 from placeverify.diagnostics import ExitCode, PlaceError
@@ -21,8 +22,6 @@ COMPARE_SCHEMA = "placeverify.compare/1"
 
 
 def compare_document(paths: list[str], with_verdicts: bool) -> tuple[dict[str, Any], list[ExitCode]]:
-    from placeverify.api import check
-
     rows: list[dict[str, Any]] = []
     codes: list[ExitCode] = []
     for path in paths:

@@ -2,44 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from placeverify import __version__
 from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES, Role
-from placeverify.ir.step import Backward, Clip, Collective, Free, Op, Scale, Update
+from placeverify.ir.render import op_label
+from placeverify.ir.step import Op
 from placeverify.ir.strategy import Strategy
-from placeverify.verdicts import Verification
+from placeverify.result import CheckResult
 
 CHECK_SCHEMA = "placeverify.check/1"
-
-
-@dataclass(frozen=True, slots=True)
-class CheckResult:
-    strategy: Strategy
-    costs: Costs
-    verification: Verification | None = None
-    formulas: Costs | None = None  # the same costs in the symbolic domain
-
-
-def op_text(op: Op) -> str:
-    if isinstance(op, Backward):
-        return f"backward {op.loss.text}"
-    if isinstance(op, Collective):
-        return op.label()
-    if isinstance(op, Scale):
-        return f"scale {op.target.label()} by {op.factor.text}"
-    if isinstance(op, Clip):
-        once = "" if op.replicated_once else ", replicated = every_rank"
-        group = f" over {op.group.label()}" if op.group.axes else ""
-        return f"clip(max_norm = {float(op.max_norm):g}{once}) {op.target.label()}{group}"
-    if isinstance(op, Update):
-        return "update params"
-    if isinstance(op, Free):
-        return f"free {op.target.label()}"
-    raise AssertionError(op)
 
 
 def step_lines(strategy: Strategy) -> list[dict[str, Any]]:
@@ -47,12 +21,12 @@ def step_lines(strategy: Strategy) -> list[dict[str, Any]]:
     step = strategy.step
     rows: list[dict[str, Any]] = []
     for op in step.pre:
-        rows.append({"phase": "before the loop", "op": op_text(op), "line": _line(op)})
+        rows.append({"phase": "before the loop", "op": op_label(op), "line": _line(op)})
     for lo in step.loop:
         phase = "each micro-batch" if lo.microbatch is None else f"micro-batch {lo.microbatch}"
-        rows.append({"phase": phase, "op": op_text(lo.op), "line": _line(lo.op)})
+        rows.append({"phase": phase, "op": op_label(lo.op), "line": _line(lo.op)})
     for op in step.post:
-        rows.append({"phase": "after the loop", "op": op_text(op), "line": _line(op)})
+        rows.append({"phase": "after the loop", "op": op_label(op), "line": _line(op)})
     for seed in step.seeds:
         policy = "same" if seed.same else "differ"
         rows.append({"phase": "rng", "op": f"seed dropout({seed.region.value}) {policy} over "

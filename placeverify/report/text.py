@@ -12,7 +12,8 @@ from rich.text import Text
 
 from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES
-from placeverify.report.data import CheckResult, formulas_document, step_lines
+from placeverify.report.data import formulas_document, step_lines
+from placeverify.result import CheckResult
 from placeverify.verdicts import CONDITIONS, Verdict
 
 VERDICT_STYLE = {Verdict.PROVED: "bold green", Verdict.REFUTED: "bold red",

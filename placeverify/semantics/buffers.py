@@ -21,8 +21,8 @@ denotes the full buffer until a reduce-scatter runs, and the shard from then unt
 
 A :class:`GradDomain` gives the arithmetic: exact rationals per device
 (:mod:`placeverify.semantics.interpreter`), Z3 terms per relation class
-(:mod:`placeverify.smt.integrity`), sets of axes along which the buffer is identical
-(:mod:`placeverify.smt.agreement`). A statement outside the table raises :class:`Unmodelled`:
+(:mod:`placeverify.verify.z3.integrity`), sets of axes along which the buffer is identical
+(:mod:`placeverify.verify.agreement`). A statement outside the table raises :class:`Unmodelled`:
 no backend ever skips a statement silently.
 """
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from placeverify.ir.mesh import Group
+from placeverify.ir.render import op_label
 from placeverify.ir.step import (
     Backward,
     Collective,
@@ -34,7 +35,6 @@ from placeverify.ir.step import (
     Update,
 )
 from placeverify.ir.strategy import LossKind, Strategy
-from placeverify.report.data import op_text
 from placeverify.semantics.buffers import GradMachine, Seen
 from placeverify.semantics.groups import GroupView, ends_match
 from placeverify.semantics.schedule import MicroBatch
@@ -258,7 +258,7 @@ def run(strategy: Strategy, view: GroupView, instance: Instance) -> Run:
         line = getattr(op, "span", None)
         shard = machine.shard if machine.sharded else None
         for i, trace in enumerate(traces):
-            trace.rows.append((op_text(op), line.line if line else None,
+            trace.rows.append((op_label(op), line.line if line else None,
                                k if isinstance(k, int) else None, machine.full[i],
                                shard[i] if shard is not None else None))
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from placeverify.diagnostics import Span
+from placeverify.errors import PlaceverifyError
 from placeverify.ir.step import Backward, Op, Step
 
 GENERIC = "g"  # the micro-batch index of a generic micro-batch (every one alike)
@@ -36,7 +37,7 @@ class Event:
     op: Op
 
 
-class Unmodelled(Exception):
+class Unmodelled(PlaceverifyError):
     """A statement a backend does not model exactly: the verdict that needed it is *unknown*.
 
     Raised instead of ignoring the statement, so that nothing is ever proved by skipping it."""

@@ -10,7 +10,7 @@ one solver term, whatever the axis sizes. A sum over an axis of size n maps
 because exactly one rank of x's group shares the atom's coordinate and the n - 1 others hold it
 as a different-coordinate atom. A mean divides by n; a sum over an axis where ranks hold
 identical full copies multiplies by n. Counts in loss normalisers and scale factors are variables
-(see :mod:`placeverify.smt.counts`). Integrity holds iff for every class the consumed coefficient
+(see :mod:`placeverify.verify.z3.counts`). Integrity holds iff for every class the consumed coefficient
 equals the single-device reference weight (1/N for a token mean ...), for all counts: the solver
 is asked for a class and counts where they differ.
 
@@ -27,10 +27,12 @@ from typing import Any
 
 import z3
 
+from placeverify.evidence import Key
 from placeverify.ir.mesh import Group
 from placeverify.ir.step import (
     Backward,
     Collective,
+    CountKind,
     Monomial,
     Op,
     ReduceOp,
@@ -43,16 +45,10 @@ from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
 from placeverify.semantics.groups import GroupView, ends_match
 from placeverify.semantics.schedule import GENERIC, MicroBatch, Unmodelled, is_uniform
-from placeverify.smt.counts import CountVars, KSpec, Size, more_than_one, product
+from placeverify.verify.z3.counts import CountVars, KSpec, Size, more_than_one, product
 
 SAME, DIFF = "same", "different"
 MAX_UNROLL = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Key:
-    cls: tuple[str, ...]  # per coordinate axis of the view: SAME or DIFF
-    k: int | str  # the atom's micro-batch ("g": any one, when all are alike)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +134,7 @@ class _Coefficients:
         out: set[str] = set()
         for term, _ in monomial.factors:
             if term.kind is TermKind.COUNT and term.count is not None:
-                family = self.view.batch if term.count.kind.value == "tokens" else self.view.samples
+                family = self.view.batch if term.count.kind is CountKind.TOKENS else self.view.samples
                 out.update(a for a in family if a not in term.count.axes)
         return frozenset(out)
 

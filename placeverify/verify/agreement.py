@@ -1,6 +1,6 @@
 """Which axes a parameter group's gradient buffer is identical along, statement by statement.
 
-This follows the semantics of :mod:`placeverify.smt.integrity` with a coarser question: is the
+This follows the semantics of :mod:`placeverify.verify.z3.integrity` with a coarser question: is the
 coefficient of every atom the same on two ranks that differ only along an axis? A reduction over
 the axis makes it so (both ranks compute the same sum); a backward adds rank-local gradients and
 undoes it along every axis except those where ranks hold identical copies; a scale by a count
@@ -14,10 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from placeverify.ir.step import Backward, Collective, Op, Order, Scale, TermKind, Update
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.relations import Relation
+from placeverify.ir.step import (
+    Backward,
+    Collective,
+    CountKind,
+    Op,
+    Order,
+    Scale,
+    TargetKind,
+    TermKind,
+    Update,
+)
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.buffers import GradMachine, Position, Seen
-from placeverify.semantics.groups import GroupView, ends_match
+from placeverify.semantics.groups import GroupView, ends_match, group_view
 from placeverify.semantics.schedule import MicroBatch
 
 
@@ -126,6 +138,40 @@ def _varying(op: Scale, view: GroupView) -> frozenset[str]:
     out: set[str] = set()
     for term, _ in op.factor.factors:
         if term.kind is TermKind.COUNT and term.count is not None:
-            family = view.batch if term.count.kind.value == "tokens" else view.samples
+            family = view.batch if term.count.kind is CountKind.TOKENS else view.samples
             out.update(a for a in family if a not in term.count.axes)
     return frozenset(out)
+
+
+# ---- questions the update and consistency families share ---------------------------------------
+
+
+def split_axes(strategy: Strategy, group: ParamGroup, sizes: dict[str, int]) -> set[str]:
+    """Axes along which ranks consume different elements of this group's gradient: those where
+    they hold different parameters, and those the consumed gradient is a shard over."""
+    view = group_view(strategy, group)
+    out = {a for a in view.owned if sizes[a] > 1}
+    out.update(a for a in agreement(strategy, view, sizes).scattered if sizes[a] > 1)
+    return out
+
+
+def same_gradient_everywhere(strategy: Strategy, axis: str) -> bool:
+    """Do the ranks along ``axis`` consume the same gradient elements with the same values?"""
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    for group in strategy.model.groups_present():
+        view = group_view(strategy, group)
+        if view.relation(axis) is Relation.OWNED or axis in split_axes(strategy, group, sizes):
+            return False
+        if axis not in agreement(strategy, view).identical:
+            return False
+    return True
+
+
+def overflow_reductions(strategy: Strategy) -> tuple[list[Position], list[Position]]:
+    """The overflow-flag reductions that decide the skip (after the last backward, before the
+    update), and those that run too early or too late to decide it."""
+    group = strategy.model.groups_present()[0]
+    positions = [p for p in agreement(strategy, group_view(strategy, group)).positions
+                 if p.op.target.kind is TargetKind.OVERFLOW]
+    deciding = [p for p in positions if p.after_last_backward and not p.after_update]
+    return deciding, [p for p in positions if p not in deciding]

@@ -4,54 +4,61 @@ For each mesh axis and each parameter group replicated along it, two ranks x and
 only along the axis are compared after the step. The parameters start identical (θ0); the
 optimizer update is an uninterpreted function ``upd(θ, g, ω)`` (equal inputs give equal outputs,
 and nothing else is assumed); the gradient each rank consumes is one shared term when the step
-makes it identical along the axis (:mod:`placeverify.smt.agreement`), two terms otherwise, and two
+makes it identical along the axis (:mod:`placeverify.verify.agreement`), two terms otherwise, and two
 IEEE float32 sums in different orders when the reduction order is rank-dependent. Dynamic loss
 scaling adds the skip decision (a shared flag only if the overflow flag is reduced over the
 axis), clipping a shared or per-rank clip factor. A sharded update (ZeRO-1/2) compares the owner's
 updated element with the other rank's copy: the owner's value after an all-gather, the stale θ0
 otherwise. Dropout in a replicated activation region compares ``rng(seed, offset)`` on both
-ranks. Z3 is asked for a model where the two ranks differ.
+ranks (:mod:`placeverify.verify.dropout`). Z3 is asked for a model where the two ranks differ.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-import struct
-from dataclasses import dataclass
-from fractions import Fraction
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import z3
 
-from placeverify.ir.model import ParamGroup
+from placeverify.evidence import Cause, Divergence, small_mesh
 from placeverify.ir.placement import Mode, Role, State
+from placeverify.ir.precision import LossScale
 from placeverify.ir.queries import partitions
-from placeverify.ir.step import Clip, Collective, CollectiveKind, Region, Seed, TargetKind, Update
+from placeverify.ir.relations import Relation
+from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics import rng
 from placeverify.semantics.groups import GroupView, group_view
-from placeverify.semantics.interpreter import Instance, Run, atoms, run, uniform_instance
-from placeverify.smt import solve
-from placeverify.smt.agreement import Agreement, agreement
-from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.semantics.interpreter import atoms, run, uniform_instance
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
+from placeverify.verify.agreement import (
+    Agreement,
+    agreement,
+    overflow_reductions,
+    same_gradient_everywhere,
+    split_axes,
+)
+from placeverify.verify.check import Check, Context, Finding
+from placeverify.verify.dropout import rng_obligations
+from placeverify.verify.fixes import consistency_fix
+from placeverify.verify.z3 import solve
+from placeverify.verify.z3.float32 import float32_text, float32_witness, fp_value
+from placeverify.verify.z3.solve import SolverStatus
 
 METHOD_UF = "z3 (uninterpreted update, real arithmetic)"
 METHOD_FP = "z3 (IEEE float32 sums)"
 
 
-@dataclass(frozen=True, slots=True)
-class Divergence:
-    """Evidence for a refuted consistency obligation, for the trace."""
+def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
+    for obligation, divergence in consistency_obligations(strategy, ctx.timeout_ms):
+        if obligation.verdict is Verdict.REFUTED and obligation.fix is None:
+            obligation = replace(obligation, fix=consistency_fix(strategy, obligation, divergence))
+        yield Finding(obligation, divergence)
 
-    axis: str
-    group: ParamGroup
-    cause: str  # gradient | bitwise | skip | clip | stale-shard | rng
-    sizes: dict[str, int]
-    microbatches: int
-    run: Run | None = None
-    values: dict[str, Any] | None = None
-    instance: Instance | None = None
+
+CHECK = Check(Condition.STATE_CONSISTENCY, "state consistency", findings)
 
 
 def consistency_obligations(strategy: Strategy,
@@ -63,7 +70,7 @@ def consistency_obligations(strategy: Strategy,
         agree = agreement(strategy, view)
         for placement in strategy.placements:
             axis = placement.axis
-            if view.size(axis, sizes) < 2 or view.relation(axis).value == "owned":
+            if view.size(axis, sizes) < 2 or view.relation(axis) is Relation.OWNED:
                 continue
             if placement.role is not Role.TENSOR and placement.role is not Role.PIPELINE \
                     and placement.mode(State.PARAMS) in (Mode.S_STAR, Mode.O):
@@ -108,13 +115,13 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
             other = theta0  # every rank takes rank `source`'s copy, stale for others' shards
             owner = theta0
         outcome = solve.check(owner != other, timeout_ms)
-        if outcome.status == "unsat":
+        if outcome.status is SolverStatus.UNSAT:
             return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED,
-                              gather.span if gather else span, "replica-agreement",
+                              gather.span if gather else span, ObligationKind.REPLICA_AGREEMENT,
                               seconds=outcome.seconds, method=METHOD_UF), None
-        if outcome.status == "unknown":
+        if outcome.status is SolverStatus.UNKNOWN:
             return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
-                              "replica-agreement", reason="the solver timed out",
+                              ObligationKind.REPLICA_AGREEMENT, reason="the solver timed out",
                               method=METHOD_UF), None
         model = outcome.model
         old, new = str(solve.value(model, theta0)), str(solve.value(model, owner))
@@ -128,15 +135,15 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
                   f"shard, and no 'all_gather params over {axis}' follows the update: the owner of "
                   f"an element holds {values['updated']}, the other ranks keep {values['theta0']}")
         return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, update_span,
-                           "stale-shard", reason=reason, counterexample=values,
+                           ObligationKind.STALE_SHARD, reason=reason, counterexample=values,
                            seconds=outcome.seconds, method=METHOD_UF),
-                Divergence(axis, group, "stale-shard", _small(strategy, axis, 2),
+                Divergence(axis, group, Cause.STALE_SHARD, small_mesh(strategy, axis, 2),
                            min(2, strategy.step.microbatches), values=values))
 
     same_gradient = axis in agree.identical
     fp_op = agree.bitwise_breaks.get(axis)
     skip_shared = not _dynamic(strategy) or _overflow_covers(strategy, axis) or \
-        _same_gradient(strategy, axis)
+        same_gradient_everywhere(strategy, axis)
     clip_shared = _clip_identical(strategy, axis, sizes)
     if fp_op is not None and same_gradient:
         return _bitwise_obligation(strategy, view, axis, claim, fp_op, timeout_ms)
@@ -150,29 +157,30 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
     theta_y = z3.If(sy, theta0, upd(theta0, cy * gy, omega0))
     outcome = solve.check(theta_x != theta_y, timeout_ms)
     method = METHOD_UF
-    if outcome.status == "unsat":
+    if outcome.status is SolverStatus.UNSAT:
         return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED, span,
-                          "replica-agreement", seconds=outcome.seconds, method=method), None
-    if outcome.status == "unknown":
+                          ObligationKind.REPLICA_AGREEMENT, seconds=outcome.seconds, method=method), None
+    if outcome.status is SolverStatus.UNKNOWN:
         return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
-                          "replica-agreement", reason="the solver timed out", method=method), None
+                          ObligationKind.REPLICA_AGREEMENT, reason="the solver timed out",
+                          method=method), None
     model = outcome.model
-    causes = []
+    causes: list[Cause] = []
     if not same_gradient:
-        causes.append("gradient")
+        causes.append(Cause.GRADIENT)
     if not skip_shared and solve.truthy(model, sx != sy):
-        causes.append("skip")
+        causes.append(Cause.SKIP)
     if not clip_shared:
-        causes.append("clip")
-    cause = causes[0] if causes else "gradient"
-    divergence = _witness(strategy, view, axis) if cause == "gradient" else None
+        causes.append(Cause.CLIP)
+    cause = causes[0] if causes else Cause.GRADIENT
+    divergence = _witness(strategy, view, axis) if cause is Cause.GRADIENT else None
     reason = _reason(strategy, view, axis, cause, divergence)
     span_at = span
-    if cause == "gradient":
+    if cause is Cause.GRADIENT:
         span_at = next((op.span for op in strategy.step.post if isinstance(op, Update)), span)
-    elif cause == "skip":
+    elif cause is Cause.SKIP:
         span_at = _overflow_span(strategy) or span
-    elif cause == "clip":
+    elif cause is Cause.CLIP:
         span_at = next((op.span for op in strategy.step.ops() if isinstance(op, Clip)), span)
     counter = None
     if divergence is not None and divergence.run is not None:
@@ -180,38 +188,10 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
                    "consumed": {", ".join(f"{k}={v}" for k, v in d.coords.items()): str(d.consumed)
                                 for d in divergence.run.devices}}
     return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span_at,
-                       "replica-agreement", reason=reason, counterexample=counter,
+                       ObligationKind.REPLICA_AGREEMENT, reason=reason, counterexample=counter,
                        seconds=outcome.seconds, method=method),
-            divergence or Divergence(axis, group, cause, _small(strategy, axis, 2),
+            divergence or Divergence(axis, group, cause, small_mesh(strategy, axis, 2),
                                      min(2, strategy.step.microbatches)))
-
-
-def float32_text(value: float) -> str:
-    """The shortest decimal that reads back as the same float32."""
-    exact = struct.unpack("f", struct.pack("f", value))[0]
-    for digits in range(1, 10):
-        text = f"{exact:.{digits}g}"
-        if struct.unpack("f", struct.pack("f", float(text)))[0] == exact:
-            return text
-    return repr(exact)
-
-
-def _fp(model: Any, term: Any) -> float:
-    value = model.eval(term, model_completion=True)
-    return float(Fraction(str(z3.simplify(z3.fpToReal(value)))))
-
-
-def float32_witness() -> tuple[float, float, float]:
-    """Three gradients whose float32 sum depends on the order, from short decimals: the
-    deterministic search placeverify does before Z3 confirms the witness."""
-    def f32(x: float) -> float:
-        return float(struct.unpack("f", struct.pack("f", x))[0])
-
-    values = [f32(v) for v in (0.1, 0.2, 0.3, 0.7, 1.0, 3.0, 1e-3, 1e3, 1e6, 1e8)]
-    for a, b, c in itertools.product(values, repeat=3):
-        if f32(f32(a + b) + c) != f32(f32(b + c) + a):
-            return a, b, c
-    raise AssertionError("float32 addition is not associative; a witness exists")
 
 
 def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: str,
@@ -232,11 +212,11 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
     outcome = solve.check(z3.And(*pinned, upd(sum_x) != upd(sum_y)), timeout_ms)
     method = "z3 (IEEE float32 sums; witness from a search over short decimals)"
     span = op.span
-    if outcome.status != "sat":
-        return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span, "fp-order",
+    if outcome.status is not SolverStatus.SAT:
+        return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span, ObligationKind.FP_ORDER,
                           reason="Z3 did not confirm the float32 witness", seconds=outcome.seconds,
                           method=method), None
-    g0, g1, g2, s0, s1 = (float32_text(_fp(outcome.model, t)) for t in (a, b, c, sum_x, sum_y))
+    g0, g1, g2, s0, s1 = (float32_text(fp_value(outcome.model, t)) for t in (a, b, c, sum_x, sum_y))
     values = {"gradients": [g0, g1, g2], "devices": [
         {"coords": {axis: 0}, "local gradient": g0, "sum (float32)": s0,
          "note": f"({g0} + {g1}) + {g2}"},
@@ -246,15 +226,15 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
     reason = (f"'{op.label()}' sums in a rank-dependent order: in float32, "
               f"({g0} + {g1}) + {g2} = {s0} on one rank but ({g1} + {g2}) + {g0} = {s1} on "
               "another, so the replicas differ bitwise after the update")
-    return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, "fp-order",
+    return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, span, ObligationKind.FP_ORDER,
                        reason=reason, counterexample=values, seconds=outcome.seconds,
                        method=method),
-            Divergence(axis, view.group, "bitwise", _small(strategy, axis, 3),
+            Divergence(axis, view.group, Cause.BITWISE, small_mesh(strategy, axis, 3),
                        min(2, strategy.step.microbatches), values=values))
 
 
 def _dynamic(strategy: Strategy) -> bool:
-    return strategy.loss_scale == "dynamic"
+    return strategy.loss_scale == LossScale.DYNAMIC
 
 
 def _overflow_ops(strategy: Strategy) -> list[Collective]:
@@ -265,30 +245,13 @@ def _overflow_ops(strategy: Strategy) -> list[Collective]:
 def _overflow_covers(strategy: Strategy, axis: str) -> bool:
     """Is the skip decision shared along ``axis``: an overflow reduction over it runs after the
     last backward and before the update?"""
-    from placeverify.smt.update import overflow_reductions
-
     deciding, _ = overflow_reductions(strategy)
     return any(p.op.group.covers(axis) for p in deciding)
-
-
-def _same_gradient(strategy: Strategy, axis: str) -> bool:
-    from placeverify.smt.update import same_gradient_everywhere
-
-    return same_gradient_everywhere(strategy, axis)
 
 
 def _overflow_span(strategy: Strategy) -> Any:
     ops = _overflow_ops(strategy)
     return ops[0].span if ops else None
-
-
-def split_axes(strategy: Strategy, group: ParamGroup, sizes: dict[str, int]) -> set[str]:
-    """Axes along which ranks consume different elements of this group's gradient: those where
-    they hold different parameters, and those the consumed gradient is a shard over."""
-    view = group_view(strategy, group)
-    out = {a for a in view.owned if sizes[a] > 1}
-    out.update(a for a in agreement(strategy, view, sizes).scattered if sizes[a] > 1)
-    return out
 
 
 def _clip_identical(strategy: Strategy, axis: str, sizes: dict[str, int]) -> bool:
@@ -300,15 +263,9 @@ def _clip_identical(strategy: Strategy, axis: str, sizes: dict[str, int]) -> boo
         if axis in split_axes(strategy, group, sizes):
             return False
         if axis not in agreement(strategy, group_view(strategy, group)).identical and \
-                group_view(strategy, group).relation(axis).value != "owned":
+                group_view(strategy, group).relation(axis) is not Relation.OWNED:
             return False
     return True
-
-
-def _small(strategy: Strategy, axis: str, n: int) -> dict[str, int]:
-    sizes = {a.name: 1 for a in strategy.mesh.axes}
-    sizes[axis] = n
-    return sizes
 
 
 def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | None:
@@ -318,7 +275,7 @@ def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | Non
     if indexed and declared > 16:
         return None  # the step names micro-batch indices; a witness this long is not shown
     for m in ([declared] if indexed else sorted({1, min(2, declared)})):
-        sizes = _small(strategy, axis, 2)
+        sizes = small_mesh(strategy, axis, 2)
         rng = random.Random(1)
         keys = atoms(view, sizes, m)
         for attempt in range(32):
@@ -329,17 +286,17 @@ def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | Non
             for d1, d2 in itertools.combinations(result.devices, 2):
                 differ = [a for a in d1.coords if d1.coords[a] != d2.coords[a]]
                 if differ == [axis] and d1.consumed != d2.consumed:
-                    return Divergence(axis, view.group, "gradient", sizes, m, run=result,
+                    return Divergence(axis, view.group, Cause.GRADIENT, sizes, m, run=result,
                                       instance=instance)
     return None
 
 
-def _reason(strategy: Strategy, view: GroupView, axis: str, cause: str,
+def _reason(strategy: Strategy, view: GroupView, axis: str, cause: Cause,
             divergence: Divergence | None) -> str:
-    if cause == "skip":
+    if cause is Cause.SKIP:
         return (f"dynamic loss scaling: the overflow flag is not reduced over {axis}, so one rank "
                 f"can skip the step (its gradients overflowed) while the other updates")
-    if cause == "clip":
+    if cause is Cause.CLIP:
         return (f"the clipping norm is not summed over {axis} while ranks along {axis} hold "
                 f"different gradients, so each rank scales its update by a different factor")
     if divergence is not None and divergence.run is not None:
@@ -351,95 +308,3 @@ def _reason(strategy: Strategy, view: GroupView, axis: str, cause: str,
                 f"(no reduction over {axis} after the last backward): {shown}; with identical "
                 f"inputs elsewhere the replicas drift apart")
     return f"the gradient the optimizer consumes is not identical across {axis}"
-
-
-# ---- random streams ---------------------------------------------------------------------------
-
-
-def rng_obligations(strategy: Strategy, timeout_ms: int) -> list[tuple[Obligation, Divergence | None]]:
-    """The seed policy of every dropout region along every axis (:mod:`placeverify.semantics.rng`).
-
-    The random stream is an uninterpreted function ``rng(seed, offset)``; a rank's seed is the
-    shared seed, plus its coordinate where the policy differs. Copies (the replicated region) must
-    read one stream position; different elements (the sharded region) must never read the same
-    one. The tensor axes' replicated region is always judged (its default is what Megatron's
-    tracker does); other regions only where a statement sets their policy (the default is right
-    by construction)."""
-    arch = strategy.model.arch
-    out: list[tuple[Obligation, Divergence | None]] = []
-    if arch is None or not arch.dropout:
-        return out
-    for placement in strategy.placements:
-        axis = placement.axis
-        if strategy.size(axis) < 2:
-            continue
-        for region in rng.regions(strategy, axis):
-            differ, seed = rng.declared(strategy, axis, region)
-            always = region is Region.REPLICATED
-            if seed is None and not always:
-                continue
-            out.append(_rng_obligation(strategy, axis, region, differ, seed, timeout_ms))
-    return out
-
-
-def _rng_obligation(strategy: Strategy, axis: str, region: Region, differ: bool, seed: Seed | None,
-                    timeout_ms: int) -> tuple[Obligation, Divergence | None]:
-    copies = region is Region.REPLICATED
-    role = strategy.placement(axis).role.value
-    if copies:
-        claim = (f"dropout masks agree across {axis} in the replicated activation region "
-                 "(hidden dropout after the tensor-parallel all-reduce)")
-        condition = Condition.STATE_CONSISTENCY
-    else:
-        claim = (f"dropout masks of different activation elements across {axis} ({role}) come "
-                 "from different random-stream positions, as every element draws its own mask "
-                 "in single-device training")
-        condition = Condition.GRADIENT_INTEGRITY
-    span = seed.span if seed is not None else strategy.placement(axis).span
-    stream = z3.Function("rng", z3.IntSort(), z3.IntSort(), z3.RealSort())
-    seed0, offset = z3.Int("seed0"), z3.Int("offset")
-    rank_x, rank_y = z3.Int("rank_x"), z3.Int("rank_y")
-    seed_x = seed0 + rank_x if differ else seed0
-    seed_y = seed0 + rank_y if differ else seed0
-    ranks = [rank_x != rank_y, rank_x >= 0, rank_y >= 0]
-    if copies:  # copies must read one position: can the two masks differ?
-        formula = z3.And(*ranks, stream(seed_x, offset) != stream(seed_y, offset))
-    else:  # different elements must not read one position: can they coincide?
-        formula = z3.And(*ranks, seed_x == seed_y)
-    outcome = solve.check(formula, timeout_ms)
-    method = "z3 (uninterpreted random stream)"
-    if outcome.status == "unsat":
-        return Obligation(condition, claim, Verdict.PROVED, span, "rng", seconds=outcome.seconds,
-                          method=method), None
-    if outcome.status == "unknown":
-        return Obligation(condition, claim, Verdict.UNKNOWN, span, "rng",
-                          reason="the solver timed out", method=method), None
-    model = outcome.model
-    seed_values = (int(solve.value(model, seed_x)), int(solve.value(model, seed_y)))
-    masks = (str(solve.value(model, stream(seed_x, offset))),
-             str(solve.value(model, stream(seed_y, offset))))
-    note = ("the replicated activation must match on every rank" if copies else
-            "a different activation element: it must draw its own mask")
-    values = {"devices": [
-        {"coords": {axis: r}, "dropout seed": seed_values[r],
-         "mask value rng(seed, offset)": masks[r], "note": note} for r in (0, 1)]}
-    if copies:
-        reason = (f"the dropout seed differs across {axis} ({seed_values[0]} vs "
-                  f"{seed_values[1]}) in a region whose activations are replicated over "
-                  f"{axis}: the ranks drop different elements, so the replicated activations, and "
-                  "the replicated LayerNorm parameters trained on them, diverge")
-        fix = (f"seed dropout(replicated) same over {axis}: replicated regions need one random "
-               "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
-               "Megatron-DeepSpeed#276)")
-    else:
-        reason = (f"every rank along {axis} uses dropout seed {seed_values[0]}, but the ranks of "
-                  f"this {role} axis hold different activation elements (other samples, "
-                  "positions, heads or layers): element i of one rank and element i of another "
-                  "reuse one mask draw, where single-device training draws them independently")
-        fix = (f"seed dropout({region.value}) differ over {axis}: fold the {axis} coordinate into "
-               "the dropout seed (transformers#31412 for data parallelism, PaddleFleetX#1005 for "
-               "sequence parallelism)")
-    return (Obligation(condition, claim, Verdict.REFUTED, span, "rng", reason=reason,
-                       counterexample=values, seconds=outcome.seconds, method=method, fix=fix),
-            Divergence(axis, ParamGroup.NORMS, "rng", _small(strategy, axis, 2), 1,
-                       values=values))

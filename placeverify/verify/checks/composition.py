@@ -16,10 +16,13 @@ Three kinds of obligations:
   single contiguous buffer per stage, where they do not — Megatron-LM#844 — is not modelled.)
 
 These are decided by rules over the placement relations (:mod:`placeverify.ir.relations`), not
-by a solver; each refutation names the statement and the axis.
+by a solver; each refutation names the statement and the axis. The family ends with the
+placement-step obligations (:mod:`placeverify.verify.placement_step`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from placeverify.diagnostics import Code, Diagnostic, Severity, Span
 from placeverify.ir.model import ParamGroup
@@ -29,8 +32,9 @@ from placeverify.ir.relations import Relation, relation
 from placeverify.ir.step import Collective, CollectiveKind, Free, ReduceOp, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import ends_match, group_view
-from placeverify.smt.placement_step import placement_step_obligations
-from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
+from placeverify.verify.check import Check, Context, Finding
+from placeverify.verify.placement_step import placement_step_obligations
 
 METHOD = "rules over the placement relations"
 
@@ -52,6 +56,17 @@ WHY = {
 }
 
 
+def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
+    """The obligations in order; the warnings (cost notes) ride on the first, since every one
+    is found beside an obligation."""
+    obligations, warnings = composition_obligations(strategy)
+    for index, obligation in enumerate(obligations):
+        yield Finding(obligation, warnings=tuple(warnings) if index == 0 else ())
+
+
+CHECK = Check(Condition.COMPOSITION_SAFETY, "composition safety", findings)
+
+
 def composition_obligations(strategy: Strategy) -> tuple[list[Obligation], list[Diagnostic]]:
     obligations: list[Obligation] = []
     warnings: list[Diagnostic] = []
@@ -62,11 +77,12 @@ def composition_obligations(strategy: Strategy) -> tuple[list[Obligation], list[
     return obligations, warnings
 
 
-def _ok(claim: str, span: Span | None, kind: str) -> Obligation:
+def _ok(claim: str, span: Span | None, kind: ObligationKind) -> Obligation:
     return Obligation(Condition.COMPOSITION_SAFETY, claim, Verdict.PROVED, span, kind, method=METHOD)
 
 
-def _bad(claim: str, span: Span | None, kind: str, reason: str, fix: str | None = None) -> Obligation:
+def _bad(claim: str, span: Span | None, kind: ObligationKind, reason: str,
+         fix: str | None = None) -> Obligation:
     return Obligation(Condition.COMPOSITION_SAFETY, claim, Verdict.REFUTED, span, kind,
                       reason=reason, fix=fix, method=METHOD)
 
@@ -89,9 +105,9 @@ def _realisable(strategy: Strategy) -> list[Obligation]:
             problems.append(f"G is sharded over {p.axis} but Ω is replicated: a replicated "
                             "optimizer step needs the full gradient of every element it updates")
         if problems:
-            out.append(_bad(claim, p.span, "realisable", "; ".join(problems)))
+            out.append(_bad(claim, p.span, ObligationKind.REALISABLE, "; ".join(problems)))
         else:
-            out.append(_ok(claim, p.span, "realisable"))
+            out.append(_ok(claim, p.span, ObligationKind.REALISABLE))
     return out
 
 
@@ -127,20 +143,21 @@ def _groups(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation]:
                 if problem:
                     problems.append(problem)
         if problems:
-            out.append(_bad(claim, op.span, "reduction-group", "; ".join(dict.fromkeys(problems))))
+            out.append(_bad(claim, op.span, ObligationKind.REDUCTION_GROUP,
+                            "; ".join(dict.fromkeys(problems))))
         else:
-            out.append(_ok(claim, op.span, "reduction-group"))
+            out.append(_ok(claim, op.span, ObligationKind.REDUCTION_GROUP))
     for op in strategy.step.ops():
         if isinstance(op, Collective) and op.kind is CollectiveKind.ALL_TO_ALL:
             experts = set(strategy.axes(Role.EXPERT))
             claim = f"'{op.label()}' routes tokens over the expert-parallel axes"
             if set(op.group.axes) != experts:
                 want = " * ".join(sorted(experts)) or "(no expert axis)"
-                out.append(_bad(claim, op.span, "routing",
+                out.append(_bad(claim, op.span, ObligationKind.ROUTING,
                                 f"the experts are sharded over {want}, so tokens must be routed "
                                 f"over exactly that group, not {op.group.label()}"))
             else:
-                out.append(_ok(claim, op.span, "routing"))
+                out.append(_ok(claim, op.span, ObligationKind.ROUTING))
     return out
 
 
@@ -184,9 +201,9 @@ def _ordering(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation
             isinstance(o, Collective) and o.target.kind is TargetKind.GRADS for o in step.post)
         claim = "gradient synchronisation happens after the last micro-batch"
         if later:
-            out.append(_ok(claim, op.span, "ordering"))
+            out.append(_ok(claim, op.span, ObligationKind.ORDERING))
         else:
-            out.append(_bad(claim, op.span, "ordering",
+            out.append(_bad(claim, op.span, ObligationKind.ORDERING,
                             f"'{op.label()}' runs on micro-batch {lo.microbatch} of {m}; the "
                             f"gradients of micro-batch{'es' if m - lo.microbatch > 2 else ''} "
                             f"{lo.microbatch + 1}..{m - 1} are accumulated after it and never "
@@ -205,7 +222,7 @@ def _ordering(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation
         assigning = [o for o in per_mb if o.kind is CollectiveKind.REDUCE_SCATTER
                      and not o.accumulate]
         if frees and assigning:
-            out.append(_bad(claim, op.span, "ordering",
+            out.append(_bad(claim, op.span, ObligationKind.ORDERING,
                             f"'{op.label()}' runs on every one of the {m} micro-batches and "
                             f"'free grads' (line {frees[0].span.line}) then drops the accumulated "
                             "gradient, while the shard is overwritten rather than accumulated: "
@@ -215,7 +232,7 @@ def _ordering(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation
                             "'reduce_scatter(sum, accumulate)' and accept the per-micro-batch "
                             "traffic"))
         else:
-            out.append(_ok(claim, op.span, "ordering"))
+            out.append(_ok(claim, op.span, ObligationKind.ORDERING))
             warnings.append(Diagnostic(
                 Severity.WARNING,
                 f"'{op.label()}' runs on each of the {m} micro-batches of the pipeline: "

@@ -53,10 +53,10 @@ from placeverify.ir.step import (
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.buffers import GradMachine
 from placeverify.semantics.schedule import MicroBatch, Phase
-from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 
 METHOD = "rules over the placement and the step"
-KIND = "placement-step"
+KIND = ObligationKind.PLACEMENT_STEP
 GROUPS = "<groups>"  # where a reason names its parameter groups, before groups are merged
 
 

@@ -5,18 +5,15 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from placeverify.evidence import Cause, Counterexample, Divergence
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
 from placeverify.ir.relations import batch_axes
 from placeverify.ir.step import CollectiveKind, Free
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.groups import GroupView
-from placeverify.smt.gradients import (
-    Counterexample,
-    has_local_count,
-    ratio_pattern,
-    reductions_of,
-)
+from placeverify.verdicts import Obligation
+from placeverify.verify.explain import has_local_count, ratio_pattern, reductions_of
 
 
 def integrity_fix(strategy: Strategy, view: GroupView, found: Counterexample) -> str | None:
@@ -94,3 +91,30 @@ def _combinations(items: list[str], r: int) -> list[tuple[str, ...]]:
     from itertools import combinations
 
     return list(combinations(items, r))
+
+
+def consistency_fix(strategy: Strategy, obligation: Obligation,
+                     divergence: Divergence | None) -> str | None:
+    if divergence is None:
+        return None
+    axis = divergence.axis
+    if divergence.cause is Cause.STALE_SHARD:
+        return (f"all_gather params over {axis} after the update: each rank updated only its "
+                "optimizer shard (ZeRO-1/2)")
+    if divergence.cause is Cause.RNG:
+        return (f"seed dropout(replicated) same over {axis}: replicated regions need one random "
+                "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
+                "Megatron-DeepSpeed#276)")
+    if divergence.cause is Cause.BITWISE:
+        return ("reduce in one fixed order on every rank (a ring or tree all-reduce gives every "
+                "rank the same bits)")
+    if divergence.cause is Cause.SKIP:
+        return "all_reduce(max) overflow over world"
+    if divergence.cause is Cause.CLIP:
+        return "sum the squared gradient norm over every axis where ranks hold different gradients"
+    if divergence.cause is Cause.GRADIENT:
+        if divergence.group.value == "embedding" and axis in strategy.axes():
+            return (f"all_reduce(sum) grads[embedding] over ends({axis}): the first and last stage "
+                    "hold copies of the tied embedding (Megatron-LM#656)")
+        return f"reduce the gradients over {axis} after the last backward"
+    return None

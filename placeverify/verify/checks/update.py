@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -26,17 +26,33 @@ import z3
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import State
+from placeverify.ir.precision import LossScale
 from placeverify.ir.queries import optimizer_axes, partitions
+from placeverify.ir.relations import Relation
 from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import RecomputeKind, Strategy
-from placeverify.semantics.buffers import Position, Seen
+from placeverify.semantics.buffers import Seen
 from placeverify.semantics.groups import GroupView, group_view
-from placeverify.smt import solve
-from placeverify.smt.agreement import Agreement, agreement
-from placeverify.smt.consistency import split_axes
-from placeverify.verdicts import Condition, Obligation, Verdict
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
+from placeverify.verify.agreement import (
+    Agreement,
+    agreement,
+    overflow_reductions,
+    same_gradient_everywhere,
+)
+from placeverify.verify.check import Check, Context, Finding
+from placeverify.verify.z3 import solve
+from placeverify.verify.z3.solve import SolverStatus
 
 METHOD_RULES = "rules over the step's statement positions and the placement"
+
+
+def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
+    for obligation in update_obligations(strategy, ctx.timeout_ms):
+        yield Finding(obligation)
+
+
+CHECK = Check(Condition.GRADIENT_INTEGRITY, "what the update applies", findings)
 
 
 def update_obligations(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
@@ -67,8 +83,9 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     if not clips:
         assert declared is not None
         return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, declared.span,
-                           "clip", reason=f"'clip max_norm = {float(max_norm):g}' is declared but "
-                           "the step has no clip statement, so the update is never clipped",
+                           ObligationKind.CLIP,
+                           reason=f"'clip max_norm = {float(max_norm):g}' is declared but the step "
+                                  "has no clip statement, so the update is never clipped",
                            fix=f"clip(max_norm = {float(max_norm):g}) grads over the axes where "
                                "gradients are sharded, after the last reduction and before update",
                            method=METHOD_RULES)]
@@ -80,7 +97,7 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
         problems = _clip_position(strategy, clip, max_norm, groups, agreed)
         if problems:
             out.append(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span,
-                                  "clip", reason="; ".join(problems), method=METHOD_RULES,
+                                  ObligationKind.CLIP, reason="; ".join(problems), method=METHOD_RULES,
                                   fix="clip once, after the last gradient reduction and any "
                                       "unscaling and before 'update params', the gradients of "
                                       "every parameter group together"))
@@ -152,7 +169,7 @@ def _clip_norm(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
         missing = sorted(a for a in split if a not in clip.group.axes)
         identical = seen.value.identical
         repeated = [a for a in clip.group.axes if a not in split and sizes[a] > 1
-                    and (a in identical or view.relation(a).value == "complete")]
+                    and (a in identical or view.relation(a) is Relation.COMPLETE)]
         multiplicity = 1 if clip.replicated_once else math.prod(sizes[a] for a in repeated)
         if missing:
             part = z3.Real(f"local_norm2_{group.value}")
@@ -167,11 +184,12 @@ def _clip_norm(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
                              f"every rank ({multiplicity}x)")
     outcome = solve.check(z3.And(*constraints, computed != true_total), timeout_ms)
     method = "z3 (real arithmetic over squared norms)"
-    if outcome.status == "unsat":
-        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, clip.span, "clip",
+    if outcome.status is SolverStatus.UNSAT:
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, clip.span, ObligationKind.CLIP,
                           seconds=outcome.seconds, method=method)
-    if outcome.status == "unknown":
-        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, clip.span, "clip",
+    if outcome.status is SolverStatus.UNKNOWN:
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, clip.span,
+                          ObligationKind.CLIP,
                           reason="the solver timed out", method=method)
     model = outcome.model
     true_value = float(solve.value(model, true_total))
@@ -185,7 +203,7 @@ def _clip_norm(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
               f"{values['computed_norm']:.4g}: the update is scaled by "
               f"{factor(values['computed_norm']):.4g} instead of {factor(values['true_norm']):.4g}"
               " whenever either exceeds max_norm")
-    return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, "clip",
+    return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, ObligationKind.CLIP,
                       reason=reason, counterexample=values, seconds=outcome.seconds,
                       method=method,
                       fix="sum the squared norm over every axis where gradients are sharded "
@@ -204,18 +222,21 @@ def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     if not uses_rng:
         why = "the model has no dropout" if not arch.dropout else \
             "selective recomputation with flash attention regenerates masks from the saved seed"
-        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span, "recompute",
+        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span,
+                           ObligationKind.RECOMPUTE,
                            reason=why, method="no random stream in the recomputed region")]
     rng = z3.Function("rng", z3.IntSort(), z3.IntSort(), z3.RealSort())
     seed, offset, advance = z3.Int("seed"), z3.Int("offset"), z3.Int("advance")
     replay_offset = offset if recompute.restore_rng else offset + advance
     outcome = solve.check(z3.And(advance >= 1, rng(seed, offset) != rng(seed, replay_offset)),
                           timeout_ms)
-    if outcome.status == "unsat":
-        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span, "recompute",
+    if outcome.status is SolverStatus.UNSAT:
+        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span,
+                           ObligationKind.RECOMPUTE,
                            seconds=outcome.seconds, method=method)]
-    if outcome.status == "unknown":
-        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span, "recompute",
+    if outcome.status is SolverStatus.UNKNOWN:
+        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span,
+                           ObligationKind.RECOMPUTE,
                            reason="the solver timed out", method=method)]
     model = outcome.model
     values = {"seed": int(solve.value(model, seed)), "forward_offset": int(solve.value(model, offset)),
@@ -225,25 +246,15 @@ def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     reason = (f"recomputation draws dropout masks at RNG offset {values['recompute_offset']} "
               f"instead of {values['forward_offset']} (the state is not restored): the backward "
               "differentiates a different function than the forward computed")
-    return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, "recompute",
+    return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, ObligationKind.RECOMPUTE,
                        reason=reason, counterexample=values, seconds=outcome.seconds,
                        method=method,
                        fix="restore the RNG state before recomputing (recompute full(restore_rng "
                            "= true); torch.utils.checkpoint's preserve_rng_state; OLMo-core#828)")]
 
 
-def overflow_reductions(strategy: Strategy) -> tuple[list[Position], list[Position]]:
-    """The overflow-flag reductions that decide the skip (after the last backward, before the
-    update), and those that run too early or too late to decide it."""
-    group = strategy.model.groups_present()[0]
-    positions = [p for p in agreement(strategy, group_view(strategy, group)).positions
-                 if p.op.target.kind is TargetKind.OVERFLOW]
-    deciding = [p for p in positions if p.after_last_backward and not p.after_update]
-    return deciding, [p for p in positions if p not in deciding]
-
-
 def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
-    if strategy.loss_scale != "dynamic":
+    if strategy.loss_scale != LossScale.DYNAMIC:
         return []
     deciding, misplaced = overflow_reductions(strategy)
     axes = [a.name for a in strategy.mesh.axes if a.size > 1]
@@ -263,8 +274,8 @@ def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
                    z3.Bool("overflow_there") if missing else z3.Bool("overflow_here"))
     outcome = solve.check(skip_x != skip_y, timeout_ms)
     method = "z3 (propositional)"
-    if outcome.status == "unsat":
-        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span, "overflow",
+    if outcome.status is SolverStatus.UNSAT:
+        return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span, ObligationKind.OVERFLOW,
                            seconds=outcome.seconds, method=method)]
     late = [p for p in misplaced if p.after_update]
     early = [p for p in misplaced if not p.after_update]
@@ -280,23 +291,11 @@ def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     reason = (f"the overflow flag is not reduced over {', '.join(missing)}{where}, where ranks "
               "consume different gradients: a rank whose gradients overflowed skips the step "
               "while ranks holding other parts of the model apply it")
-    return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, "overflow",
+    return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, ObligationKind.OVERFLOW,
                        reason=reason, counterexample={"unreduced_axes": missing},
                        seconds=outcome.seconds, method=method,
                        fix="all_reduce(max) overflow over world, after the last backward and "
                            "before 'update params'")]
-
-
-def same_gradient_everywhere(strategy: Strategy, axis: str) -> bool:
-    """Do the ranks along ``axis`` consume the same gradient elements with the same values?"""
-    sizes = {a.name: a.size for a in strategy.mesh.axes}
-    for group in strategy.model.groups_present():
-        view = group_view(strategy, group)
-        if view.relation(axis).value == "owned" or axis in split_axes(strategy, group, sizes):
-            return False
-        if axis not in agreement(strategy, view).identical:
-            return False
-    return True
 
 
 def _shards(strategy: Strategy) -> list[Obligation]:
@@ -322,7 +321,7 @@ def _shards(strategy: Strategy) -> list[Obligation]:
             Condition.GRADIENT_INTEGRITY,
             f"the optimizer step on the {group.value} parameters reads only gradient elements "
             "that were reduced",
-            Verdict.REFUTED, span, "shard-mismatch",
+            Verdict.REFUTED, span, ObligationKind.SHARD_MISMATCH,
             reason=f"the update consumes a gradient shard laid out over {shard} (1/"
                    f"{math.prod(sizes[a] for a in scattered)} per rank, each rank's own part), "
                    f"but {state}, so the step updates elements of its optimizer slice from "
@@ -341,7 +340,7 @@ def _shards(strategy: Strategy) -> list[Obligation]:
                 out.append(Obligation(
                     Condition.GRADIENT_INTEGRITY,
                     f"every shard's update over {p.axis} reaches all ranks",
-                    Verdict.REFUTED, op.span, "lost-update",
+                    Verdict.REFUTED, op.span, ObligationKind.LOST_UPDATE,
                     reason=f"the optimizer state is sharded over {p.axis}, so rank {op.source} "
                            "updated only its own shard; broadcasting its copy overwrites the "
                            "other shards' updates on every rank",

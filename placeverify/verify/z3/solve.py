@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
 import z3
 
 
+class SolverStatus(StrEnum):
+    SAT = "sat"
+    UNSAT = "unsat"
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: str  # "sat", "unsat" or "unknown"
+    status: SolverStatus
     model: Any | None
     seconds: float
     reason: str = ""
@@ -26,10 +33,10 @@ def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
     result = solver.check()
     seconds = time.perf_counter() - started
     if result == z3.sat:
-        return Outcome("sat", solver.model(), seconds)
+        return Outcome(SolverStatus.SAT, solver.model(), seconds)
     if result == z3.unsat:
-        return Outcome("unsat", None, seconds)
-    return Outcome("unknown", None, seconds, solver.reason_unknown())
+        return Outcome(SolverStatus.UNSAT, None, seconds)
+    return Outcome(SolverStatus.UNKNOWN, None, seconds, solver.reason_unknown())
 
 
 def value(model: Any, term: Any) -> Fraction:

@@ -1,0 +1,20 @@
+"""The words a rule file's claims are classified by (:class:`placeverify.prove.syntax.Claim`
+keeps them as parsed; these enums name the values the engine dispatches on)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ClaimKind(StrEnum):
+    CONDITIONS = "conditions"  # the verification conditions hold (or fail) for every size
+    MEMORY = "memory"  # a per-device memory formula
+    COMMUNICATION = "communication"  # a communication-volume formula
+    IDENTITY = "identity"  # an identity between tensor expressions
+
+
+class ClaimSense(StrEnum):
+    """Whether a rule states its claim holds or fails."""
+
+    PROVE = "prove"
+    REFUTE = "refute"

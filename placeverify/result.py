@@ -1,0 +1,18 @@
+"""What ``check`` returns: the strategy, its costs and, when verified, its verification (built by
+:mod:`placeverify.api`, rendered by :mod:`placeverify.report`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from placeverify.cost import Costs
+from placeverify.ir.strategy import Strategy
+from placeverify.verdicts import Verification
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    strategy: Strategy
+    costs: Costs
+    verification: Verification | None = None
+    formulas: Costs | None = None  # the same costs in the symbolic domain

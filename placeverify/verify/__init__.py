@@ -1,0 +1,32 @@
+"""Verification: gradient integrity, state consistency and composition safety.
+
+``verify(strategy)`` runs every family of :data:`placeverify.verify.checks.CHECKS` in order and
+returns plain data (:class:`placeverify.verdicts.Verification`); no Z3 object leaves this package
+(the solver helpers live in :mod:`placeverify.verify.z3`). The first refutation becomes a
+counterexample trace (:mod:`placeverify.trace`) the torch replay backend can run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from placeverify.ir.strategy import Strategy
+from placeverify.trace import build
+from placeverify.verdicts import Verdict, Verification
+from placeverify.verify.check import Context, Finding, run_check
+from placeverify.verify.checks import CHECKS
+
+
+def verify(strategy: Strategy, timeout_ms: int = 10_000) -> Verification:
+    ctx = Context(timeout_ms)
+    findings = [f for check in CHECKS for f in run_check(check, strategy, ctx)]
+    notes = tuple(w.render(strategy.source) for f in findings for w in f.warnings)
+    return Verification(tuple(f.obligation for f in findings), _trace(strategy, findings), 0.0,
+                        notes)
+
+
+def _trace(strategy: Strategy, findings: list[Finding]) -> dict[str, Any] | None:
+    for found in findings:
+        if found.obligation.verdict is Verdict.REFUTED:
+            return build(strategy, found.obligation, found.evidence)
+    return None
