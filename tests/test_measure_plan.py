@@ -12,13 +12,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from placeverify.cost.tensors import Implementation, OptimizerKind, Schedule, predict
+from placeverify.cost.implementations import predict
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.ir.lower import load
+from placeverify.ir.placement import Schedule
 from placeverify.measure import cli as measure_cli
 from placeverify.measure import launch
 from placeverify.measure.compare import compare, comparison_document
 from placeverify.measure.plan import plan
+from placeverify.measure.spec import Implementation, OptimizerKind
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = ROOT / "examples" / "measure"

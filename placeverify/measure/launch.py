@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import placeverify
-from placeverify.cost.tensors import RunSpec
+from placeverify.measure.spec import RunSpec
 
 POLL_SECONDS = 0.05
 STDERR_TAIL = 2000
