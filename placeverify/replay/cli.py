@@ -36,6 +36,8 @@ from typing import Any
 
 from rich.console import Console
 
+from placeverify.backend.available import torch_available
+from placeverify.backend.runtime import BackendFailure, FailureKind, pool
 from placeverify.diagnostics import ExitCode
 from placeverify.replay.compare import Outcome, outcome
 from placeverify.replay.plan import (
@@ -47,7 +49,6 @@ from placeverify.replay.plan import (
     plan_from_strategy,
     plan_from_trace,
 )
-from placeverify.replay.pool import ReplayFailure, pool, torch_available
 from placeverify.verdicts import Verdict
 
 SCHEMA = "placeverify.replay/1"
@@ -78,7 +79,7 @@ class Report:
     plan: Plan
     main: RunReport | None
     control: RunReport | None
-    error: ReplayFailure | None
+    error: BackendFailure | None
     seconds: float
     source: str  # the trace's path, or the strategy file's
 
@@ -120,7 +121,7 @@ def execute(plan: Plan, *, timeout: float, source: str,
             results = pool().run(spec, timeout, say)
             runs.append(RunReport(spec, expect, outcome(results, spec.sizes, spec.steps,
                                                         time.perf_counter() - t0)))
-    except ReplayFailure as failure:
+    except BackendFailure as failure:
         return Report(plan, runs[0] if runs else None, None, failure,
                       time.perf_counter() - started, source)
     main = runs[0] if runs else None
@@ -130,11 +131,11 @@ def execute(plan: Plan, *, timeout: float, source: str,
 
 def _check_backend() -> None:
     if not torch_available():
-        raise ReplayFailure("no_torch", "torch is not installed: install placeverify with the "
-                            "torch extra (pip install 'placeverify[torch]')")
+        raise BackendFailure(FailureKind.NO_TORCH, "torch is not installed: install placeverify "
+                             "with the torch extra (pip install 'placeverify[torch]')")
 
 
-def _failure_report(failure: ReplayFailure, source: str) -> dict[str, Any]:
+def _failure_report(failure: BackendFailure, source: str) -> dict[str, Any]:
     return {"schema": SCHEMA, "verdict": "error", "file": source,
             "error": {"kind": failure.kind, "message": failure.message}}
 
@@ -151,7 +152,7 @@ def replay_trace(path: str, *, as_json: bool, steps: int, world: int | None, tim
         pool().prestart()
         plan = plan_from_trace(doc, world=world, steps=steps)
         _validate(plan)
-    except (ReplayFailure, Unsupported, ValueError) as error:
+    except (BackendFailure, Unsupported, ValueError) as error:
         return _fail(error, str(doc.get("file") or path), as_json, console, console)
     return _run_and_report(plan, timeout, path, as_json, console, console)
 
@@ -172,7 +173,7 @@ def replay_result(result: Any, *, as_json: bool, console: Console) -> ExitCode:
         pool().prestart()
         plan = plan_from_strategy(result.strategy, steps=DEFAULT_STEPS, known=verification)
         _validate(plan)
-    except (ReplayFailure, Unsupported, ValueError) as error:
+    except (BackendFailure, Unsupported, ValueError) as error:
         return _fail(error, path, as_json, out, console)
     return _run_and_report(plan, 120.0, path, as_json, out, console)
 
@@ -188,9 +189,9 @@ def replay_document(result: Any, *, timeout: float = 120.0) -> tuple[ExitCode, d
         pool().prestart()
         plan = plan_from_strategy(result.strategy, steps=DEFAULT_STEPS, known=verification)
         _validate(plan)
-    except (ReplayFailure, Unsupported, ValueError) as error:
-        failure = error if isinstance(error, ReplayFailure) else ReplayFailure(
-            "unsupported", f"cannot replay {path}: {error}")
+    except (BackendFailure, Unsupported, ValueError) as error:
+        failure = error if isinstance(error, BackendFailure) else BackendFailure(
+            FailureKind.UNSUPPORTED, f"cannot replay {path}: {error}")
         return ExitCode.BACKEND_ERROR, _failure_report(failure, path)
     report = execute(plan, timeout=timeout, source=path)
     return report.exit_code, document(report)
@@ -208,8 +209,8 @@ def _validate(plan: Plan) -> None:
 
 def _fail(error: Exception, source: str, as_json: bool, out: Console,
           console: Console) -> ExitCode:
-    failure = error if isinstance(error, ReplayFailure) else ReplayFailure(
-        "unsupported", f"cannot replay {source}: {error}")
+    failure = error if isinstance(error, BackendFailure) else BackendFailure(
+        FailureKind.UNSUPPORTED, f"cannot replay {source}: {error}")
     if as_json:
         _emit(out, _failure_report(failure, source))
     else:
