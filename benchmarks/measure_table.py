@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from placeverify.backend.runtime import BackendFailure, run_jobs  # noqa: E402
 from placeverify.diagnostics import PlaceError  # noqa: E402
 from placeverify.lower import load  # noqa: E402
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document  # noqa: E402
-from placeverify.measure.launch import BackendError, run_jobs  # noqa: E402
 from placeverify.measure.plan import Plan, plan  # noqa: E402
 
 
@@ -123,7 +123,7 @@ def main() -> int:
     except PlaceError as error:
         print(error, file=sys.stderr)
         return 2
-    except BackendError as error:
+    except BackendFailure as error:
         print(f"measure_table: {error}", file=sys.stderr)
         return 5
     if args.json:

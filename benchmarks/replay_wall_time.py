@@ -53,9 +53,9 @@ def cold(trace: str, world: int) -> tuple[float, dict[str, object]]:
 
 
 def warm(trace: str, world: int, repeats: int) -> tuple[float, float, str]:
+    from placeverify.backend.runtime import pool
     from placeverify.replay.cli import execute
     from placeverify.replay.plan import plan_from_trace
-    from placeverify.replay.pool import pool
     from placeverify.trace import load
 
     plan = plan_from_trace(load(trace), world=world, steps=3)

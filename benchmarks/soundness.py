@@ -1118,10 +1118,10 @@ class CheckPool:
 def replay(mutant: Mutant, world: int, timeout: float = REPLAY_TIMEOUT) -> dict[str, Any]:
     """Run the mutant on ``world`` real processes: its counterexample when refuted, else its own
     step; Z3 is asked again at the replayed mesh. No control run."""
+    from placeverify.backend.runtime import BackendFailure
     from placeverify.replay.cli import execute
     from placeverify.replay.layout import Unsupported, layout_of
     from placeverify.replay.plan import plan_from_strategy, plan_from_trace, strategy_of
-    from placeverify.replay.pool import ReplayFailure
 
     started = time.perf_counter()
     try:
@@ -1133,7 +1133,7 @@ def replay(mutant: Mutant, world: int, timeout: float = REPLAY_TIMEOUT) -> dict[
                                       steps=REPLAY_STEPS)
         plan = replace(plan, control=None, control_expect=None, control_origin=None)
         layout_of(strategy_of(plan.main))
-    except (ReplayFailure, Unsupported, ValueError, PlaceError) as error:
+    except (BackendFailure, Unsupported, ValueError, PlaceError) as error:
         return {"result": "unsupported", "message": str(error).splitlines()[0]}
     except Exception:
         return {"result": "internal_error", "traceback": traceback.format_exc()}
@@ -1309,7 +1309,8 @@ def run(files: Sequence[Path], *, seed: int = 0, limit: int | None = DEFAULT_LIM
     say(f"{len(result.bases)} bases from {len(files)} files; {result.generated} distinct mutants, "
         f"{len(result.mutants)} to check")
     if replays > 0:
-        from placeverify.replay.pool import pool, torch_available
+        from placeverify.backend.available import torch_available
+        from placeverify.backend.runtime import pool
 
         if torch_available():
             pool().prestart()  # torch imports in the forkserver while the checks run

@@ -23,18 +23,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from placeverify.cost.tensors import (  # noqa: E402
-    Implementation,
-    Mlp,
-    OptimizerKind,
-    RunSpec,
-    Schedule,
-    mlp_params,
-    transformer_params,
-)
+from placeverify.backend.runtime import run_jobs  # noqa: E402
+from placeverify.cost.implementations.params import mlp_params, transformer_params  # noqa: E402
 from placeverify.ir.model import LLAMA3_8B, Transformer  # noqa: E402
+from placeverify.ir.placement import Schedule  # noqa: E402
 from placeverify.measure.compare import compare_rows  # noqa: E402
-from placeverify.measure.launch import run_jobs  # noqa: E402
+from placeverify.measure.spec import Implementation, Mlp, OptimizerKind, RunSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

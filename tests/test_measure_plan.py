@@ -12,13 +12,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from placeverify.cost.tensors import Implementation, OptimizerKind, Schedule, predict
+from placeverify.backend import runtime
+from placeverify.cost.implementations import predict
 from placeverify.diagnostics import ExitCode, PlaceError
+from placeverify.ir.placement import Schedule
 from placeverify.lower import load
 from placeverify.measure import cli as measure_cli
-from placeverify.measure import launch
 from placeverify.measure.compare import compare, comparison_document
 from placeverify.measure.plan import plan
+from placeverify.measure.spec import Implementation, OptimizerKind
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = ROOT / "examples" / "measure"
@@ -119,7 +121,7 @@ def test_measure_file_reports_input_errors_with_exit_2(tmp_path: Path,
 
 def test_measure_file_without_torch_exits_5(monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(launch, "torch_available", lambda: False)
+    monkeypatch.setattr(runtime, "torch_available", lambda: False)
     console, _ = capture()
     code = measure_cli.measure_file(str(MEASURE / "ddp.place"), as_json=True, timeout=10,
                                     console=console)

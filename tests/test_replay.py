@@ -102,7 +102,7 @@ def dropout_text(mesh: str, place: str, body: str, seeds: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def replay_pool() -> Any:
-    from placeverify.replay.pool import pool
+    from placeverify.backend.runtime import pool
 
     pool().prestart()
     return pool()
@@ -329,8 +329,8 @@ def test_differences_from_the_reference_use_the_tolerance() -> None:
 
 
 def _report(declared: Verdict, replayed: Verdict, resized: bool, diverges: bool) -> Any:
-    from placeverify.replay.cli import Report, RunReport
     from placeverify.replay.compare import Outcome
+    from placeverify.replay.report import Report, RunReport
 
     claim_sizes = {"dp": 16} if resized else {"dp": 8}
     spec = RunSpec("step", "", "x.place", {"dp": 8}, 1, False, [], [])
@@ -627,7 +627,7 @@ def test_float32_separates_correct_runs_from_bugs(replay_pool: Any) -> None:
 def test_a_disagreement_is_reported_as_a_verifier_bug(replay_pool: Any) -> None:
     from rich.console import Console
 
-    from placeverify.replay.cli import document, render
+    from placeverify.replay.report import document, render
 
     plan = plan_from_trace(trace_of("examples/bugs/missing-allreduce.place"), world=2, steps=2)
     lying = replace(plan, expect=Expectation(Verdict.PROVED))  # pretend Z3 proved it
@@ -672,12 +672,13 @@ def test_a_missing_torch_is_a_backend_error(tmp_path: Path, monkeypatch: pytest.
                                            capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
-    from placeverify.replay import cli, pool
+    from placeverify.backend import runtime
+    from placeverify.replay import cli
     from placeverify.trace import write
 
     trace = tmp_path / "t.json"
     write(trace_of("examples/bugs/missing-allreduce.place"), str(trace))
-    monkeypatch.setattr(pool, "torch_available", lambda: False)
+    monkeypatch.setattr(runtime, "torch_available", lambda: False)
     monkeypatch.setattr(cli, "torch_available", lambda: False)
     code = cli.replay_trace(str(trace), as_json=False, steps=1, world=None, timeout=10,
                             console=Console())

@@ -41,7 +41,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def replay_pool() -> Any:
-    from placeverify.replay.pool import pool
+    from placeverify.backend.runtime import pool
 
     pool().prestart()
     return pool()

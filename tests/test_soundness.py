@@ -241,7 +241,7 @@ requires_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
 
 @pytest.fixture(scope="module")
 def replayed(checked: Any) -> Any:
-    from placeverify.replay.pool import pool
+    from placeverify.backend.runtime import pool
 
     pool().prestart()
     soundness.replay_all(checked, replays=REPLAYS, world=2, seed=SEED)
@@ -277,7 +277,7 @@ def test_a_divergence_z3_would_prove_is_reported(monkeypatch: pytest.MonkeyPatch
     """The detector can fire: with Z3 made to answer 'proved', a step that never reduces its
     gradients is replayed, diverges, and is reported as proved-but-diverges."""
     import placeverify.replay.plan as plan
-    from placeverify.replay.pool import pool
+    from placeverify.backend.runtime import pool
     from placeverify.verdicts import Verdict
 
     pool().prestart()

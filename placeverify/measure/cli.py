@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from placeverify.backend.runtime import BackendFailure, run_workers
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document, model_text
-from placeverify.measure.launch import BackendError, run_workers
 from placeverify.measure.plan import plan
 
 
@@ -50,7 +50,7 @@ def measure_file(path: str, *, as_json: bool, timeout: float, console: Console) 
     try:
         with status:
             results = run_workers(measurement_plan.spec, timeout=timeout)
-    except BackendError as error:
+    except BackendFailure as error:
         err.print(f"placeverify: measure: {error}", markup=False)
         return ExitCode.BACKEND_ERROR
     comparison = compare(strategy, measurement_plan, results, time.perf_counter() - started)

@@ -3,7 +3,7 @@
 Each row is one quantity on one rank (ranks whose numbers are all equal share a row "all"):
 model-state bytes (exact: the goal is predicted / measured = 1.000), activation bytes saved for
 backward (within 10 %: the prediction is Korthikanti et al.'s per-layer count plus the tensors
-torch saves beyond it, see :mod:`placeverify.cost.tensors`), and each kind of collective per
+torch saves beyond it, see :mod:`placeverify.cost.implementations`), and each kind of collective per
 phase of a step (exact, in bytes and calls). Where the placement-level cost model
 (:func:`placeverify.cost.analyse` on the model and precision that ran) has a figure for the
 quantity it is shown beside it, so the gap between the paper-level model and the real
@@ -22,19 +22,13 @@ from typing import Any
 from placeverify.cost import analyse, whole
 from placeverify.cost.communication import ring_factor
 from placeverify.cost.domain import Exact
-from placeverify.cost.tensors import (
-    ELEMENT_BYTES,
-    Implementation,
-    OptimizerKind,
-    RankPrediction,
-    RunSpec,
-    gloo_wire_op,
-    predict,
-)
+from placeverify.cost.implementations import predict
+from placeverify.cost.implementations.common import ELEMENT_BYTES, RankPrediction, gloo_wire_op
 from placeverify.ir.model import Model
 from placeverify.ir.precision import PRECISIONS
 from placeverify.ir.strategy import Strategy
 from placeverify.measure.plan import Plan
+from placeverify.measure.spec import Implementation, OptimizerKind, RunSpec
 
 MEASURE_SCHEMA = "placeverify.measure/1"
 ACTIVATION_TOLERANCE = 0.10

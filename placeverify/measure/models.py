@@ -2,7 +2,8 @@
 architecture and a plain MLP for a bare parameter count.
 
 Parameter names, shapes and registration order are exactly those of
-:func:`placeverify.cost.tensors.transformer_params` and :func:`placeverify.cost.tensors.mlp_params`
+:func:`placeverify.cost.implementations.params.transformer_params` and
+:func:`placeverify.cost.implementations.params.mlp_params`
 (a test checks it), and the parameter counts those of :mod:`placeverify.ir.model`. Attention is
 written out (scores, causal mask, softmax, dropout, weighted sum) for ``attention = standard`` and
 uses ``F.scaled_dot_product_attention`` for ``attention = flash``; grouped-query attention repeats
@@ -23,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from placeverify.cost.tensors import Mlp
 from placeverify.ir.model import Transformer
+from placeverify.measure.spec import Mlp
 
 
 def _norm(arch: Transformer) -> nn.Module:

@@ -23,19 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from placeverify.cost.tensors import (
-    Implementation,
-    Mlp,
-    OptimizerKind,
-    RunSpec,
-    Schedule,
-    check_params,
-)
+from placeverify.cost.implementations.params import check_params
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Span
 from placeverify.ir.model import Transformer
-from placeverify.ir.placement import AxisPlacement, Mode, Role, State
-from placeverify.ir.placement import Schedule as PipelineSchedule
+from placeverify.ir.placement import AxisPlacement, Mode, Role, Schedule, State
 from placeverify.ir.strategy import RecomputeKind, Strategy
+from placeverify.measure.spec import Implementation, Mlp, OptimizerKind, RunSpec
 
 MIN_WORLD, MAX_WORLD = 2, 8
 MAX_PARAMS = 20_000_000  # what a CPU core trains in seconds
@@ -102,7 +95,7 @@ def plan(strategy: Strategy) -> Plan:
             raise _error(strategy, f"{layers} layers cannot fill {pp} pipeline stages",
                          strategy.model_span)
         m = p.microbatches or strategy.microbatches
-        schedule = Schedule.GPIPE if p.schedule is PipelineSchedule.GPIPE else Schedule.ONE_F_ONE_B
+        schedule = Schedule.GPIPE if p.schedule is Schedule.GPIPE else Schedule.ONE_F_ONE_B
         spec = RunSpec(Implementation.PIPELINE, optimizer, pp=pp, schedule=schedule,
                        microbatches=m, arch=arch, mlp=mlp)
         return Plan(spec, tuple(notes))
@@ -144,8 +137,8 @@ def _check_placement(strategy: Strategy, p: AxisPlacement) -> None:
     if p.role is Role.TENSOR and p.sequence_parallel:
         raise _error(strategy, "sequence parallelism has no torch implementation in measure",
                      p.span, "use 'megatron' without sequence_parallel")
-    if p.role is Role.PIPELINE and p.schedule not in (PipelineSchedule.GPIPE,
-                                                      PipelineSchedule.ONE_F_ONE_B):
+    if p.role is Role.PIPELINE and p.schedule not in (Schedule.GPIPE,
+                                                      Schedule.ONE_F_ONE_B):
         raise _error(strategy, "the interleaved schedule has no torch implementation in measure",
                      p.span, "use pipeline(gpipe) or pipeline(1f1b)")
     if p.role is Role.DATA and p.preset == "hsdp":

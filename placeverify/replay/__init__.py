@@ -14,6 +14,6 @@ one, see angr/claripy) is small:
   JSON again.
 
 This package is the only place (with ``placeverify.measure``) that imports torch, and only in the
-worker processes: :mod:`placeverify.replay.plan`, :mod:`placeverify.replay.pool` and
+worker processes: :mod:`placeverify.replay.plan`, :mod:`placeverify.backend.runtime` and
 :mod:`placeverify.replay.cli` run in the placeverify process and never import it.
 """

@@ -25,7 +25,7 @@ than nine orders of magnitude.
 
 **Across ranks** there is no tolerance: state consistency is about bitwise identical replicas
 (the same collective gives every rank the same bits), so any difference between two ranks that
-hold copies of one state — the same key in :meth:`placeverify.replay.step.RankRun.states` —
+hold copies of one state — the same key in :meth:`placeverify.replay.buffers.RankState.states` —
 is a divergence.
 """
 

@@ -2,7 +2,7 @@
 
 Started two ways with the same code:
 
-- by :mod:`placeverify.replay.pool` from a forkserver that has already imported this module (and
+- by :mod:`placeverify.backend.runtime` from a forkserver that has already imported this module (and
   torch): :func:`rank_main` gets the job as a JSON string, a FileStore path in a private temporary
   folder, and a pipe it answers on with JSON (progress lines, then one result);
 - by ``torchrun`` on a real cluster: ``torchrun --nproc-per-node N -m placeverify.replay.worker
@@ -228,7 +228,7 @@ def _detach(main_pid: int, deadline: float) -> None:
 
 def rank_main(job: str, rank: int, world: int, store_path: str, conn: Any, main_pid: int,
               timeout: float) -> None:
-    """Entry point of a rank started by :mod:`placeverify.replay.pool`."""
+    """Entry point of a rank started by :mod:`placeverify.backend.runtime`."""
     _detach(main_pid, time.monotonic() + timeout + 30)
 
     def send(doc: dict[str, Any]) -> None:

@@ -1,0 +1,333 @@
+"""Start the ranks of a torch backend, watch them, and collect their JSON answers (no torch here).
+
+Both backends run one process per rank, meet through a ``torch.distributed.FileStore`` in a
+private temporary folder (no port is chosen by us; gloo binds loopback ports the kernel picks),
+and answer in JSON — nothing is unpickled from a child or from a file (REFERENCE §5). They start
+their ranks in one of two ways:
+
+- :class:`Pool` (``placeverify replay``): ranks are forked from a ``multiprocessing`` forkserver
+  that has already imported torch and the worker module (~1 s of ``import torch`` per process is
+  the cold cost; later replays in the same placeverify process fork from the warm server in a
+  fraction of that). Each rank gets its job as a JSON string and answers on a pipe.
+- :func:`run_jobs` (``placeverify measure``): each rank is a fresh ``python -m`` subprocess (it
+  measures its own import), reads its job from a JSON file and writes its result to another.
+
+In both the parent is the watchdog: the first rank to fail stops the others at once, a run that
+outlives its deadline (a mismatched collective hangs) is stopped as a whole, and only the
+processes started here are killed, by their handles (a forked rank's whole process group: each
+rank calls ``setsid``). The ranks also die with the parent and never outlive their own deadline.
+Every failure is one :class:`BackendFailure` whose :class:`FailureKind` says what happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, Protocol
+
+import placeverify
+from placeverify.backend.available import torch_available
+
+REPLAY_WORKER = "placeverify.replay.worker"  # defines rank_main(job, rank, world, store, conn, ...)
+# Imported by the forkserver before any rank is forked; placeverify.cli because the console
+# script is re-run as __mp_main__.
+REPLAY_PRELOAD = ["placeverify.replay.warm", "placeverify.cli"]
+MEASURE_WORKER = "placeverify.measure.worker"  # python -m MODULE JOB RANK STORE OUT
+POLL_SECONDS = 0.05
+STDERR_TAIL = 2000
+
+
+class FailureKind(StrEnum):
+    """Why a backend run failed (the ``error.kind`` of ``placeverify replay --json``)."""
+
+    NO_TORCH = "no_torch"
+    CRASH = "crash"  # a rank exited without an answer
+    HANG = "hang"  # the deadline passed
+    ERROR = "error"  # a rank answered with an error
+    UNSUPPORTED = "unsupported"  # a rank met something the backend does not model
+
+
+class BackendFailure(Exception):
+    """The torch backend could not run: torch missing, a rank crashed, hung, or failed."""
+
+    def __init__(self, kind: FailureKind, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.detail = detail
+
+
+class ReplayJob(Protocol):
+    """What :meth:`Pool.run` needs of a replay run spec (:class:`placeverify.replay.plan.RunSpec`)."""
+
+    @property
+    def world(self) -> int: ...
+
+    def to_json(self) -> str: ...
+
+
+class MeasureJob(Protocol):
+    """What :func:`run_jobs` needs of a measure run spec (:class:`placeverify.measure.spec.RunSpec`)."""
+
+    @property
+    def world(self) -> int: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def label(self) -> str: ...
+
+
+# ---- forked ranks: the warm pool ---------------------------------------------------------------
+
+
+@dataclass
+class Pool:
+    """A warm forkserver for replay ranks; one per placeverify process (see :func:`pool`)."""
+
+    context: Any = None
+    last_pids: list[int] = field(default_factory=list)
+    runs: int = 0
+
+    def prestart(self) -> None:
+        """Start the forkserver now, so that it imports torch while this process asks Z3."""
+        self.start()
+        import multiprocessing.forkserver as forkserver
+
+        forkserver.ensure_running()
+
+    def start(self) -> None:
+        if self.context is None:
+            if not torch_available():
+                raise BackendFailure(FailureKind.NO_TORCH, "torch is not installed: install "
+                                     "placeverify with the torch extra "
+                                     "(pip install 'placeverify[torch]')")
+            loopback = "lo0" if sys.platform == "darwin" else "lo"
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback  # ranks talk over loopback only
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+            context = mp.get_context("forkserver")
+            context.set_forkserver_preload(REPLAY_PRELOAD)
+            self.context = context
+
+    def run(self, spec: ReplayJob, timeout: float,
+            progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+        """Run ``spec`` on ``spec.world`` ranks; their result documents, by rank."""
+        self.start()
+        world = spec.world
+        job = spec.to_json()
+        procs: list[Any] = []
+        conns: dict[int, Connection] = {}
+        results: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout
+        with tempfile.TemporaryDirectory(prefix="placeverify-replay-") as folder:
+            store = os.path.join(folder, "store")
+            try:
+                for rank in range(world):
+                    receive, send = self.context.Pipe(duplex=False)
+                    proc = self.context.Process(
+                        target=worker_entry,
+                        args=(REPLAY_WORKER, job, rank, world, store, send, os.getpid(), timeout),
+                        name=f"placeverify-replay-rank-{rank}", daemon=True)
+                    proc.start()
+                    send.close()
+                    procs.append(proc)
+                    conns[rank] = receive
+                self.last_pids = [p.pid for p in procs]
+                self.runs += 1
+                self._collect(procs, conns, results, deadline, timeout, progress)
+            finally:
+                self._stop(procs)
+                for c in conns.values():
+                    c.close()
+        return [results[r] for r in range(world)]
+
+    def _collect(self, procs: list[Any], conns: dict[int, Connection],
+                 results: dict[int, dict[str, Any]], deadline: float, timeout: float,
+                 progress: Callable[[str], None] | None) -> None:
+        pending = dict(conns)
+        sentinels = {p.sentinel: rank for rank, p in enumerate(procs)}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                ranks = ", ".join(str(r) for r in sorted(pending))
+                raise BackendFailure(FailureKind.HANG, f"the replay did not finish within {timeout:g} s "
+                                    f"(no answer from rank{'s' if len(pending) > 1 else ''} "
+                                    f"{ranks}): a rank hung, probably in a collective the others "
+                                    "never entered")
+            ready = wait([*pending.values(), *[p.sentinel for r, p in enumerate(procs)
+                                               if r in pending]], timeout=min(remaining, 0.5))
+            for item in ready:
+                if item in sentinels:
+                    rank = sentinels[item]
+                    if rank in pending and not pending[rank].poll():
+                        procs[rank].join(timeout=1)
+                        code = procs[rank].exitcode
+                        raise BackendFailure(FailureKind.CRASH, f"rank {rank} exited (code {code}) "
+                                             "without an answer")
+                    continue
+                rank = next(r for r, c in pending.items() if c is item)
+                try:
+                    doc = json.loads(pending[rank].recv_bytes().decode("utf-8"))
+                except (EOFError, OSError, ValueError):
+                    code = procs[rank].exitcode
+                    raise BackendFailure(FailureKind.CRASH, f"rank {rank} exited (code {code}) "
+                                         "without an answer") from None
+                if "progress" in doc:
+                    if progress is not None:
+                        progress(str(doc["progress"]))
+                    continue
+                if not doc.get("ok"):
+                    kind = FailureKind.UNSUPPORTED if doc.get("unsupported") else FailureKind.ERROR
+                    raise BackendFailure(kind, f"rank {rank} failed: {doc.get('error')}",
+                                        doc.get("traceback"))
+                results[rank] = doc
+                del pending[rank]
+
+    @staticmethod
+    def _stop(procs: list[Any]) -> None:
+        """Kill every rank's process group that is still alive, then reap them."""
+        for p in procs:
+            if p.is_alive():
+                with contextlib.suppress(OSError):
+                    os.killpg(p.pid, signal.SIGKILL)  # the rank and anything it started
+                with contextlib.suppress(OSError):
+                    p.kill()
+        for p in procs:
+            p.join(timeout=10)
+
+
+def worker_entry(worker: str, job: str, rank: int, world: int, store: str, conn: Connection,
+                 main_pid: int, timeout: float) -> None:
+    """The ranks' target: a name the parent can hand to the forkserver without importing torch;
+    the worker module (already imported by the warm server) runs the rank."""
+    importlib.import_module(worker).rank_main(job, rank, world, store, conn, main_pid, timeout)
+
+
+_POOL: Pool | None = None
+
+
+def pool() -> Pool:
+    """The replay pool of this placeverify process, started on first use."""
+    global _POOL
+    if _POOL is None:
+        _POOL = Pool()
+    return _POOL
+
+
+# ---- subprocess ranks: one fresh interpreter per rank ------------------------------------------
+
+
+def _reason(path: Path) -> str:
+    """The error a worker died of: the last ``SomethingError: message`` line of its stderr (torch
+    prefixes each line with ``[rankN]:``), or its last line; never the whole traceback."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", line).rstrip() for line in text.splitlines()]
+    lines = [line for line in lines if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*", line):
+            return line[:STDERR_TAIL]
+    return lines[-1][:STDERR_TAIL] if lines else ""
+
+
+def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Kill every subprocess rank that is still running, then reap them."""
+    for proc in processes:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+def run_workers(spec: MeasureJob, *, timeout: float,
+                progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Run ``spec`` on ``spec.world`` processes; the per-rank results, in rank order."""
+    return run_jobs([spec], timeout=timeout, progress=progress)[0]
+
+
+def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
+             progress: Callable[[str], None] | None = None) -> list[list[dict[str, Any]]]:
+    """Run several specs of one world size in the same processes, one after the other (torch is
+    imported once per rank); for each spec, the per-rank results in rank order."""
+    if not specs:
+        return []
+    worlds = {spec.world for spec in specs}
+    if len(worlds) != 1:
+        raise ValueError(f"specs of one job share a world size, got {sorted(worlds)}")
+    world = worlds.pop()
+    if not torch_available():
+        raise BackendFailure(FailureKind.NO_TORCH, "torch is not installed; install placeverify "
+                             "with the 'torch' extra (pip install 'placeverify[torch]')")
+    folder = Path(tempfile.mkdtemp(prefix="placeverify-measure-"))
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        spec_path = folder / "job.json"
+        spec_path.write_text(json.dumps({"specs": [s.to_json() for s in specs],
+                                         "timeout": timeout}), encoding="utf-8")
+        env = dict(os.environ)
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
+        root = str(Path(placeverify.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        for rank in range(world):
+            err = open(folder / f"rank{rank}.err", "wb")  # noqa: SIM115 (closed below)
+            try:
+                processes.append(subprocess.Popen(
+                    [sys.executable, "-m", MEASURE_WORKER, str(spec_path), str(rank),
+                     str(folder / "store"), str(folder / f"rank{rank}.json")],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                    cwd=folder))
+            finally:
+                err.close()
+        if progress is not None:
+            progress(f"started {world} ranks: " + "; ".join(s.label() for s in specs))
+        deadline = time.monotonic() + timeout
+        while True:
+            codes = [p.poll() for p in processes]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank = failed[0]
+                _stop_processes(processes)
+                detail = _reason(folder / f"rank{rank}.err")
+                raise BackendFailure(FailureKind.CRASH,
+                                     f"rank {rank} of {world} exited with status {codes[rank]}"
+                                     + (f": {detail}" if detail else ""))
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                hung = [r for r, c in enumerate(codes) if c is None]
+                _stop_processes(processes)
+                raise BackendFailure(
+                    FailureKind.HANG,
+                    f"rank(s) {', '.join(map(str, hung))} of {world} did not finish within "
+                    f"{timeout:g} s (a hung collective?); all ranks were stopped")
+            time.sleep(POLL_SECONDS)
+        documents = []
+        for rank in range(world):
+            path = folder / f"rank{rank}.json"
+            try:
+                documents.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as error:
+                raise BackendFailure(FailureKind.ERROR, f"rank {rank} finished without a readable "
+                                     f"result: {error}") from None
+        return [[doc["runs"][index] for doc in documents] for index in range(len(specs))]
+    finally:
+        _stop_processes(processes)
+        shutil.rmtree(folder, ignore_errors=True)
