@@ -78,4 +78,5 @@ PIPELINE = RoleSpec(
     partial_at_ends=True,
     needs_arch=True,
     shape_checks=pipeline_shapes,
+    reported_options=("schedule", "microbatches", "chunks"),
 )

@@ -64,6 +64,7 @@ class RoleSpec:
     shape_checks: ShapeChecks | None = None  # what it must divide, over all of its axes
     dropout_regions: Callable[[AxisPlacement], tuple[Region, ...]] = sharded_only
     seeded_alone: bool = False  # does the canonical step seed each axis of the role by itself?
+    reported_options: tuple[str, ...] = ()  # the AxisPlacement options a JSON report shows
 
 
 def never(groups: Collection[ParamGroup]) -> bool:

@@ -81,4 +81,5 @@ TENSOR = RoleSpec(
     shape_checks=tensor_shapes,
     dropout_regions=dropout_regions,
     seeded_alone=True,
+    reported_options=("sequence_parallel",),
 )
