@@ -53,11 +53,11 @@ if str(ROOT) not in sys.path:
 
 from placeverify.diagnostics import PlaceError  # noqa: E402
 from placeverify.ir.placement import Role  # noqa: E402
-from placeverify.ir.relations import batch_axes  # noqa: E402
 from placeverify.ir.render import step_text  # noqa: E402
 from placeverify.ir.strategy import Strategy  # noqa: E402
 from placeverify.lower import load_text  # noqa: E402
 from placeverify.lower.edit import replace_step  # noqa: E402
+from placeverify.roles.relations import batch_axes  # noqa: E402
 
 SCHEMA = "placeverify.soundness/1"
 VERDICTS = ("proved", "refuted", "unknown")

@@ -45,7 +45,7 @@ def resize(strategy: Strategy, sizes: dict[str, int]) -> Strategy:
     one rank); a step written in the file is kept as written. Divisibility of the model's
     dimensions is not re-checked: replay and counterexample search use small meshes on purpose.
     """
-    from placeverify.ir import canonical
+    from placeverify.lower import canonical
 
     unknown = set(sizes) - set(strategy.mesh.names)
     if unknown:

@@ -29,7 +29,7 @@ from placeverify.cost.memory import bytes_per_element, local_params
 from placeverify.diagnostics import Span
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Mode, Role, Schedule, State
+from placeverify.ir.placement import Role, Schedule, State
 from placeverify.ir.step import (
     Backward,
     Clip,
@@ -40,6 +40,7 @@ from placeverify.ir.step import (
     TermKind,
 )
 from placeverify.ir.strategy import Strategy
+from placeverify.roles.queries import gathered_axes, replicates_model
 
 COUNT_BYTES = 8  # an int64 token or sample count
 FLAG_BYTES = 4  # an fp32 overflow flag or squared norm
@@ -187,8 +188,9 @@ def placement_items(d: Domain, strategy: Strategy,
     for n in local.values():
         local_total = local_total + n
 
+    gathered = gathered_axes(strategy)
     for p in strategy.placements:
-        if p.role is not Role.DATA or p.mode(State.PARAMS) not in (Mode.S_STAR, Mode.O):
+        if p.axis not in gathered:
             continue
         group = mesh.group(p.axis)
         items.append(_item(d, strategy, "all_gather", group, "params (gather for forward)",
@@ -295,7 +297,7 @@ def _offload_items(d: Domain, strategy: Strategy, m: Num, local_total: Num,
     shard_g: Num = local_total
     shard_p: Num = local_total
     for p in strategy.placements:
-        if p.role in (Role.DATA, Role.CONTEXT):
+        if replicates_model(p):
             if p.mode(State.GRADIENTS).sharded or p.mode(State.OPTIMIZER).sharded:
                 shard_g = shard_g / d.sym(p.axis, strategy.size(p.axis))
             if p.mode(State.PARAMS).sharded or p.mode(State.OPTIMIZER).sharded:

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from placeverify.cost.activations import ActivationCost, activation_cost
 from placeverify.cost.domain import Domain, Num
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Mode, Role, State
+from placeverify.ir.placement import Role, State
 from placeverify.ir.strategy import Strategy
+from placeverify.roles import ROLES
+from placeverify.roles.queries import gathered_axes, offloaded, partitions
 
 MODEL_STATES = (State.PARAMS, State.OPTIMIZER, State.GRADIENTS)
 
@@ -53,9 +55,7 @@ def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State) 
     for p in strategy.placements:
         if not p.mode(state).sharded:
             continue
-        if ((p.role is Role.TENSOR and group is not ParamGroup.NORMS)
-                or p.role is Role.PIPELINE
-                or (p.role is Role.EXPERT and group is ParamGroup.EXPERTS)):
+        if ROLES[p.role].splits_model(group):
             divisor = divisor * d.sym(p.axis, strategy.size(p.axis))
     return divisor
 
@@ -64,7 +64,7 @@ def data_split(d: Domain, strategy: Strategy, state: State) -> Num:
     """The divisor from sharding over data-parallel (and context) axes: ZeRO / FSDP."""
     divisor: Num = d.const(1)
     for p in strategy.placements:
-        if p.role in (Role.DATA, Role.CONTEXT) and p.mode(state).sharded:
+        if partitions(strategy, p.axis, state):
             divisor = divisor * d.sym(p.axis, strategy.size(p.axis))
     return divisor
 
@@ -72,16 +72,6 @@ def data_split(d: Domain, strategy: Strategy, state: State) -> Num:
 def local_params(d: Domain, strategy: Strategy, state: State = State.PARAMS) -> dict[ParamGroup, Num]:
     """Elements of each group on one device before any data-parallel sharding."""
     return {g: n / model_split(d, strategy, g, state) for g, n in group_params(d, strategy).items()}
-
-
-def offloaded(strategy: Strategy, state: State) -> bool:
-    return any(p.mode(state) is Mode.O for p in strategy.placements)
-
-
-def gathered(strategy: Strategy) -> list[str]:
-    """Data axes over which the parameters are gathered before use (S*, or O streamed in)."""
-    return [p.axis for p in strategy.placements
-            if p.role is Role.DATA and p.mode(State.PARAMS) in (Mode.S_STAR, Mode.O)]
 
 
 def memory_items(d: Domain, strategy: Strategy) -> tuple[list[MemoryItem], ActivationCost | None]:
@@ -125,7 +115,7 @@ def gather_buffer(d: Domain, strategy: Strategy) -> MemoryItem | None:
     With reshard_after_forward = false (FSDP SHARD_GRAD_OP) every unit stays gathered from forward
     to backward, so the buffer is the whole local model. A bare parameter count has no unit.
     """
-    axes = gathered(strategy)
+    axes = gathered_axes(strategy)
     if not axes:
         return None
     per_element = bytes_per_element(d, strategy, State.PARAMS)

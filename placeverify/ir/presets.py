@@ -61,6 +61,11 @@ class PresetSpec:
     rewrite_option: str | None = None  # the option whose value may turn this preset into another
     rewrite: Mapping[str, Rewrite] = field(default_factory=dict)
 
+    @property
+    def hybrid(self) -> bool:
+        """Is it placed over a shard axis and a replicate axis (HSDP)?"""
+        return self.axes == 2
+
 
 RESHARD = OptionSpec(OptionKind.BOOL)
 SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
@@ -112,3 +117,9 @@ TABLE: tuple[PresetSpec, ...] = (
 # every name a file may write, aliases included
 PRESETS: Mapping[str, PresetSpec] = {
     name: spec for spec in TABLE for name in (spec.name, *spec.aliases)}
+
+
+def hybrid(label: str) -> bool:
+    """Is a placement labelled ``label`` one axis of a shard x replicate preset (HSDP)?"""
+    spec = PRESETS.get(label)
+    return spec is not None and spec.hybrid

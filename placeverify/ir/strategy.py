@@ -178,4 +178,4 @@ class Strategy:
         return self.config.offloaded
 
 
-Layout = Config | Strategy  # what the placement questions of ir/relations and ir/queries read
+Layout = Config | Strategy  # what the placement questions of roles/relations and roles/queries read

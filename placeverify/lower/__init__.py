@@ -3,10 +3,10 @@
 Lowering collects every error it can find in one pass and raises them together; each points at
 the text it is about. Each section has its module: :mod:`.model`, :mod:`.precision`, :mod:`.mesh`
 (and groups), :mod:`.placement` (presets from :mod:`placeverify.ir.presets`), :mod:`.settings`
-(offload and recompute compose through :mod:`placeverify.ir.compose`; loss, microbatches, clip),
+(offload and recompute compose through :mod:`placeverify.lower.compose`; loss, microbatches, clip),
 :mod:`.shapes`, and :mod:`.step` with :mod:`.step_ops`; all read values through one
 :class:`~placeverify.lower.values.Context`. The configuration is built first; the step is the
-written one or :func:`placeverify.ir.canonical.derive` of the configuration.
+written one or :func:`placeverify.lower.canonical.derive` of the configuration.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import replace
 from typing import TypeVar
 
 from placeverify.diagnostics import Code, Source
-from placeverify.ir import canonical
-from placeverify.ir.compose import with_recompute
 from placeverify.ir.strategy import Config, Strategy
+from placeverify.lower import canonical
+from placeverify.lower.compose import with_recompute
 from placeverify.lower.mesh import read_mesh
 from placeverify.lower.model import read_model
 from placeverify.lower.placement import read_placements

@@ -1,6 +1,6 @@
 """Lower the statements that set how a step trains: offload, recompute, loss, microbatches, clip.
 
-The modes ``offload`` and ``recompute`` give are :mod:`placeverify.ir.compose`'s; this module reads
+The modes ``offload`` and ``recompute`` give are :mod:`placeverify.lower.compose`'s; this module reads
 the statements and reports what does not compose at the statement.
 """
 
@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from placeverify.diagnostics import Code, Span, did_you_mean
-from placeverify.ir.compose import with_offload
 from placeverify.ir.model import Model
 from placeverify.ir.placement import STATE_NAMES, AxisPlacement, State
 from placeverify.ir.presets import MAX_MICROBATCHES
 from placeverify.ir.strategy import ClipConfig, Loss, LossKind, Recompute, RecomputeKind
+from placeverify.lower.compose import with_offload
 from placeverify.lower.values import Context, value_text
 from placeverify.syntax import ast
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from placeverify.diagnostics import Code, Span
 from placeverify.ir.presets import MAX_MICROBATCHES
-from placeverify.ir.queries import region_named
 from placeverify.ir.step import Backward, Collective, LoopOp, Op, Scale, Scope, Seed, Step, TargetKind, Update
 from placeverify.ir.strategy import Config
 from placeverify.lower.settings import check_microbatches
 from placeverify.lower.step_ops import OpReader
 from placeverify.lower.values import Context
+from placeverify.roles.queries import region_named
 from placeverify.syntax import ast
 
 

@@ -27,6 +27,7 @@ from placeverify.cost.implementations.params import check_params
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Span
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import AxisPlacement, Mode, Role, Schedule, State
+from placeverify.ir.presets import hybrid
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.measure.spec import Implementation, Mlp, OptimizerKind, RunSpec
 
@@ -141,7 +142,7 @@ def _check_placement(strategy: Strategy, p: AxisPlacement) -> None:
                                                       Schedule.ONE_F_ONE_B):
         raise _error(strategy, "the interleaved schedule has no torch implementation in measure",
                      p.span, "use pipeline(gpipe) or pipeline(1f1b)")
-    if p.role is Role.DATA and p.preset == "hsdp":
+    if hybrid(p.preset):
         raise _error(strategy, "HSDP has no torch implementation in measure", p.span, SUPPORTED)
 
 

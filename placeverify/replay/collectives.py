@@ -11,12 +11,13 @@ from __future__ import annotations
 import torch
 
 from placeverify.ir.mesh import Group
-from placeverify.ir.relations import Relation, relation
+from placeverify.ir.relations import Relation
 from placeverify.ir.step import Collective, CollectiveKind, Order, ReduceOp, TargetKind
 from placeverify.replay import comm
 from placeverify.replay.buffers import Buffers, RankState, flat_slice
 from placeverify.replay.distributed import Handle
 from placeverify.replay.layout import Unsupported, optimizer_axes
+from placeverify.roles.relations import relation
 from placeverify.semantics.buffers import MODELLED_COLLECTIVES, NEUTRAL_COLLECTIVES
 
 

@@ -25,11 +25,11 @@ import math
 from dataclasses import dataclass
 
 from placeverify.errors import PlaceverifyError
-from placeverify.ir import queries
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
-from placeverify.ir.relations import batch_axes, sample_axes
 from placeverify.ir.strategy import RecomputeKind, Strategy
+from placeverify.roles import queries
+from placeverify.roles.relations import batch_axes, sample_axes
 
 HEAD_DIM = 4
 DROPOUT = 0.5  # high on purpose: masks drawn from different streams differ almost surely

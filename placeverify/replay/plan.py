@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from placeverify.ir.placement import Role
-from placeverify.ir.relations import batch_axes, sample_axes
 from placeverify.ir.strategy import Strategy
+from placeverify.roles.relations import batch_axes, sample_axes
 from placeverify.verdicts import ObligationKind, Verdict, Verification
 
 DEFAULT_STEPS = 3
@@ -141,8 +141,7 @@ class Plan:
 def strategy_of(spec: RunSpec) -> Strategy:
     """Lower the spec's source and re-target it to the spec's mesh (worker and parent alike)."""
     from placeverify.api import resize
-    from placeverify.ir import canonical
-    from placeverify.lower import load_text
+    from placeverify.lower import canonical, load_text
 
     strategy = resize(load_text(spec.source, spec.path), spec.sizes)
     if spec.canonical:

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from placeverify.ir.mesh import Group
 from placeverify.ir.placement import Role
-from placeverify.ir.relations import Relation, relation
+from placeverify.ir.relations import Relation
 from placeverify.ir.step import (
     Backward,
     Clip,
@@ -61,6 +61,7 @@ from placeverify.replay.collectives import RankCollectives
 from placeverify.replay.data import loss_weights, make_atom
 from placeverify.replay.layout import Unsupported, gathered_axes
 from placeverify.replay.reference import LEARNING_RATE, MOMENTUM, NORM_EPS
+from placeverify.roles.relations import relation
 from placeverify.semantics.interpreter import LOSS_SCALE
 from placeverify.semantics.schedule import events
 

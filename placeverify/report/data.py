@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from fractions import Fraction
 from typing import Any
 
 from placeverify import __version__
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES, Role
+from placeverify.ir.placement import STATES
 from placeverify.ir.render import op_label
 from placeverify.ir.step import Op
 from placeverify.ir.strategy import Strategy
 from placeverify.result import CheckResult
+from placeverify.roles import ROLES
 
 CHECK_SCHEMA = "placeverify.check/1"
 
@@ -37,6 +39,11 @@ def step_lines(strategy: Strategy) -> list[dict[str, Any]]:
 def _line(op: Op) -> int | None:
     span = getattr(op, "span", None)
     return span.line if span is not None else None
+
+
+def _option(value: object) -> object:
+    """An option of a placement as JSON shows it: an enum by its value."""
+    return value.value if isinstance(value, Enum) else value
 
 
 def _float(value: Any) -> float:
@@ -76,10 +83,7 @@ def check_document(result: CheckResult) -> dict[str, Any]:
         "placement": {
             p.axis: {"role": p.role.value, "preset": p.preset,
                      "modes": {st.value: p.mode(st).value for st in STATES},
-                     **({"sequence_parallel": p.sequence_parallel} if p.role is Role.TENSOR else {}),
-                     **({"schedule": p.schedule.value if p.schedule else None,
-                         "microbatches": p.microbatches, "chunks": p.chunks}
-                        if p.role is Role.PIPELINE else {})}
+                     **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options}}
             for p in s.placements},
         "recompute": {"kind": s.recompute.kind.value, "restore_rng": s.recompute.restore_rng},
         "loss": s.loss.kind.value,

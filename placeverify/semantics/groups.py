@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Role
-from placeverify.ir.relations import Relation, batch_axes, relation, sample_axes
+from placeverify.ir.relations import Relation
 from placeverify.ir.strategy import Strategy
+from placeverify.roles import ROLES
+from placeverify.roles.relations import batch_axes, relation, routed_axes, sample_axes
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ def group_view(strategy: Strategy, group: ParamGroup) -> GroupView:
     ends: set[str] = set()
     complete: list[str] = []
     owned: list[str] = []
-    routed = strategy.axes(Role.EXPERT) if group is ParamGroup.EXPERTS else ()
+    routed = routed_axes(strategy, group)
     for p in strategy.placements:
         if p.axis in batch:
             if p.axis in routed:
@@ -64,7 +65,7 @@ def group_view(strategy: Strategy, group: ParamGroup) -> GroupView:
         rel = relation(strategy, group, p.axis)
         if rel is Relation.PARTIAL:
             extra.append(p.axis)
-            if p.role is Role.PIPELINE:
+            if ROLES[p.role].partial_at_ends:
                 ends.add(p.axis)
         elif rel is Relation.COMPLETE:
             complete.append(p.axis)

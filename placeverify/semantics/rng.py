@@ -23,10 +23,10 @@ that differs).
 
 from __future__ import annotations
 
-from placeverify.ir.queries import dropout_regions as regions
-from placeverify.ir.queries import region_named
 from placeverify.ir.step import Region, Seed
 from placeverify.ir.strategy import Strategy
+from placeverify.roles.queries import dropout_regions as regions
+from placeverify.roles.queries import region_named
 
 __all__ = ["declared", "must_differ", "region_named", "regions"]
 

@@ -8,9 +8,10 @@ from fractions import Fraction
 from placeverify.evidence import Cause, Counterexample, Divergence
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
-from placeverify.ir.relations import batch_axes
+from placeverify.ir.presets import hybrid
 from placeverify.ir.step import CollectiveKind, Free
 from placeverify.ir.strategy import LossKind, Strategy
+from placeverify.roles.relations import batch_axes
 from placeverify.semantics.groups import GroupView
 from placeverify.verdicts import Obligation
 from placeverify.verify.explain import has_local_count, ratio_pattern, reductions_of
@@ -42,7 +43,7 @@ def integrity_fix(strategy: Strategy, view: GroupView, found: Counterexample) ->
     if missing:
         data = [a for a in missing if a in view.batch]
         if data:
-            hsdp = [p for p in strategy.placements if p.preset == "hsdp"]
+            hsdp = [p for p in strategy.placements if hybrid(p.preset)]
             if hsdp and data[0] == hsdp[-1].axis:
                 shard = hsdp[0].axis
                 return (f"all_reduce(sum) grads over {data[0]} after the reduce-scatter over "

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import AxisPlacement, Mode, Role, State
-from placeverify.ir.queries import BATCH_SPLITTING
 from placeverify.ir.step import (
     Backward,
     Collective,
@@ -51,6 +50,8 @@ from placeverify.ir.step import (
     Update,
 )
 from placeverify.ir.strategy import Strategy
+from placeverify.roles import ROLES
+from placeverify.roles.queries import replicates_model
 from placeverify.semantics.buffers import GradMachine
 from placeverify.semantics.schedule import MicroBatch, Phase
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
@@ -91,13 +92,9 @@ def memory_sharded(strategy: Strategy, group: ParamGroup, p: AxisPlacement,
     """Does memory divide this group's state by the axis (True), keep it whole (False), or is the
     split fixed by the axis's role (None)? Mirrors :func:`placeverify.cost.memory.model_split`
     and :func:`~placeverify.cost.memory.data_split`."""
-    if p.role in BATCH_SPLITTING:
+    if replicates_model(p):
         return p.mode(state).sharded
-    if p.role is Role.TENSOR:
-        return False if group is ParamGroup.NORMS else None
-    if p.role is Role.EXPERT:
-        return None if group is ParamGroup.EXPERTS else False
-    return None  # a pipeline axis splits the layer stack
+    return None if ROLES[p.role].splits_model(group) else False
 
 
 # ---- what the step does to one group's gradient ---------------------------------------------
@@ -288,7 +285,7 @@ def _statement(step: Step, op: Collective) -> str:
 
 def _layout(p: AxisPlacement, state: State) -> str:
     """A state's mode along an axis as memory reads it."""
-    return p.mode(state).value if p.role in BATCH_SPLITTING else Mode.R.value
+    return p.mode(state).value if replicates_model(p) else Mode.R.value
 
 
 def _why_whole(p: AxisPlacement) -> str:

@@ -15,7 +15,7 @@ Three kinds of obligations:
   its own gradient buffer, so the first and last stage shard the embedding alike. Megatron-LM's
   single contiguous buffer per stage, where they do not — Megatron-LM#844 — is not modelled.)
 
-These are decided by rules over the placement relations (:mod:`placeverify.ir.relations`), not
+These are decided by rules over the placement relations (:mod:`placeverify.roles.relations`), not
 by a solver; each refutation names the statement and the axis. The family ends with the
 placement-step obligations (:mod:`placeverify.verify.placement_step`).
 """
@@ -26,34 +26,19 @@ from collections.abc import Iterator
 
 from placeverify.diagnostics import Code, Diagnostic, Severity, Span
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Mode, Role, State
-from placeverify.ir.queries import BATCH_SPLITTING, partitions
-from placeverify.ir.relations import Relation, relation
+from placeverify.ir.placement import Role, State
+from placeverify.ir.relations import Relation
 from placeverify.ir.step import Collective, CollectiveKind, Free, ReduceOp, TargetKind
 from placeverify.ir.strategy import Strategy
+from placeverify.roles import ROLES
+from placeverify.roles.queries import partitions, replicates_model
+from placeverify.roles.relations import relation, routed_axes
 from placeverify.semantics.groups import ends_match, group_view
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.check import Check, Context, Finding
 from placeverify.verify.placement_step import placement_step_obligations
 
 METHOD = "rules over the placement relations"
-
-ALLOWED: dict[Role, tuple[set[Mode], set[Mode], set[Mode], set[Mode]]] = {
-    Role.DATA: ({Mode.R, Mode.S_STAR, Mode.O}, {Mode.R, Mode.S, Mode.O}, {Mode.R, Mode.S, Mode.O},
-                {Mode.R, Mode.M, Mode.O}),
-    Role.TENSOR: ({Mode.S}, {Mode.S}, {Mode.S}, {Mode.R, Mode.S, Mode.M, Mode.O}),
-    Role.PIPELINE: ({Mode.S}, {Mode.S}, {Mode.S}, {Mode.S, Mode.M, Mode.O}),
-    Role.CONTEXT: ({Mode.R}, {Mode.R, Mode.S}, {Mode.R, Mode.S}, {Mode.S, Mode.M, Mode.O}),
-    Role.EXPERT: ({Mode.S}, {Mode.S}, {Mode.S}, {Mode.R, Mode.M, Mode.O}),
-}
-WHY = {
-    (Role.DATA, State.PARAMS): "a data-parallel rank computes whole layers, so it needs their "
-                               "full parameters: R, gathered before use (S*) or streamed (O)",
-    (Role.TENSOR, State.PARAMS): "a tensor axis splits the weight matrices (S)",
-    (Role.PIPELINE, State.PARAMS): "a pipeline axis splits the layer stack (S)",
-    (Role.CONTEXT, State.PARAMS): "context-parallel ranks run the same layers on different "
-                                  "parts of the sequence (R)",
-}
 
 
 def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
@@ -92,15 +77,16 @@ def _realisable(strategy: Strategy) -> list[Obligation]:
     for p in strategy.placements:
         claim = f"the modes {p.tuple_text()} over {p.axis} ({p.role.value}) can be realised"
         problems = []
-        allowed = ALLOWED[p.role]
+        spec = ROLES[p.role]
+        allowed = spec.allowed_modes
         for index, state in enumerate((State.PARAMS, State.OPTIMIZER, State.GRADIENTS,
                                        State.ACTIVATIONS)):
             mode = p.modes[index]
             if mode not in allowed[index]:
-                why = WHY.get((p.role, state), "")
+                why = spec.why.get(state, "")
                 problems.append(f"{state.symbol} = {mode.value} is not a mode of a "
                                 f"{p.role.value} axis" + (f" ({why})" if why else ""))
-        if p.role in BATCH_SPLITTING and p.mode(State.GRADIENTS).sharded and \
+        if spec.replicates_model and p.mode(State.GRADIENTS).sharded and \
                 not p.mode(State.OPTIMIZER).sharded:
             problems.append(f"G is sharded over {p.axis} but Ω is replicated: a replicated "
                             "optimizer step needs the full gradient of every element it updates")
@@ -125,7 +111,7 @@ def _groups(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation]:
         if kind is TargetKind.GRADS and op.op is ReduceOp.MAX and op.group.size_of(sizes) > 1:
             problems.append("gradients are reduced with sum or mean, not max")
         idle = [a for a in op.group.axes if sizes[a] > 1 and kind is TargetKind.PARAMS
-                and strategy.placement(a).role in BATCH_SPLITTING
+                and replicates_model(strategy.placement(a))
                 and not partitions(strategy, a, State.OPTIMIZER)]
         if idle:
             warnings.append(Diagnostic(
@@ -165,7 +151,7 @@ def _axis_problem(strategy: Strategy, op: Collective, group: ParamGroup, axis: s
     placement = strategy.placement(axis)
     view = group_view(strategy, group)
     if op.target.kind is TargetKind.PARAMS:
-        if placement.role in BATCH_SPLITTING:
+        if replicates_model(placement):
             return ""  # each element from its owner; with Ω whole there, every rank owns it
         return (f"{axis}: ranks along this {placement.role.value} axis hold different "
                 f"{group.value} parameters; gathering them would assemble other ranks' shards")
@@ -175,7 +161,7 @@ def _axis_problem(strategy: Strategy, op: Collective, group: ParamGroup, axis: s
                     f"ends({axis})")
         return f"ends({axis}): the {group.value} parameters are not tied across stages"
     rel = relation(strategy, group, axis)
-    if group is ParamGroup.EXPERTS and placement.role is Role.EXPERT:
+    if axis in routed_axes(strategy, group):
         return (f"{axis}: each rank of this expert axis holds different experts, and its expert "
                 "gradients already include every rank's tokens (routed by all-to-all)")
     if rel is Relation.OWNED:

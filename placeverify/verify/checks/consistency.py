@@ -26,10 +26,10 @@ import z3
 from placeverify.evidence import Cause, Divergence, small_mesh
 from placeverify.ir.placement import Mode, Role, State
 from placeverify.ir.precision import LossScale
-from placeverify.ir.queries import partitions
 from placeverify.ir.relations import Relation
 from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import Strategy
+from placeverify.roles.queries import partitions
 from placeverify.semantics.groups import GroupView, group_view
 from placeverify.semantics.interpreter import atoms, run, uniform_instance
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict

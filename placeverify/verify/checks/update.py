@@ -27,10 +27,10 @@ import z3
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import State
 from placeverify.ir.precision import LossScale
-from placeverify.ir.queries import optimizer_axes, partitions
 from placeverify.ir.relations import Relation
 from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
 from placeverify.ir.strategy import RecomputeKind, Strategy
+from placeverify.roles.queries import optimizer_axes, partitions
 from placeverify.semantics.buffers import Seen
 from placeverify.semantics.groups import GroupView, group_view
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict

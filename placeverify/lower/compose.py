@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 from placeverify.diagnostics import Code
 from placeverify.ir.placement import STATES, AxisPlacement, Mode, Role, State
-from placeverify.ir.relations import BATCH_ROLES
 from placeverify.ir.strategy import RecomputeKind
+from placeverify.roles.relations import token_roles
 
 Placements = tuple[AxisPlacement, ...]
 
@@ -32,7 +32,7 @@ def with_recompute(placements: Placements, kind: RecomputeKind) -> Placements:
     if kind is RecomputeKind.NONE:
         return placements
     return tuple(
-        replace(p, modes=(*p.modes[:3], Mode.M)) if p.role in BATCH_ROLES and p.modes[3] is Mode.R
+        replace(p, modes=(*p.modes[:3], Mode.M)) if p.role in token_roles() and p.modes[3] is Mode.R
         else p for p in placements)
 
 
@@ -42,7 +42,7 @@ def with_offload(placements: Placements, state: State) -> tuple[Placements, list
     index = STATES.index(state)
     data = [p for p in placements if p.role is Role.DATA]
     if state is State.ACTIVATIONS:
-        targets = {p.axis for p in placements if p.role in BATCH_ROLES}
+        targets = {p.axis for p in placements if p.role in token_roles()}
     else:
         targets = {p.axis for p in data if p.modes[index].sharded}
         if not targets and data:

@@ -21,10 +21,8 @@ from dataclasses import replace
 
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Role, State
+from placeverify.ir.placement import Role
 from placeverify.ir.precision import LossScale
-from placeverify.ir.queries import gathered_after_update, sharded_update
-from placeverify.ir.relations import batch_axes, reduction_axes, sample_axes
 from placeverify.ir.step import (
     Backward,
     Clip,
@@ -48,6 +46,10 @@ from placeverify.ir.step import (
     Update,
 )
 from placeverify.ir.strategy import Config, LossKind
+from placeverify.roles import ROLES
+from placeverify.roles.queries import gathered_after_update, gradients_sharded, sharded_update
+from placeverify.roles.relations import batch_axes, reduction_axes, sample_axes
+from placeverify.roles.spec import Phase
 
 
 def canonical_loss(config: Config) -> Monomial:
@@ -88,7 +90,7 @@ def derive(config: Config) -> Step:
         # each micro-batch into the shard and free the full buffer, as DeepSpeed and FSDP do.
         per_microbatch = [op for op in post if isinstance(op, Collective)
                           and op.kind is CollectiveKind.REDUCE_SCATTER
-                          and all(_gradients_sharded(config, a) for a in op.group.axes)]
+                          and all(gradients_sharded(config, a) for a in op.group.axes)]
         if per_microbatch:
             span = config.placements[0].span
             for op in per_microbatch:
@@ -99,8 +101,8 @@ def derive(config: Config) -> Step:
                 True, None)
 
 
-def _gradients_sharded(config: Config, axis: str) -> bool:
-    return config.placement(axis).mode(State.GRADIENTS).sharded
+def _phase(config: Config, axis: str) -> Phase:
+    return ROLES[config.placement(axis).role].canonical_phase
 
 
 def _post(config: Config) -> list[Op]:
@@ -117,11 +119,10 @@ def _post(config: Config) -> list[Op]:
         tie = [a for a, ends in needed if ends]
         if tie:
             phases["tie"][group] = Group(tuple(tie), frozenset(tie))
-        sp = [a for a, _ in needed if config.placement(a).role is Role.TENSOR]
+        sp = [a for a, _ in needed if _phase(config, a) is Phase.SEQUENCE_PARALLEL]
         if sp:
             phases["sp"][group] = mesh.group(*sp)
-        batch = [a for a, _ in needed if config.placement(a).role not in (Role.TENSOR,
-                                                                           Role.PIPELINE)]
+        batch = [a for a, _ in needed if _phase(config, a) is Phase.BATCH]
         scatter = [a for a in batch if sharded_update(config, a)]
         rest = [a for a in batch if a not in scatter]
         if scatter:
@@ -142,8 +143,7 @@ def _post(config: Config) -> list[Op]:
     if config.clip is not None:
         norm_axes = [p.axis for p in config.placements
                      if sharded_update(config, p.axis)
-                     or p.role in (Role.TENSOR, Role.PIPELINE)
-                     or (p.role is Role.EXPERT and ParamGroup.EXPERTS in groups)]
+                     or ROLES[p.role].sums_norm(groups)]
         ops.append(Clip(config.clip.max_norm, mesh.group(*norm_axes), True, config.clip.span))
     if config.loss_scale == LossScale.DYNAMIC:
         ops.append(Collective(CollectiveKind.ALL_REDUCE, ReduceOp.MAX,
@@ -163,11 +163,12 @@ def _seeds(config: Config) -> list[Seed]:
     mesh = config.mesh
     seeds: list[Seed] = []
     for p in config.placements:
-        if p.role is not Role.TENSOR:
+        spec = ROLES[p.role]
+        if not spec.seeded_alone:
             continue
         group = mesh.group(p.axis)
         seeds.append(Seed(Region.SHARDED, False, group, p.span))
-        if not p.sequence_parallel:
+        if Region.REPLICATED in spec.dropout_regions(p):
             seeds.append(Seed(Region.REPLICATED, True, group, p.span))
     data = list(batch_axes(config))
     if data:

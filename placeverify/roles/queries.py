@@ -10,18 +10,24 @@ pipeline and expert axes a sharded state is a different part of the model, not a
 from __future__ import annotations
 
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Mode, Role, State
-from placeverify.ir.relations import Relation, relation
+from placeverify.ir.placement import AxisPlacement, Mode, Role, State
+from placeverify.ir.relations import Relation
 from placeverify.ir.step import Region
 from placeverify.ir.strategy import Layout
+from placeverify.roles import ROLES
+from placeverify.roles.relations import relation
 
-BATCH_SPLITTING = (Role.DATA, Role.CONTEXT)
+
+def replicates_model(p: AxisPlacement) -> bool:
+    """Do the ranks along this axis hold the same parameters (data, context), so that a sharded
+    state along it is a partition of one copy?"""
+    return ROLES[p.role].replicates_model
 
 
 def partitions(strategy: Layout, axis: str, state: State) -> bool:
     """Is ``state`` along ``axis`` a partition of one replicated copy (ZeRO-style)?"""
     p = strategy.placement(axis)
-    return p.role in BATCH_SPLITTING and p.mode(state).sharded
+    return replicates_model(p) and p.mode(state).sharded
 
 
 def optimizer_axes(strategy: Layout, group: ParamGroup) -> tuple[str, ...]:
@@ -38,11 +44,27 @@ def sharded_update(strategy: Layout, axis: str) -> bool:
     return partitions(strategy, axis, State.OPTIMIZER) or partitions(strategy, axis, State.GRADIENTS)
 
 
+def gradients_sharded(strategy: Layout, axis: str) -> bool:
+    """Does each rank along this axis hold only a shard of the gradient (ZeRO-2/3, FSDP)?"""
+    return strategy.placement(axis).mode(State.GRADIENTS).sharded
+
+
+def gathered_axes(strategy: Layout) -> tuple[str, ...]:
+    """Data axes over which the parameters are gathered before use (S*, or O streamed in)."""
+    return tuple(p.axis for p in strategy.placements
+                 if p.role is Role.DATA and p.mode(State.PARAMS) in (Mode.S_STAR, Mode.O))
+
+
+def offloaded(strategy: Layout, state: State) -> bool:
+    """Is ``state`` offloaded to host memory (O along some axis)?"""
+    return any(p.mode(state) is Mode.O for p in strategy.placements)
+
+
 def gathered_after_update(strategy: Layout) -> tuple[str, ...]:
     """Axes where the parameters stay replicated but are updated on shards, so they must be
     all-gathered after the update (ZeRO-1/2, an offloaded optimizer)."""
     return tuple(p.axis for p in strategy.placements
-                 if p.role in BATCH_SPLITTING and p.mode(State.PARAMS) is Mode.R
+                 if replicates_model(p) and p.mode(State.PARAMS) is Mode.R
                  and p.mode(State.OPTIMIZER).sharded)
 
 
@@ -50,9 +72,7 @@ def dropout_regions(strategy: Layout, axis: str) -> tuple[Region, ...]:
     """The dropout regions an axis has (placeverify.semantics.rng): replicated and sharded on a
     tensor axis without sequence parallelism, sharded only elsewhere."""
     p = strategy.placement(axis)
-    if p.role is Role.TENSOR and not p.sequence_parallel:
-        return (Region.REPLICATED, Region.SHARDED)
-    return (Region.SHARDED,)
+    return ROLES[p.role].dropout_regions(p)
 
 
 def region_named(strategy: Layout, axis: str, word: Region) -> Region:
