@@ -1,21 +1,71 @@
-"""The library entry points the CLI is a thin shell around."""
+"""The library entry points: every stage of the pipeline, and the CLI is a thin shell around them.
+
+    text --parse--> AST --lower--> Strategy (Config + Step) --costs / verify--> CheckResult
+
+Each stage can be called on its own, for people who use placeverify as a library:
+
+- :func:`read` a file into a :class:`~placeverify.diagnostics.Source`, :func:`parse` a source into
+  the AST (:mod:`placeverify.syntax.ast`, every node with its span);
+- :func:`lower` the AST into the IR, or :func:`load` / :func:`load_text` for both steps at once;
+- :func:`derive_step` the canonical step of a configuration (what a correct implementation of its
+  presets does in one training step);
+- :func:`costs` (memory and communication per device, exact or as SymPy expressions);
+- :func:`verify` the three conditions with Z3;
+- :func:`check` / :func:`check_strategy` all of the above; :func:`resize` a strategy's mesh.
+
+Errors in the input raise :class:`~placeverify.diagnostics.PlaceError` with every diagnostic found.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
-from placeverify.cost import analyse
-from placeverify.ir.strategy import Strategy
-from placeverify.lower import load
+from placeverify.cost import Costs, analyse
+from placeverify.diagnostics import Source
+from placeverify.ir.step import Step
+from placeverify.ir.strategy import Config, Strategy
+from placeverify.lower import canonical, load, load_text, lower
+from placeverify.lower.resize import resize
 from placeverify.result import CheckResult
+from placeverify.syntax import ast
+from placeverify.syntax.parser import parse_source
+from placeverify.syntax.source import read_source
 from placeverify.verdicts import Verification
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS", "CheckResult", "check", "check_strategy", "costs", "derive_step", "load",
+    "load_text", "lower", "parse", "read", "resize", "verify",
+]
 
 DEFAULT_TIMEOUT_MS = 10_000  # per solver query; past it the obligation is 'unknown'
 
 
+def read(path: str) -> Source:
+    """A ``.place`` file's text, decoded and size-checked (errors point at the file)."""
+    return read_source(path)
+
+
+def parse(source: Source | str, path: str = "<text>") -> ast.File:
+    """The AST of a source, or of a text named ``path`` in messages."""
+    return parse_source(source if isinstance(source, Source) else Source(path, source))
+
+
+def derive_step(config: Config) -> Step:
+    """The canonical step of a configuration: what its presets do in one training step."""
+    return canonical.derive(config)
+
+
+def costs(strategy: Strategy, *, symbolic: bool = False) -> Costs:
+    """Per-device memory and per-step communication; with ``symbolic`` as SymPy expressions."""
+    return analyse(strategy, symbolic=symbolic)
+
+
 def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verification:
-    from placeverify.verify import verify as run_checks  # z3 is imported only when verifying
+    """Gradient integrity, state consistency and composition safety, each proved, refuted or
+    unknown."""
+    # Deferred so that z3 is loaded only by the commands that verify (check --no-verify and
+    # compare without --verify start faster); placeverify.verify does not import this module.
+    from placeverify.verify import verify as run_checks
 
     started = time.perf_counter()
     verification = run_checks(strategy, timeout_ms=timeout_ms)
@@ -25,6 +75,7 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verifica
 
 def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
           timeout_ms: int = DEFAULT_TIMEOUT_MS) -> CheckResult:
+    """``placeverify check``: load a file, derive its costs and verify it."""
     strategy = load(path)
     return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
                           timeout_ms=timeout_ms)
@@ -32,25 +83,8 @@ def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
 
 def check_strategy(strategy: Strategy, *, verify_conditions: bool = True, formulas: bool = False,
                    timeout_ms: int = DEFAULT_TIMEOUT_MS) -> CheckResult:
-    costs = analyse(strategy)
+    """Costs (and with ``formulas`` their symbolic form) and verification of a lowered strategy."""
+    exact = analyse(strategy)
     symbolic = analyse(strategy, symbolic=True) if formulas else None
     verification = verify(strategy, timeout_ms) if verify_conditions else None
-    return CheckResult(strategy, costs, verification, symbolic)
-
-
-def resize(strategy: Strategy, sizes: dict[str, int]) -> Strategy:
-    """The same strategy on a mesh with some axes resized (pipeline micro-batches unchanged).
-
-    A canonical step is derived again for the new mesh (it depends on which axes have more than
-    one rank); a step written in the file is kept as written. Divisibility of the model's
-    dimensions is not re-checked: replay and counterexample search use small meshes on purpose.
-    """
-    from placeverify.lower import canonical
-
-    unknown = set(sizes) - set(strategy.mesh.names)
-    if unknown:
-        raise ValueError(f"no such axes: {sorted(unknown)}")
-    resized = replace(strategy, config=replace(strategy.config, mesh=strategy.mesh.with_sizes(sizes)))
-    if strategy.step.canonical:
-        resized = replace(resized, step=canonical.derive(resized.config))
-    return resized
+    return CheckResult(strategy, exact, verification, symbolic)

@@ -25,10 +25,10 @@ torch = pytest.importorskip("torch")
 
 from placeverify.backend.runtime import run_jobs  # noqa: E402
 from placeverify.cost.implementations.params import mlp_params, transformer_params  # noqa: E402
+from placeverify.cost.implementations.spec import Implementation, Mlp, OptimizerKind, RunSpec  # noqa: E402
 from placeverify.ir.model import LLAMA3_8B, Transformer  # noqa: E402
 from placeverify.ir.placement import Schedule  # noqa: E402
 from placeverify.measure.compare import compare_rows  # noqa: E402
-from placeverify.measure.spec import Implementation, Mlp, OptimizerKind, RunSpec  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

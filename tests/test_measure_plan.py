@@ -14,13 +14,13 @@ from rich.console import Console
 
 from placeverify.backend import runtime
 from placeverify.cost.implementations import predict
+from placeverify.cost.implementations.spec import Implementation, OptimizerKind
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.ir.placement import Schedule
 from placeverify.lower import load
 from placeverify.measure import cli as measure_cli
 from placeverify.measure.compare import compare, comparison_document
 from placeverify.measure.plan import plan
-from placeverify.measure.spec import Implementation, OptimizerKind
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = ROOT / "examples" / "measure"

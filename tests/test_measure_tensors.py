@@ -23,10 +23,10 @@ from placeverify.cost.implementations import predict
 from placeverify.cost.implementations.common import chunk
 from placeverify.cost.implementations.ddp import ddp_buckets
 from placeverify.cost.implementations.params import transformer_params
+from placeverify.cost.implementations.spec import Implementation, Mlp, OptimizerKind, RunSpec
 from placeverify.cost.implementations.zero1 import zero_partition
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Schedule
-from placeverify.measure.spec import Implementation, Mlp, OptimizerKind, RunSpec
 
 A = Transformer(layers=1, hidden=16, heads=2, kv_heads=2, ffn=24, gated=False, vocab=37, seq=8,
                 micro_batch=2, tied_embeddings=True, position="rotary", norm="layernorm",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from placeverify.diagnostics import Span
+from placeverify.ir.collectives import COLLECTIVES
 from placeverify.ir.step import (
     Collective,
     CollectiveKind,
@@ -23,7 +24,6 @@ from placeverify.ir.step import (
     TargetKind,
 )
 from placeverify.lower import load_text
-from placeverify.lower.step_ops import COLLECTIVE_TARGETS
 from placeverify.semantics.buffers import (
     GRADIENT_COLLECTIVES,
     MODELLED_COLLECTIVES,
@@ -54,7 +54,7 @@ step {
 """
 
 ALL_PAIRS = list(itertools.product(CollectiveKind, TargetKind))
-LOWERED = {(kind, target) for kind, targets in COLLECTIVE_TARGETS.items() for target in targets}
+LOWERED = {(kind, target) for kind, spec in COLLECTIVES.items() for target in spec.targets}
 UNMODELLED = [pair for pair in ALL_PAIRS if pair not in MODELLED_COLLECTIVES]
 
 
@@ -139,3 +139,9 @@ def test_the_replay_refuses_an_unmodelled_collective(pair: tuple[CollectiveKind,
 ])
 def test_one_verdict_order_for_a_conjunction(parts: tuple[Verdict, ...], whole: Verdict) -> None:
     assert Verdict.worst(parts) is whole
+
+
+def test_every_collective_kind_has_one_spec() -> None:
+    # A kind the language accepts but the table forgets would lower with no targets at all.
+    assert set(COLLECTIVES) == set(CollectiveKind)
+    assert all(spec.targets for spec in COLLECTIVES.values())

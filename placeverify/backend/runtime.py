@@ -82,7 +82,8 @@ class ReplayJob(Protocol):
 
 
 class MeasureJob(Protocol):
-    """What :func:`run_jobs` needs of a measure run spec (:class:`placeverify.measure.spec.RunSpec`)."""
+    """What :func:`run_jobs` needs of a measure run spec
+    (:class:`placeverify.cost.implementations.spec.RunSpec`)."""
 
     @property
     def world(self) -> int: ...

@@ -27,6 +27,7 @@ from placeverify.cost.activations import ActivationCost, parallel_sizes
 from placeverify.cost.domain import Domain, Num
 from placeverify.cost.memory import bytes_per_element, local_params
 from placeverify.diagnostics import Span
+from placeverify.ir.collectives import COLLECTIVES
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, Schedule, State
@@ -69,12 +70,17 @@ class CommItem:
         return self.op in ("h2d", "d2h")
 
 
+KINDS = frozenset(k.value for k in CollectiveKind)
+
+
 def ring_factor(d: Domain, kind: str, n: Num) -> Num:
-    if kind == "all_reduce":
-        return 2 * (n - 1) / n
-    if kind in ("reduce_scatter", "all_gather", "broadcast", "all_to_all"):
-        return (n - 1) / n
-    return d.const(1)
+    """Bytes per payload byte a device sends: the collective's ring cost (ir.collectives), or
+    the payload itself for point-to-point and host transfers."""
+    spec = COLLECTIVES.get(CollectiveKind(kind)) if kind in KINDS else None
+    if spec is None or spec.ring_steps is None:
+        return d.const(1)
+    steps = spec.ring_steps
+    return (n - 1) / n if steps == 1 else steps.numerator * (n - 1) / n
 
 
 def group_size(d: Domain, strategy: Strategy, group: Group) -> tuple[Num, int]:

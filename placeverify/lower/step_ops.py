@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from placeverify.diagnostics import Code, Source, Span, did_you_mean
+from placeverify.ir.collectives import COLLECTIVES, REDUCE_OPS
 from placeverify.ir.mesh import Group, Mesh
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import (
@@ -35,19 +36,8 @@ from placeverify.lower.mesh import read_group
 from placeverify.lower.values import Context, value_text
 from placeverify.syntax import ast
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "send", "recv",
-       "update", "free", "clip")
+OPS = (*(k.value for k in COLLECTIVES), "update", "free", "clip")
 TARGETS = {k.value: k for k in TargetKind}
-# what each collective may act on in a step (every pair is modelled by semantics.buffers)
-COLLECTIVE_TARGETS: dict[CollectiveKind, list[TargetKind]] = {
-    CollectiveKind.ALL_REDUCE: [TargetKind.GRADS, TargetKind.TOKENS, TargetKind.OVERFLOW],
-    CollectiveKind.REDUCE_SCATTER: [TargetKind.GRADS],
-    CollectiveKind.ALL_GATHER: [TargetKind.PARAMS, TargetKind.GRADS],
-    CollectiveKind.BROADCAST: [TargetKind.PARAMS],
-    CollectiveKind.ALL_TO_ALL: [TargetKind.TOKENS],
-    CollectiveKind.SEND: [TargetKind.ACTIVATIONS],
-    CollectiveKind.RECV: [TargetKind.ACTIVATIONS],
-}
 GROUP_NAMES = {g.value: g for g in ParamGroup}
 
 
@@ -250,19 +240,19 @@ class OpReader:
         return out
 
     def collective(self, item: ast.OpStmt, kind: CollectiveKind, group: Group) -> Op | None:
-        reducing = kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER)
-        positional = ["sum", "mean", "max"] if reducing else []
-        if kind is CollectiveKind.REDUCE_SCATTER:
-            positional.append("accumulate")
+        spec = COLLECTIVES[kind]
+        reducing = spec.reduces
+        ops = [op.value for op in REDUCE_OPS] if reducing else []
+        positional = [*ops, *spec.positional]
         allowed: dict[str, Sequence[str]] = {"order": ["fixed", "rank_dependent"]}
         if reducing:
-            allowed["op"] = ["sum", "mean", "max"]
-        if kind is CollectiveKind.BROADCAST:
-            allowed["from"] = []
+            allowed["op"] = ops
+        for keyword in spec.keywords:
+            allowed[keyword] = []
         options = self.options(item, allowed, positional)
         if options is None:
             return None
-        target = self.target(item.target, COLLECTIVE_TARGETS[kind])
+        target = self.target(item.target, spec.targets)
         if target is None:
             return None
         op = ReduceOp(options["op"]) if "op" in options else (ReduceOp.SUM if reducing else None)

@@ -24,11 +24,11 @@ from placeverify.cost.communication import ring_factor
 from placeverify.cost.domain import Exact
 from placeverify.cost.implementations import predict
 from placeverify.cost.implementations.common import ELEMENT_BYTES, RankPrediction, gloo_wire_op
+from placeverify.cost.implementations.spec import Implementation, OptimizerKind, RunSpec
 from placeverify.ir.model import Model
 from placeverify.ir.precision import PRECISIONS
 from placeverify.ir.strategy import Strategy
 from placeverify.measure.plan import Plan
-from placeverify.measure.spec import Implementation, OptimizerKind, RunSpec
 
 MEASURE_SCHEMA = "placeverify.measure/1"
 ACTIVATION_TOLERANCE = 0.10

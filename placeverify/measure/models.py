@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from placeverify.cost.implementations.spec import Mlp
 from placeverify.ir.model import Transformer
-from placeverify.measure.spec import Mlp
 
 
 def _norm(arch: Transformer) -> nn.Module:

@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from placeverify.cost.implementations.params import check_params
+from placeverify.cost.implementations.spec import Implementation, Mlp, OptimizerKind, RunSpec
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Span
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import AxisPlacement, Mode, Role, Schedule, State
 from placeverify.ir.presets import hybrid
 from placeverify.ir.strategy import RecomputeKind, Strategy
-from placeverify.measure.spec import Implementation, Mlp, OptimizerKind, RunSpec
 
 MIN_WORLD, MAX_WORLD = 2, 8
 MAX_PARAMS = 20_000_000  # what a CPU core trains in seconds

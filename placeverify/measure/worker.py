@@ -33,6 +33,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from placeverify.cost.implementations.pipeline import stage_layers  # noqa: E402
+from placeverify.cost.implementations.spec import Implementation, OptimizerKind, RunSpec  # noqa: E402
 from placeverify.ir.placement import Schedule  # noqa: E402
 from placeverify.measure.models import TinyMlp, TinyTransformer, loss_fn  # noqa: E402
 from placeverify.measure.probes import (  # noqa: E402
@@ -43,7 +44,6 @@ from placeverify.measure.probes import (  # noqa: E402
     storage_bytes,
     unwrap,
 )
-from placeverify.measure.spec import Implementation, OptimizerKind, RunSpec  # noqa: E402
 
 WARMUP_STEPS = 2
 LEARNING_RATE = 1e-3

@@ -26,10 +26,10 @@ from typing import Any
 
 import z3
 
-from placeverify.api import resize
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, lower
+from placeverify.lower.resize import resize
 from placeverify.prove.claims import ClaimKind, ClaimSense
 from placeverify.prove.syntax import Claim, Rule, TApp, TBin, TElem, Term, TName, TNeg, TNum, TSum
 from placeverify.prove.tensor import prove_identity

@@ -10,7 +10,7 @@ verdict at the file's declared mesh, for ``replay trace.json`` the refutation at
 (the smallest mesh Z3 found). It runs on that mesh whenever it has at most
 :data:`MAX_DEFAULT_WORLD` devices. A larger mesh, or ``--world N``, is *resized*
 (:func:`shrink_sizes`, :func:`choose_sizes`): the strategy is re-targeted with
-:func:`placeverify.api.resize`, Z3 is asked for its verdict *at the replayed mesh* (a constant
+:func:`placeverify.lower.resize.resize`, Z3 is asked for its verdict *at the replayed mesh* (a constant
 such as ``scale grads by 1 / 4`` can be right at dp = 4 and wrong at dp = 2; a rank-dependent
 reduction order only differs bitwise with three or more ranks) and, when Z3 refutes gradient
 integrity there, token counts are picked that the exact interpreter

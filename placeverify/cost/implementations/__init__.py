@@ -6,7 +6,7 @@ details that this package reproduces tensor by tensor, so that predicted / measu
 for model states and communication. One module per implementation, each citing what it follows:
 :mod:`.ddp`, :mod:`.zero1`, :mod:`.fsdp2`, :mod:`.tp` and :mod:`.pipeline`; FSDP2 × TP composes
 :mod:`.fsdp2` over :mod:`.tp`. :data:`IMPLEMENTATIONS` says, per
-:class:`placeverify.measure.spec.Implementation`, how a rank holds each parameter and which
+:class:`placeverify.cost.implementations.spec.Implementation`, how a rank holds each parameter and which
 collectives a step runs; :mod:`.activations` counts the bytes saved for backward.
 
 This package does not import torch: the measure backend imports it, not the other way round.
@@ -29,9 +29,9 @@ from placeverify.cost.implementations.ddp import ddp_comm
 from placeverify.cost.implementations.fsdp2 import fsdp_comm, fsdp_local_shard
 from placeverify.cost.implementations.params import ParamTensor, model_params
 from placeverify.cost.implementations.pipeline import pipeline_comm, stage_shard
+from placeverify.cost.implementations.spec import Implementation, RunSpec
 from placeverify.cost.implementations.tp import tp_comm, tp_shard
 from placeverify.cost.implementations.zero1 import zero1_comm
-from placeverify.measure.spec import Implementation, RunSpec
 
 ShardRule = Callable[[RunSpec, ParamTensor, dict[str, int]], Shard | None]
 CommRule = Callable[[RunSpec, int, list[Shard], dict[str, int]], list[CommPrediction]]

@@ -18,9 +18,9 @@ from placeverify.cost.activations import layer_shape, per_layer_bytes, saved_ten
 from placeverify.cost.domain import Exact
 from placeverify.cost.implementations.common import ELEMENT_BYTES, INDEX_BYTES, chunk
 from placeverify.cost.implementations.pipeline import stage_layers
+from placeverify.cost.implementations.spec import Implementation, Mlp, RunSpec
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Schedule
-from placeverify.measure.spec import Implementation, Mlp, RunSpec
 
 
 def korthikanti_layer_bytes(arch: Transformer, tp: int = 1) -> int:

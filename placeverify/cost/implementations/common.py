@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from placeverify.cost.implementations.params import ParamTensor
-from placeverify.measure.spec import OptimizerKind, RunSpec
+from placeverify.cost.implementations.spec import OptimizerKind, RunSpec
 
 ELEMENT_BYTES = 4  # the measure backend runs in fp32
 INDEX_BYTES = 8  # int64 token indices and targets

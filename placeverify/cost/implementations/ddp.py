@@ -15,7 +15,7 @@ from placeverify.cost.implementations.common import (
     Shard,
     collective,
 )
-from placeverify.measure.spec import RunSpec
+from placeverify.cost.implementations.spec import RunSpec
 
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's default bucket_cap_mb

@@ -22,8 +22,8 @@ from placeverify.cost.implementations.common import (
     collective,
 )
 from placeverify.cost.implementations.params import ParamTensor
+from placeverify.cost.implementations.spec import RunSpec
 from placeverify.cost.implementations.tp import tp_shape
-from placeverify.measure.spec import RunSpec
 
 
 def fsdp_shard(shape: tuple[int, ...], dp: int, dp_rank: int) -> tuple[int, int]:

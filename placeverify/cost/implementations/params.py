@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from placeverify.cost.implementations.spec import Mlp, RunSpec
 from placeverify.ir.model import ParamGroup, Transformer
-from placeverify.measure.spec import Mlp, RunSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from placeverify.cost.implementations.common import (
     hidden_bytes,
 )
 from placeverify.cost.implementations.params import ParamTensor
-from placeverify.measure.spec import RunSpec
+from placeverify.cost.implementations.spec import RunSpec
 
 
 def stage_layers(spec: RunSpec, stage: int) -> range:

@@ -23,8 +23,8 @@ from placeverify.cost.implementations.common import (
     tokens,
 )
 from placeverify.cost.implementations.params import ParamTensor
+from placeverify.cost.implementations.spec import RunSpec
 from placeverify.ir.model import ParamGroup
-from placeverify.measure.spec import RunSpec
 
 
 def tp_shape(t: ParamTensor, tp: int, tp_rank: int) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from placeverify.cost.implementations.common import (
     collective,
     optimizer_bytes,
 )
-from placeverify.measure.spec import RunSpec
+from placeverify.cost.implementations.spec import RunSpec
 
 
 def zero_partition(sizes: list[int], world: int) -> list[int]:

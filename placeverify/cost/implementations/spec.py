@@ -1,9 +1,11 @@
-"""What ``placeverify measure`` runs: one torch implementation on a small mesh, as plain data.
+"""What ``placeverify measure`` runs and the per-tensor cost model predicts: one torch
+implementation on a small mesh, as plain data.
 
-:class:`RunSpec` travels as JSON from the placeverify process to the torch worker processes
-(:mod:`placeverify.measure.worker`) and is what the per-tensor cost model
-(:mod:`placeverify.cost.implementations`) predicts for. The pipeline schedule is the IR's
-:class:`placeverify.ir.placement.Schedule` (measure runs its ``gpipe`` and ``1f1b`` members).
+It lives beside the predictors (not in :mod:`placeverify.measure`) so that the cost model never
+imports the torch backend's package. :class:`RunSpec` travels as JSON from the placeverify
+process to the torch worker processes (:mod:`placeverify.measure.worker`) and is what the
+per-tensor cost model (:mod:`placeverify.cost.implementations`) predicts for. The pipeline schedule is the
+IR's :class:`placeverify.ir.placement.Schedule` (measure runs its ``gpipe`` and ``1f1b`` members).
 
 This module does not import torch.
 """

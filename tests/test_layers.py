@@ -1,0 +1,173 @@
+"""The package layers: imports go one way, and the torch backends are reached only lazily.
+
+The order (STRUCTURE.md, P4; README's module map) is
+
+    diagnostics → syntax → ir → roles → lower → {semantics, cost} → verify → {prove, report} → api → cli
+
+A module may import from its own layer or a lower one, never from a higher one. ``replay/``,
+``measure/`` and ``backend/`` are the torch backends: no core module imports them, and the CLI
+imports them only inside the command that runs them, so ``placeverify check`` never loads torch.
+A function-local import of a placeverify module in the core is allowed only where it defers a
+heavy dependency (z3, torch), listed below with its reason; one that only breaks an import cycle
+is a layering error. (Backend modules defer freely: a rank's worker process imports only what the
+rank runs.) The scan reads the source with :mod:`ast` and imports nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "placeverify"
+
+# Lowest first; a module belongs to the layer of its first dotted component below placeverify.
+LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(names) for names in (
+    ("errors", "diagnostics", "verdicts", "__init__"),
+    ("syntax",),
+    ("ir",),
+    ("roles",),
+    ("lower",),
+    ("semantics", "cost"),
+    ("evidence", "trace", "verify"),
+    ("result", "prove", "report", "console"),
+    ("api",),
+    ("cli", "__main__"),
+))
+BACKENDS = frozenset({"replay", "measure", "backend"})
+
+# Function-local imports that defer a heavy dependency, with the reason. Everything else local
+# is a cycle being broken, which the layer order should make unnecessary.
+DEFERRED: dict[str, tuple[frozenset[str], str]] = {
+    "api": (frozenset({"verify"}), "z3 is loaded only by the commands that verify"),
+    "prove": (frozenset({"cost"}), "sympy is loaded only for rules that state a cost"),
+    "cli": (frozenset({"api", "report", "prove", "trace", "replay", "measure", "backend",
+                       "importers"}),
+            "each command loads only what it runs: z3, sympy and torch stay out of start-up"),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted
+    target: str  # the imported placeverify module, dotted
+    line: int
+    local: bool  # inside a function
+
+
+def _component(dotted: str) -> str:
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _layer(component: str) -> int | None:
+    for index, names in enumerate(LAYERS):
+        if component in names:
+            return index
+    return None
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+def _imports(path: Path) -> list[Import]:
+    module = _module_name(path)
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, local: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            targets: list[str] = []
+            if isinstance(child, ast.Import):
+                targets = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (child.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [base]
+            for target in targets:
+                if target == "placeverify" or target.startswith("placeverify."):
+                    found.append(Import(module, target, child.lineno, inner))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+ALL_IMPORTS = [i for path in MODULES for i in _imports(path)]
+
+
+def test_every_module_has_a_layer_or_is_a_backend() -> None:
+    unplaced = sorted({_component(_module_name(p)) for p in MODULES}
+                      - BACKENDS - {c for names in LAYERS for c in names})
+    assert unplaced == [], f"add these packages to LAYERS or BACKENDS: {unplaced}"
+
+
+def test_the_scan_sees_imports() -> None:
+    # The scanner must find what is plainly there, or every other test here passes vacuously.
+    seen = {(i.module, i.target) for i in ALL_IMPORTS}
+    assert ("placeverify.api", "placeverify.lower") in seen
+    assert ("placeverify.cli", "placeverify.api") in seen
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_go_down_the_layers(path: Path) -> None:
+    module = _module_name(path)
+    own = _component(module)
+    if own in BACKENDS:
+        return  # the backends sit above every core layer and may use any of it
+    mine = _layer(own)
+    assert mine is not None
+    wrong = []
+    for imp in _imports(path):
+        target = _component(imp.target)
+        if target == own:
+            continue
+        if target in BACKENDS:
+            if not (own == "cli" and imp.local):
+                wrong.append(f"line {imp.line}: {imp.target} is a torch backend; only the CLI "
+                             "may import it, inside the command that runs it")
+            continue
+        theirs = _layer(target)
+        if theirs is None or theirs > mine:
+            wrong.append(f"line {imp.line}: {imp.target} is in a higher layer than {module}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_local_import_breaks_a_cycle(path: Path) -> None:
+    module = _module_name(path)
+    own = _component(module)
+    allowed, _reason = DEFERRED.get(own, (frozenset(), ""))
+    wrong = []
+    for imp in _imports(path):
+        if not imp.local:
+            continue
+        target = _component(imp.target)
+        if own in BACKENDS:
+            continue  # a rank's worker process imports only what that rank runs (start-up time)
+        if target not in allowed:
+            wrong.append(f"line {imp.line}: import of {imp.target} inside a function")
+    assert wrong == []
+
+
+def test_check_never_reaches_torch() -> None:
+    # Modules that `placeverify check` loads at import time: everything but the backends and the
+    # CLI's deferred commands. None of them names torch at module level.
+    for path in MODULES:
+        if _component(_module_name(path)) in BACKENDS:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), path
