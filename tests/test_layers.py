@@ -42,7 +42,6 @@ BACKENDS = frozenset({"replay", "measure", "backend"})
 # is a cycle being broken, which the layer order should make unnecessary.
 DEFERRED: dict[str, tuple[frozenset[str], str]] = {
     "api": (frozenset({"verify"}), "z3 is loaded only by the commands that verify"),
-    "prove": (frozenset({"cost"}), "sympy is loaded only for rules that state a cost"),
     "cli": (frozenset({"api", "report", "prove", "trace", "replay", "measure", "backend",
                        "importers"}),
             "each command loads only what it runs: z3, sympy and torch stay out of start-up"),

@@ -26,6 +26,7 @@ from typing import Any
 
 import z3
 
+from placeverify.cost import analyse
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, lower
@@ -281,9 +282,7 @@ def _sympy_of(term: Term, symbols: dict[str, Any]) -> Any:
 
 
 def _cost(rule: Rule, strategy: Strategy, claim: Claim) -> ClaimResult:
-    import sympy
-
-    from placeverify.cost import analyse
+    import sympy  # loaded only for rules that state a cost
 
     costs = analyse(strategy, symbolic=True)
     domain: Any = costs.domain
