@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "placeverify"
-LINE = re.compile(r"^- `(placeverify/[\w/]*(?:\.py|/))`(?:, `[\w/.]+`)*: \S")
+LINE = re.compile(r"^- `(placeverify/(?:[\w/]*(?:\.py|/))?)`: \S")
 
 
 def _section() -> list[str]:
