@@ -42,7 +42,7 @@ from placeverify.verify.agreement import (
 )
 from placeverify.verify.check import Check, Context, Finding
 from placeverify.verify.dropout import rng_obligations
-from placeverify.verify.fixes import consistency_fix
+from placeverify.verify.fixes import FixCase, suggest
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.float32 import float32_text, float32_witness, fp_value
 from placeverify.verify.z3.solve import SolverStatus
@@ -54,7 +54,7 @@ METHOD_FP = "z3 (IEEE float32 sums)"
 def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
     for obligation, divergence in consistency_obligations(strategy, ctx.timeout_ms):
         if obligation.verdict is Verdict.REFUTED and obligation.fix is None:
-            obligation = replace(obligation, fix=consistency_fix(strategy, obligation, divergence))
+            obligation = replace(obligation, fix=suggest(FixCase(strategy, divergence)))
         yield Finding(obligation, divergence)
 
 
