@@ -89,14 +89,14 @@ def replay_trace(path: str, *, as_json: bool, steps: int, world: int | None, tim
     from placeverify.replay.layout import Unsupported
     from placeverify.trace import load
 
-    doc = load(path)  # a bad trace raises PlaceError: the CLI prints it
+    trace = load(path)  # a bad trace raises PlaceError: the CLI prints it
     try:
         _check_backend()
         pool().prestart()
-        plan = plan_from_trace(doc, world=world, steps=steps)
+        plan = plan_from_trace(trace, world=world, steps=steps)
         _validate(plan)
     except (BackendFailure, Unsupported, ValueError) as error:
-        return _fail(error, str(doc.get("file") or path), as_json, console, console)
+        return _fail(error, trace.file or path, as_json, console, console)
     return _run_and_report(plan, timeout, path, as_json, console, console)
 
 
