@@ -110,8 +110,8 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
         gather = _gathered_after_update(strategy, axis)
         g = z3.Real("g")
         owner = upd(theta0, g, omega0)
-        other = owner if gather is not None and gather.source == "owner" else theta0
-        if gather is not None and gather.source != "owner":
+        other = owner if gather is not None and gather.from_owner else theta0
+        if gather is not None and not gather.from_owner:
             other = theta0  # every rank takes rank `source`'s copy, stale for others' shards
             owner = theta0
         outcome = solve.check(owner != other, timeout_ms)

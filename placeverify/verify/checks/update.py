@@ -337,7 +337,7 @@ def _shards(strategy: Strategy) -> list[Obligation]:
             continue
         for op in strategy.step.post:
             if (isinstance(op, Collective) and op.kind is CollectiveKind.BROADCAST
-                    and op.target.kind is TargetKind.PARAMS and op.source != "owner"
+                    and op.target.kind is TargetKind.PARAMS and not op.from_owner
                     and op.group.covers(p.axis)):
                 out.append(Obligation(
                     Condition.GRADIENT_INTEGRITY,
