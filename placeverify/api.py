@@ -6,6 +6,7 @@ import time
 from dataclasses import replace
 
 from placeverify.cost import analyse
+from placeverify.ir import canonical
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import load
 from placeverify.result import CheckResult
@@ -45,8 +46,6 @@ def resize(strategy: Strategy, sizes: dict[str, int]) -> Strategy:
     one rank); a step written in the file is kept as written. Divisibility of the model's
     dimensions is not re-checked: replay and counterexample search use small meshes on purpose.
     """
-    from placeverify.ir import canonical
-
     unknown = set(sizes) - set(strategy.mesh.names)
     if unknown:
         raise ValueError(f"no such axes: {sorted(unknown)}")

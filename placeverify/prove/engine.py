@@ -27,6 +27,7 @@ from typing import Any
 import z3
 
 from placeverify.api import resize
+from placeverify.cost import analyse
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity
 from placeverify.ir import canonical
 from placeverify.ir.strategy import Strategy
@@ -283,8 +284,6 @@ def _sympy_of(term: Term, symbols: dict[str, Any]) -> Any:
 
 def _cost(rule: Rule, strategy: Strategy, claim: Claim) -> ClaimResult:
     import sympy
-
-    from placeverify.cost import analyse
 
     costs = analyse(strategy, symbolic=True)
     domain: Any = costs.domain

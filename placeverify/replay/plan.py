@@ -31,9 +31,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from placeverify.api import resize
+from placeverify.api import verify as api_verify
+from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
+from placeverify.ir import canonical
 from placeverify.ir.placement import Role
 from placeverify.ir.relations import batch_axes, sample_axes
 from placeverify.ir.strategy import Strategy
+from placeverify.lower import load_text
+from placeverify.semantics.groups import group_view
+from placeverify.semantics.interpreter import run, uniform_instance
 from placeverify.trace import AtomCount, Trace
 from placeverify.verdicts import ObligationKind, Verdict, Verification
 
@@ -141,10 +148,6 @@ class Plan:
 
 def strategy_of(spec: RunSpec) -> Strategy:
     """Lower the spec's source and re-target it to the spec's mesh (worker and parent alike)."""
-    from placeverify.api import resize
-    from placeverify.ir import canonical
-    from placeverify.lower import load_text
-
     strategy = resize(load_text(spec.source, spec.path), spec.sizes)
     if spec.canonical:
         strategy = replace(strategy, step=canonical.derive(strategy.config), config=replace(
@@ -172,8 +175,6 @@ def expectation(verification: Verification) -> Expectation:
 def verify(strategy: Strategy, timeout_ms: int, attempts: int = 3) -> Expectation:
     """Z3's verdict; an *unknown* is asked again (the solver's search is randomised, and a
     floating-point query that times out once often succeeds on the next try)."""
-    from placeverify.api import verify as api_verify
-
     result = expectation(api_verify(strategy, timeout_ms))
     for _ in range(attempts - 1):
         if result.verdict is not Verdict.UNKNOWN:
@@ -287,9 +288,6 @@ def pick_counts(strategy: Strategy, sizes: dict[str, int], m: int,
                 want_divergence: bool) -> tuple[AtomCounts, AtomCounts, bool]:
     """Token and sample counts per atom; with ``want_divergence``, counts the exact interpreter
     shows diverging for some parameter group (unequal counts). Returns (tokens, samples, found)."""
-    from placeverify.semantics.groups import group_view
-    from placeverify.semantics.interpreter import run, uniform_instance
-
     keys = atom_keys(strategy, sizes, m)
     rng = random.Random(7)
     first: tuple[dict[Any, int], dict[Any, int]] | None = None
@@ -355,9 +353,6 @@ def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
                     timeout_ms: int = 10_000) -> Plan:
     """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`) on the
     trace's mesh, or on ``world`` processes."""
-    from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
-    from placeverify.lower import load_text
-
     path = trace.file or "<trace>"
     strategy = load_text(trace.source, path)
     unknown = set(trace.mesh) - set(strategy.mesh.names)
@@ -428,8 +423,6 @@ def _control(path: str, main: RunSpec,
     twin = _twin_path(path if path != "<trace>" else "")
     if twin is not None:
         try:
-            from placeverify.lower import load_text
-
             text = twin.read_text(encoding="utf-8")
             fixed = load_text(text, str(twin))
         except Exception:  # a broken twin only loses the twin: the canonical step still runs
