@@ -1014,7 +1014,7 @@ def check_text(text: str, path: str, timeout_ms: int) -> dict[str, Any]:
         "conditions": verification.verdicts(),
         "unknown": sorted({f"{o.condition.value}: {o.kind}: {o.reason}"
                            for o in verification.obligations if o.verdict.value == "unknown"}),
-        "trace": verification.trace,
+        "trace": verification.trace.to_json() if verification.trace is not None else None,
         "seconds": round(time.perf_counter() - started, 4),
     }
     first = verification.first_refuted()
@@ -1122,12 +1122,13 @@ def replay(mutant: Mutant, world: int, timeout: float = REPLAY_TIMEOUT) -> dict[
     from placeverify.replay.cli import execute
     from placeverify.replay.layout import Unsupported, layout_of
     from placeverify.replay.plan import plan_from_strategy, plan_from_trace, strategy_of
+    from placeverify.trace import Trace
 
     started = time.perf_counter()
     try:
         trace = mutant.check.get("trace")
         if mutant.verdict == "refuted" and trace is not None:
-            plan = plan_from_trace(trace, world=world, steps=REPLAY_STEPS)
+            plan = plan_from_trace(Trace.from_json(trace), world=world, steps=REPLAY_STEPS)
         else:
             plan = plan_from_strategy(load_text(mutant.text, mutant.path), world=world,
                                       steps=REPLAY_STEPS)

@@ -166,10 +166,11 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
-        from placeverify.report.compare import compare_document, render_compare
+        from placeverify.compare_cli import compare_files
+        from placeverify.report.compare import render_compare
 
         paths = expand_paths(files)
-        document, codes = compare_document(paths, with_verdicts)
+        document, codes = compare_files(paths, with_verdicts)
         if as_json:
             emit_json(document)
         else:

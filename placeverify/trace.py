@@ -10,6 +10,10 @@ mesh found), ``microbatches``, ``tokens`` and ``samples`` ([{coords, microbatch,
 interpreter), ``devices`` ([{coords, steps: [{op, line, microbatch, grads, shard}], consumed}]),
 ``reference`` (the single-device value), ``values`` (solver values for non-gradient evidence).
 Rationals are strings "p/q". Traces are written atomically and loaded with a schema check.
+
+:class:`Trace` is the document as typed data: :meth:`Trace.to_json` writes exactly the keys and
+order above, :meth:`Trace.from_json` reads them back and refuses a missing key or a wrong type
+(:class:`TraceError`, an input error).
 """
 
 from __future__ import annotations
@@ -17,75 +21,298 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from placeverify import __version__
-from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
+from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source, Span
+from placeverify.errors import PlaceverifyError
 from placeverify.evidence import Counterexample, Divergence, Evidence
+from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import group_view
-from placeverify.verdicts import Obligation
+from placeverify.syntax.source import MAX_FILE_BYTES, decode_text
+from placeverify.verdicts import Condition, Obligation, ObligationKind
 
 SCHEMA = "placeverify.trace/1"
 MAX_TRACE_BYTES = 8 << 20
 REQUIRED = ("schema", "source", "condition", "kind", "mesh", "microbatches")
+KEYS = ("schema", "placeverify", "file", "source", "strategy", "condition", "kind", "claim",
+        "reason", "fix", "line", "column", "group", "mesh", "microbatches", "tokens", "samples",
+        "gradients", "devices", "reference", "values")
+
+Coords = dict[str, int]
+T = TypeVar("T")
+
+
+class TraceError(PlaceverifyError):
+    """A trace document that is not a well-formed ``placeverify.trace/1`` (an input error)."""
+
+    def __init__(self, message: str, code: Code = Code.TRACE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class AtomCount:
+    """One atom's token or sample count (``tokens`` and ``samples`` rows)."""
+
+    coords: Coords
+    microbatch: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AtomGradient:
+    """The gradient sum of one atom's chunk (a ``gradients`` row), a rational as ``"p/q"``."""
+
+    coords: Coords
+    microbatch: int
+    chunk: Coords
+    sum: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One statement's effect on a device's gradient buffer (a device's ``steps`` row)."""
+
+    op: str
+    line: int | None
+    microbatch: int | None
+    grads: str
+    shard: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRun:
+    """What one device of the counterexample mesh does (a ``devices`` row)."""
+
+    coords: Coords
+    steps: tuple[StepRow, ...]
+    consumed: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A counterexample trace, schema ``placeverify.trace/1`` (see the module doc)."""
+
+    placeverify: str
+    file: str | None
+    source: str
+    strategy: str | None
+    condition: Condition
+    kind: ObligationKind
+    claim: str
+    reason: str
+    fix: str | None
+    line: int | None
+    column: int | None
+    group: ParamGroup | None
+    mesh: Coords
+    microbatches: int
+    tokens: tuple[AtomCount, ...]
+    samples: tuple[AtomCount, ...]
+    gradients: tuple[AtomGradient, ...]
+    devices: tuple[DeviceRun, ...]
+    reference: str | None  # the single-device gradient
+    values: Mapping[str, Any]  # solver values for non-gradient evidence (free-form JSON)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document, keys in schema order."""
+        return {
+            "schema": SCHEMA,
+            "placeverify": self.placeverify,
+            "file": self.file,
+            "source": self.source,
+            "strategy": self.strategy,
+            "condition": self.condition.value,
+            "kind": self.kind.value,
+            "claim": self.claim,
+            "reason": self.reason,
+            "fix": self.fix,
+            "line": self.line,
+            "column": self.column,
+            "group": None if self.group is None else self.group.value,
+            "mesh": self.mesh,
+            "microbatches": self.microbatches,
+            "tokens": [{"coords": t.coords, "microbatch": t.microbatch, "tokens": t.count}
+                       for t in self.tokens],
+            "samples": [{"coords": t.coords, "microbatch": t.microbatch, "samples": t.count}
+                        for t in self.samples],
+            "gradients": [{"coords": g.coords, "microbatch": g.microbatch, "chunk": g.chunk,
+                           "sum": g.sum} for g in self.gradients],
+            "devices": [{"coords": d.coords,
+                         "steps": [{"op": s.op, "line": s.line, "microbatch": s.microbatch,
+                                    "grads": s.grads, "shard": s.shard} for s in d.steps],
+                         "consumed": d.consumed} for d in self.devices],
+            "reference": self.reference,
+            "values": self.values,
+        }
+
+    @staticmethod
+    def from_json(doc: object) -> Trace:
+        """Read a parsed JSON document; a wrong schema, a missing key or a wrong type raises
+        :class:`TraceError`."""
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+            raise TraceError(f"not a {SCHEMA} trace (schema: {found!r})")
+        missing = [k for k in REQUIRED if k not in doc] or [k for k in KEYS if k not in doc]
+        if missing:
+            raise TraceError("trace lacks " + ", ".join(missing))
+        source = _typed(doc, "source", str, "a string")
+        if len(source) > MAX_FILE_BYTES:
+            raise TraceError("trace source is too large", Code.TOO_LARGE)
+        mesh = doc["mesh"]
+        if not isinstance(mesh, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and 1 <= v <= 64 for k, v in mesh.items()):
+            raise TraceError("trace mesh must map axis names to sizes 1..64")
+        if not isinstance(doc["microbatches"], int) or not 1 <= doc["microbatches"] <= 1024:
+            raise TraceError("trace microbatches must be 1..1024")
+        group = doc["group"]
+        return Trace(
+            placeverify=_typed(doc, "placeverify", str, "a string"),
+            file=_optional(doc, "file", str, "a string or null"),
+            source=source,
+            strategy=_optional(doc, "strategy", str, "a string or null"),
+            condition=_enum(doc, "condition", Condition),
+            kind=_enum(doc, "kind", ObligationKind),
+            claim=_typed(doc, "claim", str, "a string"),
+            reason=_typed(doc, "reason", str, "a string"),
+            fix=_optional(doc, "fix", str, "a string or null"),
+            line=_optional(doc, "line", int, "an integer or null"),
+            column=_optional(doc, "column", int, "an integer or null"),
+            group=None if group is None else _enum(doc, "group", ParamGroup),
+            mesh=mesh,
+            microbatches=doc["microbatches"],
+            tokens=_rows(doc, "tokens", "{coords, microbatch, tokens}", _count("tokens")),
+            samples=_rows(doc, "samples", "{coords, microbatch, samples}", _count("samples")),
+            gradients=_rows(doc, "gradients", "{coords, microbatch, chunk, sum}", _gradient),
+            devices=_rows(doc, "devices", "{coords, steps, consumed}", _device),
+            reference=_optional(doc, "reference", str, "a string or null"),
+            values=_typed(doc, "values", dict, "an object"),
+        )
+
+
+def _typed(doc: Mapping[str, Any], key: str, kind: type[T], what: str) -> T:
+    value = doc[key]
+    if not isinstance(value, kind):
+        raise TraceError(f"trace {key} must be {what}")
+    return value
+
+
+def _optional(doc: Mapping[str, Any], key: str, kind: type[T], what: str) -> T | None:
+    return None if doc[key] is None else _typed(doc, key, kind, what)
+
+
+def _enum(doc: Mapping[str, Any], key: str, kind: Callable[[str], T]) -> T:
+    value = doc[key]
+    try:
+        return kind(value)
+    except ValueError:
+        raise TraceError(f"trace {key} {value!r} is not known") from None
+
+
+def _coords(value: object) -> Coords:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int)
+                                              for k, v in value.items()):
+        raise ValueError
+    return value
+
+
+def _maybe(value: object, kind: type[T]) -> T | None:
+    if value is not None and not isinstance(value, kind):
+        raise ValueError
+    return value
+
+
+def _exact(value: object, kind: type[T]) -> T:
+    if not isinstance(value, kind):
+        raise ValueError
+    return value
+
+
+def _count(name: str) -> Callable[[dict[str, Any]], AtomCount]:
+    def read(row: dict[str, Any]) -> AtomCount:
+        return AtomCount(_coords(row["coords"]), _exact(row["microbatch"], int),
+                         _exact(row[name], int))
+
+    return read
+
+
+def _gradient(row: dict[str, Any]) -> AtomGradient:
+    return AtomGradient(_coords(row["coords"]), _exact(row["microbatch"], int),
+                        _coords(row["chunk"]), _exact(row["sum"], str))
+
+
+def _step(row: object) -> StepRow:
+    row = _exact(row, dict)
+    return StepRow(_exact(row["op"], str), _maybe(row["line"], int), _maybe(row["microbatch"], int),
+                   _exact(row["grads"], str), _maybe(row["shard"], str))
+
+
+def _device(row: dict[str, Any]) -> DeviceRun:
+    return DeviceRun(_coords(row["coords"]), tuple(_step(s) for s in _exact(row["steps"], list)),
+                     _maybe(row["consumed"], str))
+
+
+def _rows(doc: Mapping[str, Any], key: str, shape: str,
+          read: Callable[[dict[str, Any]], T]) -> tuple[T, ...]:
+    rows = doc[key]
+    try:
+        return tuple(read(_exact(row, dict)) for row in _exact(rows, list))
+    except (KeyError, ValueError):
+        raise TraceError(f"trace {key} must be a list of {shape}") from None
 
 
 def _fraction(value: Fraction | None) -> str | None:
     return None if value is None else str(value)
 
 
-def build(strategy: Strategy, obligation: Obligation,
-          evidence: Evidence | None) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schema": SCHEMA,
-        "placeverify": __version__,
-        "file": strategy.source.path,
-        "source": strategy.source.text,
-        "strategy": strategy.name,
-        "condition": obligation.condition.value,
-        "kind": obligation.kind,
-        "claim": obligation.claim,
-        "reason": obligation.reason,
-        "fix": obligation.fix,
-        "line": obligation.span.line if obligation.span else None,
-        "column": obligation.span.column if obligation.span else None,
-        "group": None,
-        "mesh": {a.name: a.size for a in strategy.mesh.axes},
-        "microbatches": strategy.step.microbatches,
-        "tokens": [], "samples": [], "gradients": [], "devices": [],
-        "reference": None,
-        "values": obligation.counterexample or {},
-    }
+def build(strategy: Strategy, obligation: Obligation, evidence: Evidence | None) -> Trace:
+    """The trace of a refuted obligation and its evidence (a counterexample's exact run, or a
+    divergence's solver values)."""
+    values = obligation.counterexample or {}
+    group = None
+    mesh = {a.name: a.size for a in strategy.mesh.axes}
+    microbatches = strategy.step.microbatches
+    tokens: tuple[AtomCount, ...] = ()
+    samples: tuple[AtomCount, ...] = ()
+    gradients: tuple[AtomGradient, ...] = ()
+    devices: tuple[DeviceRun, ...] = ()
+    reference = None
     if isinstance(evidence, Counterexample | Divergence):
         view = group_view(strategy, evidence.group)
-        doc.update(group=evidence.group.value, mesh=dict(evidence.sizes),
-                   microbatches=evidence.microbatches)
+        group, mesh, microbatches = evidence.group, dict(evidence.sizes), evidence.microbatches
         if isinstance(evidence, Divergence) and evidence.values:
-            doc["values"] = evidence.values
+            values = evidence.values
         instance = evidence.instance
         if instance is not None:
-            doc["tokens"] = [{"coords": dict(zip(view.batch, b, strict=True)), "microbatch": k,
-                              "tokens": n} for (b, k), n in sorted(instance.tokens.items())]
-            doc["samples"] = [{"coords": dict(zip(view.batch, b, strict=True)), "microbatch": k,
-                               "samples": n} for (b, k), n in sorted(instance.samples.items())]
-            doc["gradients"] = [{"coords": dict(zip(view.batch, b, strict=True)), "microbatch": k,
-                                 "chunk": dict(zip(view.extra, e, strict=True)), "sum": str(g)}
-                                for (b, k, e), g in sorted(instance.grads.items())]
+            tokens = tuple(AtomCount(dict(zip(view.batch, b, strict=True)), k, n)
+                           for (b, k), n in sorted(instance.tokens.items()))
+            samples = tuple(AtomCount(dict(zip(view.batch, b, strict=True)), k, n)
+                            for (b, k), n in sorted(instance.samples.items()))
+            gradients = tuple(AtomGradient(dict(zip(view.batch, b, strict=True)), k,
+                                           dict(zip(view.extra, e, strict=True)), str(g))
+                              for (b, k, e), g in sorted(instance.grads.items()))
         run = evidence.run
         if run is not None:
-            doc["devices"] = [{
-                "coords": d.coords,
-                "steps": [{"op": op, "line": line, "microbatch": k, "grads": str(full),
-                           "shard": _fraction(shard)} for op, line, k, full, shard in d.rows],
-                "consumed": _fraction(d.consumed)} for d in run.devices]
-            doc["reference"] = str(run.reference)
-    return doc
+            devices = tuple(DeviceRun(d.coords, tuple(
+                StepRow(op, line, k, str(full), _fraction(shard))
+                for op, line, k, full, shard in d.rows), _fraction(d.consumed))
+                for d in run.devices)
+            reference = str(run.reference)
+    span = obligation.span
+    return Trace(__version__, strategy.source.path, strategy.source.text, strategy.name,
+                 obligation.condition, obligation.kind, obligation.claim, obligation.reason,
+                 obligation.fix, span.line if span else None, span.column if span else None,
+                 group, mesh, microbatches, tokens, samples, gradients, devices, reference, values)
 
 
-def write(trace: dict[str, Any], path: str) -> None:
+def write(trace: Trace, path: str) -> None:
     """Write atomically: a reader never sees half a trace, and an old file is never lost."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
@@ -96,7 +323,7 @@ def write(trace: dict[str, Any], path: str) -> None:
                                      Code.READ)], Source(path, ""), ExitCode.READ_ERROR) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(trace, handle, indent=2, ensure_ascii=False)
+            json.dump(trace.to_json(), handle, indent=2, ensure_ascii=False)
             handle.write("\n")
         os.replace(temporary, target)
     except BaseException:
@@ -104,10 +331,8 @@ def write(trace: dict[str, Any], path: str) -> None:
         raise
 
 
-def load(path: str) -> dict[str, Any]:
+def load(path: str) -> Trace:
     """Read and validate a trace (JSON only: nothing in it is evaluated or unpickled)."""
-    from placeverify.syntax.source import MAX_FILE_BYTES, decode_text
-
     p = Path(path)
     source = Source(path, "")
     if not p.is_file():
@@ -120,27 +345,10 @@ def load(path: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
-        from placeverify.diagnostics import Span
-
         raise PlaceError([Diagnostic(Severity.ERROR, f"not a JSON trace: {err.msg}", Code.TRACE,
                                      Span.point(err.lineno, err.colno))], Source(path, text)) from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise PlaceError([Diagnostic(Severity.ERROR, f"not a {SCHEMA} trace (schema: {found!r})",
-                                     Code.TRACE)], Source(path, text))
-    missing = [k for k in REQUIRED if k not in doc]
-    if missing:
-        raise PlaceError([Diagnostic(Severity.ERROR, "trace lacks " + ", ".join(missing),
-                                     Code.TRACE)], Source(path, text))
-    if len(doc["source"]) > MAX_FILE_BYTES:
-        raise PlaceError([Diagnostic(Severity.ERROR, "trace source is too large", Code.TOO_LARGE)],
-                         source)
-    mesh = doc["mesh"]
-    if not isinstance(mesh, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and 1 <= v <= 64 for k, v in mesh.items()):
-        raise PlaceError([Diagnostic(Severity.ERROR, "trace mesh must map axis names to sizes "
-                                     "1..64", Code.TRACE)], Source(path, text))
-    if not isinstance(doc["microbatches"], int) or not 1 <= doc["microbatches"] <= 1024:
-        raise PlaceError([Diagnostic(Severity.ERROR, "trace microbatches must be 1..1024",
-                                     Code.TRACE)], Source(path, text))
-    return doc
+    try:
+        return Trace.from_json(doc)
+    except TraceError as err:
+        where = source if err.code is Code.TOO_LARGE else Source(path, text)
+        raise PlaceError([Diagnostic(Severity.ERROR, err.message, err.code)], where) from None

@@ -8,9 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from placeverify.diagnostics import Span
+
+if TYPE_CHECKING:  # placeverify.trace reads Condition and ObligationKind from here
+    from placeverify.trace import Trace
 
 
 class Verdict(StrEnum):
@@ -86,7 +89,7 @@ class Obligation:
 @dataclass(frozen=True, slots=True)
 class Verification:
     obligations: tuple[Obligation, ...]
-    trace: dict[str, Any] | None = None  # the counterexample trace of the first refutation
+    trace: Trace | None = None  # the counterexample trace of the first refutation
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
 

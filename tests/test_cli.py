@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from placeverify.api import check
 from placeverify.diagnostics import ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,6 +266,8 @@ def test_a_failed_trace_write_keeps_the_old_file(tmp_path: Path, monkeypatch: py
 
     out = tmp_path / "trace.json"
     out.write_text('{"old": true}\n', encoding="utf-8")
+    refuted = check(str(EXAMPLES / "bugs/missing-allreduce.place")).verification
+    assert refuted is not None and refuted.trace is not None
 
     def explode(document: Any, handle: Any, **_: Any) -> None:
         handle.write('{"half": ')
@@ -272,6 +275,6 @@ def test_a_failed_trace_write_keeps_the_old_file(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(json, "dump", explode)  # the module trace.write calls
     with pytest.raises(OSError):
-        trace.write({"schema": trace.SCHEMA}, str(out))
+        trace.write(refuted.trace, str(out))
     assert json.loads(out.read_text(encoding="utf-8")) == {"old": True}
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]

@@ -42,6 +42,7 @@ from placeverify.replay.plan import (
     shrink_sizes,
     strategy_of,
 )
+from placeverify.trace import Trace
 from placeverify.verdicts import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,12 +56,11 @@ def torch_test(f: Any) -> Any:
     return pytest.mark.torch(needs_torch(f))
 
 
-def trace_of(path: str) -> dict[str, Any]:
+def trace_of(path: str) -> Trace:
     result = check(str(ROOT / path))
     assert result.verification is not None and result.verification.trace is not None
-    doc: dict[str, Any] = json.loads(json.dumps(result.verification.trace))
-    doc["file"] = path  # relative to ROOT, so that the fixed twin is found from the tests' cwd
-    return doc
+    # file relative to ROOT, so that the fixed twin is found from the tests' cwd
+    return replace(result.verification.trace, file=path)
 
 
 # A step whose 1/16 is 1/|dp * cp| written as a number: right at the declared 4 x 4 mesh only.
@@ -180,7 +180,7 @@ def test_counts_picked_at_a_new_mesh_diverge_in_the_exact_interpreter() -> None:
 
 def test_a_reduction_order_only_differs_with_three_ranks() -> None:
     doc = trace_of("examples/bugs/rank-dependent-order.place")
-    assert doc["mesh"] == {"dp": 3}
+    assert doc.mesh == {"dp": 3}
     two = plan_from_trace(doc, world=2, steps=1)
     assert two.expect.verdict is Verdict.PROVED
     assert two.control_origin == "examples/ok/rank-dependent-order-fixed.place"
@@ -195,7 +195,8 @@ def test_the_control_of_a_file_outside_examples_is_the_canonical_step(tmp_path: 
     mine = tmp_path / "mine.place"
     mine.write_text(text, encoding="utf-8")
     doc = check(str(mine)).verification.trace  # type: ignore[union-attr]
-    plan = plan_from_trace(json.loads(json.dumps(doc)), world=2, steps=1)
+    assert doc is not None
+    plan = plan_from_trace(doc, world=2, steps=1)
     assert plan.control_origin == "canonical step"
     assert plan.control is not None and plan.control.canonical
     assert plan.control_expect is not None and plan.control_expect.verdict is Verdict.PROVED
@@ -220,7 +221,8 @@ def test_check_replays_the_declared_mesh_up_to_eight_devices() -> None:
 def test_a_refuted_file_is_replayed_at_its_declared_mesh_with_its_control() -> None:
     result = check(str(EXAMPLES / "bugs/zero1-no-allgather.place"))
     assert result.verification is not None
-    assert result.verification.trace["mesh"] != {"dp": 8}  # type: ignore[index]
+    assert result.verification.trace is not None
+    assert result.verification.trace.mesh != {"dp": 8}
     plan = plan_from_strategy(result.strategy, known=result.verification)
     assert plan.main.sizes == {"dp": 8} and not plan.resized
     assert plan.claim.verdict is plan.expect.verdict is Verdict.REFUTED
@@ -249,9 +251,9 @@ def test_a_mesh_above_eight_devices_is_shrunk_and_asked_again() -> None:
 def test_a_trace_replays_at_its_own_mesh_and_shrinks_only_above_eight() -> None:
     doc = trace_of("examples/bugs/missing-allreduce.place")
     own = plan_from_trace(doc, world=None, steps=1)
-    assert own.main.sizes == doc["mesh"] == own.claim.sizes and not own.resized
+    assert own.main.sizes == doc.mesh == own.claim.sizes and not own.resized
     assert own.claim.origin == "trace" and own.claim.verdict is Verdict.REFUTED
-    big = plan_from_trace({**doc, "mesh": {"dp": 12}}, world=None, steps=1)
+    big = plan_from_trace(replace(doc, mesh={"dp": 12}), world=None, steps=1)
     assert big.main.sizes == {"dp": 8} and big.claim.sizes == {"dp": 12} and big.resized
     assert big.resize_reason is not None and "trace's mesh has 12 devices" in big.resize_reason
     assert big.expect.verdict is Verdict.REFUTED and big.same_verdict
@@ -828,6 +830,17 @@ def test_cli_rejects_a_bad_trace(tmp_path: Path) -> None:
     assert "not a placeverify.trace/1 trace" in done.stderr
     missing = run("replay", str(tmp_path / "nothing.json"))
     assert missing.returncode == ExitCode.READ_ERROR
+    good = trace_of("examples/bugs/missing-allreduce.place").to_json()
+    for broken, message in (({**good, "tokens": {"dp": 1}}, "trace tokens must be a list of"),
+                            ({**good, "line": "3"}, "trace line must be an integer or null"),
+                            ({**good, "kind": "nonsense"}, "trace kind 'nonsense' is not known"),
+                            ({k: v for k, v in good.items() if k != "devices"},
+                             "trace lacks devices"),
+                            ({k: v for k, v in good.items() if k != "mesh"}, "trace lacks mesh")):
+        bad.write_text(json.dumps(broken), encoding="utf-8")
+        done = run("replay", str(bad))
+        assert done.returncode == ExitCode.INPUT_ERROR, done.stderr
+        assert message in done.stderr
 
 
 @torch_test

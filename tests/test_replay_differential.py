@@ -16,7 +16,6 @@ All runs share one warm forkserver; the whole file takes about a minute on two c
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -82,8 +81,8 @@ def test_bug_replay_agrees_with_z3(replay_pool: Any, path: Path, world: int) -> 
     result = check(relative)
     assert result.verification is not None
     assert result.verification.overall() is Verdict.REFUTED, "every bug example is refuted"
-    trace = json.loads(json.dumps(result.verification.trace))
-    plan = plan_from_trace(trace, world=world, steps=3)
+    assert result.verification.trace is not None
+    plan = plan_from_trace(result.verification.trace, world=world, steps=3)
     assert plan.main.world == world
     if plan.expect.verdict is Verdict.UNKNOWN:
         pytest.xfail(f"Z3 returned unknown at {plan.main.sizes} (nothing to compare with)")
@@ -142,9 +141,9 @@ def test_check_replay_confirms_the_declared_mesh(replay_pool: Any, path: Path) -
 def test_the_bugs_diverge_by_far_more_than_rounding(replay_pool: Any) -> None:
     """The separation the tolerance relies on, measured: a wrong coefficient moves the
     parameters by orders of magnitude more than a correct run's rounding."""
-    bug = plan_from_trace(json.loads(json.dumps(check("examples/bugs/double-division.place")
-                                                .verification.trace)),  # type: ignore[union-attr]
-                          world=2, steps=3)
+    trace = check("examples/bugs/double-division.place").verification.trace  # type: ignore[union-attr]
+    assert trace is not None
+    bug = plan_from_trace(trace, world=2, steps=3)
     report = _run(bug)
     assert report.control is not None
     wrong = report.main.outcome.max_vs_reference

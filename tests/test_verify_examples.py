@@ -84,8 +84,8 @@ def test_bug_is_refuted_with_the_right_condition_line_and_kind(name: str) -> Non
     assert first is not None and first.span is not None
     assert first.span.line == marked_line(path), first
     trace = verification.trace
-    assert trace is not None and trace["kind"] == kind
-    assert trace["condition"] == first.condition.value
+    assert trace is not None and trace.kind == kind
+    assert trace.condition is first.condition
     assert all(o.verdict is not Verdict.UNKNOWN for o in verification.obligations)
 
 
@@ -105,16 +105,17 @@ def test_the_trace_round_trips_through_its_schema(tmp_path: Path) -> None:
     out = tmp_path / "trace.json"
     write(result.verification.trace, str(out))
     loaded = load(str(out))
-    assert loaded["schema"] == SCHEMA
+    assert loaded == result.verification.trace
+    assert json.loads(out.read_text())["schema"] == SCHEMA
+    assert out.read_text() == json.dumps(loaded.to_json(), indent=2, ensure_ascii=False) + "\n"
     # the example: dp = 1, micro-batch 0 has 1 token, micro-batch 1 has 3 (or any
     # unequal pair); the consumed gradient differs from the single-device one on some device
-    assert loaded["microbatches"] == 2
-    counts = sorted(t["tokens"] for t in loaded["tokens"])
+    assert loaded.microbatches == 2
+    counts = sorted(t.count for t in loaded.tokens)
     assert len(set(counts)) > 1
-    assert any(d["consumed"] != loaded["reference"] for d in loaded["devices"])
+    assert any(d.consumed != loaded.reference for d in loaded.devices)
     # the trace carries the source text, not a pickle, and nothing else is needed to replay it
-    assert loaded["source"] == (EXAMPLES / "bugs" / "ga-token-normalisation.place").read_text()
-    json.dumps(loaded)
+    assert loaded.source == (EXAMPLES / "bugs" / "ga-token-normalisation.place").read_text()
 
 
 def test_ga_counterexample_values_match_a_hand_computation() -> None:
@@ -122,13 +123,13 @@ def test_ga_counterexample_values_match_a_hand_computation() -> None:
     result = check(str(EXAMPLES / "bugs" / "ga-token-normalisation.place"))
     trace = result.verification.trace  # type: ignore[union-attr]
     assert trace is not None
-    tokens = {t["microbatch"]: t["tokens"] for t in trace["tokens"]}
-    sums = {g["microbatch"]: float(eval_fraction(g["sum"])) for g in trace["gradients"]}
+    tokens = {t.microbatch: t.count for t in trace.tokens}
+    sums = {g.microbatch: float(eval_fraction(g.sum)) for g in trace.gradients}
     per_microbatch_means = [sums[k] / tokens[k] for k in sorted(tokens)]
     buggy = sum(per_microbatch_means) / len(per_microbatch_means)
     reference = sum(sums.values()) / sum(tokens.values())
-    assert float(eval_fraction(trace["devices"][0]["consumed"])) == pytest.approx(buggy)
-    assert float(eval_fraction(trace["reference"])) == pytest.approx(reference)
+    assert float(eval_fraction(trace.devices[0].consumed or "")) == pytest.approx(buggy)
+    assert float(eval_fraction(trace.reference or "")) == pytest.approx(reference)
     assert buggy != pytest.approx(reference)
 
 

@@ -20,6 +20,8 @@ from placeverify.diagnostics import Span
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
 
+OWNER = "owner"  # a broadcast's source when each shard comes from its owner (Collective.source)
+
 
 class CountKind(StrEnum):
     TOKENS = "tokens"
@@ -174,7 +176,12 @@ class Collective:
     span: Span
     accumulate: bool = False  # reduce_scatter(sum, accumulate): shard += instead of shard =
     order: Order = Order.FIXED
-    source: str = "owner"  # broadcast: "owner" (each shard from its owner) or a rank index
+    source: str = OWNER  # broadcast: OWNER (each shard from its owner) or a rank index
+
+    @property
+    def from_owner(self) -> bool:
+        """A broadcast that sends each shard from the rank that owns it (``from = owner``)."""
+        return self.source == OWNER
 
     def label(self) -> str:
         opts = [o for o in (self.op.value if self.op else None,

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from placeverify.backend.runtime import BackendFailure, run_workers
 from placeverify.diagnostics import ExitCode, PlaceError
+from placeverify.lower import load
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document, model_text
 from placeverify.measure.plan import plan
 
@@ -32,8 +33,6 @@ def _stderr() -> Console:
 
 def measure_file(path: str, *, as_json: bool, timeout: float, console: Console) -> ExitCode:
     """Measure one ``.place`` file; print the comparison on ``console``; the exit code."""
-    from placeverify.lower import load
-
     err = _stderr()
     try:
         strategy = load(path)

@@ -1,5 +1,6 @@
-"""The words a rule file's claims are classified by (:class:`placeverify.prove.syntax.Claim`
-keeps them as parsed; these enums name the values the engine dispatches on)."""
+"""The words a rule file's claims are classified by: :class:`placeverify.prove.syntax.Claim`
+stores them, and the engine dispatches on them. The values are the words of the rule grammar
+(and of ``prove --json``)."""
 
 from __future__ import annotations
 

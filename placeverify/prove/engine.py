@@ -62,7 +62,7 @@ class ClaimResult:
         """True if the claim came out as the rule states, False if opposite, None if unknown."""
         if self.verdict is Verdict.UNKNOWN:
             return None
-        return (self.verdict is Verdict.PROVED) == (self.claim.expect == ClaimSense.PROVE)
+        return (self.verdict is Verdict.PROVED) == (self.claim.expect is ClaimSense.PROVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,7 @@ def check_rule(rule: Rule, timeout_ms: int) -> RuleResult:
     results = []
     for claim in rule.claims:
         t0 = time.perf_counter()
-        if claim.kind == ClaimKind.IDENTITY:
+        if claim.kind is ClaimKind.IDENTITY:
             assert claim.left is not None and claim.right is not None
             minimums = {b.name: (b.minimum if b.minimum is not None else 0) for b in rule.bounds}
             outcome = prove_identity(claim.left, claim.right, rule.lets, minimums, timeout_ms)
@@ -105,7 +105,7 @@ def check_rule(rule: Rule, timeout_ms: int) -> RuleResult:
             raise PlaceError([Diagnostic(Severity.ERROR, f"'{claim.kind}' claims are about a "
                                          "strategy; give its model, mesh and placements",
                                          Code.RULE, claim.span)], rule.source)
-        elif claim.kind == ClaimKind.CONDITIONS:
+        elif claim.kind is ClaimKind.CONDITIONS:
             result = _conditions(rule, strategy, claim, bounds, timeout_ms)
         else:
             result = _cost(rule, strategy, claim)
@@ -127,7 +127,7 @@ def _strategy(rule: Rule) -> Strategy | None:
 def _quantified(rule: Rule, strategy: Strategy, bounds: dict[str, Any]) -> tuple[list[str], bool]:
     axes = [a for a in strategy.mesh.names if a in bounds]
     unknown = [b for b in bounds if b not in strategy.mesh.names and b != "microbatches"]
-    if unknown and not any(c.kind == ClaimKind.IDENTITY for c in rule.claims):
+    if unknown and not any(c.kind is ClaimKind.IDENTITY for c in rule.claims):
         raise PlaceError([Diagnostic(
             Severity.ERROR, f"'for every {unknown[0]}': not a mesh axis of this strategy "
             f"(axes: {', '.join(strategy.mesh.names)}) nor 'microbatches'", Code.RULE,
@@ -286,7 +286,7 @@ def _cost(rule: Rule, strategy: Strategy, claim: Claim) -> ClaimResult:
 
     costs = analyse(strategy, symbolic=True)
     domain: Any = costs.domain
-    if claim.kind == ClaimKind.MEMORY:
+    if claim.kind is ClaimKind.MEMORY:
         device = costs.device_bytes()
         table = {**device, "host": costs.host_bytes(),
                  "states": device["params"] + device["optimizer"] + device["gradients"]}

@@ -17,6 +17,7 @@ from lark import Lark, Token, v_args
 from lark.exceptions import UnexpectedInput
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
+from placeverify.prove.claims import ClaimKind, ClaimSense
 from placeverify.syntax import ast
 from placeverify.syntax.errors import syntax_diagnostic
 from placeverify.syntax.grammar import PARSER_OPTIONS, grammar_path
@@ -101,8 +102,8 @@ class Let:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    expect: str  # "prove" or "refute"
-    kind: str  # conditions | memory | communication | identity
+    expect: ClaimSense
+    kind: ClaimKind
     span: Span
     text: str
     conditions: tuple[str, ...] = ()
@@ -203,16 +204,16 @@ class RuleBuilder(AstBuilder):
                 meta_span(meta))
 
     def conditions(self, meta: Any, children: list[Token]) -> dict[str, Any]:
-        return {"kind": "conditions", "conditions": tuple(str(c) for c in children)}
+        return {"kind": ClaimKind.CONDITIONS, "conditions": tuple(str(c) for c in children)}
 
     def memory_claim(self, meta: Any, children: list[Any]) -> dict[str, Any]:
-        return {"kind": "memory", "key": str(children[0]), "right": children[1]}
+        return {"kind": ClaimKind.MEMORY, "key": str(children[0]), "right": children[1]}
 
     def communication_claim(self, meta: Any, children: list[Any]) -> dict[str, Any]:
-        return {"kind": "communication", "key": str(children[0]), "right": children[1]}
+        return {"kind": ClaimKind.COMMUNICATION, "key": str(children[0]), "right": children[1]}
 
     def identity_claim(self, meta: Any, children: list[Any]) -> dict[str, Any]:
-        return {"kind": "identity", "left": children[0], "right": children[1]}
+        return {"kind": ClaimKind.IDENTITY, "left": children[0], "right": children[1]}
 
     def prove_stmt(self, meta: Any, children: list[Any]) -> tuple[str, Any, Span]:
         return ("prove", children[0], meta_span(meta))
@@ -249,7 +250,7 @@ def parse_rule(source: Source) -> Rule:
                 rule.lets[value.name] = value
             else:
                 text = _text(source, span).removeprefix(tag).strip()
-                rule.claims.append(Claim(tag, value["kind"], span, text,
+                rule.claims.append(Claim(ClaimSense(tag), value["kind"], span, text,
                                          value.get("conditions", ()), value.get("key", ""),
                                          value.get("left"), value.get("right")))
         else:

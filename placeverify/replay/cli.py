@@ -37,13 +37,16 @@ from placeverify.backend.available import torch_available
 from placeverify.backend.runtime import BackendFailure, FailureKind, pool
 from placeverify.diagnostics import ExitCode
 from placeverify.replay.compare import outcome
+from placeverify.replay.layout import Unsupported, layout_of
 from placeverify.replay.plan import (
     DEFAULT_STEPS,
     Plan,
     plan_from_strategy,
     plan_from_trace,
+    strategy_of,
 )
 from placeverify.replay.report import SCHEMA, Report, RunReport, document, render
+from placeverify.trace import load
 
 # ---- running ---------------------------------------------------------------------------------------
 
@@ -86,17 +89,14 @@ def _failure_report(failure: BackendFailure, source: str) -> dict[str, Any]:
 def replay_trace(path: str, *, as_json: bool, steps: int, world: int | None, timeout: float,
                  console: Console) -> ExitCode:
     """``placeverify replay trace.json``."""
-    from placeverify.replay.layout import Unsupported
-    from placeverify.trace import load
-
-    doc = load(path)  # a bad trace raises PlaceError: the CLI prints it
+    trace = load(path)  # a bad trace raises PlaceError: the CLI prints it
     try:
         _check_backend()
         pool().prestart()
-        plan = plan_from_trace(doc, world=world, steps=steps)
+        plan = plan_from_trace(trace, world=world, steps=steps)
         _validate(plan)
     except (BackendFailure, Unsupported, ValueError) as error:
-        return _fail(error, str(doc.get("file") or path), as_json, console, console)
+        return _fail(error, trace.file or path, as_json, console, console)
     return _run_and_report(plan, timeout, path, as_json, console, console)
 
 
@@ -104,8 +104,6 @@ def replay_result(result: Any, *, as_json: bool, console: Console) -> ExitCode:
     """``placeverify check --replay``: replay the file's step at its declared mesh (or a smaller
     one, see the module doc), judged against the check's verdict there. With ``--json`` the
     replay document goes to stderr, so that stdout stays the check document."""
-    from placeverify.replay.layout import Unsupported
-
     verification = result.verification
     path = result.strategy.source.path
     out = Console(stderr=True, highlight=False, markup=False, soft_wrap=True) if as_json else console
@@ -123,8 +121,6 @@ def replay_result(result: Any, *, as_json: bool, console: Console) -> ExitCode:
 
 def replay_document(result: Any, *, timeout: float = 120.0) -> tuple[ExitCode, dict[str, Any]]:
     """``check --replay --json``: the replay's document, to embed under "replay" in the check's."""
-    from placeverify.replay.layout import Unsupported
-
     verification = result.verification
     path = result.strategy.source.path
     try:
@@ -142,9 +138,6 @@ def replay_document(result: Any, *, timeout: float = 120.0) -> tuple[ExitCode, d
 
 def _validate(plan: Plan) -> None:
     """Fail early, in this process, on a strategy the replay model cannot split."""
-    from placeverify.replay.layout import layout_of
-    from placeverify.replay.plan import strategy_of
-
     for spec in (plan.main, plan.control):
         if spec is not None:
             layout_of(strategy_of(spec))

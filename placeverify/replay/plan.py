@@ -31,9 +31,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from placeverify.api import verify as api_verify
+from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.ir.placement import Role
 from placeverify.ir.strategy import Strategy
+from placeverify.lower import canonical, load_text
+from placeverify.lower.resize import resize
 from placeverify.roles.relations import batch_axes, sample_axes
+from placeverify.semantics.groups import group_view
+from placeverify.semantics.interpreter import run, uniform_instance
+from placeverify.trace import AtomCount, Trace
 from placeverify.verdicts import ObligationKind, Verdict, Verification
 
 DEFAULT_STEPS = 3
@@ -140,9 +147,6 @@ class Plan:
 
 def strategy_of(spec: RunSpec) -> Strategy:
     """Lower the spec's source and re-target it to the spec's mesh (worker and parent alike)."""
-    from placeverify.api import resize
-    from placeverify.lower import canonical, load_text
-
     strategy = resize(load_text(spec.source, spec.path), spec.sizes)
     if spec.canonical:
         strategy = replace(strategy, step=canonical.derive(strategy.config), config=replace(
@@ -170,8 +174,6 @@ def expectation(verification: Verification) -> Expectation:
 def verify(strategy: Strategy, timeout_ms: int, attempts: int = 3) -> Expectation:
     """Z3's verdict; an *unknown* is asked again (the solver's search is randomised, and a
     floating-point query that times out once often succeeds on the next try)."""
-    from placeverify.api import verify as api_verify
-
     result = expectation(api_verify(strategy, timeout_ms))
     for _ in range(attempts - 1):
         if result.verdict is not Verdict.UNKNOWN:
@@ -285,9 +287,6 @@ def pick_counts(strategy: Strategy, sizes: dict[str, int], m: int,
                 want_divergence: bool) -> tuple[AtomCounts, AtomCounts, bool]:
     """Token and sample counts per atom; with ``want_divergence``, counts the exact interpreter
     shows diverging for some parameter group (unequal counts). Returns (tokens, samples, found)."""
-    from placeverify.semantics.groups import group_view
-    from placeverify.semantics.interpreter import run, uniform_instance
-
     keys = atom_keys(strategy, sizes, m)
     rng = random.Random(7)
     first: tuple[dict[Any, int], dict[Any, int]] | None = None
@@ -319,34 +318,22 @@ def _listed(counts: dict[tuple[tuple[int, ...], int], int]) -> AtomCounts:
     return [(b, k, n) for (b, k), n in sorted(counts.items())]
 
 
-def trace_counts(doc: dict[str, Any], strategy: Strategy, sizes: dict[str, int],
+def trace_counts(trace: Trace, strategy: Strategy, sizes: dict[str, int],
                  m: int) -> tuple[AtomCounts, AtomCounts] | None:
     """The trace's own per-atom counts, when they cover every atom of this mesh."""
     axes = batch_axes(strategy)
     keys = set(atom_keys(strategy, sizes, m))
 
-    def read(rows: Any, field_name: str) -> dict[tuple[tuple[int, ...], int], int] | None:
+    def read(rows: tuple[AtomCount, ...]) -> dict[tuple[tuple[int, ...], int], int] | None:
         out: dict[tuple[tuple[int, ...], int], int] = {}
-        if not isinstance(rows, list):
-            return None
         for row in rows:
-            if not isinstance(row, dict) or not isinstance(row.get("coords"), dict):
+            if set(row.coords) != set(axes) or row.count < 1:
                 return None
-            coords = row["coords"]
-            if set(coords) != set(axes):
-                return None
-            try:
-                b = tuple(int(coords[a]) for a in axes)
-                k, n = int(row["microbatch"]), int(row[field_name])
-            except (KeyError, TypeError, ValueError):
-                return None
-            if n < 1:
-                return None
-            out[(b, k)] = n
+            out[(tuple(row.coords[a] for a in axes), row.microbatch)] = row.count
         return out if set(out) == keys else None
 
-    tokens = read(doc.get("tokens"), "tokens")
-    samples = read(doc.get("samples"), "samples")
+    tokens = read(trace.tokens)
+    samples = read(trace.samples)
     if tokens is None:
         return None
     if samples is None:
@@ -357,33 +344,29 @@ def trace_counts(doc: dict[str, Any], strategy: Strategy, sizes: dict[str, int],
 # ---- plans ---------------------------------------------------------------------------------------
 
 
-def _trace_sizes(doc: dict[str, Any], strategy: Strategy) -> dict[str, int]:
-    mesh = doc.get("mesh") or {}
-    return {a: int(mesh.get(a, 1)) for a in strategy.mesh.names}
+def _trace_sizes(trace: Trace, strategy: Strategy) -> dict[str, int]:
+    return {a: trace.mesh.get(a, 1) for a in strategy.mesh.names}
 
 
-def plan_from_trace(doc: dict[str, Any], *, world: int | None, steps: int,
+def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
                     timeout_ms: int = 10_000) -> Plan:
     """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`) on the
     trace's mesh, or on ``world`` processes."""
-    from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
-    from placeverify.lower import load_text
-
-    path = str(doc.get("file") or "<trace>")
-    strategy = load_text(doc["source"], path)
-    unknown = set(doc["mesh"]) - set(strategy.mesh.names)
+    path = trace.file or "<trace>"
+    strategy = load_text(trace.source, path)
+    unknown = set(trace.mesh) - set(strategy.mesh.names)
     if unknown:
         raise PlaceError([Diagnostic(Severity.ERROR, "trace mesh names axes the strategy does not "
                                      f"have: {', '.join(sorted(unknown))}", Code.TRACE)],
                          Source(path, ""))
-    keep = _trace_sizes(doc, strategy)
+    keep = _trace_sizes(trace, strategy)
     notes: list[str] = []
     sizes, reason = _replayed_sizes(strategy, keep, world, "trace's mesh")
-    m = int(doc["microbatches"])
-    spec_base = RunSpec("trace", doc["source"], path, sizes, m, False, [], [], steps)
+    m = trace.microbatches
+    spec_base = RunSpec("trace", trace.source, path, sizes, m, False, [], [], steps)
     resized = strategy_of(spec_base)
     expect = verify(resized, timeout_ms)
-    counts = trace_counts(doc, resized, sizes, m) if sizes == keep else None
+    counts = trace_counts(trace, resized, sizes, m) if sizes == keep else None
     tokens, samples = _counts(resized, sizes, m, expect, counts, notes)
     main = replace(spec_base, tokens=tokens, samples=samples)
     control, control_expect, origin = _control(path, main, timeout_ms)
@@ -419,10 +402,10 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
         claimed = (known.overall() if known is not None
                    else verify(strategy, timeout_ms).verdict)
     counts = None
-    if known is not None and known.trace is not None and sizes == declared:
-        doc = json.loads(json.dumps(known.trace))
-        if _trace_sizes(doc, strategy) == sizes and int(doc["microbatches"]) == m:
-            counts = trace_counts(doc, resized, sizes, m)
+    trace = known.trace if known is not None else None
+    if trace is not None and sizes == declared and _trace_sizes(trace, strategy) == sizes \
+            and trace.microbatches == m:
+        counts = trace_counts(trace, resized, sizes, m)
     tokens, samples = _counts(resized, sizes, m, expect, counts, notes)
     main = replace(base, tokens=tokens, samples=samples)
     control = control_expect = origin = None
@@ -439,8 +422,6 @@ def _control(path: str, main: RunSpec,
     twin = _twin_path(path if path != "<trace>" else "")
     if twin is not None:
         try:
-            from placeverify.lower import load_text
-
             text = twin.read_text(encoding="utf-8")
             fixed = load_text(text, str(twin))
         except Exception:  # a broken twin only loses the twin: the canonical step still runs

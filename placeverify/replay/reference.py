@@ -26,6 +26,7 @@ from fractions import Fraction
 import torch
 
 from placeverify.ir.precision import LossScale
+from placeverify.ir.step import Clip
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.replay.data import SITES, Dropout, make_atom, reference_nonces
 from placeverify.replay.layout import Layout, ModelConfig, ParamSpec
@@ -56,8 +57,6 @@ class Setup:
 
     @property
     def max_norm(self) -> float | None:
-        from placeverify.ir.step import Clip
-
         if self.strategy.clip is not None:
             return float(self.strategy.clip.max_norm)
         clips = [op for op in self.strategy.step.ops() if isinstance(op, Clip)]

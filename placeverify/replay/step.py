@@ -58,7 +58,7 @@ from placeverify.ir.strategy import Strategy
 from placeverify.replay import comm
 from placeverify.replay.buffers import Buffers
 from placeverify.replay.collectives import RankCollectives
-from placeverify.replay.data import loss_weights, make_atom
+from placeverify.replay.data import layer_seed, loss_weights, make_atom
 from placeverify.replay.layout import Unsupported, gathered_axes
 from placeverify.replay.reference import LEARNING_RATE, MOMENTUM, NORM_EPS
 from placeverify.roles.relations import relation
@@ -164,8 +164,6 @@ class RankRun(RankCollectives):
             x.requires_grad_(True)
 
         def seed_layer(i: int) -> None:
-            from placeverify.replay.data import layer_seed
-
             torch.manual_seed(layer_seed(s.seed, t, k, model.dropout.stream_layer(i, self.coords)))
 
         h = model.layers(x, seed_layer)

@@ -11,48 +11,39 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from placeverify.api import check
-from placeverify.console import print_errors, verdict_exit
 from placeverify.cost import whole
-from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.report.text import VERDICT_STYLE
+from placeverify.result import CheckResult
 from placeverify.verdicts import Verdict
 
 COMPARE_SCHEMA = "placeverify.compare/1"
 
 
-def compare_document(paths: list[str], with_verdicts: bool) -> tuple[dict[str, Any], list[ExitCode]]:
-    rows: list[dict[str, Any]] = []
-    codes: list[ExitCode] = []
-    for path in paths:
-        try:
-            result = check(path, verify_conditions=with_verdicts)
-        except PlaceError as error:
-            print_errors(error)
-            codes.append(error.exit_code)
-            continue
-        s, costs = result.strategy, result.costs
-        device = costs.device_bytes()
-        row: dict[str, Any] = {
-            "file": path,
-            "strategy": s.name,
-            "placement": {p.axis: p.tuple_text() for p in s.placements},
-            "presets": {p.axis: p.preset for p in s.placements},
-            "mesh": {a.name: a.size for a in s.mesh.axes},
-            "memory": {k: whole(v) for k, v in device.items()},
-            "host_bytes": whole(costs.host_bytes()),
-            "state_traffic_bytes": whole(costs.state_bytes()),
-            "traffic_bytes": whole(costs.network_bytes()),
-            "bubble_fraction": None if costs.bubble is None else float(Fraction(costs.bubble)),
-            "fits": None if s.mesh.device_memory is None else
-            whole(device["total"]) <= s.mesh.device_memory,
-        }
-        if result.verification is not None:
-            row["verdicts"] = result.verification.verdicts()
-            codes.append(verdict_exit(result.verification.overall()))
-        else:
-            codes.append(ExitCode.OK)
-        rows.append(row)
+def compare_row(path: str, result: CheckResult) -> dict[str, Any]:
+    """One strategy's row of the comparison (``verdicts`` only when it was verified)."""
+    s, costs = result.strategy, result.costs
+    device = costs.device_bytes()
+    row: dict[str, Any] = {
+        "file": path,
+        "strategy": s.name,
+        "placement": {p.axis: p.tuple_text() for p in s.placements},
+        "presets": {p.axis: p.preset for p in s.placements},
+        "mesh": {a.name: a.size for a in s.mesh.axes},
+        "memory": {k: whole(v) for k, v in device.items()},
+        "host_bytes": whole(costs.host_bytes()),
+        "state_traffic_bytes": whole(costs.state_bytes()),
+        "traffic_bytes": whole(costs.network_bytes()),
+        "bubble_fraction": None if costs.bubble is None else float(Fraction(costs.bubble)),
+        "fits": None if s.mesh.device_memory is None else
+        whole(device["total"]) <= s.mesh.device_memory,
+    }
+    if result.verification is not None:
+        row["verdicts"] = result.verification.verdicts()
+    return row
+
+
+def compare_document(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The comparison document: the rows, with ratios against the first (the baseline)."""
     if rows:
         base_memory = rows[0]["memory"]["total"]
         base_traffic = rows[0]["state_traffic_bytes"]
@@ -60,7 +51,7 @@ def compare_document(paths: list[str], with_verdicts: bool) -> tuple[dict[str, A
             row["memory_ratio"] = _ratio(row["memory"]["total"], base_memory)
             row["traffic_ratio"] = _ratio(row["state_traffic_bytes"], base_traffic)
     return {"schema": COMPARE_SCHEMA, "baseline": rows[0]["file"] if rows else None,
-            "strategies": rows}, codes
+            "strategies": rows}
 
 
 def _ratio(value: int, base: int) -> float | None:

@@ -13,6 +13,7 @@ from rich.text import Text
 from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES
 from placeverify.report.data import formulas_document, step_lines
+from placeverify.report.trace_text import render_trace
 from placeverify.result import CheckResult
 from placeverify.verdicts import CONDITIONS, Verdict
 
@@ -200,8 +201,6 @@ def render_verification(result: CheckResult, console: Console) -> None:
         if o.fix:
             console.print(Text(f"  fix: {o.fix}", style="cyan"))
     if verification.trace is not None:
-        from placeverify.report.trace_text import render_trace
-
         console.print()
         render_trace(verification.trace, console)
     console.print()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from placeverify.trace import Trace
 
 MAX_DEVICES = 4
 
@@ -26,24 +27,24 @@ def _coords(coords: dict[str, int]) -> str:
     return ", ".join(f"{a} {c}" for a, c in coords.items()) or "device 0"
 
 
-def render_trace(trace: dict[str, Any], console: Console) -> None:
-    condition = trace["condition"].replace("_", " ")
-    group = f", {trace['group']} parameters" if trace.get("group") else ""
+def render_trace(trace: Trace, console: Console) -> None:
+    condition = trace.condition.value.replace("_", " ")
+    group = f", {trace.group.value} parameters" if trace.group is not None else ""
     console.print(Text(f"counterexample ({condition}{group})", style="bold"))
-    mesh = ", ".join(f"{a} = {n}" for a, n in trace["mesh"].items())
-    console.print(f"  mesh: {mesh}; microbatches = {trace['microbatches']}")
-    if trace["tokens"]:
+    mesh = ", ".join(f"{a} = {n}" for a, n in trace.mesh.items())
+    console.print(f"  mesh: {mesh}; microbatches = {trace.microbatches}")
+    if trace.tokens:
         parts = []
-        for t in trace["tokens"]:
-            where = _coords(t["coords"]) + ", " if t["coords"] else ""
-            parts.append(f"{where}micro-batch {t['microbatch']}: {t['tokens']} token"
-                         f"{'s' if t['tokens'] != 1 else ''}")
+        for t in trace.tokens:
+            where = _coords(t.coords) + ", " if t.coords else ""
+            parts.append(f"{where}micro-batch {t.microbatch}: {t.count} token"
+                         f"{'s' if t.count != 1 else ''}")
         console.print("  tokens: " + "; ".join(parts[:8]) + ("; ..." if len(parts) > 8 else ""))
-    if trace["gradients"]:
-        parts = [f"{_num(g['sum'])}" for g in trace["gradients"][:8]]
+    if trace.gradients:
+        parts = [f"{_num(g.sum)}" for g in trace.gradients[:8]]
         console.print("  gradient sum of each micro-batch's tokens (distinct, so any wrong weight "
-                      "shows): " + ", ".join(parts) + (", ..." if len(trace["gradients"]) > 8 else ""))
-    devices = trace["devices"]
+                      "shows): " + ", ".join(parts) + (", ..." if len(trace.gradients) > 8 else ""))
+    devices = trace.devices
     if devices:
         shown = devices[:MAX_DEVICES]
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
@@ -51,25 +52,25 @@ def render_trace(trace: dict[str, Any], console: Console) -> None:
         table.add_column("statement")
         table.add_column("mb", justify="right")
         for d in shown:
-            table.add_column(_coords(d["coords"]), justify="right")
-        for i, step in enumerate(shown[0]["steps"]):
+            table.add_column(_coords(d.coords), justify="right")
+        for i, step in enumerate(shown[0].steps):
             cells = []
             for d in shown:
-                s = d["steps"][i]
-                cells.append(_num(s["shard"]) + " (shard)" if s["shard"] is not None
-                             else _num(s["grads"]))
-            mb = "" if step["microbatch"] is None else str(step["microbatch"])
-            table.add_row(str(step["line"] or ""), step["op"], mb, *cells)
+                s = d.steps[i]
+                cells.append(_num(s.shard) + " (shard)" if s.shard is not None
+                             else _num(s.grads))
+            mb = "" if step.microbatch is None else str(step.microbatch)
+            table.add_row(str(step.line or ""), step.op, mb, *cells)
         table.add_row("", Text("optimizer consumes", style="bold"), "",
-                      *[Text(_num(d["consumed"]), style="bold red"
-                             if d["consumed"] != trace["reference"] else "bold") for d in shown])
-        table.add_row("", "single-device gradient", "", *[_num(trace["reference"]) for _ in shown])
+                      *[Text(_num(d.consumed), style="bold red"
+                             if d.consumed != trace.reference else "bold") for d in shown])
+        table.add_row("", "single-device gradient", "", *[_num(trace.reference) for _ in shown])
         console.print(table)
         if len(devices) > MAX_DEVICES:
             console.print(f"  ({len(devices) - MAX_DEVICES} more devices in the JSON trace)",
                           style="dim")
-    elif trace.get("values", {}).get("devices"):
-        rows = trace["values"]["devices"]
+    elif trace.values.get("devices"):
+        rows = trace.values["devices"]
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         table.add_column("device")
         keys = [k for k in rows[0] if k not in ("coords", "note")]
@@ -80,10 +81,10 @@ def render_trace(trace: dict[str, Any], console: Console) -> None:
             table.add_row(_coords(row["coords"]), *[str(row.get(k, "")) for k in keys],
                           row.get("note", ""))
         console.print(table)
-    elif trace.get("values"):
-        for key, value in trace["values"].items():
+    elif trace.values:
+        for key, value in trace.values.items():
             console.print(f"  {key.replace('_', ' ')}: {value}")
-    where = f"{trace['file']}:{trace['line']}" if trace.get("line") else trace["file"]
-    console.print(f"  fails at {where}: {trace['claim']}")
-    if trace.get("fix"):
-        console.print(Text(f"  fix: {trace['fix']}", style="cyan"))
+    where = f"{trace.file}:{trace.line}" if trace.line else str(trace.file)
+    console.print(f"  fails at {where}: {trace.claim}")
+    if trace.fix:
+        console.print(Text(f"  fix: {trace.fix}", style="cyan"))

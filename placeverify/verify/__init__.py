@@ -8,10 +8,8 @@ counterexample trace (:mod:`placeverify.trace`) the torch replay backend can run
 
 from __future__ import annotations
 
-from typing import Any
-
 from placeverify.ir.strategy import Strategy
-from placeverify.trace import build
+from placeverify.trace import Trace, build
 from placeverify.verdicts import Verdict, Verification
 from placeverify.verify.check import Context, Finding, run_check
 from placeverify.verify.checks import CHECKS
@@ -25,7 +23,7 @@ def verify(strategy: Strategy, timeout_ms: int = 10_000) -> Verification:
                         notes)
 
 
-def _trace(strategy: Strategy, findings: list[Finding]) -> dict[str, Any] | None:
+def _trace(strategy: Strategy, findings: list[Finding]) -> Trace | None:
     for found in findings:
         if found.obligation.verdict is Verdict.REFUTED:
             return build(strategy, found.obligation, found.evidence)

@@ -15,6 +15,7 @@ from placeverify.ir.step import Region, Seed
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics import rng
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
+from placeverify.verify.fixes import FixCase, suggest
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.solve import SolverStatus
 
@@ -91,18 +92,14 @@ def _rng_obligation(strategy: Strategy, axis: str, region: Region, differ: bool,
                   f"{seed_values[1]}) in a region whose activations are replicated over "
                   f"{axis}: the ranks drop different elements, so the replicated activations, and "
                   "the replicated LayerNorm parameters trained on them, diverge")
-        fix = (f"seed dropout(replicated) same over {axis}: replicated regions need one random "
-               "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
-               "Megatron-DeepSpeed#276)")
     else:
         reason = (f"every rank along {axis} uses dropout seed {seed_values[0]}, but the ranks of "
                   f"this {role} axis hold different activation elements (other samples, "
                   "positions, heads or layers): element i of one rank and element i of another "
                   "reuse one mask draw, where single-device training draws them independently")
-        fix = (f"seed dropout({region.value}) differ over {axis}: fold the {axis} coordinate into "
-               "the dropout seed (transformers#31412 for data parallelism, PaddleFleetX#1005 for "
-               "sequence parallelism)")
+    divergence = Divergence(axis, ParamGroup.NORMS, Cause.RNG, small_mesh(strategy, axis, 2), 1,
+                            values=values)
+    fix = suggest(FixCase(strategy, divergence, {"copies": copies, "region": region.value}))
     return (Obligation(condition, claim, Verdict.REFUTED, span, ObligationKind.RNG, reason=reason,
                        counterexample=values, seconds=outcome.seconds, method=method, fix=fix),
-            Divergence(axis, ParamGroup.NORMS, Cause.RNG, small_mesh(strategy, axis, 2), 1,
-                       values=values))
+            divergence)

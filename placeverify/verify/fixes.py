@@ -1,9 +1,23 @@
-"""One-line fixes for refutations that match a known bug pattern (REFERENCE §3)."""
+"""One-line fixes for refutations that match a known bug pattern (REFERENCE §3), as one table.
+
+Every fix suggestion of the integrity, update and consistency checks, and every public issue a fix
+cites, is a row of :data:`FIXES`. A rule with a ``match`` is chosen from the evidence: the first
+rule of the table (in order) whose ``match`` answers the template's fields wins
+(:func:`suggest`). A rule without one is applied by the check that detects its pattern
+(:meth:`FixRule.text`); the check already knows it found, say, a clip after the update.
+
+Not here: :mod:`placeverify.verify.placement_step` builds each fix together with its reason from
+the placement it compares, and :mod:`placeverify.verify.checks.composition` writes its own.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
+from itertools import combinations
 
 from placeverify.evidence import Cause, Counterexample, Divergence
 from placeverify.ir.model import ParamGroup
@@ -12,69 +26,275 @@ from placeverify.ir.presets import hybrid
 from placeverify.ir.step import CollectiveKind, Free
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.roles.relations import batch_axes
-from placeverify.semantics.groups import GroupView
-from placeverify.verdicts import Obligation
+from placeverify.semantics.groups import GroupView, group_view
 from placeverify.verify.explain import has_local_count, ratio_pattern, reductions_of
 
+Fields = Mapping[str, object]
 
-def integrity_fix(strategy: Strategy, view: GroupView, found: Counterexample) -> str | None:
-    group = view.group
-    sizes = found.sizes
-    reduced = {a for op in reductions_of(strategy, group)
-               if op.kind is not CollectiveKind.ALL_GATHER for a in op.group.axes}
-    missing = [a for a in view.coordinates if a not in reduced and a not in view.routed
-               and view.size(a, sizes) > 1]
-    if group is ParamGroup.EMBEDDING and any(a in view.ends for a in missing):
-        axis = next(a for a in missing if a in view.ends)
-        return (f"all_reduce(sum) grads[embedding] over ends({axis}) before the data-parallel "
-                "reduction: both stages hold the tied embedding (Megatron's embedding group; "
-                "Megatron-LM#656)")
-    sp_axes = [a for a in missing if a in view.extra and strategy.placement(a).role is Role.TENSOR]
-    if group is ParamGroup.NORMS and sp_axes:
-        return (f"all_reduce(sum) grads[norms] over {sp_axes[0]}: under sequence parallelism each "
-                "rank sees part of the sequence, so LayerNorm gradients are partial "
-                "(gpt-neox#1257, TransformerEngine#441)")
-    if strategy.loss.kind is LossKind.TOKEN_MEAN and has_local_count(strategy) and \
-            found.microbatches > 1:
-        axes = ", ".join([*batch_axes(strategy), "step"])
-        return (f"normalise by the global token count: 'backward sum / tokens({axes})' with "
-                "sum reductions and no division by the number of micro-batches "
-                "(transformers#34191)")
-    if missing:
-        data = [a for a in missing if a in view.batch]
-        if data:
-            hsdp = [p for p in strategy.placements if hybrid(p.preset)]
-            if hsdp and data[0] == hsdp[-1].axis:
-                shard = hsdp[0].axis
-                return (f"all_reduce(sum) grads over {data[0]} after the reduce-scatter over "
-                        f"{shard}: HSDP must synchronise replicas even when the shard group has "
-                        f"{sizes.get(shard, 1)} rank (verl#7493)")
-            return (f"all_reduce(sum) grads over {' * '.join(data)} after the last micro-batch: "
-                    "without it each replica trains on its own data and they drift")
-    ratio = ratio_pattern(strategy, view, found)
-    if ratio == 0:
-        freed = [op for op in strategy.step.ops() if isinstance(op, Free)
-                 and op.target.applies_to(group)]
-        if freed:
-            return (f"'free {freed[0].target.label()}' (line {freed[0].span.line}) drops the "
-                    "gradient before the update consumes it: free after 'update params', or "
-                    "reduce-scatter into the shard first")
+
+@dataclass(frozen=True)
+class FixCase:
+    """What a rule matches on: the strategy, the refutation's evidence, and the facts the check
+    that refuted it already knows (``copies``, ``region`` for dropout). The integrity facts are
+    computed once, when a rule first asks."""
+
+    strategy: Strategy
+    evidence: Counterexample | Divergence | None
+    facts: Fields = field(default_factory=dict)
+
+    @cached_property
+    def found(self) -> Counterexample:
+        assert isinstance(self.evidence, Counterexample)
+        return self.evidence
+
+    @cached_property
+    def view(self) -> GroupView:
+        return group_view(self.strategy, self.found.group)
+
+    @cached_property
+    def missing(self) -> list[str]:
+        """Axes where the group's gradient is never reduced (and that have more than one rank)."""
+        view = self.view
+        reduced = {a for op in reductions_of(self.strategy, view.group)
+                   if op.kind is not CollectiveKind.ALL_GATHER for a in op.group.axes}
+        return [a for a in view.coordinates if a not in reduced and a not in view.routed
+                and view.size(a, self.found.sizes) > 1]
+
+    @cached_property
+    def ratio(self) -> Fraction | None:
+        return ratio_pattern(self.strategy, self.view, self.found)
+
+    @cached_property
+    def named(self) -> str | None:
+        """The product of axes whose size is the (inverse) ratio, as ``a * b``."""
+        ratio = self.ratio
+        if ratio is None or ratio == 0 or ratio == 1:
+            return None
+        return _size_product(self.strategy, self.found.sizes, ratio)
+
+
+Match = Callable[[FixCase], Fields | None]
+
+
+@dataclass(frozen=True, slots=True)
+class FixRule:
+    """A fix: ``match`` answers the template's fields where the rule applies (None: the check
+    applies it by name), ``template`` is a :meth:`str.format` template whose ``{reference[i]}``
+    are the public issues the fix cites."""
+
+    name: str
+    match: Match | None
+    template: str
+    reference: tuple[str, ...] = ()
+
+    def text(self, **fields: object) -> str:
+        return self.template.format(reference=self.reference, **fields)
+
+
+def _integrity(case: FixCase) -> bool:
+    return isinstance(case.evidence, Counterexample)
+
+
+def _tied_embedding(case: FixCase) -> Fields | None:
+    if not _integrity(case) or case.view.group is not ParamGroup.EMBEDDING:
         return None
-    if ratio is not None and ratio != 1:
-        named = _size_product(strategy, sizes, ratio)
-        if named is not None and ratio > 1:
-            cp = strategy.axes(Role.CONTEXT)
-            if cp and named == cp[0]:
-                return (f"gradients are |{named}|x too large: the loss is multiplied by |{named}| "
-                        "while the reduction over the data and context axes is scaled by the "
-                        "data-parallel size only (Megatron-LM#673)")
-            return (f"gradients are |{named}|x too large: a sum reduction over {named} without "
-                    f"dividing by |{named}|; use all_reduce(mean) or divide the loss by the global "
-                    "count")
-        if named is not None and ratio < 1:
-            return (f"gradients are |{named}|x too small: the division by |{named}| happens twice "
-                    "(the loss is already divided by the global count and the all-reduce "
-                    "averages); use all_reduce(sum) or drop one division")
+    ends = [a for a in case.missing if a in case.view.ends]
+    return {"axis": ends[0]} if ends else None
+
+
+def _sequence_parallel_norms(case: FixCase) -> Fields | None:
+    if not _integrity(case) or case.view.group is not ParamGroup.NORMS:
+        return None
+    sp_axes = [a for a in case.missing if a in case.view.extra
+               and case.strategy.placement(a).role is Role.TENSOR]
+    return {"axis": sp_axes[0]} if sp_axes else None
+
+
+def _token_mean(case: FixCase) -> Fields | None:
+    strategy = case.strategy
+    if _integrity(case) and strategy.loss.kind is LossKind.TOKEN_MEAN and \
+            has_local_count(strategy) and case.found.microbatches > 1:
+        return {"axes": ", ".join([*batch_axes(strategy), "step"])}
+    return None
+
+
+def _unreduced_data(case: FixCase) -> list[str]:
+    return [a for a in case.missing if a in case.view.batch] if _integrity(case) else []
+
+
+def _hsdp_replicas(case: FixCase) -> Fields | None:
+    data = _unreduced_data(case)
+    strategy = case.strategy
+    if data:
+        hsdp = [p for p in strategy.placements if hybrid(p.preset)]
+        if hsdp and data[0] == hsdp[-1].axis:
+            shard = hsdp[0].axis
+            return {"axis": data[0], "shard": shard, "n": case.found.sizes.get(shard, 1)}
+    return None
+
+
+def _missing_reduction(case: FixCase) -> Fields | None:
+    data = _unreduced_data(case)
+    return {"axes": " * ".join(data)} if data else None
+
+
+def _free_before_update(case: FixCase) -> Fields | None:
+    if not _integrity(case) or case.ratio != 0:
+        return None
+    freed = [op for op in case.strategy.step.ops() if isinstance(op, Free)
+             and op.target.applies_to(case.view.group)]
+    if freed:
+        return {"target": freed[0].target.label(), "line": freed[0].span.line}
+    return None
+
+
+def _too_large(case: FixCase) -> str | None:
+    ratio = case.ratio if _integrity(case) else None
+    return case.named if ratio is not None and ratio > 1 else None
+
+
+def _context_loss_scale(case: FixCase) -> Fields | None:
+    named = _too_large(case)
+    cp = case.strategy.axes(Role.CONTEXT)
+    return {"axes": named} if named is not None and cp and named == cp[0] else None
+
+
+def _sum_without_average(case: FixCase) -> Fields | None:
+    named = _too_large(case)
+    return {"axes": named} if named is not None else None
+
+
+def _double_division(case: FixCase) -> Fields | None:
+    ratio = case.ratio if _integrity(case) else None
+    if ratio is not None and ratio < 1 and case.named is not None:
+        return {"axes": case.named}
+    return None
+
+
+def _cause(cause: Cause, *, elements: bool | None = None) -> Match:
+    """A divergence of this cause; with ``elements``, only where the dropout check says the
+    region's ranks hold different elements (True) or not (False)."""
+
+    def match(case: FixCase) -> Fields | None:
+        d = case.evidence
+        if not isinstance(d, Divergence) or d.cause is not cause:
+            return None
+        if elements is not None and (case.facts.get("copies") is False) != elements:
+            return None
+        return {"axis": d.axis, **case.facts}
+
+    return match
+
+
+def _tied_embedding_copies(case: FixCase) -> Fields | None:
+    d = case.evidence
+    if isinstance(d, Divergence) and d.cause is Cause.GRADIENT and \
+            d.group is ParamGroup.EMBEDDING and d.axis in case.strategy.axes():
+        return {"axis": d.axis}
+    return None
+
+
+# Decided by the check that detects the pattern (verify.checks.update, verify.checks.integrity).
+CLIP_MISSING = FixRule(
+    "clip-missing", None,
+    "clip(max_norm = {max_norm:g}) grads over the axes where gradients are sharded, after the "
+    "last reduction and before update")
+CLIP_POSITION = FixRule(
+    "clip-position", None,
+    "clip once, after the last gradient reduction and any unscaling and before 'update params', "
+    "the gradients of every parameter group together")
+CLIP_NORM = FixRule(
+    "clip-norm", None,
+    "sum the squared norm over every axis where gradients are sharded (tp, pp, and dp under "
+    "ZeRO-2/3) and count replicated parameters once")
+CLIP_INPUT = FixRule(
+    "clip-input", None,
+    "clip after the last gradient reduction and scale (the loss normalisation and any loss-scale "
+    "unscaling), once, after the last micro-batch")
+RECOMPUTE_RNG = FixRule(
+    "recompute-rng", None,
+    "restore the RNG state before recomputing (recompute full(restore_rng = true); "
+    "torch.utils.checkpoint's preserve_rng_state; {reference[0]})", ("OLMo-core#828",))
+OVERFLOW = FixRule(
+    "overflow", None,
+    "all_reduce(max) overflow over world, after the last backward and before 'update params'")
+SHARD_MISMATCH = FixRule(
+    "shard-mismatch", None,
+    "reduce-scatter over exactly the axes the optimizer state is sharded over (and all-reduce "
+    "over the others), or all_gather the gradient before the update")
+LOST_UPDATE = FixRule(
+    "lost-update", None, "broadcast each shard from its owner (from = owner) or all_gather")
+
+FIXES: tuple[FixRule, ...] = (
+    # Integrity counterexamples (verify.checks.integrity), in order: the first match wins.
+    FixRule("tied-embedding", _tied_embedding,
+            "all_reduce(sum) grads[embedding] over ends({axis}) before the data-parallel "
+            "reduction: both stages hold the tied embedding (Megatron's embedding group; "
+            "{reference[0]})", ("Megatron-LM#656",)),
+    FixRule("sequence-parallel-norms", _sequence_parallel_norms,
+            "all_reduce(sum) grads[norms] over {axis}: under sequence parallelism each rank sees "
+            "part of the sequence, so LayerNorm gradients are partial ({reference[0]}, "
+            "{reference[1]})", ("gpt-neox#1257", "TransformerEngine#441")),
+    FixRule("token-mean", _token_mean,
+            "normalise by the global token count: 'backward sum / tokens({axes})' with sum "
+            "reductions and no division by the number of micro-batches ({reference[0]})",
+            ("transformers#34191",)),
+    FixRule("hsdp-replicas", _hsdp_replicas,
+            "all_reduce(sum) grads over {axis} after the reduce-scatter over {shard}: HSDP must "
+            "synchronise replicas even when the shard group has {n} rank ({reference[0]})",
+            ("verl#7493",)),
+    FixRule("missing-reduction", _missing_reduction,
+            "all_reduce(sum) grads over {axes} after the last micro-batch: without it each "
+            "replica trains on its own data and they drift"),
+    FixRule("free-before-update", _free_before_update,
+            "'free {target}' (line {line}) drops the gradient before the update consumes it: "
+            "free after 'update params', or reduce-scatter into the shard first"),
+    FixRule("context-loss-scale", _context_loss_scale,
+            "gradients are |{axes}|x too large: the loss is multiplied by |{axes}| while the "
+            "reduction over the data and context axes is scaled by the data-parallel size only "
+            "({reference[0]})", ("Megatron-LM#673",)),
+    FixRule("sum-without-average", _sum_without_average,
+            "gradients are |{axes}|x too large: a sum reduction over {axes} without dividing by "
+            "|{axes}|; use all_reduce(mean) or divide the loss by the global count"),
+    FixRule("double-division", _double_division,
+            "gradients are |{axes}|x too small: the division by |{axes}| happens twice (the loss "
+            "is already divided by the global count and the all-reduce averages); use "
+            "all_reduce(sum) or drop one division"),
+    # Consistency divergences (verify.checks.consistency, verify.dropout).
+    FixRule("stale-shard", _cause(Cause.STALE_SHARD),
+            "all_gather params over {axis} after the update: each rank updated only its "
+            "optimizer shard (ZeRO-1/2)"),
+    FixRule("dropout-seed-differ", _cause(Cause.RNG, elements=True),
+            "seed dropout({region}) differ over {axis}: fold the {axis} coordinate into the "
+            "dropout seed ({reference[0]} for data parallelism, {reference[1]} for sequence "
+            "parallelism)", ("transformers#31412", "PaddleFleetX#1005")),
+    FixRule("dropout-seed-same", _cause(Cause.RNG, elements=False),
+            "seed dropout(replicated) same over {axis}: replicated regions need one random "
+            "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
+            "{reference[0]})", ("Megatron-DeepSpeed#276",)),
+    FixRule("fp-order", _cause(Cause.BITWISE),
+            "reduce in one fixed order on every rank (a ring or tree all-reduce gives every rank "
+            "the same bits)"),
+    FixRule("skip", _cause(Cause.SKIP), "all_reduce(max) overflow over world"),
+    FixRule("clip-norm-divergence", _cause(Cause.CLIP),
+            "sum the squared gradient norm over every axis where ranks hold different gradients"),
+    FixRule("tied-embedding-copies", _tied_embedding_copies,
+            "all_reduce(sum) grads[embedding] over ends({axis}): the first and last stage hold "
+            "copies of the tied embedding ({reference[0]})", ("Megatron-LM#656",)),
+    FixRule("unreduced-gradient", _cause(Cause.GRADIENT),
+            "reduce the gradients over {axis} after the last backward"),
+    CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_INPUT, RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH,
+    LOST_UPDATE,
+)
+
+
+def suggest(case: FixCase) -> str | None:
+    """The fix of the first matching rule of :data:`FIXES`, or None."""
+    for rule in FIXES:
+        if rule.match is not None:
+            fields = rule.match(case)
+            if fields is not None:
+                return rule.text(**fields)
     return None
 
 
@@ -82,40 +302,7 @@ def _size_product(strategy: Strategy, sizes: dict[str, int], ratio: Fraction) ->
     target = ratio if ratio > 1 else 1 / ratio
     axes = [p.axis for p in strategy.placements if sizes[p.axis] > 1]
     for r in range(1, len(axes) + 1):
-        for combo in _combinations(axes, r):
+        for combo in combinations(axes, r):
             if math.prod(sizes[a] for a in combo) == target:
                 return " * ".join(combo)
-    return None
-
-
-def _combinations(items: list[str], r: int) -> list[tuple[str, ...]]:
-    from itertools import combinations
-
-    return list(combinations(items, r))
-
-
-def consistency_fix(strategy: Strategy, obligation: Obligation,
-                     divergence: Divergence | None) -> str | None:
-    if divergence is None:
-        return None
-    axis = divergence.axis
-    if divergence.cause is Cause.STALE_SHARD:
-        return (f"all_gather params over {axis} after the update: each rank updated only its "
-                "optimizer shard (ZeRO-1/2)")
-    if divergence.cause is Cause.RNG:
-        return (f"seed dropout(replicated) same over {axis}: replicated regions need one random "
-                "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
-                "Megatron-DeepSpeed#276)")
-    if divergence.cause is Cause.BITWISE:
-        return ("reduce in one fixed order on every rank (a ring or tree all-reduce gives every "
-                "rank the same bits)")
-    if divergence.cause is Cause.SKIP:
-        return "all_reduce(max) overflow over world"
-    if divergence.cause is Cause.CLIP:
-        return "sum the squared gradient norm over every axis where ranks hold different gradients"
-    if divergence.cause is Cause.GRADIENT:
-        if divergence.group.value == "embedding" and axis in strategy.axes():
-            return (f"all_reduce(sum) grads[embedding] over ends({axis}): the first and last stage "
-                    "hold copies of the tied embedding (Megatron-LM#656)")
-        return f"reduce the gradients over {axis} after the last backward"
     return None

@@ -236,7 +236,7 @@ def _problem(strategy: Strategy, p: AxisPlacement, state: State, sharded: bool,
     if state is State.OPTIMIZER:
         if sharded:
             gathered = [op for op in facts.gathers if op.group.covers(axis)
-                        and (op.kind is CollectiveKind.ALL_GATHER or op.source == "owner")]
+                        and (op.kind is CollectiveKind.ALL_GATHER or op.from_owner)]
             params_sharded = memory_sharded(strategy, group, p, State.PARAMS)
             if scattered or gathered or params_sharded:
                 return None

@@ -42,7 +42,7 @@ from placeverify.verify.agreement import (
 )
 from placeverify.verify.check import Check, Context, Finding
 from placeverify.verify.dropout import rng_obligations
-from placeverify.verify.fixes import consistency_fix
+from placeverify.verify.fixes import FixCase, suggest
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.float32 import float32_text, float32_witness, fp_value
 from placeverify.verify.z3.solve import SolverStatus
@@ -54,7 +54,7 @@ METHOD_FP = "z3 (IEEE float32 sums)"
 def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
     for obligation, divergence in consistency_obligations(strategy, ctx.timeout_ms):
         if obligation.verdict is Verdict.REFUTED and obligation.fix is None:
-            obligation = replace(obligation, fix=consistency_fix(strategy, obligation, divergence))
+            obligation = replace(obligation, fix=suggest(FixCase(strategy, divergence)))
         yield Finding(obligation, divergence)
 
 
@@ -110,8 +110,8 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
         gather = _gathered_after_update(strategy, axis)
         g = z3.Real("g")
         owner = upd(theta0, g, omega0)
-        other = owner if gather is not None and gather.source == "owner" else theta0
-        if gather is not None and gather.source != "owner":
+        other = owner if gather is not None and gather.from_owner else theta0
+        if gather is not None and not gather.from_owner:
             other = theta0  # every rank takes rank `source`'s copy, stale for others' shards
             owner = theta0
         outcome = solve.check(owner != other, timeout_ms)

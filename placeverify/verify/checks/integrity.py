@@ -28,7 +28,7 @@ from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.check import Check, Context, Finding
 from placeverify.verify.explain import cause_span, describe, summary
-from placeverify.verify.fixes import integrity_fix
+from placeverify.verify.fixes import CLIP_INPUT, FixCase, suggest
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.integrity import encode, mismatch_formula
 from placeverify.verify.z3.search import search
@@ -38,7 +38,7 @@ from placeverify.verify.z3.solve import SolverStatus
 def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
     for obligation, found in integrity_obligations(strategy, ctx.timeout_ms):
         if found is not None and found.observe is None:
-            fix = integrity_fix(strategy, group_view(strategy, found.group), found)
+            fix = suggest(FixCase(strategy, found))
             obligation = replace(obligation, fix=fix)
         yield Finding(obligation, found)
 
@@ -120,9 +120,7 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
                             seen.op.span, ObligationKind.CLIP_INPUT,
                             reason=describe(strategy, view, found),
                             counterexample=summary(view, found), seconds=seconds, method=method,
-                            fix="clip after the last gradient reduction and scale (the loss "
-                                "normalisation and any loss-scale unscaling), once, after the "
-                                "last micro-batch"),
+                            fix=CLIP_INPUT.text()),
                  found)]
     return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, clips[0].span,
                         ObligationKind.CLIP_INPUT, seconds=seconds, method=method), None)]

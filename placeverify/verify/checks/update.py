@@ -41,6 +41,15 @@ from placeverify.verify.agreement import (
     same_gradient_everywhere,
 )
 from placeverify.verify.check import Check, Context, Finding
+from placeverify.verify.fixes import (
+    CLIP_MISSING,
+    CLIP_NORM,
+    CLIP_POSITION,
+    LOST_UPDATE,
+    OVERFLOW,
+    RECOMPUTE_RNG,
+    SHARD_MISMATCH,
+)
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.solve import SolverStatus
 
@@ -86,8 +95,7 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
                            ObligationKind.CLIP,
                            reason=f"'clip max_norm = {float(max_norm):g}' is declared but the step "
                                   "has no clip statement, so the update is never clipped",
-                           fix=f"clip(max_norm = {float(max_norm):g}) grads over the axes where "
-                               "gradients are sharded, after the last reduction and before update",
+                           fix=CLIP_MISSING.text(max_norm=float(max_norm)),
                            method=METHOD_RULES)]
     groups = strategy.model.groups_present()
     views = {g: group_view(strategy, g) for g in groups}
@@ -98,9 +106,7 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
         if problems:
             out.append(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span,
                                   ObligationKind.CLIP, reason="; ".join(problems), method=METHOD_RULES,
-                                  fix="clip once, after the last gradient reduction and any "
-                                      "unscaling and before 'update params', the gradients of "
-                                      "every parameter group together"))
+                                  fix=CLIP_POSITION.text()))
             continue
         out.append(_clip_norm(strategy, clip, groups, views, agreed, timeout_ms))
     return out
@@ -206,8 +212,7 @@ def _clip_norm(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
     return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, ObligationKind.CLIP,
                       reason=reason, counterexample=values, seconds=outcome.seconds,
                       method=method,
-                      fix="sum the squared norm over every axis where gradients are sharded "
-                          "(tp, pp, and dp under ZeRO-2/3) and count replicated parameters once")
+                      fix=CLIP_NORM.text())
 
 
 def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
@@ -249,8 +254,7 @@ def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, ObligationKind.RECOMPUTE,
                        reason=reason, counterexample=values, seconds=outcome.seconds,
                        method=method,
-                       fix="restore the RNG state before recomputing (recompute full(restore_rng "
-                           "= true); torch.utils.checkpoint's preserve_rng_state; OLMo-core#828)")]
+                       fix=RECOMPUTE_RNG.text())]
 
 
 def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
@@ -294,8 +298,7 @@ def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, ObligationKind.OVERFLOW,
                        reason=reason, counterexample={"unreduced_axes": missing},
                        seconds=outcome.seconds, method=method,
-                       fix="all_reduce(max) overflow over world, after the last backward and "
-                           "before 'update params'")]
+                       fix=OVERFLOW.text())]
 
 
 def _shards(strategy: Strategy) -> list[Obligation]:
@@ -326,8 +329,7 @@ def _shards(strategy: Strategy) -> list[Obligation]:
                    f"{math.prod(sizes[a] for a in scattered)} per rank, each rank's own part), "
                    f"but {state}, so the step updates elements of its optimizer slice from "
                    "gradients that were never reduced",
-            fix="reduce-scatter over exactly the axes the optimizer state is sharded over (and "
-                "all-reduce over the others), or all_gather the gradient before the update",
+            fix=SHARD_MISMATCH.text(),
             method=METHOD_RULES))
     update = next((op for op in strategy.step.post if isinstance(op, Update)), None)
     for p in strategy.placements:
@@ -335,7 +337,7 @@ def _shards(strategy: Strategy) -> list[Obligation]:
             continue
         for op in strategy.step.post:
             if (isinstance(op, Collective) and op.kind is CollectiveKind.BROADCAST
-                    and op.target.kind is TargetKind.PARAMS and op.source != "owner"
+                    and op.target.kind is TargetKind.PARAMS and not op.from_owner
                     and op.group.covers(p.axis)):
                 out.append(Obligation(
                     Condition.GRADIENT_INTEGRITY,
@@ -344,6 +346,6 @@ def _shards(strategy: Strategy) -> list[Obligation]:
                     reason=f"the optimizer state is sharded over {p.axis}, so rank {op.source} "
                            "updated only its own shard; broadcasting its copy overwrites the "
                            "other shards' updates on every rank",
-                    fix="broadcast each shard from its owner (from = owner) or all_gather",
+                    fix=LOST_UPDATE.text(),
                     method=METHOD_RULES))
     return out

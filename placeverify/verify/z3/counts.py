@@ -14,14 +14,25 @@ interpreter before it is reported.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import z3
 
+from placeverify.ir.step import CountKind
 from placeverify.semantics.groups import GroupView
+from placeverify.semantics.schedule import MicroBatch
 
-Label = str  # "x": the consumer's coordinate; "a": the atom's (different) coordinate
-KSpec = int | str | None  # a concrete micro-batch, "g" (the atom's generic one), None (the step)
+
+class Label(StrEnum):
+    """Where a set of atoms is anchored on an axis."""
+
+    CONSUMER = "x"  # the consuming device's coordinate
+    ATOM = "a"  # the atom's (different) coordinate
+
+
+# a concrete micro-batch, GENERIC (the atom's generic one, semantics.schedule), None (the step)
+KSpec = MicroBatch | None
 Size = Any  # an int, or a solver term for an unbounded size (placeverify prove: "for every")
 
 
@@ -41,7 +52,7 @@ def more_than_one(n: Size) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SetDesc:
-    kind: str  # "tokens" (per atom) or "samples" (per micro-batch unit)
+    kind: CountKind  # tokens (per atom) or samples (per micro-batch unit)
     free: frozenset[str]  # batch axes summed over
     fixed: tuple[tuple[str, Label], ...]  # the other axes of the family and their anchor
     k: KSpec
@@ -87,11 +98,11 @@ class CountVars:
     def _real(self, v: Any) -> Any:
         return z3.ToReal(v) if self.integer else v
 
-    def get(self, kind: str, free: tuple[str, ...], step_scope: bool, anchor: dict[str, Label],
+    def get(self, kind: CountKind, free: tuple[str, ...], step_scope: bool, anchor: dict[str, Label],
             k: KSpec) -> Any:
         """The count of ``kind`` over ``free`` axes, anchored as given; a real-valued term."""
         view = self.view
-        family = view.batch if kind == "tokens" else view.samples
+        family = view.batch if kind is CountKind.TOKENS else view.samples
         replicated = product(self.sizes[a] for a in free if a not in family)
         # Canonical form: an axis of one rank is neither summed over nor told apart, and with one
         # micro-batch "this micro-batch" is the whole step, so equal sets share a variable.
@@ -100,7 +111,7 @@ class CountVars:
                       if a not in free_family and more_than_one(self.sizes[a]))
         desc = SetDesc(kind, free_family, fixed,
                        None if step_scope or not more_than_one(self.m) else k)
-        if kind == "samples" and self.q is not None:
+        if kind is CountKind.SAMPLES and self.q is not None:
             units = desc.atoms(self.sizes, self.m)
             return self._real(self.q) * units * replicated
         var = self.sets.get(desc)
@@ -138,12 +149,12 @@ class CountVars:
             out.append(var >= desc.atoms(self.sizes, self.m))
         for d1, v1 in items:
             for d2, v2 in items:
-                if d1 is d2 or d1.kind != d2.kind:
+                if d1 is d2 or d1.kind is not d2.kind:
                     continue
                 if d1.within(d2) and d1 != d2:
                     out.append(v2 - v1 >= d2.atoms(self.sizes, self.m) - d1.atoms(self.sizes, self.m))
         for d3, v3 in items:
-            inside = [(d, v) for d, v in items if d != d3 and d.kind == d3.kind and d.within(d3)]
+            inside = [(d, v) for d, v in items if d != d3 and d.kind is d3.kind and d.within(d3)]
             for i, (d1, v1) in enumerate(inside):
                 for d2, v2 in inside[i + 1:]:
                     if d1.disjoint(d2):

@@ -45,7 +45,7 @@ from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
 from placeverify.semantics.groups import GroupView, ends_match
 from placeverify.semantics.schedule import GENERIC, MicroBatch, Unmodelled, is_uniform
-from placeverify.verify.z3.counts import CountVars, KSpec, Size, more_than_one, product
+from placeverify.verify.z3.counts import CountVars, KSpec, Label, Size, more_than_one, product
 
 SAME, DIFF = "same", "different"
 MAX_UNROLL = 256
@@ -111,12 +111,12 @@ class _Coefficients:
 
     # ---- evaluation of factors ---------------------------------------------------------------
 
-    def anchor(self, key: Key, at_atom: bool) -> dict[str, str]:
+    def anchor(self, key: Key, at_atom: bool) -> dict[str, Label]:
         out = {}
         for axis, rel in zip(self.axes, key.cls, strict=True):
-            out[axis] = "a" if (at_atom and rel == DIFF) else "x"
+            out[axis] = Label.ATOM if (at_atom and rel == DIFF) else Label.CONSUMER
         for axis in self.view.batch:
-            out.setdefault(axis, "x")
+            out.setdefault(axis, Label.CONSUMER)
         return out
 
     def factor(self, monomial: Monomial, key: Key, at_atom: bool, k_now: KSpec) -> Any:
@@ -125,7 +125,7 @@ class _Coefficients:
         return monomial.evaluate(
             one=z3.RealVal(1), number=lambda n: z3.RealVal(str(n)), microbatches=_real(self.m),
             size=lambda group: _real(_group_size(group, self.sizes)),
-            count=lambda c: self.counts.get(c.kind.value, c.axes, c.scope is Scope.STEP, anchor,
+            count=lambda c: self.counts.get(c.kind, c.axes, c.scope is Scope.STEP, anchor,
                                             k),
             loss_scale=self.loss_scale)
 
@@ -198,9 +198,11 @@ class _Coefficients:
                 diff = Key((*key.cls[:i], DIFF, *key.cls[i + 1:]), key.k)
                 others = _real(n) - 1
                 if key.cls[i] == SAME:
-                    new[key] = out[same] + others * self.counts.relabel(out[diff], axis, "a", "x")
+                    new[key] = out[same] + others * self.counts.relabel(out[diff], axis, Label.ATOM,
+                                                                        Label.CONSUMER)
                 else:
-                    new[key] = self.counts.relabel(out[same], axis, "x", "a") + others * out[diff]
+                    new[key] = (self.counts.relabel(out[same], axis, Label.CONSUMER, Label.ATOM)
+                                + others * out[diff])
             out = new
         if op.op is ReduceOp.MEAN and not (isinstance(divisor, int) and divisor == 1):
             out = {key: v / _real(divisor) for key, v in out.items()}
@@ -222,13 +224,13 @@ class _Coefficients:
         view = self.view
         anchor = self.anchor(key, True)
         if loss is LossKind.TOKEN_MEAN:
-            return 1 / self.counts.get("tokens", view.batch, True, anchor, None)
+            return 1 / self.counts.get(CountKind.TOKENS, view.batch, True, anchor, None)
         if loss is LossKind.SAMPLE_MEAN:
-            return 1 / self.counts.get("samples", view.samples, True, anchor, None)
+            return 1 / self.counts.get(CountKind.SAMPLES, view.samples, True, anchor, None)
         if loss is LossKind.MICROBATCH_MEAN:
             units = _real(self.m) * _real(product(self.sizes[a] for a in view.samples))
             context = tuple(a for a in view.batch if a not in view.samples)
-            return 1 / (units * self.counts.get("tokens", context, False, anchor, key.k))
+            return 1 / (units * self.counts.get(CountKind.TOKENS, context, False, anchor, key.k))
         return z3.RealVal(1)
 
 

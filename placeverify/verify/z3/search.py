@@ -18,9 +18,9 @@ from placeverify.ir.step import Backward, Scale
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import GroupView
 from placeverify.semantics.interpreter import AtomKey, atoms, extra_coords, run, uniform_instance
-from placeverify.semantics.schedule import Unmodelled
+from placeverify.semantics.schedule import GENERIC, Unmodelled
 from placeverify.verify.z3 import solve
-from placeverify.verify.z3.counts import SetDesc
+from placeverify.verify.z3.counts import Label, SetDesc
 from placeverify.verify.z3.integrity import Encoded, encode, mismatch_formula
 from placeverify.verify.z3.solve import SolverStatus
 
@@ -158,11 +158,11 @@ def realise(view: GroupView, sizes: dict[str, int], m: int, encoded: Encoded, mo
 def _member(desc: SetDesc, atom: AtomKey, view: GroupView, alpha_k: int) -> bool:
     b, k = atom
     if desc.k is not None:
-        want = alpha_k if desc.k == "g" else desc.k
+        want = alpha_k if desc.k == GENERIC else desc.k
         if k != want:
             return False
     for axis, label in desc.fixed:
         i = view.batch.index(axis)
-        if b[i] != (0 if label == "x" else 1):
+        if b[i] != (0 if label is Label.CONSUMER else 1):
             return False
     return True

@@ -1,0 +1,130 @@
+"""The fix table (:data:`placeverify.verify.fixes.FIXES`) against the bug library.
+
+What each bug calls for comes from the bug file itself: the issues its header comment names
+(``owner/repo#N``, cited by fixes as ``repo#N``) and, below, the repair its description asks for.
+Neither is taken from the code under test.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from placeverify.api import check
+from placeverify.verdicts import Verdict
+from placeverify.verify.fixes import FIXES, FixRule
+from tests.conftest import example_files
+
+BUGS = example_files("bugs")
+
+# The repair each bug's header describes, as a fragment the fix must contain.
+CALLS_FOR: dict[str, str] = {
+    "clip-after-step": "clip once, after the last gradient reduction",
+    "clip-before-allreduce": "clip after the last gradient reduction",
+    "clip-every-microbatch": "clip once",
+    "clip-norm-tensor-parallel": "sum the squared norm over every axis where gradients are sharded",
+    "clip-per-group": "the gradients of every parameter group together",
+    "clip-scaled-gradients": "any loss-scale unscaling",
+    "context-parallel-loss-scale": "gradients are |cp|x too large",
+    "distributed-optimizer-wrong-group": "reduce-scatter over exactly the axes the optimizer state",
+    "double-division": "gradients are |dp|x too small",
+    "dropout-seed-data-parallel": "seed dropout(sharded) differ over dp",
+    "dropout-seed-sequence-parallel": "seed dropout(sharded) differ over tp",
+    "free-before-update": "free after 'update params'",
+    "ga-token-normalisation": "normalise by the global token count",
+    "hsdp-shard-group-of-one": "all_reduce(sum) grads over replica after the reduce-scatter",
+    "missing-allreduce": "all_reduce(sum) grads over dp",
+    "overflow-after-update": "all_reduce(max) overflow over world",
+    "rank-dependent-order": "reduce in one fixed order on every rank",
+    "recompute-rng": "restore the RNG state before recomputing",
+    "sequence-parallel-norm-grads": "all_reduce(sum) grads[norms] over tp",
+    "sum-without-average": "gradients are |dp|x too large",
+    "tied-embedding-no-sync": "all_reduce(sum) grads[embedding] over ends(pp)",
+    "tp-dropout-seed": "seed dropout(replicated) same over tp",
+    "zero1-no-allgather": "all_gather params over dp after the update",
+    "zero2-pipeline": "reduce once after the last micro-batch",
+}
+
+# Issues a bug header names that its fix does not cite, and why.
+UNCITED: dict[str, str] = {
+    # The clip fixes are generic: one repair for many reports.
+    "graphstorm#1366": "clip fix", "accelerate#641": "clip fix", "diffusers#721": "clip fix",
+    "lingua#59": "clip fix", "tt-metal#17568": "clip fix", "transformers#614": "clip fix",
+    "waifu-diffusion#64": "clip fix",
+    "Megatron-LM#906": "shard-mismatch fix is generic", "DeepSpeed#5618": "shard-mismatch fix",
+    "DN-DETR#18": "free-before-update fix is generic",
+    "DeepSpeed#994": "overflow fix is generic", "ColossalAI#1175": "overflow fix is generic",
+    # Cited by the composition check's reason, not by a fix.
+    "DeepSpeed#1629": "composition reason",
+}
+
+# Rules no bug example reaches, and why.
+UNUSED: dict[str, str] = {
+    # A declared clip policy with no clip statement: the bug library's clip bugs all clip.
+    "clip-missing": "no bug declares a clip without clipping",
+    # A broadcast of the parameters from one rank under a sharded optimizer.
+    "lost-update": "no bug broadcasts from a single rank",
+    # Integrity's tied-embedding rule refutes the same bug first; consistency's divergence is a
+    # plain unreduced gradient over pp there.
+    "tied-embedding-copies": "tied-embedding-no-sync is matched by the integrity rule",
+}
+
+
+def header_references(path: Path) -> set[str]:
+    """``repo#N`` for every ``owner/repo#N`` the leading comment block names."""
+    header = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    return {f"{repo}#{n}" for repo, n in re.findall(r"[\w.-]+/([\w.-]+)#(\d+)", "\n".join(header))}
+
+
+@cache
+def fixes_of(path: Path) -> tuple[str, ...]:
+    verification = check(str(path)).verification
+    assert verification is not None
+    return tuple(o.fix for o in verification.obligations if o.verdict is Verdict.REFUTED and o.fix)
+
+
+def pattern(rule: FixRule) -> re.Pattern[str]:
+    """The rule's template as a regular expression: its references literally, other fields as
+    any text."""
+    out = []
+    for literal, name, _, _ in string.Formatter().parse(rule.template):
+        out.append(re.escape(literal))
+        if name is None:
+            continue
+        index = re.fullmatch(r"reference\[(\d+)\]", name)
+        out.append(re.escape(rule.reference[int(index.group(1))]) if index else ".+?")
+    return re.compile("".join(out))
+
+
+def test_every_bug_has_an_expected_fix() -> None:
+    assert {p.stem for p in BUGS} == set(CALLS_FOR)
+
+
+@pytest.mark.parametrize("path", BUGS, ids=lambda p: p.stem)
+def test_bug_gets_the_fix_and_reference_it_calls_for(path: Path) -> None:
+    fixes = fixes_of(path)
+    assert any(CALLS_FOR[path.stem] in f for f in fixes), fixes
+    for reference in sorted(header_references(path) - set(UNCITED)):
+        assert any(reference in f for f in fixes), (reference, fixes)
+
+
+def test_every_rule_is_used_by_a_bug_or_said_why_not() -> None:
+    fixes = [f for path in BUGS for f in fixes_of(path)]
+    unused = {r.name for r in FIXES if not any(pattern(r).fullmatch(f) for f in fixes)}
+    assert unused == set(UNUSED)
+
+
+def test_every_cited_issue_is_named_by_a_bug() -> None:
+    named = set().union(*(header_references(p) for p in BUGS))
+    cited = {ref for rule in FIXES for ref in rule.reference}
+    assert cited <= named
+    assert set(UNCITED) <= named
+    assert len({r.name for r in FIXES}) == len(FIXES)
