@@ -10,7 +10,8 @@ imports them only inside the command that runs them, so ``placeverify check`` ne
 A function-local import of a placeverify module in the core is allowed only where it defers a
 heavy dependency (z3, torch), listed below with its reason; one that only breaks an import cycle
 is a layering error. (Backend modules defer freely: a rank's worker process imports only what the
-rank runs.) The scan reads the source with :mod:`ast` and imports nothing.
+rank runs.) Imports under ``if TYPE_CHECKING:`` name types for annotations only and are not edges. The scan
+reads the source with :mod:`ast` and imports nothing.
 """
 
 from __future__ import annotations
@@ -34,16 +35,17 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(names) for names in (
     ("evidence", "trace", "verify"),
     ("result", "prove", "report", "console"),
     ("api",),
-    ("cli", "__main__"),
+    ("cli", "compare_cli", "__main__"),
 ))
 BACKENDS = frozenset({"replay", "measure", "backend"})
+TYPE_ONLY = {"TYPE_CHECKING", "typing.TYPE_CHECKING"}
 
 # Function-local imports that defer a heavy dependency, with the reason. Everything else local
 # is a cycle being broken, which the layer order should make unnecessary.
 DEFERRED: dict[str, tuple[frozenset[str], str]] = {
     "api": (frozenset({"verify"}), "z3 is loaded only by the commands that verify"),
     "cli": (frozenset({"api", "report", "prove", "trace", "replay", "measure", "backend",
-                       "importers"}),
+                       "importers", "compare_cli"}),
             "each command loads only what it runs: z3, sympy and torch stay out of start-up"),
 }
 
@@ -81,6 +83,8 @@ def _imports(path: Path) -> list[Import]:
 
     def visit(node: ast.AST, local: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) in TYPE_ONLY:
+                continue  # annotations only: no import at run time
             inner = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             targets: list[str] = []
             if isinstance(child, ast.Import):
