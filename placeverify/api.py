@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any, cast
 
 from placeverify.cost import analyse
 from placeverify.ir.lower import load
@@ -24,8 +25,16 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verifica
 
 
 def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
-          timeout_ms: int = DEFAULT_TIMEOUT_MS) -> CheckResult:
-    strategy = load(path)
+          timeout_ms: int = DEFAULT_TIMEOUT_MS, imports: Any = None) -> CheckResult:
+    """Check a .place file, or a framework configuration (importers; ``imports``: Options)."""
+    from placeverify.importers import Options, is_importable
+
+    if is_importable(path):
+        from placeverify.importers.cli import load_strategy
+
+        strategy = cast(Strategy, load_strategy(path, imports or Options()))
+    else:
+        strategy = load(path)
     return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
                           timeout_ms=timeout_ms)
 

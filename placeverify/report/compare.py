@@ -20,14 +20,15 @@ from placeverify.verdicts import Verdict
 COMPARE_SCHEMA = "placeverify.compare/1"
 
 
-def compare_document(paths: list[str], with_verdicts: bool) -> tuple[dict[str, Any], list[ExitCode]]:
+def compare_document(paths: list[str], with_verdicts: bool,
+                     imports: Any = None) -> tuple[dict[str, Any], list[ExitCode]]:
     from placeverify.api import check
 
     rows: list[dict[str, Any]] = []
     codes: list[ExitCode] = []
     for path in paths:
         try:
-            result = check(path, verify_conditions=with_verdicts)
+            result = check(path, verify_conditions=with_verdicts, imports=imports)
         except PlaceError as error:
             print_errors(error)
             codes.append(error.exit_code)
