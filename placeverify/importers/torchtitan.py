@@ -39,6 +39,8 @@ READ = {
 IGNORED_TABLES = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint",
                   "compile", "validation", "comm", "float8", "quantize", "memory_estimation",
                   "fault_tolerance", "experimental"}
+IGNORED_KEYS = {"steps", "dataset", "dataset_path", "seed", "deterministic", "gc_freq",
+                "warmup_steps", "selective_ac_option"}
 PRESETS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b",
            ("llama3", "405B"): "llama3_405b"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
@@ -222,7 +224,9 @@ def _leftovers(data: dict[str, Any], spans: dict[tuple[str, ...], Span], source:
             reader.warning(f"not modelled: [{table}]", Origin(table, source, spans.get((table,))))
             continue
         for key in section:
-            if key not in READ[table]:
+            if key in IGNORED_KEYS:
+                ignored.append(f"[{table}] {key}")
+            elif key not in READ[table]:
                 reader.warning(f"not modelled: [{table}] {key}",
                                Origin(key, source, spans.get((table, key))))
     if ignored:
