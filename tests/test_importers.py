@@ -72,7 +72,7 @@ def test_megatron_gpt3_175b_script() -> None:
     assert "precision megatron" in imported.text
     assert "tp = 8" in imported.text and "# --tensor-model-parallel-size" in imported.text
     # --overlap-grad-reduce is reported at its text (line 44, column 5), not dropped
-    [(warning, source)] = imported.warnings
+    [(warning, _source)] = imported.warnings
     assert warning.severity is Severity.WARNING and "--overlap-grad-reduce" in warning.message
     assert warning.span is not None and (warning.span.line, warning.span.column) == (44, 5)
     assert "--save" in imported.text.splitlines()[1]  # the ignored flags are listed, not dropped
@@ -92,7 +92,7 @@ recompute selective
 
 def test_megatron_llama3_405b_argument_file() -> None:
     # world 1792 / (tp 8 x pp 14 x cp 2) = 8; micro-batches = 224 / (1 x 8) = 28
-    strategy, imported = strategy_of("llama3-405b-megatron.args", world=1792)
+    strategy, _ = strategy_of("llama3-405b-megatron.args", world=1792)
     sizes, presets = summary(strategy)
     assert sizes == {"tp": 8, "cp": 2, "dp": 8, "pp": 14}
     assert presets["dp"] == "zero1"
@@ -251,7 +251,7 @@ def test_deepspeed_auto_values_are_refused(tmp_path: Path) -> None:
 
 def test_torchtitan_llama3_70b_fsdp_tp() -> None:
     # world 64: dp_shard -1 = 64 / 8 = 8; no PP -> reshard after forward ("default")
-    strategy, imported = strategy_of("llama3-70b-fsdp.toml", world=64)
+    strategy, _ = strategy_of("llama3-70b-fsdp.toml", world=64)
     sizes, presets = summary(strategy)
     assert sizes == {"tp": 8, "dp": 8}
     assert presets["dp"] == "fsdp" and presets["tp"].startswith("megatron")
@@ -273,7 +273,7 @@ def test_torchtitan_llama3_405b_hsdp_pipeline() -> None:
     # 2 x 8 x 8 x 7 = 896; accumulation = 2048 / (16 x 16) = 8; pipeline micro-batches
     # = 16 / 1 x 8 = 128 (126 layers: 18 per stage)
     strategy, imported = strategy_of("llama3-405b-hsdp-pp.toml", world=896)
-    sizes, presets = summary(strategy)
+    sizes, _ = summary(strategy)
     assert sizes == {"tp": 8, "shard": 8, "replica": 2, "pp": 7}
     assert "place pipeline(1f1b, microbatches = 128) over pp" in imported.text
     assert "place hsdp over shard * replica" in imported.text
@@ -306,7 +306,7 @@ def test_accelerate_fsdp2_hsdp_tp() -> None:
     # 2 x 2 x 2 x 1 = 8 = num_processes; mesh order dp_replicate, dp_shard, cp, tp (outermost first)
     strategy, imported = strategy_of("llama3-8b-fsdp2-accelerate.yaml",
                                      model=fixture("llama3-8b-config.json"))
-    sizes, presets = summary(strategy)
+    sizes, _ = summary(strategy)
     assert sizes == {"tp": 2, "shard": 2, "replica": 2}
     assert "recompute full" in imported.text
     same_costs(strategy, """

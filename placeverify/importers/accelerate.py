@@ -99,7 +99,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
             preset = "fsdp" if reshard.value is True else "fsdp(grad_op)"
             why, origin = f"fsdp_version 2, fsdp_reshard_after_forward {reshard.value}", reshard.origin
         else:
-            text = str((reshard.value if reshard.value is not None else strategy.value))
+            text = str(reshard.value if reshard.value is not None else strategy.value)
             found = STRATEGIES.get(text.upper())
             if found is None:
                 reader.error(f"not modelled: FSDP sharding strategy {text}", strategy.origin,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, Diagnostics, PlaceError, Severity, Source, Span
 
@@ -29,7 +30,7 @@ class Origin:
 class Value:
     """A value read from a configuration file, with its origin."""
 
-    value: object
+    value: Any
     origin: Origin
 
 

@@ -335,9 +335,8 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                                   f"{pp.origin.key}; micro-batches = global / (micro x dp)",
                                   where or pp.origin))
     elif m > 1:
-        if m > 1:
-            plan.body.append(Line(f"microbatches = {m}", "--global-batch-size / "
-                                  "(--micro-batch-size x dp)", where))
+        plan.body.append(Line(f"microbatches = {m}", "--global-batch-size / "
+                              "(--micro-batch-size x dp)", where))
     per_token = args.flag("--calculate-per-token-loss")
     plan.body.append(Line("loss token_mean", "--calculate-per-token-loss", per_token.origin)
                      if per_token is not None else
@@ -502,7 +501,7 @@ def _leftovers(args: Arguments, runner: Arguments, reader: Reader, plan: Plan) -
         else:
             reader.warning(f"not modelled: {name} (placeverify does not read this argument)",
                            args.origin(word))
-    for name, (word, _) in runner.flags.items():
+    for name in runner.flags:
         if name not in runner.used:
             ignored.append(name)
     if ignored:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import json.decoder
 import re
-from json.decoder import scanstring
 from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
+
+scanstring: Any = json.decoder.scanstring  # type: ignore[attr-defined]  # (str, end) -> (str, end)
 
 Path = tuple[str, ...]
 MAX_DEPTH = 64
@@ -85,10 +87,10 @@ def load_json(source: Source) -> tuple[Any, dict[Path, Span]]:
                     return i + 1
                 i += 1
         if c == '"':
-            return scanstring(text, i + 1)[1]
+            return int(scanstring(text, i + 1)[1])
         match = _JSON_ATOM.match(text, i)
         assert match is not None, "json.loads accepted what the scanner cannot read"
-        return match.end()
+        return int(match.end())
 
     value(0, (), 0)
     return data, spans

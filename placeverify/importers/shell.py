@@ -233,7 +233,7 @@ class Script:
 
 def _arithmetic(expression: str) -> int | None:
     """Integer + - * / % and parentheses; None for anything else (never evaluated by Python)."""
-    tokens = re.findall(r"\d+|[-+*/%()]|\S", expression)
+    tokens: list[str] = re.findall(r"\d+|[-+*/%()]|\S", expression)
     position = 0
 
     def peek() -> str | None:
