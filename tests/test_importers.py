@@ -24,8 +24,7 @@ import pytest
 
 from placeverify.api import check_strategy
 from placeverify.diagnostics import PlaceError, Severity
-from placeverify.importers import Options, import_file, load
-from placeverify.ir.lower import load_text
+from placeverify.importers import Options, import_file, load, load_text
 
 HERE = Path(__file__).parent / "importers"
 ROOT = Path(__file__).parent.parent

@@ -7,11 +7,13 @@ lines name the key they came from; that text is then parsed and lowered like any
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.importers import accelerate, deepspeed, megatron, torchtitan
@@ -82,10 +84,18 @@ def import_file(path: str, options: Options = Options()) -> Imported:
     return Imported(fmt, path, text, origins, reader.warnings())
 
 
+def load_text(text: str, path: str) -> Any:
+    """The lowering entry point, wherever the core keeps it (``placeverify.lower`` after the
+    restructuring of issue 11, ``placeverify.ir.lower`` before)."""
+    try:
+        module = importlib.import_module("placeverify.lower")
+    except ModuleNotFoundError:
+        module = importlib.import_module("placeverify.ir.lower")
+    return module.load_text(text, path)
+
+
 def load(path: str, options: Options = Options()) -> tuple[object, Imported]:
     """The Strategy an imported file means, and the import; lowering errors point at the keys."""
-    from placeverify.ir.lower import load_text
-
     imported = import_file(path, options)
     generated = f"{path} (imported)"
     try:
