@@ -22,6 +22,8 @@ import time
 
 from placeverify.cost import Costs, analyse
 from placeverify.diagnostics import Source
+from placeverify.importers import Options, is_importable
+from placeverify.importers.cli import load_strategy
 from placeverify.ir.step import Step
 from placeverify.ir.strategy import Config, Strategy
 from placeverify.lower import canonical, load, load_text, lower
@@ -74,9 +76,10 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verifica
 
 
 def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
-          timeout_ms: int = DEFAULT_TIMEOUT_MS) -> CheckResult:
-    """``placeverify check``: load a file, derive its costs and verify it."""
-    strategy = load(path)
+          timeout_ms: int = DEFAULT_TIMEOUT_MS, imports: Options | None = None) -> CheckResult:
+    """``placeverify check``: load a ``.place`` file, or a framework configuration through the
+    importers (``imports`` their options), derive its costs and verify it."""
+    strategy = load_strategy(path, imports or Options()) if is_importable(path) else load(path)
     return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
                           timeout_ms=timeout_ms)
 

@@ -29,6 +29,23 @@ Exit codes:
   70 internal error (a bug in placeverify; please report it)
 """
 
+def import_options(command: Callable[..., None]) -> Callable[..., None]:
+    """--model, --world and --format: how a framework configuration file is imported."""
+    command = click.option("--format", "fmt", default=None,
+                           type=click.Choice(["megatron", "deepspeed", "torchtitan", "accelerate"]),
+                           help="Configuration format (default: recognised from the content).")(command)
+    command = click.option("--world", type=click.IntRange(1, 10**8), default=None,
+                           help="World size, for configurations that leave it to the launcher.")(command)
+    return click.option("--model", type=click.Path(dir_okay=False), default=None,
+                        help="A Hugging Face config.json describing the model.")(command)
+
+
+def import_settings(model: str | None, world: int | None, fmt: str | None) -> Any:
+    from placeverify.importers import Options
+
+    return Options(model, world, fmt)
+
+
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, ensure_ascii=False))
 
@@ -83,8 +100,10 @@ def main() -> None:
                    "(a smaller one, said so, above 8 devices; needs torch).")
 @click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds per solver query before it counts as unknown.")
+@import_options
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
-          trace_path: str | None, replay: bool, timeout: float) -> None:
+          trace_path: str | None, replay: bool, timeout: float, model: str | None,
+          world: int | None, fmt: str | None) -> None:
     """Check strategies: costs, and proofs of the three correctness conditions."""
 
     def run() -> ExitCode:
@@ -101,7 +120,8 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         for index, path in enumerate(paths):
             try:
                 result = check_file(path, verify_conditions=not no_verify, formulas=formulas,
-                                    timeout_ms=int(timeout * 1000))
+                                    timeout_ms=int(timeout * 1000),
+                                    imports=import_settings(model, world, fmt))
             except PlaceError as error:
                 print_errors(error)
                 codes.append(error.exit_code)
@@ -162,7 +182,9 @@ def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
-def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool) -> None:
+@import_options
+def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, model: str | None,
+            world: int | None, fmt: str | None) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -170,7 +192,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool) -> None:
         from placeverify.report.compare import render_compare
 
         paths = expand_paths(files)
-        document, codes = compare_files(paths, with_verdicts)
+        document, codes = compare_files(paths, with_verdicts, import_settings(model, world, fmt))
         if as_json:
             emit_json(document)
         else:
@@ -229,6 +251,23 @@ def measure(file: str, as_json: bool, timeout: float) -> None:
         from placeverify.measure.cli import measure_file
 
         return measure_file(file, as_json=as_json, timeout=timeout, console=console())
+
+    guarded(run)
+
+
+@main.command("import", epilog=EXIT_CODES)
+@click.argument("file", type=click.Path())
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default=None,
+              help="Write the .place file here (atomically) instead of printing it.")
+@import_options
+def import_(file: str, out: str | None, model: str | None, world: int | None,
+            fmt: str | None) -> None:
+    """Import a Megatron-LM script, DeepSpeed JSON, torchtitan TOML or accelerate YAML as .place."""
+
+    def run() -> ExitCode:
+        from placeverify.importers.cli import import_command
+
+        return import_command(file, import_settings(model, world, fmt), out)
 
     guarded(run)
 

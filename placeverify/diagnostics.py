@@ -54,10 +54,12 @@ class Code(StrEnum):
     READ = "read"
     TRACE = "trace"
     RULE = "rule"
+    NOT_STATIC = "not-static"  # an imported script's value that only running it would give
     # warnings
     COST = "cost"
     RNG = "rng"
     FIT = "fit"
+    NOT_MODELLED = "not-modelled"  # an imported key placeverify does not model
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(names) for names in (
     ("lower",),
     ("semantics", "cost"),
     ("evidence", "trace", "verify"),
-    ("result", "prove", "report", "console"),
+    ("result", "prove", "report", "console", "importers"),
     ("api",),
     ("cli", "compare_cli", "__main__"),
 ))

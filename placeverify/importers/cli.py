@@ -1,0 +1,49 @@
+"""``placeverify import``, and the hook through which ``check``/``compare`` read configurations."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import click
+
+from placeverify.console import error_console
+from placeverify.diagnostics import ExitCode
+from placeverify.importers import Options, import_file, load
+from placeverify.importers.common import Imported
+from placeverify.ir.strategy import Strategy
+
+
+def print_warnings(imported: Imported) -> None:
+    console = error_console()
+    for diagnostic, source in imported.warnings:
+        console.print(diagnostic.render(source), markup=False, highlight=False)
+
+
+def import_command(path: str, options: Options, out: str | None) -> ExitCode:
+    """Print (or write atomically to ``out``) the .place text of a configuration file."""
+    imported = import_file(path, options)
+    print_warnings(imported)
+    if out is None:
+        click.echo(imported.text, nl=False)
+        return ExitCode.OK
+    target = Path(out)
+    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                    dir=str(target.parent or Path(".")))
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(imported.text)
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    error_console().print(f"written to {out}", markup=False)
+    return ExitCode.OK
+
+
+def load_strategy(path: str, options: Options) -> Strategy:
+    """The strategy of a configuration file, printing the import's warnings."""
+    strategy, imported = load(path, options)
+    print_warnings(imported)
+    return strategy

@@ -1,0 +1,153 @@
+"""What every importer shares: where a value came from, the plan it builds, the .place it writes.
+
+An importer reads a configuration file (never runs it) into a :class:`Plan`: the lines of a
+``.place`` file, each with the key it came from. placeverify then parses and lowers that text like
+any file, so one code path decides what a strategy means; :func:`render` writes the text and keeps,
+for every line, the key's position so that an error found while lowering points at the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from placeverify.diagnostics import Code, Diagnostic, Diagnostics, PlaceError, Severity, Source, Span
+
+COMMENT_COLUMN = 44  # where the "# key" comments start, when the statement is shorter
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The key a value came from: its name as the user wrote it, and where."""
+
+    key: str
+    source: Source
+    span: Span | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A value read from a configuration file, with its origin."""
+
+    value: Any
+    origin: Origin
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of the produced .place text; ``why`` is its comment (the key, or a derivation)."""
+
+    text: str
+    why: str = ""
+    origin: Origin | None = None
+
+
+@dataclass
+class Plan:
+    """A strategy as an importer reads it: the .place statements, each with its origin."""
+
+    fmt: str  # the format's name, as --format spells it
+    path: str
+    title: str = ""
+    header: list[str] = field(default_factory=list)  # comment lines at the top
+    model_name: str = "transformer"
+    model: list[Line] = field(default_factory=list)  # entries of the model block
+    model_origin: Origin | None = None
+    precision: Line | None = None
+    mesh: list[Line] = field(default_factory=list)  # axes in rank order, then world
+    body: list[Line] = field(default_factory=list)  # place, microbatches, loss, clip, ...
+
+
+@dataclass
+class Imported:
+    """An importer's product: the .place text, the key behind each line, and the warnings."""
+
+    fmt: str
+    path: str
+    text: str
+    origins: dict[int, Origin]  # 1-based line of ``text`` -> the key it came from
+    warnings: list[tuple[Diagnostic, Source]]
+
+
+class Reader:
+    """Diagnostics of one imported file (and of the model file, if any)."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.diags = Diagnostics(source)
+        self.extra: list[tuple[Diagnostic, Source]] = []  # warnings about other files
+
+    def error(self, message: str, origin: Origin | None, *notes: str,
+              code: Code = Code.BAD_VALUE) -> None:
+        self._add(Severity.ERROR, message, origin, notes, code)
+
+    def warning(self, message: str, origin: Origin | None, *notes: str,
+                code: Code = Code.NOT_MODELLED) -> None:
+        self._add(Severity.WARNING, message, origin, notes, code)
+
+    def _add(self, severity: Severity, message: str, origin: Origin | None,
+             notes: tuple[str, ...], code: Code) -> None:
+        span = origin.span if origin is not None else None
+        diagnostic = Diagnostic(severity, message, code, span, notes)
+        if origin is not None and origin.source is not self.source:
+            if severity is Severity.ERROR:
+                raise PlaceError([diagnostic], origin.source)
+            self.extra.append((diagnostic, origin.source))
+        else:
+            self.diags.items.append(diagnostic)
+
+    def raise_if_errors(self) -> None:
+        self.diags.raise_if_errors()
+
+    def warnings(self) -> list[tuple[Diagnostic, Source]]:
+        return [*((d, self.source) for d in self.diags.warnings), *self.extra]
+
+
+def number_text(value: Fraction | float | int) -> str:
+    """A number as the .place grammar writes it (no exponent, no trailing '.0')."""
+    f = Fraction(value).limit_denominator(10**9) if isinstance(value, float) else Fraction(value)
+    if f.denominator == 1:
+        return str(f.numerator)
+    return format(float(f), "f").rstrip("0").rstrip(".") or "0"
+
+
+def render(plan: Plan) -> tuple[str, dict[int, Origin]]:
+    """The .place text of a plan, and the origin of each line that has one."""
+    out: list[str] = []
+    origins: dict[int, Origin] = {}
+
+    def emit(line: Line, indent: str = "") -> None:
+        text = indent + line.text
+        if line.why:
+            text = f"{text.ljust(COMMENT_COLUMN - 1)} # {line.why}".replace("\n", " ")
+        out.append(text)
+        if line.origin is not None:
+            origins[len(out)] = line.origin
+
+    out.append(f"# Imported by placeverify from {plan.path} ({plan.fmt}); each line names the key "
+               "it came from.")
+    out.extend(f"# {h}" for h in plan.header)
+    out.append(f'strategy "{_quoted(plan.title or plan.path)}"')
+    out.append("")
+    out.append(f"model {plan.model_name} {{")
+    if plan.model_origin is not None:
+        origins[len(out)] = plan.model_origin
+    for line in plan.model:
+        emit(line, "    ")
+    out.append("}")
+    if plan.precision is not None:
+        emit(plan.precision)
+    out.append("")
+    out.append("mesh {")
+    for line in plan.mesh:
+        emit(line, "    ")
+    out.append("}")
+    out.append("")
+    for line in plan.body:
+        emit(line)
+    return "\n".join(out) + "\n", origins
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "/").replace('"', "'")

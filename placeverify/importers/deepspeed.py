@@ -1,0 +1,245 @@
+"""A DeepSpeed JSON configuration (deepspeedai/DeepSpeed).
+
+Keys and rules: ``deepspeed/runtime/constants.py`` (train_batch_size,
+train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
+prescale_gradients, gradient_predivide_factor, gradient_allreduce_op mean|sum),
+``deepspeed/runtime/config.py`` (``_batch_assertion``: train = micro x accumulation x world,
+where world is the data-parallel size, world / sequence_parallel_size without an mpu;
+``_set_batch_related_parameters`` derives a missing one; bf16 and fp16 cannot both be enabled),
+``deepspeed/runtime/zero/config.py`` (zero_optimization.stage 0-3, offload_optimizer,
+offload_param, zero_hpz_partition_size, mics_shard_size) and ``zero/offload_config.py``
+(device none|cpu|nvme). The pipeline lives in code (PipelineModule), not in the JSON: the whole
+world is one data-parallel axis. The engine scales each micro-batch's loss by
+1 / gradient_accumulation_steps and averages gradients over dp (gradient_allreduce_op mean).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from placeverify.diagnostics import Code, Source
+from placeverify.importers.common import Line, Origin, Plan, Reader, Value
+from placeverify.importers.hf_config import attach_model
+from placeverify.importers.positions import load_json
+
+TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+       "zero_optimization", "bf16", "bfloat16", "fp16", "gradient_clipping", "optimizer",
+       "prescale_gradients", "gradient_predivide_factor", "gradient_allreduce_op",
+       "sequence_parallel_size", "activation_checkpointing"}
+IGNORED_TOP = {"steps_per_print", "wall_clock_breakdown", "scheduler", "zero_allow_untested_optimizer",
+               "tensorboard", "wandb", "csv_monitor", "comms_logger", "flops_profiler",
+               "dump_state", "checkpoint", "dataloader_drop_last", "memory_breakdown",
+               "zero_force_ds_cpu_optimizer", "gradient_accumulation_dtype", "communication_data_type"}
+ZERO_READ = {"stage", "offload_optimizer", "offload_param", "mics_shard_size",
+             "zero_hpz_partition_size"}
+ZERO_IGNORED = {"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
+                "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+                "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+                "sub_group_size", "round_robin_gradients", "elastic_checkpoint",
+                "load_from_fp32_weights", "ignore_unused_parameters"}
+
+
+class _Doc:
+    def __init__(self, reader: Reader, source: Source) -> None:
+        self.reader, self.source = reader, source
+        data, self.spans = load_json(source)
+        if not isinstance(data, dict):
+            reader.error("a DeepSpeed configuration is a JSON object", None, code=Code.SYNTAX)
+            data = {}
+        self.data: dict[str, Any] = data
+
+    def get(self, *path: str) -> Value | None:
+        node: Any = self.data
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
+        origin = Origin(".".join(path), self.source, self.spans.get(path))
+        if node == "auto":
+            self.reader.error(f"{'.'.join(path)} is \"auto\": transformers' Trainer fills it at "
+                              "launch; write the value", origin, code=Code.NOT_STATIC)
+            return None
+        return Value(node, origin)
+
+    def integer(self, *path: str, low: int = 1) -> Value | None:
+        v = self.get(*path)
+        if v is None:
+            return None
+        if isinstance(v.value, bool) or not isinstance(v.value, int) or v.value < low:
+            self.reader.error(f"{v.origin.key} must be a whole number >= {low}, not {v.value!r}",
+                              v.origin)
+            return None
+        return v
+
+
+def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
+    doc = _Doc(reader, source)
+    plan = Plan("deepspeed", source.path)
+    if world is None:
+        reader.error("world size unknown: a DeepSpeed JSON leaves it to the launcher; pass "
+                     "--world N", None, code=Code.MISSING)
+        reader.raise_if_errors()
+    assert world is not None
+    sp = doc.integer("sequence_parallel_size")
+    if sp is not None and sp.value != 1:
+        reader.error("not modelled: sequence_parallel_size > 1 (DeepSpeed-Ulysses)", sp.origin,
+                     code=Code.NOT_MODELLED)
+
+    # ---- batch: DeepSpeedConfig._set_batch_related_parameters and _batch_assertion ----
+    train = doc.integer("train_batch_size")
+    micro = doc.integer("train_micro_batch_size_per_gpu")
+    acc = doc.integer("gradient_accumulation_steps")
+    t = None if train is None else int(train.value)
+    mb = None if micro is None else int(micro.value)
+    ga = None if acc is None else int(acc.value)
+    if t is not None and mb is not None and ga is not None:
+        if t != mb * ga * world:
+            reader.error(f"train_batch_size {t} != train_micro_batch_size_per_gpu {mb} x "
+                         f"gradient_accumulation_steps {ga} x world {world} = {mb * ga * world} "
+                         "(DeepSpeed asserts it)", train.origin if train else None,
+                         code=Code.CONFLICT)
+    elif t is not None and mb is not None:
+        ga = t // mb // world
+        if ga < 1 or t != mb * ga * world:
+            reader.error(f"train_batch_size {t} is not train_micro_batch_size_per_gpu {mb} x "
+                         f"world {world} x a whole number of accumulation steps",
+                         train.origin if train else None, code=Code.NOT_DIVISIBLE)
+    elif t is not None and ga is not None:
+        mb = t // world // ga
+        if mb < 1 or t != mb * ga * world:
+            reader.error(f"train_batch_size {t} is not world {world} x gradient_accumulation_steps"
+                         f" {ga} x a whole micro-batch", train.origin if train else None,
+                         code=Code.NOT_DIVISIBLE)
+    elif t is not None:
+        mb, ga = t // world, 1
+        if mb < 1 or t % world:
+            reader.error(f"train_batch_size {t} is not divisible by world {world}",
+                         train.origin if train else None, code=Code.NOT_DIVISIBLE)
+    elif mb is not None:
+        ga = ga or 1
+    else:
+        reader.error("either train_batch_size or train_micro_batch_size_per_gpu is needed "
+                     "(DeepSpeed asserts it)", None, code=Code.MISSING)
+    micro_value = micro or (Value(mb, Origin("train_batch_size / world / accumulation", source))
+                            if mb else None)
+
+    attach_model(plan, reader, model, None, micro_value, None, "a DeepSpeed JSON")
+
+    # ---- precision ----
+    bf16 = doc.get("bf16", "enabled") or doc.get("bfloat16", "enabled")
+    fp16 = doc.get("fp16", "enabled")
+    if bf16 is not None and bf16.value is True and fp16 is not None and fp16.value is True:
+        reader.error("bf16 and fp16 are both enabled (DeepSpeed refuses it)", fp16.origin,
+                     code=Code.CONFLICT)
+    opt = doc.get("optimizer", "type")
+    if opt is not None and str(opt.value).lower() not in ("adam", "adamw", "fusedadam", "cpuadam",
+                                                           "onebitadam", "zerooneadam", "lamb"):
+        reader.error(f"not modelled: optimizer {opt.value} (Adam-like optimizers are modelled)",
+                     opt.origin, code=Code.NOT_MODELLED)
+    if bf16 is not None and bf16.value is True:
+        plan.precision = Line("precision bf16_adam", "bf16.enabled: bf16 Θ and G, Adam 12 B",
+                              bf16.origin)
+    elif fp16 is not None and fp16.value is True:
+        scale = doc.get("fp16", "loss_scale")
+        static = scale is not None and scale.value not in (0, 0.0)
+        plan.precision = (Line("precision { params = fp16, grads = fp16, optimizer = 12, "
+                               "activations = fp16, loss_scale = static }",
+                               "fp16.enabled, fp16.loss_scale != 0", scale.origin)
+                          if static and scale is not None else
+                          Line("precision mixed_adam", "fp16.enabled (loss_scale 0: dynamic)",
+                               fp16.origin))
+    else:
+        plan.precision = Line("precision fp32_adam", "neither bf16 nor fp16 enabled")
+
+    # ---- ZeRO ----
+    stage_v = doc.integer("zero_optimization", "stage", low=0)
+    stage = 0 if stage_v is None else int(stage_v.value)
+    if stage > 3:
+        reader.error(f"zero_optimization.stage is 0 to 3, not {stage}", stage_v.origin
+                     if stage_v else None)
+    mics = doc.integer("zero_optimization", "mics_shard_size", low=-1)
+    hpz = doc.integer("zero_optimization", "zero_hpz_partition_size", low=0)
+    if hpz is not None and int(hpz.value) > 1:
+        reader.warning("not modelled: zero_hpz_partition_size (ZeRO++ secondary parameter "
+                       "partition); modelled as plain ZeRO-3", hpz.origin)
+    preset = ("ddp", "zero1", "zero2", "zero3")[min(stage, 3)]
+    why = f"zero_optimization.stage {stage}" if stage_v else "no zero_optimization: stage 0"
+    origin = stage_v.origin if stage_v else None
+    if mics is not None and int(mics.value) > 0 and stage == 3:
+        shard = int(mics.value)
+        if world % shard:
+            reader.error(f"world {world} is not divisible by mics_shard_size {shard}", mics.origin,
+                         code=Code.NOT_DIVISIBLE)
+            shard = 1
+        plan.mesh += [Line(f"shard = {shard}", "zero_optimization.mics_shard_size", mics.origin),
+                      Line(f"replica = {world // shard}", "world / mics_shard_size"),
+                      Line(f"world = {world}", "--world (placeverify option)")]
+        plan.body.append(Line("place hsdp over shard * replica", "MiCS: ZeRO-3 inside "
+                              "mics_shard_size ranks, replicated across groups", mics.origin))
+    else:
+        plan.mesh += [Line(f"dp = {world}", "--world (placeverify option): all data-parallel")]
+        plan.body.append(Line(f"place {preset} over dp", why, origin))
+    if ga and ga > 1:
+        plan.body.append(Line(f"microbatches = {ga}", "gradient_accumulation_steps",
+                              acc.origin if acc else None))
+    op = doc.get("gradient_allreduce_op")
+    if op is not None and op.value == "sum":
+        plan.body.append(Line("loss token_mean", "gradient_allreduce_op sum: correct only with a "
+                              "loss divided by the global token count", op.origin))
+        reader.warning("gradient_allreduce_op sum: gradients are summed over dp; placeverify "
+                       "checks the step that divides each loss by the global token count",
+                       op.origin, code=Code.CONFLICT)
+    else:
+        plan.body.append(Line("loss microbatch_mean", "DeepSpeed scales each micro-batch's loss "
+                              "by 1 / gradient_accumulation_steps and averages over dp"))
+    doc.get("prescale_gradients")
+    doc.get("gradient_predivide_factor")  # divides before and multiplies after: same gradient
+    clip = doc.get("gradient_clipping")
+    if clip is not None and isinstance(clip.value, (int, float)) and clip.value > 0:
+        plan.body.append(Line(f"clip max_norm = {clip.value}", "gradient_clipping", clip.origin))
+    ckpt = doc.get("activation_checkpointing")
+    if ckpt is not None:
+        reader.warning("not modelled: activation_checkpointing configures DeepSpeed's "
+                       "checkpointing API; which layers are checkpointed is in the model code",
+                       ckpt.origin)
+    for what, key in (("optimizer", "offload_optimizer"), ("params", "offload_param")):
+        device = doc.get("zero_optimization", key, "device")
+        if device is None or device.value in ("none", None):
+            continue
+        if device.value not in ("cpu", "nvme"):
+            reader.error(f"{device.origin.key} is none, cpu or nvme, not {device.value!r}",
+                         device.origin)
+            continue
+        if key == "offload_param" and stage != 3:
+            reader.warning("offload_param needs ZeRO stage 3; DeepSpeed ignores it here",
+                           device.origin, code=Code.CONFLICT)
+            continue
+        if device.value == "nvme":
+            reader.warning("nvme offload is modelled as host memory", device.origin)
+        plan.body.append(Line(f"offload {what} to cpu", device.origin.key, device.origin))
+    plan.title = f"{Path(source.path).name}: DeepSpeed ZeRO-{stage}, dp = {world}"
+    _leftovers(doc, reader, plan)
+    return plan
+
+
+def _leftovers(doc: _Doc, reader: Reader, plan: Plan) -> None:
+    ignored: list[str] = []
+    for key in doc.data:
+        origin = Origin(key, doc.source, doc.spans.get((key,)))
+        if key in IGNORED_TOP:
+            ignored.append(key)
+        elif key not in TOP:
+            reader.warning(f"not modelled: DeepSpeed key '{key}'", origin)
+    zero = doc.data.get("zero_optimization")
+    if isinstance(zero, dict):
+        for key in zero:
+            origin = Origin(key, doc.source, doc.spans.get(("zero_optimization", key)))
+            if key in ZERO_IGNORED:
+                ignored.append(f"zero_optimization.{key}")
+            elif key not in ZERO_READ:
+                reader.warning(f"not modelled: zero_optimization.{key}", origin)
+    if ignored:
+        plan.header.append("Read but without effect on placement, memory or communication: "
+                           + " ".join(ignored))

@@ -1,0 +1,225 @@
+"""A Hugging Face ``config.json``: the model's dimensions, for any importer (``--model``).
+
+Keys and defaults are those of the transformers config classes (huggingface/transformers):
+``models/llama/configuration_llama.py`` (LlamaConfig: hidden_size, intermediate_size,
+num_hidden_layers, num_attention_heads, num_key_value_heads defaulting to num_attention_heads,
+head_dim defaulting to hidden_size // num_attention_heads, attention_bias, mlp_bias,
+attention_dropout, tie_word_embeddings default False, max_position_embeddings),
+``models/mistral/configuration_mistral.py`` (the same keys), ``models/mixtral/configuration_mixtral.py``
+(num_local_experts, num_experts_per_tok; every layer is a sparse MoE block whose experts are
+SwiGLU MLPs of width intermediate_size) and ``models/gpt2/configuration_gpt2.py`` (n_embd, n_layer,
+n_head, n_inner defaulting to 4 * n_embd, n_positions, tie_word_embeddings default True, learned
+positions, LayerNorm, biases, resid_pdrop / attn_pdrop). Other architectures are refused by name:
+their layers (multi-head latent attention, shared experts, partial biases) change the parameter
+count in ways ``model transformer`` does not describe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from placeverify.diagnostics import Code, Source
+from placeverify.importers.common import Line, Origin, Plan, Reader, Value
+from placeverify.importers.positions import load_json, syntax_error
+from placeverify.syntax.source import read_source
+
+LLAMA_LIKE = ("llama", "mistral", "mixtral")
+SUPPORTED = (*LLAMA_LIKE, "gpt2")
+
+# Keys that do not change placement, memory or communication as placeverify models them.
+IGNORED = frozenset({
+    "architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_act",
+    "activation_function", "initializer_range", "rms_norm_eps", "layer_norm_epsilon", "rope_theta",
+    "rope_scaling", "rope_parameters", "torch_dtype", "dtype", "transformers_version", "use_cache",
+    "pretraining_tp", "model_type", "max_position_embeddings", "n_positions", "n_ctx",
+    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "sliding_window",
+    "use_sliding_window", "max_window_layers", "summary_type", "summary_use_proj",
+    "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "task_specific_params", "_name_or_path", "name_or_path", "id2label", "label2id",
+    "embd_pdrop", "quantization_config",
+})
+# Keys that change the architecture in ways placeverify does not model.
+REFUSED = {
+    "q_lora_rank": "multi-head latent attention (DeepSeek) is not modelled",
+    "kv_lora_rank": "multi-head latent attention (DeepSeek) is not modelled",
+    "n_shared_experts": "shared experts are not modelled",
+    "first_k_dense_replace": "a mix of dense and MoE layers is not modelled",
+    "moe_layer_freq": "a mix of dense and MoE layers is not modelled",
+    "decoder_sparse_step": "a mix of dense and MoE layers is not modelled",
+}
+
+
+class HFModel:
+    """A config.json read into model entries (without seq and micro_batch, which training sets)."""
+
+    def __init__(self, main: Reader, source: Source) -> None:
+        self.main = main
+        self.reader = Reader(source)  # diagnostics about config.json itself
+        self.source = source
+        data, self.spans = load_json(source)
+        if not isinstance(data, dict):
+            raise syntax_error(source, "a Hugging Face config.json is a JSON object", None)
+        self.data: dict[str, Any] = data
+        self.used: set[str] = set()
+
+    def origin(self, key: str) -> Origin:
+        return Origin(key, self.source, self.spans.get((key,)))
+
+    def get(self, key: str, default: Any = None) -> Value | None:
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None:
+            return None if default is None else Value(default, Origin(f"{key} (default)", self.source))
+        return Value(self.data[key], self.origin(key))
+
+    def integer(self, key: str, default: int | None = None, low: int = 1) -> Value | None:
+        v = self.get(key, default)
+        if v is None:
+            self.reader.error(f"config.json has no '{key}'", Origin(key, self.source),
+                              code=Code.MISSING)
+            return None
+        if isinstance(v.value, bool) or not isinstance(v.value, int) or v.value < low:
+            self.reader.error(f"'{key}' must be a whole number >= {low}, not {v.value!r}", v.origin)
+            return None
+        return v
+
+    def entries(self) -> list[Line]:
+        """The model block's entries (dimensions), each with its key."""
+        kind = self.data.get("model_type")
+        self.used.add("model_type")
+        if kind not in SUPPORTED:
+            self.reader.error(
+                f"model_type {kind!r} is not modelled; placeverify reads "
+                + ", ".join(SUPPORTED) + " configurations", self.origin("model_type"),
+                "describe other models by hand: model transformer { layers = ..., hidden = ... }",
+                code=Code.NOT_MODELLED)
+        for key, why in REFUSED.items():
+            if self.data.get(key) not in (None, 0):
+                self.reader.error(f"not modelled: '{key}': {why}", self.origin(key),
+                                  code=Code.NOT_MODELLED)
+                self.used.add(key)
+        lines = self._gpt2() if kind == "gpt2" else self._llama(kind == "mixtral")
+        for key in self.data:
+            if key not in self.used and key not in IGNORED:
+                self.reader.warning(f"not modelled: config.json key '{key}'", self.origin(key))
+        self.reader.raise_if_errors()
+        self.main.extra.extend(self.reader.warnings())
+        return lines
+
+    def _line(self, entry: str, v: Value | None, text: str | None = None) -> Line:
+        if v is None:
+            return Line(f"{entry} = 0")
+        return Line(f"{entry} = {text if text is not None else v.value}", v.origin.key, v.origin)
+
+    def _llama(self, moe: bool) -> list[Line]:
+        layers = self.integer("num_hidden_layers")
+        hidden = self.integer("hidden_size")
+        heads = self.integer("num_attention_heads")
+        kv = self.get("num_key_value_heads") or (
+            None if heads is None else Value(heads.value, Origin(
+                "num_key_value_heads (default: num_attention_heads)", self.source)))
+        ffn = self.integer("intermediate_size")
+        vocab = self.integer("vocab_size")
+        head_dim = self.get("head_dim")
+        if head_dim is not None and hidden and heads and head_dim.value != hidden.value // heads.value:
+            self.reader.error(f"not modelled: head_dim = {head_dim.value} differs from hidden_size "
+                              f"/ num_attention_heads = {hidden.value // heads.value}",
+                              head_dim.origin, code=Code.NOT_MODELLED)
+        tied = self.get("tie_word_embeddings", False)
+        attention_bias = self.get("attention_bias", False)
+        mlp_bias = self.get("mlp_bias", False)
+        assert tied is not None and attention_bias is not None and mlp_bias is not None
+        if attention_bias.value != mlp_bias.value:
+            self.reader.error("not modelled: biases in the attention but not the MLP (or the "
+                              "reverse); placeverify's 'bias' is all linear layers or none",
+                              attention_bias.origin, code=Code.NOT_MODELLED)
+        dropout = self.get("attention_dropout", 0.0)
+        assert dropout is not None
+        lines = [self._line("layers", layers), self._line("hidden", hidden),
+                 self._line("heads", heads), self._line("kv_heads", kv),
+                 self._line("ffn", ffn),
+                 Line("mlp = gated", "SwiGLU (LlamaMLP: gate, up and down projections)"),
+                 self._line("vocab", vocab),
+                 self._line("embeddings", tied, "tied" if tied.value else "untied"),
+                 Line("position = rotary", "RoPE (rope_theta)"),
+                 Line("norm = rmsnorm", "RMSNorm (rms_norm_eps)"),
+                 self._line("bias", attention_bias, "true" if attention_bias.value else "false"),
+                 self._line("dropout", dropout, "true" if dropout.value else "false"),
+                 Line("attention = flash", "config.json does not say: flash/SDPA assumed")]
+        if moe:
+            experts = self.integer("num_local_experts")
+            top_k = self.integer("num_experts_per_tok")
+            lines += [self._line("experts", experts), self._line("top_k", top_k)]
+        return lines
+
+    def _gpt2(self) -> list[Line]:
+        layers = self.integer("n_layer")
+        hidden = self.integer("n_embd")
+        heads = self.integer("n_head")
+        ffn = self.get("n_inner") or (None if hidden is None else Value(
+            4 * int(hidden.value), Origin("n_inner (default: 4 * n_embd)", self.source)))
+        vocab = self.integer("vocab_size")
+        positions = self.integer("n_positions", 1024)
+        tied = self.get("tie_word_embeddings", True)
+        dropout = self.get("resid_pdrop", 0.1)
+        self.get("attn_pdrop")
+        assert tied is not None and dropout is not None
+        return [self._line("layers", layers), self._line("hidden", hidden),
+                self._line("heads", heads), self._line("kv_heads", heads),
+                self._line("ffn", ffn), Line("mlp = plain", "GELU MLP (GPT2MLP)"),
+                self._line("vocab", vocab),
+                self._line("embeddings", tied, "tied" if tied.value else "untied"),
+                self._line("position", positions, "learned"),
+                self._line("max_position", positions),
+                Line("norm = layernorm", "GPT2Block: LayerNorm"),
+                Line("bias = true", "GPT2 Conv1D layers have biases"),
+                self._line("dropout", dropout, "true" if dropout.value else "false"),
+                Line("attention = flash", "config.json does not say: flash/SDPA assumed")]
+
+    def max_position(self) -> Value | None:
+        key = "n_positions" if self.data.get("model_type") == "gpt2" else "max_position_embeddings"
+        v = self.get(key)
+        return v if v is not None and isinstance(v.value, int) and v.value > 0 else None
+
+    def value_of(self, entry: str, lines: list[Line]) -> str | None:
+        for line in lines:
+            name, _, value = line.text.partition(" = ")
+            if name == entry:
+                return value
+        return None
+
+
+
+def attach_model(plan: Plan, reader: Reader, model_path: str | None, seq: Value | None,
+                 micro_batch: Value | None, own: list[Line] | None = None,
+                 what: str = "this file") -> HFModel | None:
+    """Fill the plan's model block from ``--model config.json``, else from the framework's own
+    entries (``own``); say what is missing when neither describes the model."""
+    hf: HFModel | None = None
+    if model_path is not None:
+        hf = HFModel(reader, read_source(model_path))
+        plan.model = hf.entries()
+        plan.model_origin = Origin("--model", hf.source, None)
+        if seq is None:
+            position = hf.max_position()
+            if position is not None:
+                seq = position
+                reader.warning(
+                    f"{what} does not give the training sequence length: seq = "
+                    f"{position.value} ({position.origin.key} of {model_path}); edit the .place "
+                    "file if training uses shorter sequences", position.origin, code=Code.MISSING)
+    elif own is not None:
+        plan.model = list(own)
+    else:
+        reader.error(f"no model: {what} does not describe the model; give its Hugging Face "
+                     "config with --model config.json", None, code=Code.MISSING)
+        return None
+    if seq is None:
+        reader.error("no sequence length: give it in the configuration or use --model with a "
+                     "config.json that has max_position_embeddings", None, code=Code.MISSING)
+    else:
+        plan.model.append(Line(f"seq = {seq.value}", seq.origin.key, seq.origin))
+    if micro_batch is not None:
+        plan.model.append(Line(f"micro_batch = {micro_batch.value}", micro_batch.origin.key,
+                               micro_batch.origin))
+    return hf

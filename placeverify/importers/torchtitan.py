@@ -1,0 +1,234 @@
+"""A torchtitan TOML job config (pytorch/torchtitan, before the move to Python registries).
+
+Keys and defaults: ``torchtitan/config/job_config.py`` ([parallelism] data_parallel_replicate_degree 1,
+data_parallel_shard_degree -1, fsdp_reshard_after_forward default, tensor_parallel_degree,
+pipeline_parallel_degree, pipeline_parallel_schedule 1F1B, pipeline_parallel_microbatch_size 1,
+context_parallel_degree, expert_parallel_degree, expert_tensor_parallel_degree; [training]
+local_batch_size 8, global_batch_size -1, seq_len 2048, max_norm 1.0, mixed_precision_param
+bfloat16, enable_cpu_offload; [activation_checkpoint] mode selective). Rules:
+``torchtitan/distributed/parallel_dims.py`` (dp_shard -1 = world / (replicate * cp * tp * pp);
+the product must equal the world), ``torchtitan/train.py`` (accumulation = global / (local x
+(replicate x shard)); loss = local sum / global valid tokens), ``models/llama3/infra/parallelize.py``
+(reshard "default" = not pipeline-parallel; norms under TP use SequenceParallel; fp32 sharded
+parameters with a bf16 compute copy).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from placeverify.diagnostics import Code, Source, Span
+from placeverify.importers.common import Line, Origin, Plan, Reader, Value
+from placeverify.importers.hf_config import attach_model
+from placeverify.importers.positions import toml_key_spans
+
+READ = {
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
+                    "fsdp_reshard_after_forward", "tensor_parallel_degree",
+                    "pipeline_parallel_degree", "pipeline_parallel_schedule",
+                    "pipeline_parallel_microbatch_size", "context_parallel_degree",
+                    "expert_parallel_degree", "expert_tensor_parallel_degree",
+                    "pipeline_parallel_layers_per_stage"},
+    "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm",
+                 "mixed_precision_param", "mixed_precision_reduce", "enable_cpu_offload"},
+    "activation_checkpoint": {"mode", "selective_ac_option"},
+    "model": {"name", "flavor"},
+}
+IGNORED_TABLES = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint",
+                  "compile", "validation", "comm", "float8", "quantize", "memory_estimation",
+                  "fault_tolerance", "experimental"}
+IGNORED_KEYS = {"steps", "dataset", "dataset_path", "seed", "deterministic", "gc_freq",
+                "warmup_steps", "selective_ac_option"}
+PRESETS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b",
+           ("llama3", "405B"): "llama3_405b"}
+SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
+
+
+def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
+    try:
+        data = tomllib.loads(source.text)
+    except tomllib.TOMLDecodeError as error:
+        reader.error(f"not valid TOML: {error}", None, code=Code.SYNTAX)
+        reader.raise_if_errors()
+        data = {}
+    spans = toml_key_spans(source)
+    plan = Plan("torchtitan", source.path)
+
+    def get(table: str, key: str, default: Any) -> Value:
+        section = data.get(table, {})
+        if isinstance(section, dict) and key in section:
+            return Value(section[key], Origin(f"[{table}] {key}", source, spans.get((table, key))))
+        return Value(default, Origin(f"[{table}] {key} (default)", source))
+
+    def integer(table: str, key: str, default: int, low: int = 1) -> int:
+        v = get(table, key, default)
+        if isinstance(v.value, bool) or not isinstance(v.value, int) or (
+                v.value < low and not (key == "data_parallel_shard_degree" and v.value == -1)):
+            reader.error(f"{v.origin.key} must be a whole number >= {low}, not {v.value!r}",
+                         v.origin)
+            return default if default > 0 else 1
+        return v.value
+
+    if world is None:
+        reader.error("world size unknown: torchtitan takes it from the launcher (NGPU); pass "
+                     "--world N", None, code=Code.MISSING)
+        reader.raise_if_errors()
+    assert world is not None
+    rep = integer("parallelism", "data_parallel_replicate_degree", 1)
+    shard_v = get("parallelism", "data_parallel_shard_degree", -1)
+    shard = integer("parallelism", "data_parallel_shard_degree", -1)
+    tp = integer("parallelism", "tensor_parallel_degree", 1)
+    pp = integer("parallelism", "pipeline_parallel_degree", 1)
+    cp = integer("parallelism", "context_parallel_degree", 1)
+    ep = integer("parallelism", "expert_parallel_degree", 1)
+    etp = integer("parallelism", "expert_tensor_parallel_degree", 1)
+    rest = rep * cp * tp * pp
+    if shard == -1:
+        shard = world // rest if world % rest == 0 else 0
+    if shard < 1 or rep * shard * cp * tp * pp != world:
+        reader.error(f"replicate {rep} x shard {shard_v.value} x cp {cp} x tp {tp} x pp {pp} != "
+                     f"world {world} (torchtitan's ParallelDims asserts it)", shard_v.origin,
+                     code=Code.WORLD_MISMATCH)
+        reader.raise_if_errors()
+    ep_origin = get("parallelism", "expert_parallel_degree", 1).origin
+    if ep > 1 and (cp > 1 or shard % ep or (etp != tp and tp > 1)):
+        reader.error("not modelled: expert parallelism that does not come out of the shard "
+                     "degree alone (cp = 1, ep divides data_parallel_shard_degree, etp = tp)",
+                     ep_origin, code=Code.NOT_MODELLED)
+    local = get("training", "local_batch_size", 8)
+    glob = get("training", "global_batch_size", -1)
+    batch_degree = rep * shard
+    g = int(glob.value) if isinstance(glob.value, int) and glob.value > 0 else int(local.value) * batch_degree
+    ga = 1
+    if g % (int(local.value) * batch_degree):
+        reader.error(f"global_batch_size {g} is not divisible by local_batch_size {local.value} x "
+                     f"data-parallel degree {batch_degree}", glob.origin, code=Code.NOT_DIVISIBLE)
+    else:
+        ga = g // (int(local.value) * batch_degree)
+    seq = get("training", "seq_len", 2048)
+    pp_mb = get("parallelism", "pipeline_parallel_microbatch_size", 1)
+    micro = pp_mb if pp > 1 else local
+
+    # ---- model: --model, or a bundled Llama 3 flavor ----
+    name, flavor = get("model", "name", "llama3"), get("model", "flavor", "debugmodel")
+    preset = PRESETS.get((str(name.value), str(flavor.value)))
+    if model is None and preset is not None:
+        plan.model_name = preset
+        plan.model_origin = flavor.origin
+        plan.model = [Line(f"seq = {seq.value}", seq.origin.key, seq.origin),
+                      Line(f"micro_batch = {micro.value}", micro.origin.key, micro.origin)]
+        plan.header.append(f"model: torchtitan's {name.value} {flavor.value} "
+                           f"(torchtitan/models/{name.value}/__init__.py) is placeverify's {preset}")
+    else:
+        if model is None:
+            reader.error(f"no model: torchtitan flavor {name.value} {flavor.value} is not bundled "
+                         "with placeverify; give its Hugging Face config with --model config.json",
+                         flavor.origin, code=Code.MISSING)
+        attach_model(plan, reader, model, seq, micro, None, "the torchtitan config")
+
+    param = get("training", "mixed_precision_param", "bfloat16")
+    act = "bf16" if param.value == "bfloat16" else "fp32"
+    plan.precision = Line(f"precision {{ params = fp32, grads = fp32, optimizer = 8, "
+                          f"activations = {act}, loss_scale = none }}",
+                          f"{param.origin.key}: fp32 sharded Θ, {act} compute (FSDP2 "
+                          "MixedPrecisionPolicy), AdamW 8 B", param.origin)
+
+    # ---- mesh (innermost first: tp, cp, ep, shard, replicate, pp; ParallelDims.build_mesh) ----
+    axes = [("tp", tp, "tensor_parallel_degree"), ("cp", cp, "context_parallel_degree"),
+            ("ep", ep, "expert_parallel_degree")]
+    for axis, size, key in axes:
+        if size > 1:
+            v = get("parallelism", key, 1)
+            plan.mesh.append(Line(f"{axis} = {size}", v.origin.key, v.origin))
+    shard_dp = shard // ep if ep > 1 else shard
+    hsdp = rep > 1 and shard_dp > 1
+    if hsdp:
+        plan.mesh.append(Line(f"shard = {shard_dp}", shard_v.origin.key, shard_v.origin))
+        plan.mesh.append(Line(f"replica = {rep}", "[parallelism] data_parallel_replicate_degree",
+                              get("parallelism", "data_parallel_replicate_degree", 1).origin))
+    else:
+        plan.mesh.append(Line(f"dp = {shard_dp * rep}", shard_v.origin.key, shard_v.origin))
+    if pp > 1:
+        v = get("parallelism", "pipeline_parallel_degree", 1)
+        plan.mesh.append(Line(f"pp = {pp}", v.origin.key, v.origin))
+    plan.mesh.append(Line(f"world = {world}", "--world (placeverify option)"))
+
+    # ---- placements ----
+    if tp > 1:
+        v = get("parallelism", "tensor_parallel_degree", 1)
+        plan.body.append(Line("place megatron(sequence_parallel) over tp", v.origin.key +
+                              " (norms use SequenceParallel)", v.origin))
+    if cp > 1:
+        v = get("parallelism", "context_parallel_degree", 1)
+        plan.body.append(Line("place context over cp", v.origin.key, v.origin))
+    if ep > 1:
+        plan.body.append(Line("place expert over ep", ep_origin.key, ep_origin))
+    policy = get("parallelism", "fsdp_reshard_after_forward", "default")
+    reshard = {"always": True, "never": False, "default": pp == 1}.get(str(policy.value))
+    if reshard is None:
+        reader.error(f"fsdp_reshard_after_forward is default, always or never, not "
+                     f"{policy.value!r}", policy.origin)
+    if hsdp:
+        plan.body.append(Line("place hsdp over shard * replica", "replicate and shard degrees > 1",
+                              shard_v.origin))
+    elif shard_dp > 1:
+        plan.body.append(Line("place fsdp over dp" if reshard else "place fsdp(grad_op) over dp",
+                              f"{policy.origin.key} {policy.value}: reshard_after_forward = "
+                              f"{reshard}", policy.origin))
+    else:
+        plan.body.append(Line("place ddp over dp", "data_parallel_shard_degree 1"))
+    if pp > 1:
+        schedule = get("parallelism", "pipeline_parallel_schedule", "1F1B")
+        kind = SCHEDULES.get(str(schedule.value))
+        if kind is None:
+            reader.error(f"not modelled: pipeline schedule {schedule.value} (1F1B, GPipe and "
+                         "Interleaved1F1B are)", schedule.origin, code=Code.NOT_MODELLED)
+            kind = "1f1b"
+        m = int(local.value) // int(pp_mb.value) * ga
+        chunks = ", chunks = 2" if kind == "interleaved" else ""
+        plan.body.append(Line(f"place pipeline({kind}{chunks}, microbatches = {m}) over pp",
+                              f"{schedule.origin.key}; local_batch_size / microbatch_size x "
+                              "accumulation", schedule.origin))
+    elif ga > 1:
+        plan.body.append(Line(f"microbatches = {ga}", "global / (local x dp degree)", glob.origin))
+    plan.body.append(Line("loss token_mean", "torchtitan: local loss sum / global valid tokens"))
+    norm = get("training", "max_norm", 1.0)
+    if isinstance(norm.value, (int, float)) and norm.value > 0:
+        plan.body.append(Line(f"clip max_norm = {norm.value}", norm.origin.key, norm.origin))
+    mode = get("activation_checkpoint", "mode", "selective")
+    if mode.value in ("full", "selective"):
+        plan.body.append(Line(f"recompute {mode.value}", mode.origin.key, mode.origin))
+    elif mode.value != "none":
+        reader.error(f"not modelled: activation_checkpoint mode {mode.value!r}", mode.origin,
+                     code=Code.NOT_MODELLED)
+    offload = get("training", "enable_cpu_offload", False)
+    if offload.value is True:
+        plan.body.append(Line("offload optimizer, gradients, params to cpu", offload.origin.key,
+                              offload.origin))
+    _leftovers(data, spans, source, reader, plan)
+    plan.title = f"{Path(source.path).name}: torchtitan, " + ", ".join(
+        line.text for line in plan.mesh if not line.text.startswith("world"))
+    return plan
+
+
+def _leftovers(data: dict[str, Any], spans: dict[tuple[str, ...], Span], source: Source,
+               reader: Reader, plan: Plan) -> None:
+    ignored: list[str] = []
+    for table, section in data.items():
+        if table in IGNORED_TABLES:
+            ignored.append(f"[{table}]")
+            continue
+        if table not in READ or not isinstance(section, dict):
+            reader.warning(f"not modelled: [{table}]", Origin(table, source, spans.get((table,))))
+            continue
+        for key in section:
+            if key in IGNORED_KEYS:
+                ignored.append(f"[{table}] {key}")
+            elif key not in READ[table]:
+                reader.warning(f"not modelled: [{table}] {key}",
+                               Origin(key, source, spans.get((table, key))))
+    if ignored:
+        plan.header.append("Read but without effect on placement, memory or communication: "
+                           + " ".join(ignored))

@@ -1,0 +1,376 @@
+"""Importers: real-format configuration files -> .place -> the same strategy as written by hand.
+
+Fixtures under tests/importers/ use the frameworks' own key names:
+- Megatron-LM flags: megatron/training/arguments.py, megatron/core/model_parallel_config.py,
+  megatron/core/transformer/transformer_config.py (NVIDIA/Megatron-LM);
+- DeepSpeed keys: deepspeed/runtime/constants.py, deepspeed/runtime/zero/config.py;
+- torchtitan keys: torchtitan/config/job_config.py ([parallelism], [training],
+  [activation_checkpoint]);
+- accelerate keys: src/accelerate/commands/config/config_args.py, commands/launch.py
+  (parallelism_config_*_size);
+- Hugging Face config.json: transformers models/llama/configuration_llama.py,
+  models/mixtral/configuration_mixtral.py.
+Expected values are derived by hand from the files in each test's comments.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from placeverify.api import check_strategy
+from placeverify.diagnostics import PlaceError, Severity
+from placeverify.importers import Options, import_file, load, load_text
+
+HERE = Path(__file__).parent / "importers"
+ROOT = Path(__file__).parent.parent
+
+
+def fixture(name: str) -> str:
+    return str(HERE / name)
+
+
+def strategy_of(name: str, **options: object):  # type: ignore[no-untyped-def]
+    strategy, imported = load(fixture(name), Options(**options))  # type: ignore[arg-type]
+    return strategy, imported
+
+
+def summary(strategy):  # type: ignore[no-untyped-def]
+    return ({a.name: a.size for a in strategy.mesh.axes},
+            {p.axis: p.preset for p in strategy.placements})
+
+
+def same_costs(imported_strategy, hand_written: str) -> None:  # type: ignore[no-untyped-def]
+    """check on the imported strategy gives the costs and verdicts of the hand-written file."""
+    hand = load_text(hand_written, "hand.place")
+    a = check_strategy(imported_strategy)
+    b = check_strategy(hand)
+    assert a.costs.device_bytes() == b.costs.device_bytes()
+    assert a.costs.network_bytes() == b.costs.network_bytes()
+    assert a.costs.bubble == b.costs.bubble
+    assert imported_strategy.model.params == hand.model.params
+    assert a.verification is not None and b.verification is not None
+    assert a.verification.verdicts() == b.verification.verdicts()
+
+
+# ---- Megatron-LM -----------------------------------------------------------------------------
+
+def test_megatron_gpt3_175b_script() -> None:
+    # 8 GPUs x 128 nodes = 1024; TP 8, PP 8 -> DP = 1024 / 64 = 16;
+    # micro-batches = 1024 / (1 x 16) = 64; GPT-2 BPE vocabulary 50257, padded to 128 x tp.
+    strategy, imported = strategy_of("gpt3-175b-megatron.sh")
+    sizes, presets = summary(strategy)
+    assert sizes == {"tp": 8, "dp": 16, "pp": 8}
+    assert presets["tp"].startswith("megatron") and presets["dp"] == "zero1"
+    assert strategy.model.params == 174_604_259_328  # README: GPT-3's exact count
+    assert "place pipeline(1f1b, microbatches = 64) over pp" in imported.text
+    assert "precision megatron" in imported.text
+    assert "tp = 8" in imported.text and "# --tensor-model-parallel-size" in imported.text
+    # --overlap-grad-reduce is reported at its text (line 44, column 5), not dropped
+    [(warning, _source)] = imported.warnings
+    assert warning.severity is Severity.WARNING and "--overlap-grad-reduce" in warning.message
+    assert warning.span is not None and (warning.span.line, warning.span.column) == (44, 5)
+    assert "--save" in imported.text.splitlines()[1]  # the ignored flags are listed, not dropped
+    same_costs(strategy, """
+strategy "hand"
+model gpt3_175b { seq = 2048, micro_batch = 1, attention = flash }  # --attention-backend auto
+precision megatron
+mesh { tp = 8, dp = 16, pp = 8, world = 1024 }
+place megatron(sequence_parallel) over tp
+place zero1 over dp
+place pipeline(1f1b, microbatches = 64) over pp
+loss microbatch_mean
+clip max_norm = 1.0
+recompute selective
+""")
+
+
+def test_megatron_llama3_405b_argument_file() -> None:
+    # world 1792 / (tp 8 x pp 14 x cp 2) = 8; micro-batches = 224 / (1 x 8) = 28
+    strategy, _ = strategy_of("llama3-405b-megatron.args", world=1792)
+    sizes, presets = summary(strategy)
+    assert sizes == {"tp": 8, "cp": 2, "dp": 8, "pp": 14}
+    assert presets["dp"] == "zero1"
+    assert strategy.model.params == 405_853_388_800
+    same_costs(strategy, """
+strategy "hand"
+model llama3_405b { seq = 8192, micro_batch = 1 }
+precision megatron
+mesh { tp = 8, cp = 2, dp = 8, pp = 14 }
+place megatron(sequence_parallel) over tp
+place context(R, S, R, S) over cp
+place zero1 over dp
+place pipeline(1f1b, microbatches = 28) over pp
+loss microbatch_mean
+clip max_norm = 1.0
+recompute full
+""")
+
+
+def test_megatron_mixtral_expert_parallel_with_hf_model() -> None:
+    # world 32, tp = pp = cp = 1 -> DP 32; EP 8 comes out of DP: dp = 4; m = 256 / 32 = 8.
+    strategy, imported = strategy_of("mixtral-8x7b-megatron.sh",
+                                     model=fixture("mixtral-8x7b-config.json"))
+    sizes, presets = summary(strategy)
+    assert sizes == {"ep": 8, "dp": 4}
+    assert presets == {"ep": "expert", "dp": "zero1"}
+    assert "microbatches = 8" in imported.text
+    # --sequence-parallel with TP = 1: Megatron switches it off -> a warning at line 16, col 5
+    warning = next(w for w, _ in imported.warnings if "--sequence-parallel" in w.message)
+    assert warning.span is not None and (warning.span.line, warning.span.column) == (16, 5)
+    same_costs(strategy, """
+strategy "hand"
+model mixtral_8x7b { seq = 4096, micro_batch = 1 }
+precision megatron
+mesh { ep = 8, dp = 4 }
+place expert over ep
+place zero1 over dp
+microbatches = 8
+loss microbatch_mean
+clip max_norm = 1.0
+recompute full
+""")
+
+
+def test_megatron_world_not_divisible_points_at_the_flag(tmp_path: Path) -> None:
+    # Megatron-LM's own examples/gpt3 script: TP 8 x PP 16 = 128 on 8 GPUs.
+    script = tmp_path / "train.sh"
+    script.write_text("GPUS=8\ntorchrun --nproc_per_node $GPUS pretrain_gpt.py \\\n"
+                      "    --tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 \\\n"
+                      "    --num-layers 96 --hidden-size 12288 --num-attention-heads 96\n")
+    with pytest.raises(PlaceError) as error:
+        import_file(str(script))
+    [d] = [d for d in error.value.diagnostics if "not divisible" in d.message]
+    assert d.span is not None and (d.span.line, d.span.column) == (3, 5)
+
+
+def test_megatron_missing_world_says_so(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("python pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 2 "
+                      "--hidden-size 64 --num-attention-heads 4 --vocab-size 100 --seq-length 32\n")
+    with pytest.raises(PlaceError) as error:
+        import_file(str(script))
+    assert any("--world" in d.message for d in error.value.diagnostics)
+    text = import_file(str(script), Options(world=4)).text
+    assert "dp = 2" in text and "world = 4" in text
+
+
+@pytest.mark.parametrize("payload", ["$(rm -rf {victim})", "`rm -rf {victim}`",
+                                     "<(rm -rf {victim})"])
+def test_nothing_is_executed(tmp_path: Path, payload: str) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    script = tmp_path / "train.sh"
+    script.write_text("TP=" + payload.format(victim=victim) + "\n"
+                      "torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size $TP\n")
+    with pytest.raises(PlaceError) as error:
+        import_file(str(script))
+    [d] = error.value.diagnostics
+    assert d.code.value == "not-static" and d.span is not None
+    assert (d.span.line, d.span.column) == (1, 4)
+    assert victim.exists()
+
+
+def test_unresolved_variable_in_a_placement_flag_is_an_error(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py \\\n"
+                      "  --tensor-model-parallel-size $TP --num-layers 2\n")
+    with pytest.raises(PlaceError) as error:
+        import_file(str(script))
+    d = error.value.diagnostics[0]
+    assert "$TP" in d.message and d.span is not None and (d.span.line, d.span.column) == (2, 32)
+
+
+# ---- DeepSpeed -------------------------------------------------------------------------------
+
+def test_deepspeed_llama3_8b_zero3() -> None:
+    # 64 = 1 x 8 x world 8: consistent; stage 3 -> zero3; accumulation 8 -> microbatches = 8
+    strategy, imported = strategy_of("llama3-8b-zero3.json", world=8,
+                                     model=fixture("llama3-8b-config.json"))
+    sizes, presets = summary(strategy)
+    assert sizes == {"dp": 8} and presets == {"dp": "zero3"}
+    assert strategy.model.params == 8_030_261_248
+    assert "precision bf16_adam" in imported.text and "microbatches = 8" in imported.text
+    # seq comes from max_position_embeddings (line 11 of config.json), said so
+    [(w, src)] = [(w, s) for w, s in imported.warnings if "sequence length" in w.message]
+    assert src.path.endswith("llama3-8b-config.json") and w.span is not None
+    assert (w.span.line, w.span.column) == (11, 3)
+    same_costs(strategy, """
+strategy "hand"
+model llama3_8b { seq = 8192, micro_batch = 1 }
+precision bf16_adam
+mesh { dp = 8 }
+place zero3 over dp
+microbatches = 8
+loss microbatch_mean
+clip max_norm = 1.0
+""")
+
+
+def test_deepspeed_batch_contradiction_at_the_key() -> None:
+    # 1000 != 2 x 4 x 64 = 512
+    with pytest.raises(PlaceError) as error:
+        import_file(fixture("llama3-70b-offload-bad-batch.json"),
+                    Options(world=64, model=fixture("llama3-70b-config.json")))
+    [d] = error.value.diagnostics
+    assert "512" in d.message and d.span is not None and (d.span.line, d.span.column) == (2, 3)
+
+
+def test_deepspeed_needs_world() -> None:
+    with pytest.raises(PlaceError) as error:
+        import_file(fixture("llama3-8b-zero3.json"))
+    assert "--world" in error.value.diagnostics[0].message
+
+
+def test_deepspeed_offload_and_unknown_keys(tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(Path(fixture("llama3-70b-offload-bad-batch.json")).read_text()
+                      .replace('"train_batch_size": 1000', '"train_batch_size": 512'))
+    imported = import_file(str(config), Options(world=64, model=fixture("llama3-70b-config.json")))
+    assert "offload optimizer to cpu" in imported.text and "place zero2 over dp" in imported.text
+    assert "precision mixed_adam" in imported.text and "microbatches = 4" in imported.text
+    [w] = [w for w, _ in imported.warnings if "my_custom_key" in w.message]
+    assert w.span is not None and (w.span.line, w.span.column) == (11, 3)
+
+
+def test_deepspeed_auto_values_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text('{\n  "train_micro_batch_size_per_gpu": "auto"\n}\n')
+    with pytest.raises(PlaceError) as error:
+        import_file(str(config), Options(world=8, model=fixture("llama3-8b-config.json")))
+    d = error.value.diagnostics[0]
+    assert "auto" in d.message and d.span is not None and (d.span.line, d.span.column) == (2, 3)
+
+
+# ---- torchtitan ------------------------------------------------------------------------------
+
+def test_torchtitan_llama3_70b_fsdp_tp() -> None:
+    # world 64: dp_shard -1 = 64 / 8 = 8; no PP -> reshard after forward ("default")
+    strategy, _ = strategy_of("llama3-70b-fsdp.toml", world=64)
+    sizes, presets = summary(strategy)
+    assert sizes == {"tp": 8, "dp": 8}
+    assert presets["dp"] == "fsdp" and presets["tp"].startswith("megatron")
+    assert strategy.model.params == 70_553_706_496
+    same_costs(strategy, """
+strategy "hand"
+model llama3_70b { seq = 8192, micro_batch = 8 }
+precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+mesh { tp = 8, dp = 8 }
+place megatron(sequence_parallel) over tp
+place fsdp over dp
+loss token_mean
+clip max_norm = 1.0
+recompute full
+""")
+
+
+def test_torchtitan_llama3_405b_hsdp_pipeline() -> None:
+    # 2 x 8 x 8 x 7 = 896; accumulation = 2048 / (16 x 16) = 8; pipeline micro-batches
+    # = 16 / 1 x 8 = 128 (126 layers: 18 per stage)
+    strategy, imported = strategy_of("llama3-405b-hsdp-pp.toml", world=896)
+    sizes, _ = summary(strategy)
+    assert sizes == {"tp": 8, "shard": 8, "replica": 2, "pp": 7}
+    assert "place pipeline(1f1b, microbatches = 128) over pp" in imported.text
+    assert "place hsdp over shard * replica" in imported.text
+
+
+def test_lowering_errors_point_at_the_key(tmp_path: Path) -> None:
+    # 126 layers do not split over 8 stages: the error is at the TOML key, not the .place text
+    config = tmp_path / "t.toml"
+    config.write_text(Path(fixture("llama3-405b-hsdp-pp.toml")).read_text()
+                      .replace("pipeline_parallel_degree = 7", "pipeline_parallel_degree = 8"))
+    with pytest.raises(PlaceError) as error:
+        load(str(config), Options(world=1024))
+    d = error.value.diagnostics[0]
+    assert "126" in d.message and d.span is not None and d.span.line == 18
+    assert error.value.source is not None and error.value.source.path == str(config)
+
+
+def test_torchtitan_world_mismatch_at_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "t.toml"
+    config.write_text("[parallelism]\ndata_parallel_shard_degree = 3\ntensor_parallel_degree = 2\n")
+    with pytest.raises(PlaceError) as error:
+        import_file(str(config), Options(world=8))
+    d = error.value.diagnostics[0]
+    assert d.span is not None and (d.span.line, d.span.column) == (2, 1)
+
+
+# ---- accelerate ------------------------------------------------------------------------------
+
+def test_accelerate_fsdp2_hsdp_tp() -> None:
+    # 2 x 2 x 2 x 1 = 8 = num_processes; mesh order dp_replicate, dp_shard, cp, tp (outermost first)
+    strategy, imported = strategy_of("llama3-8b-fsdp2-accelerate.yaml",
+                                     model=fixture("llama3-8b-config.json"))
+    sizes, _ = summary(strategy)
+    assert sizes == {"tp": 2, "shard": 2, "replica": 2}
+    assert "recompute full" in imported.text
+    same_costs(strategy, """
+strategy "hand"
+model llama3_8b { seq = 8192, micro_batch = 1 }
+precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+mesh { tp = 2, shard = 2, replica = 2 }
+place megatron(sequence_parallel) over tp
+place hsdp over shard * replica
+loss microbatch_mean
+recompute full
+""")
+
+
+def test_accelerate_refuses_yaml_it_does_not_read(tmp_path: Path) -> None:
+    config = tmp_path / "a.yaml"
+    config.write_text("distributed_type: FSDP\nnum_processes: &n 8\n")
+    with pytest.raises(PlaceError) as error:
+        import_file(str(config))
+    d = error.value.diagnostics[0]
+    assert d.span is not None and d.span.line == 2
+
+
+# ---- Hugging Face config.json ------------------------------------------------------------------
+
+def test_hf_config_gives_llama3_dimensions() -> None:
+    imported = import_file(fixture("llama3-8b-zero3.json"),
+                           Options(world=8, model=fixture("llama3-70b-config.json")))
+    for entry in ("layers = 80", "hidden = 8192", "heads = 64", "kv_heads = 8", "ffn = 28672",
+                  "vocab = 128256", "embeddings = untied", "mlp = gated"):
+        assert entry in imported.text
+
+
+def test_hf_config_refuses_unmodelled_architectures(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "deepseek_v3", "q_lora_rank": 1536}\n')
+    with pytest.raises(PlaceError) as error:
+        import_file(fixture("llama3-8b-zero3.json"), Options(world=8, model=str(config)))
+    assert error.value.source is not None and error.value.source.path == str(config)
+
+
+def test_model_missing_says_what_to_give() -> None:
+    with pytest.raises(PlaceError) as error:
+        import_file(fixture("llama3-8b-zero3.json"), Options(world=8))
+    assert any("--model" in d.message for d in error.value.diagnostics)
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "placeverify", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_cli_import_writes_atomically_and_check_accepts_the_file(tmp_path: Path) -> None:
+    out = tmp_path / "gpt3.place"
+    result = run("import", fixture("gpt3-175b-megatron.sh"), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_text().startswith("# Imported by placeverify")
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    checked = run("check", "--no-verify", fixture("llama3-8b-zero3.json"), "--world", "8",
+                  "--model", fixture("llama3-8b-config.json"))
+    assert checked.returncode == 0, checked.stderr
+    failed = run("import", fixture("llama3-70b-offload-bad-batch.json"), "--world", "64",
+                 "--model", fixture("llama3-70b-config.json"), "-o", str(tmp_path / "x.place"))
+    assert failed.returncode == 2 and ":2:3: error:" in failed.stderr
+    assert not (tmp_path / "x.place").exists()
