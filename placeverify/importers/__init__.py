@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.importers import accelerate, deepspeed, megatron, torchtitan
