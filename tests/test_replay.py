@@ -27,21 +27,20 @@ from hypothesis import strategies as st
 
 from placeverify.api import check
 from placeverify.diagnostics import ExitCode
+from placeverify.ir.placement import Role
 from placeverify.lower import load, load_text
 from placeverify.replay.compare import TOLERANCE_FACTOR, outcome, tolerance
+from placeverify.replay.counts import pick_counts
 from placeverify.replay.plan import (
-    MAX_DEFAULT_WORLD,
     Claim,
     Expectation,
     Plan,
     RunSpec,
-    choose_sizes,
-    pick_counts,
     plan_from_strategy,
     plan_from_trace,
-    shrink_sizes,
     strategy_of,
 )
+from placeverify.replay.sizes import MAX_DEFAULT_WORLD, choose_sizes, shrink_sizes
 from placeverify.trace import Trace
 from placeverify.verdicts import Verdict
 
@@ -877,3 +876,14 @@ def test_nccl_on_cuda_devices(replay_pool: Any) -> None:
     assert report.error is None, report.error
     assert report.main.outcome.backend == "nccl"
     assert report.verdict == "confirmed"
+
+
+def test_a_role_the_replay_does_not_model_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A role missing from the replay's list must be refused by name, not run as if it were data.
+    from placeverify.replay import layout
+
+    strategy = load(str(ROOT / "examples" / "strategies" / "mixtral-8x7b-ep.place"))
+    assert layout.layout_of(strategy).ep is not None
+    monkeypatch.setattr(layout, "REPLAYED_ROLES", layout.REPLAYED_ROLES - {Role.EXPERT})
+    with pytest.raises(layout.Unsupported, match="no model of expert axes"):
+        layout.layout_of(strategy)

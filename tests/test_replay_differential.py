@@ -24,7 +24,8 @@ import pytest
 
 from placeverify.api import check
 from placeverify.lower import load
-from placeverify.replay.plan import MAX_DEFAULT_WORLD, plan_from_strategy, plan_from_trace
+from placeverify.replay.plan import plan_from_strategy, plan_from_trace
+from placeverify.replay.sizes import MAX_DEFAULT_WORLD
 from placeverify.verdicts import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,11 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from placeverify.diagnostics import Code, Source
+from placeverify.importers.arguments import Arguments, split_launch
 from placeverify.importers.common import Line, Origin, Plan, Reader, Value
-from placeverify.importers.hf_config import HFModel, attach_model
-from placeverify.importers.shell import Script, Word
+from placeverify.importers.hf_config import attach_model
+from placeverify.importers.megatron_model import REFUSED, cross_check, model_lines
+from placeverify.importers.shell import Script
 
-LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 # Flags with no effect on placement, memory or communication: listed once in the header.
 IGNORED = frozenset({
     "--lr", "--min-lr", "--weight-decay", "--init-method-std", "--train-iters", "--train-samples",
@@ -59,114 +60,11 @@ NOT_MODELLED = {
     "--account-for-embedding-in-pipeline-split": "uneven pipeline stages (layers split evenly)",
     "--num-distributed-optimizer-instances": "several distributed-optimizer instances",
 }
-REFUSED = {
-    "--multi-latent-attention": "multi-head latent attention",
-    "--moe-shared-expert-intermediate-size": "shared experts",
-    "--moe-layer-freq": "a mix of dense and MoE layers",
-    "--use-megatron-fsdp": "Megatron-FSDP (use --use-torch-fsdp2 or the distributed optimizer)",
-    "--kv-channels": "a head dimension other than hidden / heads",
-}
-# GPT-2 BPE (Megatron's GPT2BPETokenizer): 50,257 tokens before padding.
-TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
-
-
-class Arguments:
-    """``--flag [values...]`` words with their positions; each read marks the flag used."""
-
-    def __init__(self, reader: Reader, words: list[Word], source: Source) -> None:
-        self.reader = reader
-        self.source = source
-        self.flags: dict[str, tuple[Word, list[Word]]] = {}
-        self.used: set[str] = set()
-        i = 0
-        while i < len(words):
-            word = words[i]
-            if not word.text.startswith("--"):
-                i += 1  # a positional word (the training script's own): not an argument
-                continue
-            name, eq, inline = word.text.partition("=")
-            values: list[Word] = [Word(inline, word.span, word.unresolved)] if eq else []
-            i += 1
-            while not eq and i < len(words) and not words[i].text.startswith("--"):
-                values.append(words[i])
-                i += 1
-            if name in self.flags:
-                reader.warning(f"{name} is given twice; the last one counts (argparse)",
-                               self.origin(self.flags[name][0]), code=Code.DUPLICATE)
-            self.flags[name] = (Word(name, word.span, word.unresolved), values)
-
-    def origin(self, word: Word, key: str | None = None) -> Origin:
-        return Origin(key or word.text, self.source, word.span)
-
-    def has(self, name: str) -> bool:
-        self.used.add(name)
-        return name in self.flags
-
-    def flag(self, name: str) -> Value | None:
-        if not self.has(name):
-            return None
-        word, values = self.flags[name]
-        if values:
-            self.reader.error(f"{name} takes no value", self.origin(values[0], name))
-        return Value(True, self.origin(word))
-
-    def text(self, name: str) -> Value | None:
-        if not self.has(name):
-            return None
-        word, values = self.flags[name]
-        if len(values) != 1:
-            self.reader.error(f"{name} takes one value", self.origin(word))
-            return None
-        if values[0].unresolved:
-            self.reader.error(f"{name}: {values[0].unresolved} is not assigned in this script "
-                              "(only running it would give the value); write the number",
-                              self.origin(values[0], name), code=Code.NOT_STATIC)
-            return None
-        return Value(values[0].text, Origin(name, self.source, word.span))
-
-    def integer(self, name: str, default: int | None = None, low: int = 1) -> Value | None:
-        v = self.text(name)
-        if v is None:
-            return None if default is None else Value(default, Origin(f"{name} (default)",
-                                                                      self.source))
-        try:
-            number = int(str(v.value))
-        except ValueError:
-            self.reader.error(f"{name} takes a whole number, not '{v.value}'", v.origin)
-            return None
-        if number < low:
-            self.reader.error(f"{name} must be at least {low}, not {number}", v.origin)
-            return None
-        return Value(number, v.origin)
-
-    def real(self, name: str, default: float) -> Value:
-        v = self.text(name)
-        if v is None:
-            return Value(default, Origin(f"{name} (default)", self.source))
-        try:
-            return Value(float(str(v.value)), v.origin)
-        except ValueError:
-            self.reader.error(f"{name} takes a number, not '{v.value}'", v.origin)
-            return Value(default, v.origin)
-
-
-def _split_launch(script: Script) -> tuple[list[Word], list[Word], bool]:
-    """(launcher words, training arguments, whether a launcher was found)."""
-    for command in script.commands:
-        words = list(command.words)
-        texts = [w.text for w in words]
-        py = next((i for i, t in enumerate(texts) if t.endswith(".py")), None)
-        if py is None:
-            continue
-        launcher = any(t.endswith(LAUNCHERS) or t in LAUNCHERS for t in texts[:py])
-        return words[:py], words[py + 1:], launcher
-    # an argument file: every word of every command is an argument
-    return [], [w for c in script.commands for w in c.words], False
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
     script = Script(source)
-    launch, words, launched = _split_launch(script)
+    launch, words, launched = split_launch(script)
     plan = Plan("megatron", source.path)
     args = Arguments(reader, words, source)
     runner = Arguments(reader, launch, source)
@@ -246,7 +144,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
 
     # ---- model ----
     seq = args.integer("--seq-length")
-    own = None if model is not None else _model_lines(args, reader)
+    own = None if model is not None else model_lines(args, reader)
     if model is not None:
         for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
                      "--num-query-groups", "--group-query-attention", "--swiglu", "--normalization",
@@ -258,7 +156,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
             args.used.add(flag)
     hf = attach_model(plan, reader, model, seq, micro, own, "the Megatron-LM arguments")
     if hf is not None:
-        _cross_check(args, reader, hf, plan.model)
+        cross_check(args, reader, hf, plan.model)
 
     # ---- precision ----
     bf16, fp16 = args.flag("--bf16"), args.flag("--fp16")
@@ -384,107 +282,6 @@ def _virtual_stages(args: Arguments, reader: Reader, p: int) -> Value | None:
         return None
     chunks = per_rank // int(str(per_stage.value))
     return Value(chunks, per_stage.origin) if chunks > 1 else None
-
-
-def _model_lines(args: Arguments, reader: Reader) -> list[Line]:
-    """``model transformer`` entries from Megatron's own model flags."""
-    def line(entry: str, v: Value | None, text: object | None = None) -> Line:
-        if v is None:
-            return Line(f"{entry} = 1")
-        return Line(f"{entry} = {v.value if text is None else text}", v.origin.key, v.origin)
-
-    for flag, what in REFUSED.items():
-        if args.has(flag):
-            reader.error(f"not modelled: {flag} ({what})", args.origin(args.flags[flag][0]),
-                         code=Code.NOT_MODELLED)
-    layers, hidden = args.integer("--num-layers"), args.integer("--hidden-size")
-    heads = args.integer("--num-attention-heads")
-    for name, v in (("--num-layers", layers), ("--hidden-size", hidden),
-                    ("--num-attention-heads", heads)):
-        if v is None and name not in args.flags:
-            reader.error(f"no model: {name} is missing; give the model flags or --model "
-                         "config.json", None, code=Code.MISSING)
-    if layers is None or hidden is None or heads is None:
-        return []
-    h = int(str(hidden.value))
-    gqa = args.flag("--group-query-attention")
-    groups = args.integer("--num-query-groups")
-    kv = groups if gqa is not None and groups is not None else Value(
-        heads.value, Origin("--num-attention-heads (no --group-query-attention)", args.source))
-    swiglu = args.flag("--swiglu")
-    ffn = args.integer("--ffn-hidden-size") or Value(
-        int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h,
-        Origin("--ffn-hidden-size (default: " + ("int(4h * 2/3 / 64) * 64 with --swiglu)"
-                                                 if swiglu else "4h)"), args.source))
-    vocab = args.integer("--vocab-size")
-    if vocab is None:
-        tokenizer = args.text("--tokenizer-type")
-        if tokenizer is not None and tokenizer.value in TOKENIZER_VOCAB:
-            vocab = Value(TOKENIZER_VOCAB[str(tokenizer.value)], tokenizer.origin)
-        else:
-            reader.error("the vocabulary size is not in the arguments (it comes from the "
-                         "tokenizer): add --vocab-size N or give --model config.json",
-                         tokenizer.origin if tokenizer else None, code=Code.MISSING)
-    divisible = args.integer("--make-vocab-size-divisible-by", 128)
-    untie = args.flag("--untie-embeddings-and-output-weights")
-    norm = args.text("--normalization") or Value("LayerNorm", Origin("--normalization (default)",
-                                                                     args.source))
-    if norm.value not in ("LayerNorm", "RMSNorm"):
-        reader.error(f"--normalization is LayerNorm or RMSNorm, not '{norm.value}'", norm.origin)
-    no_bias = args.flag("--disable-bias-linear")
-    position = args.text("--position-embedding-type") or Value(
-        "learned_absolute", Origin("--position-embedding-type (default)", args.source))
-    positions = {"learned_absolute": "learned", "rope": "rotary", "none": "none"}
-    if position.value not in positions:
-        reader.error(f"not modelled: --position-embedding-type {position.value}", position.origin,
-                     code=Code.NOT_MODELLED)
-    max_position = args.integer("--max-position-embeddings")
-    dropout = max(float(str(args.real("--hidden-dropout", 0.1).value)),
-                  float(str(args.real("--attention-dropout", 0.1).value)))
-    backend = args.text("--attention-backend")
-    flash = args.flag("--use-flash-attn")
-    standard = backend is not None and backend.value in ("unfused", "local")
-    lines = [line("layers", layers), line("hidden", hidden), line("heads", heads),
-             line("kv_heads", kv), line("ffn", ffn),
-             Line("mlp = gated", "--swiglu", swiglu.origin) if swiglu else
-             Line("mlp = plain", "no --swiglu: GeLU"),
-             line("vocab", vocab), line("vocab_divisible_by", divisible),
-             Line("embeddings = untied", "--untie-embeddings-and-output-weights", untie.origin)
-             if untie else Line("embeddings = tied", "no --untie-embeddings-and-output-weights"),
-             line("position", position, positions.get(str(position.value), "learned"))]
-    if positions.get(str(position.value)) == "learned" and max_position is not None:
-        lines.append(line("max_position", max_position))
-    lines += [line("norm", norm, str(norm.value).lower()),
-              Line("bias = false", "--disable-bias-linear", no_bias.origin) if no_bias else
-              Line("bias = true", "no --disable-bias-linear"),
-              Line(f"dropout = {'true' if dropout > 0 else 'false'}",
-                   "--hidden-dropout / --attention-dropout (default 0.1)"),
-              Line(f"attention = {'standard' if standard else 'flash'}",
-                   backend.origin.key if backend else ("--use-flash-attn" if flash else
-                                                       "--attention-backend (default auto)"),
-                   backend.origin if backend else None)]
-    experts = args.integer("--num-experts")
-    if experts is not None:
-        top_k = args.integer("--moe-router-topk", 2)
-        lines += [line("experts", experts), line("top_k", top_k)]
-        moe_ffn = args.integer("--moe-ffn-hidden-size")
-        if moe_ffn is not None:
-            lines.append(line("expert_ffn", moe_ffn))
-    return lines
-
-
-def _cross_check(args: Arguments, reader: Reader, hf: HFModel, lines: list[Line]) -> None:
-    """Megatron's model flags, when given beside --model, must agree with config.json."""
-    for flag, entry in (("--num-layers", "layers"), ("--hidden-size", "hidden"),
-                        ("--num-attention-heads", "heads"), ("--ffn-hidden-size", "ffn"),
-                        ("--num-query-groups", "kv_heads"), ("--num-experts", "experts")):
-        if flag not in args.flags:
-            continue
-        v = args.integer(flag)
-        expected = hf.value_of(entry, lines)
-        if v is not None and expected is not None and str(v.value) != expected:
-            reader.error(f"{flag} {v.value} contradicts --model's {entry} = {expected}", v.origin,
-                         code=Code.CONFLICT)
 
 
 def _leftovers(args: Arguments, runner: Arguments, reader: Reader, plan: Plan) -> None:

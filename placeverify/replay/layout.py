@@ -61,7 +61,14 @@ class Layout:
         return self.sizes[self.names.index(axis)]
 
 
+# The roles the replay model can split over; any other role is refused, never run as data.
+REPLAYED_ROLES = frozenset({Role.DATA, Role.TENSOR, Role.PIPELINE, Role.CONTEXT, Role.EXPERT})
+
+
 def layout_of(strategy: Strategy) -> Layout:
+    for p in strategy.placements:
+        if p.role not in REPLAYED_ROLES:
+            raise Unsupported(f"the replay has no model of {p.role.value} axes ({p.axis})")
     names = strategy.mesh.names
     sizes = tuple(strategy.mesh.size(a) for a in names)
     chosen: dict[Role, tuple[str | None, int]] = {}

@@ -9,7 +9,7 @@ evaluated).
 verdict at the file's declared mesh, for ``replay trace.json`` the refutation at the trace's mesh
 (the smallest mesh Z3 found). It runs on that mesh whenever it has at most
 :data:`MAX_DEFAULT_WORLD` devices. A larger mesh, or ``--world N``, is *resized*
-(:func:`shrink_sizes`, :func:`choose_sizes`): the strategy is re-targeted with
+(:mod:`placeverify.replay.sizes`): the strategy is re-targeted with
 :func:`placeverify.lower.resize.resize`, Z3 is asked for its verdict *at the replayed mesh* (a constant
 such as ``scale grads by 1 / 4`` can be right at dp = 4 and wrong at dp = 2; a rank-dependent
 reduction order only differs bitwise with three or more ranks) and, when Z3 refutes gradient
@@ -23,32 +23,26 @@ a smaller mesh says nothing about the declared one then.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import random
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from placeverify.api import verify as api_verify
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
-from placeverify.ir.placement import Role
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, load_text
 from placeverify.lower.resize import resize
-from placeverify.roles.relations import batch_axes, sample_axes
-from placeverify.semantics.groups import group_view
-from placeverify.semantics.interpreter import run, uniform_instance
-from placeverify.trace import AtomCount, Trace
+from placeverify.replay.counts import AtomCounts, pick_counts, trace_counts
+from placeverify.replay.sizes import replayed_sizes
+from placeverify.trace import Trace
 from placeverify.verdicts import ObligationKind, Verdict, Verification
 
 DEFAULT_STEPS = 3
 DEFAULT_SEED = 1234
-MAX_DEFAULT_WORLD = 8  # a trace or file on a larger mesh is replayed on a smaller one
 MAX_MICROBATCHES = 4  # a proved file's pipeline micro-batches beyond this are not replayed
 
-AtomCounts = list[tuple[tuple[int, ...], int, int]]  # (batch coordinates, micro-batch, count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,162 +179,6 @@ def verify(strategy: Strategy, timeout_ms: int, attempts: int = 3) -> Expectatio
 # ---- mesh sizes ----------------------------------------------------------------------------------
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def choose_sizes(strategy: Strategy, keep: dict[str, int], world: int) -> dict[str, int]:
-    """Axis sizes with product ``world`` that keep the counterexample's axes.
-
-    Among all factorisations of ``world`` over the mesh axes, prefer (in order): every axis with
-    more than one rank in ``keep`` still has more than one; no axis larger than both its declared
-    and its ``keep`` size; more non-data axes split (tensor, pipeline, context and expert
-    parallelism are where composition goes wrong); more axes split; sizes closest to ``keep``.
-    """
-    names = list(strategy.mesh.names)
-    declared = {a.name: a.size for a in strategy.mesh.axes}
-    roles = {p.axis: p.role for p in strategy.placements}
-    best: tuple[Any, ...] | None = None
-    chosen: dict[str, int] | None = None
-    for combo in itertools.product(*(_divisors(world) for _ in names)):
-        if math.prod(combo) != world:
-            continue
-        sizes = dict(zip(names, combo, strict=True))
-        dropped = sum(1 for a in names if keep.get(a, 1) > 1 and sizes[a] == 1)
-        over = sum(1 for a in names if sizes[a] > max(declared[a], keep.get(a, 1)))
-        split_other = sum(1 for a in names if sizes[a] > 1 and roles.get(a) is not Role.DATA)
-        split = sum(1 for a in names if sizes[a] > 1)
-        distance = sum(abs(math.log(sizes[a]) - math.log(max(1, keep.get(a, 1)))) for a in names)
-        score = (dropped, over, -split_other, -split, round(distance, 9), tuple(-s for s in combo))
-        if best is None or score < best:
-            best, chosen = score, sizes
-    assert chosen is not None  # world itself on the first axis always factorises
-    return chosen
-
-
-def shrink_sizes(strategy: Strategy, declared: dict[str, int], limit: int) -> dict[str, int]:
-    """The mesh to replay when the declared one has more than ``limit`` devices.
-
-    Every axis at most its declared size and the product at most ``limit``; prefer (in order):
-    every declared split axis still split, the most devices, more non-data axes split, sizes
-    closest to the declared ones (log scale), larger leading axes.
-    """
-    names = list(strategy.mesh.names)
-    roles = {p.axis: p.role for p in strategy.placements}
-    best: tuple[Any, ...] | None = None
-    chosen: dict[str, int] | None = None
-    for combo in itertools.product(*(range(1, min(declared[a], limit) + 1) for a in names)):
-        world = math.prod(combo)
-        if world > limit:
-            continue
-        sizes = dict(zip(names, combo, strict=True))
-        dropped = sum(1 for a in names if declared[a] > 1 and sizes[a] == 1)
-        split_other = sum(1 for a in names if sizes[a] > 1 and roles.get(a) is not Role.DATA)
-        distance = sum(math.log(declared[a]) - math.log(sizes[a]) for a in names)
-        score = (dropped, -world, -split_other, round(distance, 9), tuple(-n for n in combo))
-        if best is None or score < best:
-            best, chosen = score, sizes
-    assert chosen is not None  # all ones always fits
-    return chosen
-
-
-def _replayed_sizes(strategy: Strategy, claimed: dict[str, int], world: int | None,
-                    what: str) -> tuple[dict[str, int], str | None]:
-    """The mesh to run and, when it is not ``claimed``, why."""
-    total = math.prod(claimed.values())
-    if world is not None:
-        if world == total:
-            return claimed, None
-        return choose_sizes(strategy, claimed, world), f"--world {world} asked for {world} processes"
-    if total <= MAX_DEFAULT_WORLD:
-        return claimed, None
-    return (shrink_sizes(strategy, claimed, MAX_DEFAULT_WORLD),
-            f"the {what} has {total} devices, more than the {MAX_DEFAULT_WORLD} processes a replay "
-            "runs on one machine")
-
-
-# ---- counts --------------------------------------------------------------------------------------
-
-
-def atom_keys(strategy: Strategy, sizes: dict[str, int], m: int) -> list[tuple[tuple[int, ...], int]]:
-    axes = batch_axes(strategy)
-    coords = itertools.product(*(range(sizes[a]) for a in axes))
-    return [(tuple(b), k) for b in coords for k in range(m)]
-
-
-def unit_samples(strategy: Strategy, keys: list[tuple[tuple[int, ...], int]],
-                 rng: random.Random | None) -> dict[tuple[tuple[int, ...], int], int]:
-    """Samples per micro-batch unit: equal along context axes (they split one sequence)."""
-    axes = batch_axes(strategy)
-    samples_at = [i for i, a in enumerate(axes) if a in sample_axes(strategy)]
-    per_unit: dict[tuple[tuple[int, ...], int], int] = {}
-    out = {}
-    for b, k in keys:
-        unit = (tuple(b[i] for i in samples_at), k)
-        if unit not in per_unit:
-            per_unit[unit] = rng.randint(1, 3) if rng is not None else 2
-        out[(b, k)] = per_unit[unit]
-    return out
-
-
-def pick_counts(strategy: Strategy, sizes: dict[str, int], m: int,
-                want_divergence: bool) -> tuple[AtomCounts, AtomCounts, bool]:
-    """Token and sample counts per atom; with ``want_divergence``, counts the exact interpreter
-    shows diverging for some parameter group (unequal counts). Returns (tokens, samples, found)."""
-    keys = atom_keys(strategy, sizes, m)
-    rng = random.Random(7)
-    first: tuple[dict[Any, int], dict[Any, int]] | None = None
-    for attempt in range(48):
-        if attempt == 0:
-            tokens = {key: 1 + (i % 3) for i, key in enumerate(keys)}
-        else:
-            tokens = {key: rng.randint(1, 4) for key in keys}
-        uneven = strategy.loss.uneven_samples and attempt > 0
-        samples = unit_samples(strategy, keys, rng if uneven else None)
-        if first is None:
-            first = (tokens, samples)
-        if not want_divergence:
-            break
-        for group in strategy.model.groups_present():
-            view = group_view(strategy, group)
-            try:
-                result = run(strategy, view, uniform_instance(strategy, view, sizes, m, tokens,
-                                                              samples))
-            except (ArithmeticError, KeyError):
-                continue
-            if result.mismatches():
-                return _listed(tokens), _listed(samples), True
-    assert first is not None
-    return _listed(first[0]), _listed(first[1]), not want_divergence
-
-
-def _listed(counts: dict[tuple[tuple[int, ...], int], int]) -> AtomCounts:
-    return [(b, k, n) for (b, k), n in sorted(counts.items())]
-
-
-def trace_counts(trace: Trace, strategy: Strategy, sizes: dict[str, int],
-                 m: int) -> tuple[AtomCounts, AtomCounts] | None:
-    """The trace's own per-atom counts, when they cover every atom of this mesh."""
-    axes = batch_axes(strategy)
-    keys = set(atom_keys(strategy, sizes, m))
-
-    def read(rows: tuple[AtomCount, ...]) -> dict[tuple[tuple[int, ...], int], int] | None:
-        out: dict[tuple[tuple[int, ...], int], int] = {}
-        for row in rows:
-            if set(row.coords) != set(axes) or row.count < 1:
-                return None
-            out[(tuple(row.coords[a] for a in axes), row.microbatch)] = row.count
-        return out if set(out) == keys else None
-
-    tokens = read(trace.tokens)
-    samples = read(trace.samples)
-    if tokens is None:
-        return None
-    if samples is None:
-        samples = unit_samples(strategy, sorted(keys), None)
-    return _listed(tokens), _listed(samples)
-
-
 # ---- plans ---------------------------------------------------------------------------------------
 
 
@@ -361,7 +199,7 @@ def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
                          Source(path, ""))
     keep = _trace_sizes(trace, strategy)
     notes: list[str] = []
-    sizes, reason = _replayed_sizes(strategy, keep, world, "trace's mesh")
+    sizes, reason = replayed_sizes(strategy, keep, world, "trace's mesh")
     m = trace.microbatches
     spec_base = RunSpec("trace", trace.source, path, sizes, m, False, [], [], steps)
     resized = strategy_of(spec_base)
@@ -384,7 +222,7 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
     refuted strategy gets a control run: its fixed twin, or the canonical step.
     """
     declared = {a.name: a.size for a in strategy.mesh.axes}
-    sizes, reason = _replayed_sizes(strategy, declared, world, "declared mesh")
+    sizes, reason = replayed_sizes(strategy, declared, world, "declared mesh")
     m = strategy.step.microbatches
     notes: list[str] = []
     if m > MAX_MICROBATCHES and not any(lo.microbatch is not None for lo in strategy.step.loop):

@@ -17,7 +17,8 @@ from rich.console import Console
 from placeverify.backend.runtime import BackendFailure
 from placeverify.diagnostics import ExitCode
 from placeverify.replay.compare import Outcome
-from placeverify.replay.plan import MAX_DEFAULT_WORLD, Expectation, Plan, RunSpec
+from placeverify.replay.plan import Expectation, Plan, RunSpec
+from placeverify.replay.sizes import MAX_DEFAULT_WORLD
 from placeverify.verdicts import Verdict
 
 SCHEMA = "placeverify.replay/1"

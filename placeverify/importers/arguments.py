@@ -1,0 +1,107 @@
+"""A Megatron-LM argument list (``--flag [values...]``, argparse style) with the position of
+every word, and the launcher words (torchrun's ``--nproc-per-node``, ``--nnodes``) split off.
+
+Each read marks its flag used, so the importer can report every flag it did not read.
+"""
+
+from __future__ import annotations
+
+from placeverify.diagnostics import Code, Source
+from placeverify.importers.common import Origin, Reader, Value
+from placeverify.importers.shell import Script, Word
+
+LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+class Arguments:
+    """``--flag [values...]`` words with their positions; each read marks the flag used."""
+
+    def __init__(self, reader: Reader, words: list[Word], source: Source) -> None:
+        self.reader = reader
+        self.source = source
+        self.flags: dict[str, tuple[Word, list[Word]]] = {}
+        self.used: set[str] = set()
+        i = 0
+        while i < len(words):
+            word = words[i]
+            if not word.text.startswith("--"):
+                i += 1  # a positional word (the training script's own): not an argument
+                continue
+            name, eq, inline = word.text.partition("=")
+            values: list[Word] = [Word(inline, word.span, word.unresolved)] if eq else []
+            i += 1
+            while not eq and i < len(words) and not words[i].text.startswith("--"):
+                values.append(words[i])
+                i += 1
+            if name in self.flags:
+                reader.warning(f"{name} is given twice; the last one counts (argparse)",
+                               self.origin(self.flags[name][0]), code=Code.DUPLICATE)
+            self.flags[name] = (Word(name, word.span, word.unresolved), values)
+
+    def origin(self, word: Word, key: str | None = None) -> Origin:
+        return Origin(key or word.text, self.source, word.span)
+
+    def has(self, name: str) -> bool:
+        self.used.add(name)
+        return name in self.flags
+
+    def flag(self, name: str) -> Value | None:
+        if not self.has(name):
+            return None
+        word, values = self.flags[name]
+        if values:
+            self.reader.error(f"{name} takes no value", self.origin(values[0], name))
+        return Value(True, self.origin(word))
+
+    def text(self, name: str) -> Value | None:
+        if not self.has(name):
+            return None
+        word, values = self.flags[name]
+        if len(values) != 1:
+            self.reader.error(f"{name} takes one value", self.origin(word))
+            return None
+        if values[0].unresolved:
+            self.reader.error(f"{name}: {values[0].unresolved} is not assigned in this script "
+                              "(only running it would give the value); write the number",
+                              self.origin(values[0], name), code=Code.NOT_STATIC)
+            return None
+        return Value(values[0].text, Origin(name, self.source, word.span))
+
+    def integer(self, name: str, default: int | None = None, low: int = 1) -> Value | None:
+        v = self.text(name)
+        if v is None:
+            return None if default is None else Value(default, Origin(f"{name} (default)",
+                                                                      self.source))
+        try:
+            number = int(str(v.value))
+        except ValueError:
+            self.reader.error(f"{name} takes a whole number, not '{v.value}'", v.origin)
+            return None
+        if number < low:
+            self.reader.error(f"{name} must be at least {low}, not {number}", v.origin)
+            return None
+        return Value(number, v.origin)
+
+    def real(self, name: str, default: float) -> Value:
+        v = self.text(name)
+        if v is None:
+            return Value(default, Origin(f"{name} (default)", self.source))
+        try:
+            return Value(float(str(v.value)), v.origin)
+        except ValueError:
+            self.reader.error(f"{name} takes a number, not '{v.value}'", v.origin)
+            return Value(default, v.origin)
+
+
+def split_launch(script: Script) -> tuple[list[Word], list[Word], bool]:
+    """(launcher words, training arguments, whether a launcher was found)."""
+    for command in script.commands:
+        words = list(command.words)
+        texts = [w.text for w in words]
+        py = next((i for i, t in enumerate(texts) if t.endswith(".py")), None)
+        if py is None:
+            continue
+        launcher = any(t.endswith(LAUNCHERS) or t in LAUNCHERS for t in texts[:py])
+        return words[:py], words[py + 1:], launcher
+    # an argument file: every word of every command is an argument
+    return [], [w for c in script.commands for w in c.words], False

@@ -1,0 +1,124 @@
+"""The model of a Megatron-LM argument list: ``--num-layers``, ``--hidden-size``,
+``--num-attention-heads``, ``--num-query-groups``, ``--ffn-hidden-size``, ``--seq-length``, the
+vocabulary, MoE flags (``megatron/training/arguments.py`` and the config dataclasses it
+generates flags from), and the cross-check against a Hugging Face config given with --model.
+"""
+
+from __future__ import annotations
+
+from placeverify.diagnostics import Code
+from placeverify.importers.arguments import Arguments
+from placeverify.importers.common import Line, Origin, Reader, Value
+from placeverify.importers.hf_config import HFModel
+
+# GPT-2 BPE (Megatron's GPT2BPETokenizer): 50,257 tokens before padding.
+TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
+# Flags that change the model in ways placeverify does not model: an error at the flag.
+REFUSED = {
+    "--multi-latent-attention": "multi-head latent attention",
+    "--moe-shared-expert-intermediate-size": "shared experts",
+    "--moe-layer-freq": "a mix of dense and MoE layers",
+    "--use-megatron-fsdp": "Megatron-FSDP (use --use-torch-fsdp2 or the distributed optimizer)",
+    "--kv-channels": "a head dimension other than hidden / heads",
+}
+
+
+def model_lines(args: Arguments, reader: Reader) -> list[Line]:
+    """``model transformer`` entries from Megatron's own model flags."""
+    def line(entry: str, v: Value | None, text: object | None = None) -> Line:
+        if v is None:
+            return Line(f"{entry} = 1")
+        return Line(f"{entry} = {v.value if text is None else text}", v.origin.key, v.origin)
+
+    for flag, what in REFUSED.items():
+        if args.has(flag):
+            reader.error(f"not modelled: {flag} ({what})", args.origin(args.flags[flag][0]),
+                         code=Code.NOT_MODELLED)
+    layers, hidden = args.integer("--num-layers"), args.integer("--hidden-size")
+    heads = args.integer("--num-attention-heads")
+    for name, v in (("--num-layers", layers), ("--hidden-size", hidden),
+                    ("--num-attention-heads", heads)):
+        if v is None and name not in args.flags:
+            reader.error(f"no model: {name} is missing; give the model flags or --model "
+                         "config.json", None, code=Code.MISSING)
+    if layers is None or hidden is None or heads is None:
+        return []
+    h = int(str(hidden.value))
+    gqa = args.flag("--group-query-attention")
+    groups = args.integer("--num-query-groups")
+    kv = groups if gqa is not None and groups is not None else Value(
+        heads.value, Origin("--num-attention-heads (no --group-query-attention)", args.source))
+    swiglu = args.flag("--swiglu")
+    ffn = args.integer("--ffn-hidden-size") or Value(
+        int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h,
+        Origin("--ffn-hidden-size (default: " + ("int(4h * 2/3 / 64) * 64 with --swiglu)"
+                                                 if swiglu else "4h)"), args.source))
+    vocab = args.integer("--vocab-size")
+    if vocab is None:
+        tokenizer = args.text("--tokenizer-type")
+        if tokenizer is not None and tokenizer.value in TOKENIZER_VOCAB:
+            vocab = Value(TOKENIZER_VOCAB[str(tokenizer.value)], tokenizer.origin)
+        else:
+            reader.error("the vocabulary size is not in the arguments (it comes from the "
+                         "tokenizer): add --vocab-size N or give --model config.json",
+                         tokenizer.origin if tokenizer else None, code=Code.MISSING)
+    divisible = args.integer("--make-vocab-size-divisible-by", 128)
+    untie = args.flag("--untie-embeddings-and-output-weights")
+    norm = args.text("--normalization") or Value("LayerNorm", Origin("--normalization (default)",
+                                                                     args.source))
+    if norm.value not in ("LayerNorm", "RMSNorm"):
+        reader.error(f"--normalization is LayerNorm or RMSNorm, not '{norm.value}'", norm.origin)
+    no_bias = args.flag("--disable-bias-linear")
+    position = args.text("--position-embedding-type") or Value(
+        "learned_absolute", Origin("--position-embedding-type (default)", args.source))
+    positions = {"learned_absolute": "learned", "rope": "rotary", "none": "none"}
+    if position.value not in positions:
+        reader.error(f"not modelled: --position-embedding-type {position.value}", position.origin,
+                     code=Code.NOT_MODELLED)
+    max_position = args.integer("--max-position-embeddings")
+    dropout = max(float(str(args.real("--hidden-dropout", 0.1).value)),
+                  float(str(args.real("--attention-dropout", 0.1).value)))
+    backend = args.text("--attention-backend")
+    flash = args.flag("--use-flash-attn")
+    standard = backend is not None and backend.value in ("unfused", "local")
+    lines = [line("layers", layers), line("hidden", hidden), line("heads", heads),
+             line("kv_heads", kv), line("ffn", ffn),
+             Line("mlp = gated", "--swiglu", swiglu.origin) if swiglu else
+             Line("mlp = plain", "no --swiglu: GeLU"),
+             line("vocab", vocab), line("vocab_divisible_by", divisible),
+             Line("embeddings = untied", "--untie-embeddings-and-output-weights", untie.origin)
+             if untie else Line("embeddings = tied", "no --untie-embeddings-and-output-weights"),
+             line("position", position, positions.get(str(position.value), "learned"))]
+    if positions.get(str(position.value)) == "learned" and max_position is not None:
+        lines.append(line("max_position", max_position))
+    lines += [line("norm", norm, str(norm.value).lower()),
+              Line("bias = false", "--disable-bias-linear", no_bias.origin) if no_bias else
+              Line("bias = true", "no --disable-bias-linear"),
+              Line(f"dropout = {'true' if dropout > 0 else 'false'}",
+                   "--hidden-dropout / --attention-dropout (default 0.1)"),
+              Line(f"attention = {'standard' if standard else 'flash'}",
+                   backend.origin.key if backend else ("--use-flash-attn" if flash else
+                                                       "--attention-backend (default auto)"),
+                   backend.origin if backend else None)]
+    experts = args.integer("--num-experts")
+    if experts is not None:
+        top_k = args.integer("--moe-router-topk", 2)
+        lines += [line("experts", experts), line("top_k", top_k)]
+        moe_ffn = args.integer("--moe-ffn-hidden-size")
+        if moe_ffn is not None:
+            lines.append(line("expert_ffn", moe_ffn))
+    return lines
+
+
+def cross_check(args: Arguments, reader: Reader, hf: HFModel, lines: list[Line]) -> None:
+    """Megatron's model flags, when given beside --model, must agree with config.json."""
+    for flag, entry in (("--num-layers", "layers"), ("--hidden-size", "hidden"),
+                        ("--num-attention-heads", "heads"), ("--ffn-hidden-size", "ffn"),
+                        ("--num-query-groups", "kv_heads"), ("--num-experts", "experts")):
+        if flag not in args.flags:
+            continue
+        v = args.integer(flag)
+        expected = hf.value_of(entry, lines)
+        if v is not None and expected is not None and str(v.value) != expected:
+            reader.error(f"{flag} {v.value} contradicts --model's {entry} = {expected}", v.origin,
+                         code=Code.CONFLICT)
