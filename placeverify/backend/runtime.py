@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import placeverify
 from placeverify.backend.available import torch_available
+from placeverify.errors import PlaceverifyError
 
 REPLAY_WORKER = "placeverify.replay.worker"  # defines rank_main(job, rank, world, store, conn, ...)
 # Imported by the forkserver before any rank is forked; placeverify.cli because the console
@@ -62,7 +63,7 @@ class FailureKind(StrEnum):
     UNSUPPORTED = "unsupported"  # a rank met something the backend does not model
 
 
-class BackendFailure(Exception):
+class BackendFailure(PlaceverifyError):
     """The torch backend could not run: torch missing, a rank crashed, hung, or failed."""
 
     def __init__(self, kind: FailureKind, message: str, detail: str | None = None) -> None:
