@@ -33,6 +33,7 @@ from placeverify.errors import PlaceverifyError
 from placeverify.evidence import Counterexample, Divergence, Evidence
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
+from placeverify.lower.values import MAX_AXIS
 from placeverify.semantics.groups import group_view
 from placeverify.syntax.source import MAX_FILE_BYTES, decode_text
 from placeverify.verdicts import Condition, Obligation, ObligationKind
@@ -168,8 +169,8 @@ class Trace:
             raise TraceError("trace source is too large", Code.TOO_LARGE)
         mesh = doc["mesh"]
         if not isinstance(mesh, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) and 1 <= v <= 64 for k, v in mesh.items()):
-            raise TraceError("trace mesh must map axis names to sizes 1..64")
+                isinstance(k, str) and type(v) is int and 1 <= v <= MAX_AXIS for k, v in mesh.items()):
+            raise TraceError(f"trace mesh must map axis names to sizes 1..{MAX_AXIS}")
         if not isinstance(doc["microbatches"], int) or not 1 <= doc["microbatches"] <= 1024:
             raise TraceError("trace microbatches must be 1..1024")
         group = doc["group"]

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from placeverify import api
 from placeverify.api import check
 from placeverify.diagnostics import ExitCode
 from placeverify.ir.placement import Role
@@ -887,3 +889,17 @@ def test_a_role_the_replay_does_not_model_is_refused(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(layout, "REPLAYED_ROLES", layout.REPLAYED_ROLES - {Role.EXPERT})
     with pytest.raises(layout.Unsupported, match="no model of expert axes"):
         layout.layout_of(strategy)
+
+
+def test_a_trace_at_a_large_declared_mesh_loads_and_is_replayed_smaller() -> None:
+    # Update-order refutations are stated at the declared mesh: a trace `check --trace` writes at
+    # dp = 128 must load (it was refused as "sizes 1..64") and replay on at most 8 processes.
+    text = (EXAMPLES / "bugs" / "clip-after-step.place").read_text(encoding="utf-8")
+    large = re.sub(r"\bdp\s*=\s*\d+", "dp = 128", text, count=1)
+    verification = api.verify(load_text(large, "clip-after-step-128.place"))
+    assert verification.trace is not None
+    doc = verification.trace.to_json()
+    assert doc["mesh"] == {"dp": 128}
+    plan = plan_from_trace(Trace.from_json(doc), world=None, steps=1)
+    assert plan.claim.sizes == {"dp": 128}
+    assert plan.main.sizes["dp"] <= MAX_DEFAULT_WORLD and plan.resize_reason is not None
