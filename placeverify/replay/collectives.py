@@ -40,12 +40,17 @@ class RankCollectives(RankState):
                     self.gather_params(buf, op.group, "owner")
                 elif op.kind is CollectiveKind.BROADCAST:
                     self.gather_params(buf, op.group, op.source)
+                else:
+                    raise Unsupported(f"line {op.span.line}: '{op.label()}' on parameters is not "
+                                      "replayed")
         elif target is TargetKind.OVERFLOW:
             handle = self.handle(op.group)
             flag = torch.tensor([1.0 if self._local_overflow(denoted=True) else 0.0],
                                 dtype=self.dtype, device=self.device)
             comm.all_reduce(flag, handle, "max")
             self.overflow = bool(flag.item() > 0)
+        else:
+            raise Unsupported(f"line {op.span.line}: '{op.label()}' is not replayed")
 
     def _params_held_alike(self, op: Collective, buf: Buffers) -> None:
         """A parameter gather or broadcast takes each element from the rank that owns it; along
@@ -110,6 +115,8 @@ class RankCollectives(RankState):
             buf.full = comm.gather(padded, handle, 0)[:buf.numel]
             buf.sharded = False
             buf.scattered = set()
+        else:
+            raise Unsupported(f"line {op.span.line}: '{op.label()}' on gradients is not replayed")
 
     def reduce(self, value: torch.Tensor, op: Collective, handle: Handle) -> torch.Tensor:
         if handle.size == 1:
