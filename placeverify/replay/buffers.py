@@ -172,11 +172,7 @@ class RankState:
         for buf in self.buffers.values():
             if not buf.numel:
                 continue
-            names = ",".join(local_key(s, self.layout, self.coords) for s in buf.specs)
-            digest = hashlib.sha1(names.encode()).hexdigest()[:10]
-            start, stop = buf.opt
-            out[f"optimizer/{buf.group.value}/{digest}[{start}:{stop}]"] = ("optimizer",
-                                                                            buf.momentum)
+            out[self.optimizer_key(buf)] = ("optimizer", buf.momentum)
         return out
 
     def reference_slices(self, params: dict[str, torch.Tensor],
@@ -189,13 +185,18 @@ class RankState:
         for buf in self.buffers.values():
             if not buf.numel:
                 continue
-            names = ",".join(local_key(s, self.layout, self.coords) for s in buf.specs)
-            digest = hashlib.sha1(names.encode()).hexdigest()[:10]
             start, stop = buf.opt
             flat = torch.cat([local_value(momentum[s.name], s, self.layout, self.coords)
                               .reshape(-1) for s in buf.specs])
-            out[f"optimizer/{buf.group.value}/{digest}[{start}:{stop}]"] = flat[start:stop]
+            out[self.optimizer_key(buf)] = flat[start:stop]
         return out
+
+    def optimizer_key(self, buf: Buffers) -> str:
+        """A buffer's optimizer slice, named by its tensors (hashed) and its range."""
+        names = ",".join(local_key(s, self.layout, self.coords) for s in buf.specs)
+        digest = hashlib.sha1(names.encode()).hexdigest()[:10]
+        start, stop = buf.opt
+        return f"optimizer/{buf.group.value}/{digest}[{start}:{stop}]"
 
 
 def _initial(setup: Setup) -> dict[str, torch.Tensor]:
