@@ -288,9 +288,11 @@ def llama3_8b_zero_offload() -> Expected:
     psi, n = F(PSI_LLAMA3_8B), 8
     kept = F(2 * 8192 * 4096)
     return Expected(
-        params=2 * psi, optimizer=F(0), gradients=2 * psi / n,  # ZeRO-2 gradient shard
+        # ZeRO-Offload moves the gradient partition to the host with the optimizer (DeepSpeed
+        # stage_1_and_2.py estimate_zero2_model_states_mem_needs: gpu_mem = 2 * total_params)
+        params=2 * psi, optimizer=F(0), gradients=F(0),
         activations=32 * kept, buffers=LLAMA_8B_LAYER,
-        host=12 * psi / n,  # fp32 master, m, v of this rank's shard in host memory
+        host=14 * psi / n,  # fp32 master, m, v and the fp16 gradient of this rank's shard
         per_layer=kept,
         collectives=(
             C("all_reduce", "dp", TOKENS.format("dp"), 8, 1, n, "scalar"),

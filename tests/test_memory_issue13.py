@@ -54,3 +54,61 @@ def test_hsdp_over_a_group_that_hides_the_order_is_rejected(group: str) -> None:
     text = str(raised.value)
     assert "shard axis first" in text
     assert ":3:17:" in text or "3:17" in text
+
+
+# ---- 2. offload optimizer is ZeRO-Offload: the gradient partition moves too ------------------
+
+OFFLOAD = """model {{ params = 7.5e9 }}
+precision mixed_adam
+mesh {{ dp = {n} }}
+place {preset} over dp
+{offload}
+"""
+
+
+def _states(text: str) -> tuple[Fraction, Fraction]:
+    costs = analyse(load_text(text))
+    device = costs.device_bytes()
+    return F(device["params"] + device["optimizer"] + device["gradients"]), F(costs.host_bytes())
+
+
+@pytest.mark.parametrize("n", [4, 8, 64])
+def test_zero2_optimizer_offload_matches_deepspeeds_estimator(n: int) -> None:
+    # DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py, estimate_zero2_model_states_mem_needs:
+    # with cpu_offload, gpu_mem = 2 * total_params (the fp16 parameters only)
+    gpu, host = _states(OFFLOAD.format(n=n, preset="zero2", offload="offload optimizer to cpu"))
+    assert gpu == 2 * PSI
+    # host: fp32 master + Adam m, v (12) and the fp16 gradient partition (2) of this rank's shard
+    assert host == F(14 * PSI, n)
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_zero3_optimizer_offload_matches_deepspeeds_estimator(n: int) -> None:
+    # DeepSpeed deepspeed/runtime/zero/stage3.py, estimate_zero3_model_states_mem_needs:
+    # cpu_offload and not cpu_offload_params: gpu_mem = largest_layer_memory + 2 * total_params /
+    # total_gpus; a bare parameter count has no layer, so only the parameter shard remains
+    gpu, _ = _states(OFFLOAD.format(n=n, preset="zero3", offload="offload optimizer to cpu"))
+    assert gpu == F(2 * PSI, n)
+
+
+def test_offload_optimizer_equals_offload_optimizer_and_gradients() -> None:
+    alone = _states(OFFLOAD.format(n=8, preset="zero2", offload="offload optimizer to cpu"))
+    both = _states(OFFLOAD.format(n=8, preset="zero2", offload="offload optimizer, grads to cpu"))
+    assert alone == both
+
+
+def test_zero1_optimizer_offload_keeps_the_replicated_gradient() -> None:
+    # ZeRO-1's full gradient is all-reduced on the device; only the optimizer leaves it
+    gpu, host = _states(OFFLOAD.format(n=8, preset="zero1", offload="offload optimizer to cpu"))
+    assert gpu == 2 * PSI + 2 * PSI
+    assert host == F(12 * PSI, 8)
+
+
+def test_an_offloaded_gradient_partition_receives_every_micro_batch() -> None:
+    text = OFFLOAD.format(n=8, preset="zero2", offload="offload optimizer to cpu") + \
+        "microbatches = 4\n"
+    costs = analyse(load_text(text))
+    down = [c for c in costs.comm if c.op == "d2h"]
+    assert len(down) == 1
+    assert F(down[0].calls) == 4
+    assert F(down[0].bytes) == 4 * F(2 * PSI, 8)
