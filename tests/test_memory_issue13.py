@@ -112,3 +112,30 @@ def test_an_offloaded_gradient_partition_receives_every_micro_batch() -> None:
     assert len(down) == 1
     assert F(down[0].calls) == 4
     assert F(down[0].bytes) == 4 * F(2 * PSI, 8)
+
+
+# ---- 3. the bubble's labels -------------------------------------------------------------------
+
+def _check(*args: str) -> str:
+    from click.testing import CliRunner
+
+    from placeverify.cli import main
+    result = CliRunner().invoke(main, ["check", "--no-verify", *args], catch_exceptions=False)
+    return result.stdout
+
+
+@pytest.mark.parametrize(("name", "p", "vm"), [("gpt3-175b-3d", 8, 64),
+                                               ("gpt3-175b-interleaved", 8, 2 * 64)])
+def test_bubble_idle_share_and_ratio_are_labelled_apart(name: str, p: int, vm: int) -> None:
+    import json
+    path = f"examples/strategies/{name}.place"
+    doc = json.loads(_check("--json", path))
+    # Narayanan et al. 2021 §2.2: bubble time / ideal time = (p-1)/(v·m); the idle share of the
+    # whole step is bubble / (ideal + bubble) = (p-1)/(v·m + p-1)
+    assert doc["pipeline"]["bubble_ratio"] == float(F(p - 1, vm))
+    assert doc["pipeline"]["bubble_fraction"] == float(F(p - 1, vm))  # kept: the same ratio
+    assert doc["pipeline"]["idle_fraction"] == float(F(p - 1, vm + p - 1))
+    text = _check(path)
+    assert f"{float(F(p - 1, vm + p - 1)):.2%} of the step idle" in text
+    assert f"bubble / compute {float(F(p - 1, vm)):.2%}" in text
+    assert f"{float(F(p - 1, vm)):.2%} of the step idle" not in text

@@ -40,6 +40,14 @@ class Costs:
         out["total"] = _total(out[c] for c in CATEGORIES)
         return out
 
+    def idle(self) -> Num | None:
+        """Share of the step a pipeline stage is idle: bubble / (compute + bubble), i.e.
+        (p − 1)/(m + p − 1), or (p − 1)/(v·m + p − 1) interleaved. ``bubble`` itself is the
+        bubble-to-compute ratio (p − 1)/m of Narayanan et al. 2021, §2.2."""
+        if self.bubble is None:
+            return None
+        return self.bubble / (1 + self.bubble)
+
     def host_bytes(self) -> Num:
         return _total(item.bytes for item in self.memory if item.host)
 

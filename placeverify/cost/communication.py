@@ -349,7 +349,9 @@ def timed(strategy: Strategy, item: CommItem, exact_bytes: Fraction, exact_calls
 
 
 def pipeline_bubble(d: Domain, strategy: Strategy) -> Num | None:
-    """Idle fraction of a pipeline step: (p-1)/m, or (p-1)/(v·m) interleaved (Narayanan et al.)."""
+    """The bubble-to-compute ratio of a pipeline step: (p-1)/m, or (p-1)/(v·m) interleaved
+    (Narayanan et al. 2021, §2.2: bubble time over ideal compute time). The idle share of the step
+    is ratio / (1 + ratio), ``Costs.idle``."""
     pipeline = strategy.pipeline
     if pipeline is None or strategy.size(pipeline.axis) == 1:
         return None

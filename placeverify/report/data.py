@@ -115,7 +115,9 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                 "line": c.span.line if c.span else None,
                 "seconds": None if c.seconds is None else float(c.seconds)} for c in costs.comm],
         },
-        "pipeline": None if costs.bubble is None else {"bubble_fraction": _float(costs.bubble)},
+        "pipeline": None if costs.bubble is None else {
+            "bubble_fraction": _float(costs.bubble), "bubble_ratio": _float(costs.bubble),
+            "idle_fraction": _float(costs.idle())},
         "verdicts": {} if result.verification is None else result.verification.verdicts(),
         "obligations": [] if result.verification is None else [
             {"condition": o.condition.value, "claim": o.claim, "verdict": o.verdict.value,
@@ -151,6 +153,7 @@ def formulas_document(costs: Costs) -> dict[str, Any]:
                           for c in costs.comm],
         "communication_total": show(costs.network_bytes()),
         "bubble": None if costs.bubble is None else show(costs.bubble),
+        "idle": None if costs.bubble is None else show(costs.idle()),
     }
 
 

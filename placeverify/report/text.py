@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES
+from placeverify.ir.placement import STATES, Schedule
 from placeverify.report.data import formulas_document, step_lines
 from placeverify.result import CheckResult
 from placeverify.verdicts import CONDITIONS, Verdict
@@ -84,7 +84,13 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
     _render_memory(costs, s.mesh.device_memory, console)
     _render_comm(costs, console)
     if costs.bubble is not None:
-        console.print(f"pipeline bubble  {float(Fraction(costs.bubble)):.2%} of the step idle")
+        idle = costs.idle()
+        assert idle is not None
+        vm = "v·m" if s.pipeline is not None and s.pipeline.schedule is Schedule.INTERLEAVED \
+            else "m"
+        console.print(f"pipeline bubble  {float(Fraction(idle)):.2%} of the step idle "
+                      f"((p − 1)/({vm} + p − 1)); bubble / compute "
+                      f"{float(Fraction(costs.bubble)):.2%} ((p − 1)/({vm}))")
         console.print()
     _render_step(result, console)
     if result.verification is not None:
@@ -221,7 +227,8 @@ def _render_formulas(costs: Costs, console: Console) -> None:
         over = "x".join(item["axes"]) or "pcie"
         console.print(f"  {item['op']} over {over} ({item['what']}) = {item['bytes']}")
     if doc["bubble"] is not None:
-        console.print(f"  bubble = {doc['bubble']}")
+        console.print(f"  bubble / compute = {doc['bubble']}")
+        console.print(f"  idle share = {doc['idle']}")
     symbols = ", ".join(f"{k} = {v:,}" if isinstance(v, int) else f"{k} = {v}"
                         for k, v in doc["symbols"].items())
     console.print(Text(f"  where {symbols}", style="dim"))
