@@ -19,7 +19,7 @@ from placeverify.cost.communication import (
     timed,
 )
 from placeverify.cost.domain import Domain, Exact, Num, Symbolic
-from placeverify.cost.memory import MemoryItem, memory_items
+from placeverify.cost.memory import MemoryItem, RankMemory, fullest, memory_by_rank
 from placeverify.ir.strategy import Strategy
 
 CATEGORIES = ("params", "optimizer", "gradients", "activations", "buffers")
@@ -33,6 +33,14 @@ class Costs:
     comm: tuple[CommItem, ...]
     bubble: Num | None
     activations: ActivationCost | None
+    ranks: tuple[RankMemory, ...] = ()  # every distinct rank kind; ``memory`` is the fullest's
+
+    def rank_bytes(self, rank: RankMemory) -> dict[str, Num]:
+        """Device bytes of one rank kind by category, and their total."""
+        out: dict[str, Num] = {c: _total(i.bytes for i in rank.items
+                                         if not i.host and i.category == c) for c in CATEGORIES}
+        out["total"] = _total(out[c] for c in CATEGORIES)
+        return out
 
     def device_bytes(self) -> dict[str, Num]:
         out: dict[str, Num] = {c: _total(i.bytes for i in self.memory
@@ -77,12 +85,13 @@ def _total(values: Any) -> Num:
 
 def analyse(strategy: Strategy, symbolic: bool = False) -> Costs:
     domain: Domain = Symbolic() if symbolic else Exact()
-    memory, activations = memory_items(domain, strategy)
+    ranks, activations = memory_by_rank(domain, strategy)
+    memory = ranks[fullest(strategy, ranks)].items
     comm = [*step_items(domain, strategy), *placement_items(domain, strategy, activations)]
     if not symbolic:
         comm = [timed(strategy, c, Fraction(c.bytes), Fraction(c.calls)) for c in comm]
     return Costs(strategy, domain, tuple(memory), tuple(comm), pipeline_bubble(domain, strategy),
-                 activations)
+                 activations, ranks)
 
 
 def whole(value: Any) -> int:

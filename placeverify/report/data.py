@@ -94,6 +94,11 @@ def check_document(result: CheckResult) -> dict[str, Any]:
             "host_bytes": whole(costs.host_bytes()),
             "items": [{"category": i.category, "label": i.label, "bytes": whole(i.bytes),
                        "host": i.host} for i in costs.memory],
+            "ranks": [{"kind": r.kind.name, "stages": list(r.kind.stages),
+                       "fullest": r.items == costs.memory,
+                       "device_bytes": {k: whole(v) for k, v in costs.rank_bytes(r).items()},
+                       "host_bytes": whole(sum((i.bytes for i in r.items if i.host), 0))}
+                      for r in costs.ranks],
             "capacity_bytes": capacity,
             "fits": None if capacity is None else total <= capacity,
             "headroom_bytes": None if capacity is None else capacity - total,

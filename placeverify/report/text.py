@@ -111,8 +111,28 @@ def _preset_label(placement: Any) -> str:
     return label
 
 
+def _render_ranks(costs: Costs, console: Console) -> None:
+    """The per-stage table, when the pipeline stages hold different amounts."""
+    rows = [(r, costs.rank_bytes(r)) for r in costs.ranks]
+    if len({whole(b["total"]) for _, b in rows}) < 2:
+        return
+    console.print(Text("memory per pipeline stage (the fullest decides)", style="bold"))
+    table = Table(box=box.SIMPLE_HEAD)
+    for name in ("stage", "stages", "Θ", "Ω", "G", "A", "buffers", "total"):
+        table.add_column(name, justify="left" if name.startswith("stage") else "right")
+    for rank, device in rows:
+        stages = rank.kind.stages
+        where = str(stages[0]) if len(stages) == 1 else f"{stages[0]}-{stages[-1]}"
+        mark = " (fullest)" if rank.items == costs.memory else ""
+        table.add_row(rank.kind.name + mark, where,
+                      *(human_bytes(device[c]) for c in (*CATEGORIES, "total")))
+    console.print(table)
+
+
 def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None:
-    console.print(Text("memory per device", style="bold"))
+    _render_ranks(costs, console)
+    console.print(Text("memory per device" + (" (the fullest stage)" if len(costs.ranks) > 1
+                                              else ""), style="bold"))
     table = Table(box=box.SIMPLE_HEAD)
     table.add_column("state")
     table.add_column("bytes", justify="right")
