@@ -18,9 +18,10 @@ stage holds both. Each distinct stage is a rank kind; the device figure is the f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from placeverify.cost.activations import ActivationCost, activation_cost
-from placeverify.cost.domain import Domain, Num
+from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
 from placeverify.ir.strategy import Strategy
@@ -172,10 +173,6 @@ def memory_items(d: Domain, strategy: Strategy) -> tuple[list[MemoryItem], Activ
 def fullest(strategy: Strategy, ranks: tuple[RankMemory, ...]) -> int:
     """Index of the rank kind with the most device bytes (the first of equals), decided on exact
     numbers in either domain."""
-    from fractions import Fraction
-
-    from placeverify.cost.domain import Exact
-
     if len(ranks) == 1:
         return 0
     exact, _ = memory_by_rank(Exact(), strategy)
