@@ -288,9 +288,11 @@ def llama3_8b_zero_offload() -> Expected:
     psi, n = F(PSI_LLAMA3_8B), 8
     kept = F(2 * 8192 * 4096)
     return Expected(
-        params=2 * psi, optimizer=F(0), gradients=2 * psi / n,  # ZeRO-2 gradient shard
+        # ZeRO-Offload moves the gradient partition to the host with the optimizer (DeepSpeed
+        # stage_1_and_2.py estimate_zero2_model_states_mem_needs: gpu_mem = 2 * total_params)
+        params=2 * psi, optimizer=F(0), gradients=F(0),
         activations=32 * kept, buffers=LLAMA_8B_LAYER,
-        host=12 * psi / n,  # fp32 master, m, v of this rank's shard in host memory
+        host=14 * psi / n,  # fp32 master, m, v and the fp16 gradient of this rank's shard
         per_layer=kept,
         collectives=(
             C("all_reduce", "dp", TOKENS.format("dp"), 8, 1, n, "scalar"),
@@ -349,11 +351,11 @@ def _llama3_70b_fsdp(shard: int, replica: int) -> Expected:
 def llama3_70b_1f1b() -> Expected:
     g = LLAMA3_70B
     t, p, m, L = 8, 8, 32, 80
-    local = F(g["dense"] + g["embedding"], t * p) + F(g["norms"], p)  # Megatron Ψ/(t·p)
     bshe = F(1 * 8192 * 8192 * 2)
     per_layer = LLAMA_70B_LAYER / t  # TP + SP: every saved tensor split by t
+    fullest = llama_last_stage(g, 128256, 8192, L, t, p)
     return Expected(
-        params=2 * local, optimizer=12 * local, gradients=4 * local,
+        params=2 * fullest, optimizer=12 * fullest, gradients=4 * fullest,
         activations=per_layer * F(L, p) * p,  # 1F1B: p micro-batches of L/p layers
         buffers=F(0), host=F(0), per_layer=per_layer, bubble=F(p - 1, m),
         collectives=(
@@ -367,11 +369,25 @@ def llama3_70b_1f1b() -> Expected:
 
 S, B, H = 2048, 1, 12288
 GPT3_BSHE = F(B * S * H * 2)
+# Megatron pads GPT-3's 50257-token vocabulary to a multiple of 128·t (t = 8): 50·1024 rows
+# (megatron/training/tokenizer: _vocab_size_with_padding, --make-vocab-size-divisible-by 128)
+GPT3_PADDED_EMBEDDING = 51200 * _HG + 2048 * _HG  # word rows + learned positions
+GPT3_LAYERS_DENSE = 96 * (12 * _HG * _HG + 7 * _HG)
+GPT3_LAYERS_NORMS = 96 * 6 * _HG
+
+
+def llama_last_stage(g: dict[str, int], vocab: int, h: int, layers: int, t: int, p: int) -> Fraction:
+    """The fullest stage of an untied Llama: L/p layers, the output layer (split over t) and
+    the final RMSNorm (theoretical_memory_usage.py's most loaded shard, plus the final norm)."""
+    layers_dense = g["dense"] - vocab * h
+    layers_norms = g["norms"] - h
+    return F(layers_dense, t * p) + F(layers_norms, p) + F(vocab * h, t) + h
 
 
 def _gpt3_tp(sp: bool) -> Expected:
     g, t, L = GPT3, 8, 96
-    local = F(g["dense"] + g["embedding"], t) + g["norms"]  # norms replicated over tp
+    # norms replicated over tp; the vocabulary padded to 51200 rows
+    local = F(GPT3_LAYERS_DENSE + GPT3_PADDED_EMBEDDING, t) + g["norms"]
     per_layer = gpt3_layer_bytes(t, sp, selective=False)
     colls = [C("all_reduce", "tp", CROSS_ENTROPY, 4 * B * S, 3, t, "activations")]  # fp32 b·s
     if sp:
@@ -398,8 +414,12 @@ def _gpt3_tp(sp: bool) -> Expected:
 
 def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Expected:
     g, t, p, L = GPT3, 8, 8, 96
-    # Megatron Ψ/(t·p); documented choice: the tied embedding is also split evenly over stages.
+    # collectives: Megatron Ψ/(t·p), the tied embedding split evenly over stages
     local = F(g["dense"] + g["embedding"], t * p) + F(g["norms"], p)
+    # memory: the fullest stage is the first, L/p layers + the padded word embedding and the
+    # position table (over t); the last holds the tied copy (51200·h/t) and the final LayerNorm
+    # (2h), 2048·h/t − 2h fewer
+    fullest = F(GPT3_LAYERS_DENSE, t * p) + F(GPT3_LAYERS_NORMS, p) + F(GPT3_PADDED_EMBEDDING, t)
     if recompute == "full":
         per_layer = F(2 * S * B * H) / (t if sp else 1)
         buffers = gpt3_layer_bytes(t, sp, selective=False)
@@ -435,7 +455,7 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
             C("all_gather", "dp", "params", 2 * local, 1, dp, "params"),
         ]
     return Expected(
-        params=2 * local, optimizer=12 * local / dp, gradients=4 * local,  # (6 + 12/d) per param
+        params=2 * fullest, optimizer=12 * fullest / dp, gradients=4 * fullest,  # (6 + 12/d)
         activations=per_layer * F(L, p) * in_flight, buffers=buffers, host=F(0),
         per_layer=per_layer, bubble=F(p - 1, m * chunks), collectives=tuple(colls))
 
@@ -449,8 +469,9 @@ def llama3_405b_4d() -> Expected:
     kept = F(e * s * h, t * cp)  # full recompute, SP and CP split the kept layer input
     kv_bytes = 2 * 1 * s * h * F(8, 128) * e / t  # K and V, the full sequence, heads split by t
     layers = L // p
+    fullest = llama_last_stage(g, 128256, h, L, t, p)
     return Expected(
-        params=2 * local, optimizer=12 * local / dp, gradients=4 * local,
+        params=2 * fullest, optimizer=12 * fullest / dp, gradients=4 * fullest,
         activations=kept * layers * p,  # 1F1B: p micro-batches of L/p layers
         buffers=llama_layer_bytes(s, h, 128, 8, 53248) / (t * cp),
         host=F(0), per_layer=kept, bubble=F(p - 1, m),
@@ -540,8 +561,12 @@ def test_published_anchors_of_the_expectations() -> None:
     e = EXPECTED["strategies/llama3-8b-zero3.place"]
     assert e.params + e.optimizer + e.gradients == F(16, 64) * PSI_LLAMA3_8B
     e = EXPECTED["strategies/gpt3-175b-3d.place"]
-    local = F(GPT3["dense"] + GPT3["embedding"], 64) + F(GPT3["norms"], 8)
-    assert e.params + e.optimizer + e.gradients == (6 + F(12, 16)) * local  # Megatron 6 + 12/d
+    # Megatron theoretical_memory_usage.py: most loaded shard (transformer/p + h·V_padded)/t,
+    # transformer = 2·L·h²·(2 + 4 + 2/h + 1/(L·h)) for GPT-3; plus the position table it omits
+    transformer = 2 * 96 * _HG * _HG * (6 + F(2, _HG) + F(1, 96 * _HG))
+    most = (transformer / 8 + 51200 * _HG) / 8 + F(2048 * _HG, 8)
+    states = e.params + e.optimizer + e.gradients
+    assert abs(states / ((6 + F(12, 16)) * most) - 1) < F(1, 1000)  # Megatron 6 + 12/d
     assert e.activations == 96 * 34 * F(S * B * H, 8)  # L layers' worth of 34sbh/t
     e = EXPECTED["strategies/gpt3-175b-recompute.place"]
     assert e.activations == 96 * 2 * S * B * H  # 2sbh per layer, L layers' worth

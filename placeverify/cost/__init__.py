@@ -19,7 +19,7 @@ from placeverify.cost.communication import (
     timed,
 )
 from placeverify.cost.domain import Domain, Exact, Num, Symbolic
-from placeverify.cost.memory import MemoryItem, memory_items
+from placeverify.cost.memory import MemoryItem, RankMemory, fullest, memory_by_rank
 from placeverify.ir.strategy import Strategy
 
 CATEGORIES = ("params", "optimizer", "gradients", "activations", "buffers")
@@ -33,12 +33,28 @@ class Costs:
     comm: tuple[CommItem, ...]
     bubble: Num | None
     activations: ActivationCost | None
+    ranks: tuple[RankMemory, ...] = ()  # every distinct rank kind; ``memory`` is the fullest's
+
+    def rank_bytes(self, rank: RankMemory) -> dict[str, Num]:
+        """Device bytes of one rank kind by category, and their total."""
+        out: dict[str, Num] = {c: _total(i.bytes for i in rank.items
+                                         if not i.host and i.category == c) for c in CATEGORIES}
+        out["total"] = _total(out[c] for c in CATEGORIES)
+        return out
 
     def device_bytes(self) -> dict[str, Num]:
         out: dict[str, Num] = {c: _total(i.bytes for i in self.memory
                                          if not i.host and i.category == c) for c in CATEGORIES}
         out["total"] = _total(out[c] for c in CATEGORIES)
         return out
+
+    def idle(self) -> Num | None:
+        """Share of the step a pipeline stage is idle: bubble / (compute + bubble), i.e.
+        (p − 1)/(m + p − 1), or (p − 1)/(v·m + p − 1) interleaved. ``bubble`` itself is the
+        bubble-to-compute ratio (p − 1)/m of Narayanan et al. 2021, §2.2."""
+        if self.bubble is None:
+            return None
+        return self.bubble / (1 + self.bubble)
 
     def host_bytes(self) -> Num:
         return _total(item.bytes for item in self.memory if item.host)
@@ -69,12 +85,13 @@ def _total(values: Any) -> Num:
 
 def analyse(strategy: Strategy, symbolic: bool = False) -> Costs:
     domain: Domain = Symbolic() if symbolic else Exact()
-    memory, activations = memory_items(domain, strategy)
+    ranks, activations = memory_by_rank(domain, strategy)
+    memory = ranks[fullest(strategy, ranks)].items
     comm = [*step_items(domain, strategy), *placement_items(domain, strategy, activations)]
     if not symbolic:
         comm = [timed(strategy, c, Fraction(c.bytes), Fraction(c.calls)) for c in comm]
     return Costs(strategy, domain, tuple(memory), tuple(comm), pipeline_bubble(domain, strategy),
-                 activations)
+                 activations, ranks)
 
 
 def whole(value: Any) -> int:

@@ -312,8 +312,10 @@ def _offload_items(d: Domain, strategy: Strategy, m: Num, local_total: Num,
     p_bytes = bytes_per_element(d, strategy, State.PARAMS)
     span = strategy.placements[0].span
     if State.OPTIMIZER in off or State.GRADIENTS in off:
+        # a gradient partition kept on the host receives each micro-batch's reduced shard
+        calls = m if State.GRADIENTS in off else d.const(1)
         items.append(_item(d, strategy, "d2h", none, "gradient shard to the host optimizer",
-                           shard_g * g_bytes, d.const(1), "gradients", "placement", span))
+                           shard_g * g_bytes, calls, "gradients", "placement", span))
     if State.OPTIMIZER in off:
         items.append(_item(d, strategy, "h2d", none, "updated parameter shard from the host",
                            shard_p * p_bytes, d.const(1), "params", "placement", span))
@@ -347,7 +349,9 @@ def timed(strategy: Strategy, item: CommItem, exact_bytes: Fraction, exact_calls
 
 
 def pipeline_bubble(d: Domain, strategy: Strategy) -> Num | None:
-    """Idle fraction of a pipeline step: (p-1)/m, or (p-1)/(v·m) interleaved (Narayanan et al.)."""
+    """The bubble-to-compute ratio of a pipeline step: (p-1)/m, or (p-1)/(v·m) interleaved
+    (Narayanan et al. 2021, §2.2: bubble time over ideal compute time). The idle share of the step
+    is ratio / (1 + ratio), ``Costs.idle``."""
     pipeline = strategy.pipeline
     if pipeline is None or strategy.size(pipeline.axis) == 1:
         return None

@@ -4,16 +4,24 @@ Mode rules (REFERENCE §1, arXiv 2601.02311 Theorem 1): a state of s bytes place
 of size n keeps s, S keeps s/n, S* keeps s/n plus one gathered reconstruction unit while in use,
 O keeps nothing on the device and s/n on the host, M (activations) keeps what rebuilding needs
 plus one layer's working set. Along a tensor axis the replicated parameters (norms, row-parallel
-biases, the router) stay whole; along an expert axis only the experts are split. Model states are
-divided evenly over pipeline stages (Megatron-LM's Ψ/(t·p) approximation).
+biases, the router) stay whole; along an expert axis only the experts are split.
+
+Pipeline stages are not alike (Megatron-LM ``megatron/training/theoretical_memory_usage.py``,
+``compute_weight_and_optimizer_memory``: "most loaded model shard has (1/pp_size transformer
+layers + 1 embedding layer) / tp_size"): each stage holds L/p layers; the first also the word
+embedding (vocabulary padded to a multiple of ``vocab_divisible_by`` · t, Megatron's
+``--make-vocab-size-divisible-by``, ``_vocab_size_with_padding``) and learned positions; the last
+the output layer and the final norm (untied), or its copy of the tied embedding; with p = 1 one
+stage holds both. Each distinct stage is a rank kind; the device figure is the fullest one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from placeverify.cost.activations import ActivationCost, activation_cost
-from placeverify.cost.domain import Domain, Num
+from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
 from placeverify.ir.strategy import Strategy
@@ -49,11 +57,13 @@ def bytes_per_element(d: Domain, strategy: Strategy, state: State) -> Num:
     return d.const(value)
 
 
-def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State) -> Num:
-    """The divisor from splitting the model itself: tensor, pipeline and expert axes."""
+def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State,
+                pipeline: bool = True) -> Num:
+    """The divisor from splitting the model itself: tensor, pipeline and expert axes (the
+    pipeline axis left out with ``pipeline = False``, when the stage's own counts are used)."""
     divisor: Num = d.const(1)
     for p in strategy.placements:
-        if not p.mode(state).sharded:
+        if not p.mode(state).sharded or (not pipeline and p.role is Role.PIPELINE):
             continue
         if ROLES[p.role].splits_model(group):
             divisor = divisor * d.sym(p.axis, strategy.size(p.axis))
@@ -74,13 +84,134 @@ def local_params(d: Domain, strategy: Strategy, state: State = State.PARAMS) -> 
     return {g: n / model_split(d, strategy, g, state) for g, n in group_params(d, strategy).items()}
 
 
+@dataclass(frozen=True, slots=True)
+class StageKind:
+    """A kind of pipeline stage with the same memory: which stages, and what they hold besides
+    their layers."""
+
+    name: str  # only | first | middle | last
+    stages: tuple[int, ...]
+    first: bool  # holds the word embedding (and learned positions)
+    last: bool  # holds the output layer and the final norm (or the tied embedding's copy)
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """The memory of one rank kind."""
+
+    kind: StageKind
+    items: tuple[MemoryItem, ...]
+
+
+def stage_kinds(strategy: Strategy) -> tuple[StageKind, ...]:
+    pipe = strategy.pipeline
+    p = 1 if pipe is None else strategy.size(pipe.axis)
+    if p == 1 or strategy.model.arch is None:
+        return (StageKind("only" if p == 1 else "every", tuple(range(p)), True, True),)
+    kinds = [StageKind("first", (0,), True, False)]
+    if p > 2:
+        kinds.append(StageKind("middle", tuple(range(1, p - 1)), False, False))
+    kinds.append(StageKind("last", (p - 1,), False, True))
+    return tuple(kinds)
+
+
+def tensor_size(strategy: Strategy) -> int:
+    size = 1
+    for p in strategy.placements:
+        if p.role is Role.TENSOR:
+            size *= strategy.size(p.axis)
+    return size
+
+
+def stage_params(d: Domain, strategy: Strategy, kind: StageKind) -> dict[ParamGroup, Num]:
+    """Parameters of each group held by a stage of this kind, before tensor, expert and data
+    splits (a bare parameter count is split evenly over the stages)."""
+    arch = strategy.model.arch
+    pipe = strategy.pipeline
+    p = 1 if pipe is None else strategy.size(pipe.axis)
+    if arch is None:
+        stages = d.const(1) if pipe is None else d.sym(pipe.axis, p)
+        return {g: n / stages for g, n in group_params(d, strategy).items()}
+    word = arch.padded_vocab(tensor_size(strategy)) * arch.hidden
+    layer = arch.layer_params()
+    layers = {g: n * arch.layers for g, n in layer.items()}
+    positions = arch.position_rows * arch.hidden
+    output = 0 if arch.tied_embeddings else word
+    if p == 1:
+        counts = {ParamGroup.DENSE: layers[ParamGroup.DENSE] + output,
+                  ParamGroup.NORMS: layers[ParamGroup.NORMS] + arch.norm_params(),
+                  ParamGroup.EMBEDDING: word + positions,
+                  ParamGroup.EXPERTS: layers[ParamGroup.EXPERTS]}
+        whole_model = arch.group_params()
+        # a padded vocabulary changes the count: a symbol of its own (communication keeps Ψ_emb)
+        return {g: d.sym(GROUP_SYMBOLS[g] + ("" if n == whole_model[g] else "_padded"), n)
+                for g, n in counts.items() if n > 0}
+    pp = d.sym(pipe.axis, p) if pipe is not None else d.const(1)
+    out: dict[ParamGroup, Num] = {}
+    for group, name in ((ParamGroup.DENSE, "Ψ_dense_layers"), (ParamGroup.NORMS, "Ψ_norms_layers"),
+                        (ParamGroup.EXPERTS, "Ψ_exp")):
+        if layers[group]:
+            out[group] = d.sym(name, layers[group]) / pp
+    if kind.first:
+        out[ParamGroup.EMBEDDING] = d.sym("Ψ_emb_first", word + positions)
+    if kind.last:
+        if output:
+            out[ParamGroup.DENSE] = out.get(ParamGroup.DENSE, d.const(0)) + d.sym("Ψ_out", output)
+        else:
+            out[ParamGroup.EMBEDDING] = d.sym("Ψ_tied", word)
+        out[ParamGroup.NORMS] = out.get(ParamGroup.NORMS, d.const(0)) + \
+            d.sym("Ψ_final_norm", arch.norm_params())
+    return out
+
+
 def memory_items(d: Domain, strategy: Strategy) -> tuple[list[MemoryItem], ActivationCost | None]:
+    """The memory of the fullest rank kind (the one that decides whether the step fits)."""
+    ranks, activations = memory_by_rank(d, strategy)
+    return list(ranks[fullest(strategy, ranks)].items), activations
+
+
+def fullest(strategy: Strategy, ranks: tuple[RankMemory, ...]) -> int:
+    """Index of the rank kind with the most device bytes (the first of equals), decided on exact
+    numbers in either domain."""
+    if len(ranks) == 1:
+        return 0
+    exact, _ = memory_by_rank(Exact(), strategy)
+    totals = [sum((Fraction(i.bytes) for i in r.items if not i.host), Fraction(0)) for r in exact]
+    return totals.index(max(totals))
+
+
+def memory_by_rank(d: Domain, strategy: Strategy) -> tuple[tuple[RankMemory, ...],
+                                                           ActivationCost | None]:
+    activations = activation_cost(d, strategy, bytes_per_element(d, strategy, State.ACTIVATIONS))
+    shared: list[MemoryItem] = []
+    if activations is not None:
+        if offloaded(strategy, State.ACTIVATIONS):
+            shared.append(MemoryItem("activations", "A activations (offloaded)", activations.kept,
+                                     host=True))
+            shared.append(MemoryItem("activations", "A activations", d.const(0)))
+            shared.append(MemoryItem("buffers", "activation staging (one layer)",
+                                     activations.per_layer))
+        else:
+            shared.append(MemoryItem("activations", "A activations", activations.kept))
+        if activations.working_set != 0:
+            shared.append(MemoryItem("buffers", "recompute working set (one layer)",
+                                     activations.working_set))
+    buffer = gather_buffer(d, strategy)
+    if buffer is not None:
+        shared.append(buffer)
+    ranks = tuple(RankMemory(kind, (*state_items(d, strategy, kind), *shared))
+                  for kind in stage_kinds(strategy))
+    return ranks, activations
+
+
+def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryItem]:
     items: list[MemoryItem] = []
+    held = stage_params(d, strategy, kind)
     for state in MODEL_STATES:
         per_element = bytes_per_element(d, strategy, state)
         total: Num = 0
-        for group, n in group_params(d, strategy).items():
-            total = total + n / model_split(d, strategy, group, state)
+        for group, n in held.items():
+            total = total + n / model_split(d, strategy, group, state, pipeline=False)
         amount = total * per_element / data_split(d, strategy, state)
         host = offloaded(strategy, state)
         items.append(MemoryItem(state.value, f"{state.symbol} {state.value}",
@@ -88,25 +219,7 @@ def memory_items(d: Domain, strategy: Strategy) -> tuple[list[MemoryItem], Activ
         if host:
             items.append(MemoryItem(state.value, f"{state.symbol} {state.value} (offloaded)", amount,
                                     host=True))
-
-    activations = activation_cost(d, strategy, bytes_per_element(d, strategy, State.ACTIVATIONS))
-    if activations is not None:
-        if offloaded(strategy, State.ACTIVATIONS):
-            items.append(MemoryItem("activations", "A activations (offloaded)", activations.kept,
-                                    host=True))
-            items.append(MemoryItem("activations", "A activations", d.const(0)))
-            items.append(MemoryItem("buffers", "activation staging (one layer)",
-                                    activations.per_layer))
-        else:
-            items.append(MemoryItem("activations", "A activations", activations.kept))
-        if activations.working_set != 0:
-            items.append(MemoryItem("buffers", "recompute working set (one layer)",
-                                    activations.working_set))
-
-    buffer = gather_buffer(d, strategy)
-    if buffer is not None:
-        items.append(buffer)
-    return items, activations
+    return items
 
 
 def gather_buffer(d: Domain, strategy: Strategy) -> MemoryItem | None:

@@ -3,8 +3,10 @@
 ``recompute`` turns the activations' batch-axis modes R into M (Korthikanti et al. 2022: the
 activations are materialised again in backward); ``offload`` turns a state's sharded data-axis
 modes into O (ZeRO-Offload, Ren et al. 2021, partitions the offloaded state over data-parallel
-ranks), and the activations' batch-axis modes into O. Both are pure functions of the placements;
-lowering reports the problems at the statement.
+ranks), and the activations' batch-axis modes into O. Offloading the optimizer moves the gradient
+partition with it wherever the gradients are sharded (ZeRO-Offload's and DeepSpeed's
+``offload_optimizer``: the host runs the step on the gradient shard it holds). Both are pure
+functions of the placements; lowering reports the problems at the statement.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def with_offload(placements: Placements, state: State) -> tuple[Placements, list
             return placements, [Problem(
                 f"offloading {state.value} needs a data-parallel axis to partition them over",
                 Code.CONFLICT)]
+    moved = {index: targets}
+    if state is State.OPTIMIZER:
+        # ZeRO-Offload: the optimizer step runs on the host, so the gradient partition it reads
+        # lives there too (DeepSpeed offload_optimizer; REFERENCE §8)
+        grads = STATES.index(State.GRADIENTS)
+        moved[grads] = {p.axis for p in data if p.modes[grads].sharded}
     return tuple(
-        replace(p, modes=tuple(Mode.O if i == index else m for i, m in enumerate(p.modes)))  # type: ignore[arg-type]
-        if p.axis in targets else p for p in placements), []
+        replace(p, modes=tuple(Mode.O if p.axis in moved.get(i, ()) else m  # type: ignore[arg-type]
+                               for i, m in enumerate(p.modes)))
+        for p in placements), []

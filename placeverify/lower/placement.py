@@ -78,8 +78,16 @@ def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group,
         return []
     modes = preset.modes
     if preset.axes == 2:
-        return [AxisPlacement(group.axes[0], preset.role, modes, name, span, **options),  # type: ignore[arg-type]
-                AxisPlacement(group.axes[1], Role.DATA, (R, R, R, R), name, span)]
+        written = written_axes(stmt.group)
+        if written is None or sorted(written) != sorted(group.axes):
+            ctx.error(f"'{name}' needs its two axes named in order, shard axis first: "
+                      f"'over shard_axis * replicate_axis', got {group.label()}",
+                      Code.BAD_VALUE, stmt.group.span,
+                      "a named group, a tuple or 'world' does not say which axis shards")
+            return []
+        shard, replica = written
+        return [AxisPlacement(shard, preset.role, modes, name, span, **options),  # type: ignore[arg-type]
+                AxisPlacement(replica, Role.DATA, (R, R, R, R), name, span)]
     options.update(preset.implied)
     for key, option in preset.options.items():
         if option.default is not None:
@@ -94,6 +102,18 @@ def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group,
             ctx.error("a pipeline needs 'microbatches', e.g. 'pipeline(1f1b, microbatches = "
                       "8)'", Code.MISSING, span)
     return [AxisPlacement(group.axes[0], preset.role, modes, name, span, **options)]  # type: ignore[arg-type]
+
+
+def written_axes(group: ast.Group) -> tuple[str, ...] | None:
+    """The axes of a group in the order the text names them, when it names each one directly
+    (``shard * replica``); None for named groups, tuples and ``world``, whose order the group
+    resolution sorts into mesh order."""
+    names: list[str] = []
+    for term in group.terms:
+        if not isinstance(term, ast.AxisRef):
+            return None
+        names.append(term.name.text)
+    return tuple(names)
 
 
 def read_options(ctx: Context, name: str, preset: PresetSpec,

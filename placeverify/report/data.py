@@ -94,6 +94,11 @@ def check_document(result: CheckResult) -> dict[str, Any]:
             "host_bytes": whole(costs.host_bytes()),
             "items": [{"category": i.category, "label": i.label, "bytes": whole(i.bytes),
                        "host": i.host} for i in costs.memory],
+            "ranks": [{"kind": r.kind.name, "stages": list(r.kind.stages),
+                       "fullest": r.items == costs.memory,
+                       "device_bytes": {k: whole(v) for k, v in costs.rank_bytes(r).items()},
+                       "host_bytes": whole(sum((i.bytes for i in r.items if i.host), 0))}
+                      for r in costs.ranks],
             "capacity_bytes": capacity,
             "fits": None if capacity is None else total <= capacity,
             "headroom_bytes": None if capacity is None else capacity - total,
@@ -115,7 +120,9 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                 "line": c.span.line if c.span else None,
                 "seconds": None if c.seconds is None else float(c.seconds)} for c in costs.comm],
         },
-        "pipeline": None if costs.bubble is None else {"bubble_fraction": _float(costs.bubble)},
+        "pipeline": None if costs.bubble is None else {
+            "bubble_fraction": _float(costs.bubble), "bubble_ratio": _float(costs.bubble),
+            "idle_fraction": _float(costs.idle())},
         "verdicts": {} if result.verification is None else result.verification.verdicts(),
         "obligations": [] if result.verification is None else [
             {"condition": o.condition.value, "claim": o.claim, "verdict": o.verdict.value,
@@ -151,6 +158,7 @@ def formulas_document(costs: Costs) -> dict[str, Any]:
                           for c in costs.comm],
         "communication_total": show(costs.network_bytes()),
         "bubble": None if costs.bubble is None else show(costs.bubble),
+        "idle": None if costs.bubble is None else show(costs.idle()),
     }
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES
+from placeverify.ir.placement import STATES, Schedule
 from placeverify.report.data import formulas_document, step_lines
 from placeverify.report.trace_text import render_trace
 from placeverify.result import CheckResult
@@ -85,7 +85,13 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
     _render_memory(costs, s.mesh.device_memory, console)
     _render_comm(costs, console)
     if costs.bubble is not None:
-        console.print(f"pipeline bubble  {float(Fraction(costs.bubble)):.2%} of the step idle")
+        idle = costs.idle()
+        assert idle is not None
+        vm = "v·m" if s.pipeline is not None and s.pipeline.schedule is Schedule.INTERLEAVED \
+            else "m"
+        console.print(f"pipeline bubble  {float(Fraction(idle)):.2%} of the step idle "
+                      f"((p − 1)/({vm} + p − 1)); bubble / compute "
+                      f"{float(Fraction(costs.bubble)):.2%} ((p − 1)/({vm}))")
         console.print()
     _render_step(result, console)
     if result.verification is not None:
@@ -106,8 +112,28 @@ def _preset_label(placement: Any) -> str:
     return label
 
 
+def _render_ranks(costs: Costs, console: Console) -> None:
+    """The per-stage table, when the pipeline stages hold different amounts."""
+    rows = [(r, costs.rank_bytes(r)) for r in costs.ranks]
+    if len({whole(b["total"]) for _, b in rows}) < 2:
+        return
+    console.print(Text("memory per pipeline stage (the fullest decides)", style="bold"))
+    table = Table(box=box.SIMPLE_HEAD)
+    for name in ("stage", "stages", "Θ", "Ω", "G", "A", "buffers", "total"):
+        table.add_column(name, justify="left" if name.startswith("stage") else "right")
+    for rank, device in rows:
+        stages = rank.kind.stages
+        where = str(stages[0]) if len(stages) == 1 else f"{stages[0]}-{stages[-1]}"
+        mark = " (fullest)" if rank.items == costs.memory else ""
+        table.add_row(rank.kind.name + mark, where,
+                      *(human_bytes(device[c]) for c in (*CATEGORIES, "total")))
+    console.print(table)
+
+
 def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None:
-    console.print(Text("memory per device", style="bold"))
+    _render_ranks(costs, console)
+    console.print(Text("memory per device" + (" (the fullest stage)" if len(costs.ranks) > 1
+                                              else ""), style="bold"))
     table = Table(box=box.SIMPLE_HEAD)
     table.add_column("state")
     table.add_column("bytes", justify="right")
@@ -220,7 +246,8 @@ def _render_formulas(costs: Costs, console: Console) -> None:
         over = "x".join(item["axes"]) or "pcie"
         console.print(f"  {item['op']} over {over} ({item['what']}) = {item['bytes']}")
     if doc["bubble"] is not None:
-        console.print(f"  bubble = {doc['bubble']}")
+        console.print(f"  bubble / compute = {doc['bubble']}")
+        console.print(f"  idle share = {doc['idle']}")
     symbols = ", ".join(f"{k} = {v:,}" if isinstance(v, int) else f"{k} = {v}"
                         for k, v in doc["symbols"].items())
     console.print(Text(f"  where {symbols}", style="dim"))
