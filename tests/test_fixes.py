@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from placeverify.api import check
+from placeverify.api import check, check_strategy
+from placeverify.lower import load_text
 from placeverify.verdicts import Verdict
 from placeverify.verify.fixes import FIXES, FixRule
 from tests.conftest import example_files
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BUGS = example_files("bugs")
 
@@ -128,3 +131,17 @@ def test_every_cited_issue_is_named_by_a_bug() -> None:
     assert cited <= named
     assert set(UNCITED) <= named
     assert len({r.name for r in FIXES}) == len(FIXES)
+
+
+def test_the_hsdp_fix_names_the_axes_by_what_they_hold_not_by_mesh_order() -> None:
+    # verl#7493 with the replica axis declared first: `place hsdp over shard * replica` still
+    # shards over `shard` (the first axis written), so the fix must add the all-reduce over
+    # `replica` after the reduce-scatter over `shard`.
+    text = (ROOT / "examples" / "bugs" / "hsdp-shard-group-of-one.place").read_text(encoding="utf-8")
+    swapped = text.replace("mesh { shard = 1, replica = 4 }", "mesh { replica = 4, shard = 1 }")
+    assert swapped != text
+    result = check_strategy(load_text(swapped, "hsdp-swapped.place"))
+    assert result.verification is not None
+    fixes = [o.fix for o in result.verification.obligations if o.fix]
+    assert any("all_reduce(sum) grads over replica after the reduce-scatter over shard" in f
+               for f in fixes), fixes

@@ -21,7 +21,7 @@ from itertools import combinations
 
 from placeverify.evidence import Cause, Counterexample, Divergence
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Role
+from placeverify.ir.placement import Role, State
 from placeverify.ir.presets import hybrid
 from placeverify.ir.step import CollectiveKind, Free
 from placeverify.ir.strategy import LossKind, Strategy
@@ -127,8 +127,11 @@ def _hsdp_replicas(case: FixCase) -> Fields | None:
     strategy = case.strategy
     if data:
         hsdp = [p for p in strategy.placements if hybrid(p.preset)]
-        if hsdp and data[0] == hsdp[-1].axis:
-            shard = hsdp[0].axis
+        # the shard axis is the one holding Ω sharded, whatever order the mesh declares them in
+        shards = [p.axis for p in hsdp if p.mode(State.OPTIMIZER).sharded]
+        replicas = [p.axis for p in hsdp if not p.mode(State.OPTIMIZER).sharded]
+        if shards and data[0] in replicas:
+            shard = shards[0]
             return {"axis": data[0], "shard": shard, "n": case.found.sizes.get(shard, 1)}
     return None
 
