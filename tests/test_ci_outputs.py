@@ -201,7 +201,8 @@ def check_sarif(log: dict[str, Any]) -> None:
     official = os.environ.get("PLACEVERIFY_SARIF_SCHEMA")
     if official:
         schema = json.loads(Path(official).read_text("utf-8"))
-        validator = jsonschema.Draft7Validator(schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
+        validator = jsonschema.Draft7Validator(
+            schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
         assert errors_of(validator, log) == []
     [run_] = log["runs"]
     rules = [r["id"] for r in run_["tool"]["driver"]["rules"]]
@@ -266,7 +267,8 @@ def test_fingerprints_ignore_lines_and_runs(tmp_path: Path) -> None:
     def refuted(cwd: Path) -> tuple[str, int]:
         log, _ = sarif_of("bug.place", cwd=cwd)
         [r] = [r for r in log["runs"][0]["results"] if r["level"] == "error"]
-        return r["partialFingerprints"]["placeverify/v1"], r["locations"][0]["physicalLocation"]["region"]["startLine"]
+        region = r["locations"][0]["physicalLocation"]["region"]
+        return r["partialFingerprints"]["placeverify/v1"], region["startLine"]
 
     first, line = refuted(tmp_path / "a")
     assert refuted(tmp_path / "a") == (first, line)
