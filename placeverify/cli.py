@@ -26,6 +26,7 @@ Exit codes:
      differs from the declared mesh's)
   4  a file is missing, unreadable or not a regular file
   5  replay/measure could not run (torch missing, a rank crashed or hung)
+  6  with --require-fit: a strategy does not fit (predicted total above device_memory)
   70 internal error (a bug in placeverify; please report it)
 """
 
@@ -48,6 +49,33 @@ def import_settings(model: str | None, world: int | None, fmt: str | None) -> An
 
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+
+
+def output_options(command: Callable[..., None]) -> Callable[..., None]:
+    """--output-format and --require-fit: what a CI run prints and what fails it."""
+    command = click.option("--require-fit", is_flag=True,
+                           help="Exit 6 when a strategy does not fit (predicted total above "
+                                "device_memory).")(command)
+    return click.option("--output-format", "output", default="text", show_default=True,
+                        type=click.Choice(["text", "json", "sarif", "github"]),
+                        help="text, json (as --json), sarif (SARIF 2.1.0) or github (workflow "
+                             "commands).")(command)
+
+
+def output_of(as_json: bool, output: str) -> str:
+    if as_json and output not in ("text", "json"):
+        raise click.UsageError(f"--json and --output-format {output} disagree")
+    return "json" if as_json else output
+
+
+def emit_outcomes(output: str, outcomes: list[Any], code: ExitCode, require_fit: bool) -> None:
+    """The SARIF log or the GitHub annotations of a run's outcomes."""
+    from placeverify.report.findings import findings
+    from placeverify.report.github import render_github
+    from placeverify.report.sarif import render_sarif
+
+    found = findings(outcomes, require_fit=require_fit)
+    click.echo(render_sarif(found, code) if output == "sarif" else render_github(found, outcomes, code))
 
 
 def guarded(run: Callable[[], ExitCode]) -> NoReturn:
@@ -100,22 +128,24 @@ def main() -> None:
                    "(a smaller one, said so, above 8 devices; needs torch).")
 @click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds per solver query before it counts as unknown.")
+@output_options
 @import_options
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
-          trace_path: str | None, replay: bool, timeout: float, model: str | None,
-          world: int | None, fmt: str | None) -> None:
+          trace_path: str | None, replay: bool, timeout: float, output: str, require_fit: bool,
+          model: str | None, world: int | None, fmt: str | None) -> None:
     """Check strategies: costs, and proofs of the three correctness conditions."""
 
     def run() -> ExitCode:
         from placeverify.api import check as check_file
-        from placeverify.report.data import check_document
+        from placeverify.report.outcome import Outcome, check_list_document, fits, report_document
         from placeverify.report.text import render_check
 
+        fmt_out = output_of(as_json, output)
         paths = expand_paths(files)
         if trace_path is not None and len(paths) != 1:
             raise click.UsageError("--trace takes exactly one file")
         codes: list[ExitCode] = []
-        documents: list[Any] = []
+        outcomes: list[Outcome] = []
         out = console()
         for index, path in enumerate(paths):
             try:
@@ -125,18 +155,18 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
             except PlaceError as error:
                 print_errors(error)
                 codes.append(error.exit_code)
-                if as_json:
-                    documents.append({"file": path, "errors": [
-                        d.to_json(error.source) for d in error.diagnostics]})
+                outcomes.append(Outcome(path, error.exit_code, error=error))
                 continue
             code = ExitCode.OK
             if result.verification is not None:
                 code = verdict_exit(result.verification.overall())
+            if require_fit and fits(result) is False:
+                code = worst([code, ExitCode.DOES_NOT_FIT])
             if trace_path is not None and result.verification is not None:
                 write_trace(result, trace_path)
             replayed = None
             if replay and result.verification is not None:
-                if as_json:
+                if fmt_out != "text":
                     from placeverify.replay.cli import replay_document
 
                     replay_code, replayed = replay_document(result)
@@ -144,17 +174,17 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
                     replay_code = replay_check(result, as_json, out)
                 code = worst([code, replay_code])
             codes.append(code)
-            if as_json:
-                document = check_document(result)
-                if replayed is not None:
-                    document["replay"] = replayed
-                documents.append(document)
-            else:
+            outcomes.append(Outcome(path, code, result=result, replay=replayed))
+            if fmt_out == "text":
                 if index:
                     out.rule()
                 render_check(result, out, formulas=formulas)
-        if as_json:
-            emit_json(documents[0] if len(documents) == 1 and len(paths) == 1 else documents)
+        if fmt_out == "json":  # one file argument: its document; several or a folder: the list
+            listing = len(files) > 1 or any(Path(f).is_dir() for f in files)
+            emit_json(check_list_document(outcomes, worst(codes)) if listing
+                      else report_document(outcomes[0]))
+        elif fmt_out != "text":
+            emit_outcomes(fmt_out, outcomes, worst(codes), require_fit)
         return worst(codes)
 
     guarded(run)
@@ -182,21 +212,27 @@ def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
+@output_options
 @import_options
-def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, model: str | None,
-            world: int | None, fmt: str | None) -> None:
+def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: str,
+            require_fit: bool, model: str | None, world: int | None, fmt: str | None) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
         from placeverify.compare_cli import compare_files
         from placeverify.report.compare import render_compare
 
+        fmt_out = output_of(as_json, output)
         paths = expand_paths(files)
-        document, codes = compare_files(paths, with_verdicts, import_settings(model, world, fmt))
-        if as_json:
+        document, outcomes = compare_files(paths, with_verdicts, import_settings(model, world, fmt),
+                                           require_fit=require_fit)
+        codes = [o.exit_code for o in outcomes]
+        if fmt_out == "json":
             emit_json(document)
-        else:
+        elif fmt_out == "text":
             render_compare(document, console())
+        else:
+            emit_outcomes(fmt_out, outcomes, worst(codes), require_fit)
         return worst(codes)
 
     guarded(run)

@@ -1,7 +1,8 @@
 """``placeverify compare``'s loop: check each file, collect its comparison row and exit code.
 
 The report (:mod:`placeverify.report.compare`) only renders; this module runs the checks and
-prints the errors of the files that fail to load, as ``check`` does.
+prints the errors of the files that fail to load, as ``check`` does; the document lists them
+under ``errors`` (``{file, exit_code, errors}``, the diagnostics as ``check --json`` gives them).
 """
 
 from __future__ import annotations
@@ -9,25 +10,34 @@ from __future__ import annotations
 from typing import Any
 
 from placeverify.api import check
-from placeverify.console import print_errors, verdict_exit
+from placeverify.console import print_errors, verdict_exit, worst
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.importers import Options
 from placeverify.report.compare import compare_document, compare_row
+from placeverify.report.outcome import Outcome, fits
 
 
-def compare_files(paths: list[str], with_verdicts: bool,
-                  imports: Options | None = None) -> tuple[dict[str, Any], list[ExitCode]]:
-    """The comparison document of the files that load, and one exit code per file."""
+def compare_files(paths: list[str], with_verdicts: bool, imports: Options | None = None, *,
+                  require_fit: bool = False) -> tuple[dict[str, Any], list[Outcome]]:
+    """The comparison document (rows of the files that load, errors of the others) and each
+    file's outcome with its exit code."""
     rows: list[dict[str, Any]] = []
-    codes: list[ExitCode] = []
+    outcomes: list[Outcome] = []
     for path in paths:
         try:
             result = check(path, verify_conditions=with_verdicts, imports=imports)
         except PlaceError as error:
             print_errors(error)
-            codes.append(error.exit_code)
+            outcomes.append(Outcome(path, error.exit_code, error=error))
             continue
         rows.append(compare_row(path, result))
-        codes.append(ExitCode.OK if result.verification is None
-                     else verdict_exit(result.verification.overall()))
-    return compare_document(rows), codes
+        code = (ExitCode.OK if result.verification is None
+                else verdict_exit(result.verification.overall()))
+        if require_fit and fits(result) is False:
+            code = worst([code, ExitCode.DOES_NOT_FIT])
+        outcomes.append(Outcome(path, code, result=result))
+    document = compare_document(rows)
+    document["errors"] = [{"file": o.path, "exit_code": int(o.exit_code),
+                           "errors": [d.to_json(o.error.source) for d in o.error.diagnostics]}
+                          for o in outcomes if o.error is not None]
+    return document, outcomes

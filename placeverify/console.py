@@ -16,7 +16,8 @@ from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.verdicts import Verdict
 
 PRIORITY = [ExitCode.INTERNAL_ERROR, ExitCode.READ_ERROR, ExitCode.INPUT_ERROR,
-            ExitCode.BACKEND_ERROR, ExitCode.REFUTED, ExitCode.UNKNOWN, ExitCode.OK]
+            ExitCode.BACKEND_ERROR, ExitCode.REFUTED, ExitCode.DOES_NOT_FIT, ExitCode.UNKNOWN,
+            ExitCode.OK]
 
 
 def worst(codes: Iterable[ExitCode]) -> ExitCode:

@@ -26,6 +26,7 @@ class ExitCode(IntEnum):
     UNKNOWN = 3  # some condition neither proved nor refuted (solver limit, unmodelled case)
     READ_ERROR = 4  # a file is missing, unreadable or not a regular file
     BACKEND_ERROR = 5  # replay/measure could not run (torch missing, a rank crashed or hung)
+    DOES_NOT_FIT = 6  # with --require-fit: a strategy's predicted total exceeds device_memory
     INTERNAL_ERROR = 70  # a bug in placeverify itself
 
 

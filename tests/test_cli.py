@@ -109,7 +109,7 @@ def test_every_ok_example_exits_0() -> None:
     """One process for the folder; the JSON documents give each file's verdicts."""
     done = run("check", "--json", "examples/ok")
     assert done.returncode == ExitCode.OK, done.stderr
-    documents = json.loads(done.stdout)
+    documents = [r["report"] for r in json.loads(done.stdout)["results"]]
     assert [Path(d["file"]).name for d in documents] == [p.name for p in files_in("ok")]
     for document in documents:
         assert set(document["verdicts"].values()) == {"proved"}, document["file"]
@@ -203,7 +203,7 @@ def test_json_shape_of_one_file() -> None:
 def test_json_of_every_example_has_the_shape() -> None:
     done = run("check", "--json", "--no-verify", "examples")
     assert done.returncode == ExitCode.OK
-    documents = json.loads(done.stdout)
+    documents = [r["report"] for r in json.loads(done.stdout)["results"]]
     assert len(documents) == len(list(EXAMPLES.rglob("*.place")))
     for document in documents:
         check_document_shape(document)
@@ -214,13 +214,17 @@ def test_json_lists_errors_beside_reports() -> None:
     done = run("check", "--json", "--no-verify", "examples/zero-paper/ddp.place",
                "tests/errors/unknown-preset.place", "missing.place")
     assert done.returncode == ExitCode.READ_ERROR
-    good, bad, missing = json.loads(done.stdout)
+    listing = json.loads(done.stdout)
+    assert (listing["schema"], listing["exit_code"]) == ("placeverify.check-list/1", ExitCode.READ_ERROR)
+    good, bad, missing = (r["report"] for r in listing["results"])
+    assert [r["exit_code"] for r in listing["results"]] == [0, ExitCode.INPUT_ERROR, ExitCode.READ_ERROR]
     check_document_shape(good)
     assert bad["file"] == "tests/errors/unknown-preset.place"
     assert [(e["code"], e["line"], e["column"]) for e in bad["errors"]] == [("unknown-name", 4, 7)]
-    assert missing == {"file": "missing.place", "errors": [{
-        "severity": "error", "code": "read", "message": "cannot read file: no such file",
-        "file": "missing.place"}]}
+    assert missing == {"schema": "placeverify.check/1", "placeverify": good["placeverify"],
+                       "file": "missing.place", "errors": [{
+                           "severity": "error", "code": "read",
+                           "message": "cannot read file: no such file", "file": "missing.place"}]}
 
 
 # ---- --trace ------------------------------------------------------------------------------------

@@ -586,8 +586,7 @@ def reported() -> dict[str, dict[str, Any]]:
     proc = subprocess.run([str(PLACEVERIFY), "check", "--json", "--no-verify", *files],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    docs = json.loads(proc.stdout)
-    docs = docs if isinstance(docs, list) else [docs]
+    docs = [r["report"] for r in json.loads(proc.stdout)["results"]]  # placeverify.check-list/1
     out = {}
     for doc in docs:
         path = Path(doc["file"])

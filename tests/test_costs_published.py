@@ -85,8 +85,7 @@ def figure_1_json() -> dict[str, dict[str, Any]]:
     proc = subprocess.run([str(PLACEVERIFY), "check", "--json", *map(str, files)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    docs = json.loads(proc.stdout)
-    docs = docs if isinstance(docs, list) else [docs]
+    docs = [r["report"] for r in json.loads(proc.stdout)["results"]]  # placeverify.check-list/1
     return {Path(d["file"]).stem: d for d in docs}
 
 

@@ -1,0 +1,144 @@
+"""What the CI outputs report, once for SARIF and GitHub annotations: one :class:`Finding` per
+refuted or unknown obligation, input error or warning, and strategy that does not fit.
+
+Rules (stable ids, SARIF ``ruleId``): one per condition (``gradient_integrity``,
+``state_consistency``, ``composition_safety``, the ``verdicts`` keys of the JSON report),
+``memory-fits``, ``input-error`` (a file that does not load) and ``input-warning`` (a warning
+about a file that loads). Levels: refuted and input errors are ``error``; unknown and input
+warnings ``warning``; a strategy that does not fit is an ``error`` with ``--require-fit`` and a
+``warning`` without; a file whose fit cannot be judged under ``--require-fit`` (no
+``device_memory``) is a ``note``. Proved obligations are not findings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from placeverify.cost import whole
+from placeverify.diagnostics import Diagnostic, Severity, Span
+from placeverify.report.outcome import Outcome, fits
+from placeverify.trace import Trace
+from placeverify.verdicts import CONDITIONS, Obligation, Verdict
+
+Level = Literal["error", "warning", "note"]
+MEMORY_FITS = "memory-fits"
+INPUT_ERROR = "input-error"
+INPUT_WARNING = "input-warning"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    name: str
+    short: str
+    full: str
+    level: Level  # the default level of its findings
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("gradient_integrity", "GradientIntegrity",
+         "The optimizer consumes the single-device gradient",
+         "Gradient integrity: on every device the optimizer consumes exactly the gradient that "
+         "single-device training on the global batch would compute (reductions, normalisation, "
+         "clipping, overflow handling).", "error"),
+    Rule("state_consistency", "StateConsistency",
+         "Replicated training state stays identical",
+         "State consistency: every replicated copy of parameters and optimizer state stays "
+         "bitwise identical after the step (same update, same reduction order, shards refreshed, "
+         "dropout seeds as the placement needs).", "error"),
+    Rule("composition_safety", "CompositionSafety",
+         "The parallelisms compose",
+         "Composition safety: the placement is realisable, reductions use the right groups, "
+         "routing and ordering agree, and the written step does what the placement says.", "error"),
+    Rule(MEMORY_FITS, "MemoryFits", "The predicted memory fits the device",
+         "Memory fits: the predicted per-device total (parameters, optimizer state, gradients, "
+         "activations, buffers) is at most the mesh's device_memory.", "warning"),
+    Rule(INPUT_ERROR, "InputError", "The file loads",
+         "Input error: the file does not parse or is inconsistent (a syntax error, an unknown "
+         "name, a size that does not divide), or cannot be read; nothing in it was checked.",
+         "error"),
+    Rule(INPUT_WARNING, "InputWarning", "No warning about the file",
+         "Input warning: the file loads, but something in it is suspicious or not modelled.",
+         "warning"),
+)
+RULE_IDS = tuple(r.id for r in RULES)
+assert RULE_IDS[:len(CONDITIONS)] == tuple(c.value for c in CONDITIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    rule: str
+    level: Level
+    path: str  # the file the finding is about, as the user named it
+    span: Span | None
+    title: str  # one line
+    message: str  # the full text: claim, reason, fix
+    identity: str  # what makes the finding the same across runs (never a line or a timing)
+    trace: Trace | None = None  # the counterexample, for a refutation that has one
+    properties: dict[str, str] = field(default_factory=dict)
+
+
+def findings(outcomes: list[Outcome], *, require_fit: bool = False) -> list[Finding]:
+    """Every finding of a run, file by file in order, each file's in report order."""
+    out: list[Finding] = []
+    for outcome in outcomes:
+        if outcome.error is not None:
+            source = outcome.error.source
+            path = source.path if source is not None and source.path else outcome.path
+            out.extend(_diagnostic(d, path, INPUT_ERROR) for d in outcome.error.diagnostics)
+            continue
+        result = outcome.result
+        assert result is not None
+        strategy = result.strategy
+        path = strategy.source.path or outcome.path
+        out.extend(_diagnostic(d, path, INPUT_WARNING) for d in strategy.warnings)
+        verification = result.verification
+        if verification is not None:
+            trace = verification.trace
+            for o in verification.obligations:
+                if o.verdict is not Verdict.PROVED:
+                    out.append(_obligation(o, path, trace if _traced(o, trace) else None))
+        fit = fits(result)
+        total = whole(result.costs.device_bytes()["total"])
+        capacity = strategy.mesh.device_memory
+        if fit is False:
+            out.append(Finding(
+                MEMORY_FITS, "error" if require_fit else "warning", path, strategy.mesh.span,
+                "does not fit device memory",
+                f"does not fit: {total:,} bytes predicted per device > device_memory "
+                f"{capacity:,} bytes", MEMORY_FITS, properties={"device_bytes": str(total)}))
+        elif fit is None and require_fit:
+            out.append(Finding(MEMORY_FITS, "note", path, strategy.mesh.span,
+                               "fit not checked",
+                               "fit not checked: the mesh gives no device_memory", MEMORY_FITS))
+    return out
+
+
+def _traced(o: Obligation, trace: Trace | None) -> bool:
+    """Whether ``trace`` (the verification's one trace) is this obligation's counterexample."""
+    return (trace is not None and trace.condition is o.condition and trace.kind is o.kind
+            and trace.claim == o.claim and trace.line == (o.span.line if o.span else None))
+
+
+def _obligation(o: Obligation, path: str, trace: Trace | None) -> Finding:
+    label = o.condition.label
+    lines = [f"{label} {o.verdict.value}: {o.claim}"]
+    if o.reason:
+        lines.append(o.reason)
+    if o.fix:
+        lines.append(f"fix: {o.fix}")
+    return Finding(o.condition.value, "error" if o.verdict is Verdict.REFUTED else "warning", path,
+                   o.span, f"{label} {o.verdict.value}", "\n".join(lines),
+                   f"{o.kind.value}\0{o.claim}", trace,
+                   {"condition": o.condition.value, "verdict": o.verdict.value,
+                    "kind": o.kind.value})
+
+
+def _diagnostic(d: Diagnostic, path: str, rule: str) -> Finding:
+    levels: dict[Severity, Level] = {Severity.ERROR: "error", Severity.WARNING: "warning",
+                                     Severity.NOTE: "note"}
+    level = levels[d.severity]
+    text = "\n".join([f"{d.message}  [{d.code.value}]", *d.notes])
+    return Finding(rule, level, path, d.span, f"input {d.severity.value} [{d.code.value}]", text,
+                   f"{d.code.value}\0{d.message}", properties={"code": d.code.value})
