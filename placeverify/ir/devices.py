@@ -82,4 +82,16 @@ def intra_node(sizes: tuple[int, ...], index: int, gpus_per_node: int) -> bool:
     return gpus_per_node % block == 0
 
 
+def ranks_per_node(sizes: tuple[int, ...], index: int, gpus_per_node: int) -> int:
+    """How many ranks of one group of axis ``index`` share a node (1 when the later axes fill
+    a node or do not divide it). A ring across nodes runs one channel per NIC (NCCL), so an
+    axis crossing nodes gets the network bandwidth of that many GPUs."""
+    inner = 1
+    for n in sizes[index + 1:]:
+        inner *= n
+    if inner >= gpus_per_node or gpus_per_node % inner:
+        return 1
+    return min(sizes[index], gpus_per_node // inner)
+
+
 DTYPE_PEAKS = ("bf16", "fp16", "fp8", "tf32")  # the matmul dtypes a profile may list

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from placeverify.diagnostics import Code, Span, did_you_mean
-from placeverify.ir.devices import DTYPE_PEAKS, Device, devices, intra_node
+from placeverify.ir.devices import DTYPE_PEAKS, Device, devices, intra_node, ranks_per_node
 from placeverify.ir.mesh import Axis, Group, Mesh
 from placeverify.lower.values import (
     BYTE_UNITS,
@@ -146,12 +146,15 @@ def read_matmul(ctx: Context, entry: ast.AxisEntry) -> str | None:
 
 def device_links(axes: tuple[Axis, ...], profile: Device) -> tuple[Axis, ...]:
     """Axes without a written bandwidth (or latency) get the profile's: NVLink / xGMI when every
-    group of the axis stays inside a node, the network otherwise (see ``intra_node``)."""
+    group of the axis stays inside a node (``intra_node``), otherwise the network bandwidth per
+    GPU times the group's ranks in one node (``ranks_per_node``), at most NVLink's."""
     sizes = tuple(a.size for a in axes)
     out = []
     for i, a in enumerate(axes):
         inside = intra_node(sizes, i, profile.gpus_per_node)
-        bandwidth = profile.intra_node_bandwidth if inside else profile.network_bandwidth
+        share = ranks_per_node(sizes, i, profile.gpus_per_node)
+        bandwidth = profile.intra_node_bandwidth if inside else min(
+            profile.intra_node_bandwidth, share * profile.network_bandwidth)
         latency = profile.intra_node_latency if inside else profile.network_latency
         out.append(Axis(a.name, a.size, a.span, bandwidth if a.bandwidth is None else a.bandwidth,
                         latency if a.latency is None else a.latency))
