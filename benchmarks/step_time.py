@@ -297,34 +297,37 @@ def score(rows: list[Loaded], cal: Calibration) -> float:
     return statistics.median(errors) + 0.5 * errors[-1]
 
 
-CLASSES = ("a100_80gb_sxm:16bit", "h100_sxm:16bit", "h100_sxm:fp8")
-
-
 def fit(rows: list[Loaded]) -> Calibration:
-    """Coordinate search over the constants, minimising median + worst/2 of |error|."""
-    cal = CALIBRATION
-    eff = dict(cal.efficiency)
-    for key in CLASSES:
-        eff.setdefault(key, eff["default"])
-    grids = {
-        "half_width": [0, 50, 100, 150, 200, 300, 400, 600, 800],
-        "link_efficiency": [0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
-        **{k: [round(0.20 + 0.01 * i, 2) for i in range(61)] for k in CLASSES},
-    }
-    best = cal
-    for _ in range(3):
-        for name, grid in grids.items():
-            trials = []
-            for value in grid:
-                if name in CLASSES:
-                    e = dict(best.efficiency)
-                    e[name] = value
-                    trial = replace(best, efficiency=tuple(sorted(e.items())))
-                else:
-                    trial = replace(best, **{name: value})
-                trials.append((score(rows, trial), trial))
-            best = min(trials, key=lambda x: x[0])[1]
-    return best
+    """Grid over the memory-bound passes and the link efficiency; for each point, η_max of every
+    (device, dtype) class by fixed-point iteration (η ← η · median predicted/measured over its
+    rows); keep the point with the least median + worst/2 of |error|."""
+    classes = sorted({_class(r) for r in rows})
+    best: tuple[float, Calibration] | None = None
+    for score_passes, hidden_passes, link, attention in itertools.product(
+            [0, 4, 8, 12, 16], [0, 8, 16, 32, 48], [0.6, 0.8, 1.0], [0.3, 0.4, 0.5, 0.6, 0.8, 1.0]):
+        eff = {c: 0.6 for c in classes}
+        cal = replace(CALIBRATION, score_passes=float(score_passes),
+                      hidden_passes=float(hidden_passes), link_efficiency=link,
+                      attention_efficiency=attention)
+        for _ in range(4):
+            cal = replace(cal, efficiency=(("default", 0.5), *sorted(eff.items())))
+            for c in classes:
+                ratios = [predict(r, cal) / r[0].measured for r in rows if _class(r) == c]
+                eff[c] = min(0.95, eff[c] * statistics.median(ratios))
+        cal = replace(cal, efficiency=(("default", 0.5),
+                                       *sorted((k, round(v, 3)) for k, v in eff.items())))
+        trial = (score(rows, cal), cal)
+        if best is None or trial[0] < best[0]:
+            best = trial
+    assert best is not None
+    return best[1]
+
+
+def _class(loaded: Loaded) -> str:
+    mesh = loaded[1].mesh
+    assert mesh.device is not None
+    dtype = mesh.matmul or "bf16"
+    return f"{mesh.device.key}:{'16bit' if dtype in ('bf16', 'fp16') else dtype}"
 
 
 def summary(rows: list[Loaded], cal: Calibration) -> tuple[float, float]:
@@ -358,7 +361,8 @@ def main() -> int:
         print(f"{r[0].source:<12} {r[0].label:<38} {'cal' if r[0].calibrate else 'held':<5} "
               f"{r[0].measured:>11.3f} {p:>12.3f} {p / r[0].measured - 1:>+7.1%}")
     print()
-    print(f"constants: efficiency {dict(cal.efficiency)}, half_width {cal.half_width}, "
+    print(f"constants: efficiency {dict(cal.efficiency)}, score_passes {cal.score_passes}, "
+          f"hidden_passes {cal.hidden_passes}, attention_efficiency {cal.attention_efficiency}, "
           f"link_efficiency {cal.link_efficiency}, memory_efficiency {cal.memory_efficiency}")
     sources = sorted({r[0].source for r in loaded})
     print(f"{len(loaded)} rows from {len(sources)} sources ({', '.join(sources)}); "

@@ -10,11 +10,14 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
   divided by the tensor-parallel size and the context-parallel size (queries). Backward is twice
   forward; ``recompute full`` runs each layer's forward again, ``selective`` its attention core
   (Korthikanti et al. 2022 §4).
-- **Achieved FLOP rate**: peak (the profile, in the ``matmul`` dtype) times
-  ``η = η_max · w / (w + w0)`` with ``w = h / t`` the width of a device's weight shard: narrow
-  shards (large tensor parallelism) use the tensor cores less well. ``η_max`` per device and
-  dtype and ``w0`` are calibrated by ``benchmarks/step_time.py`` on a named subset of published
-  runs (CALIBRATION below holds the fitted values).
+- **Achieved FLOP rate**: matmuls run at peak (the profile, in the ``matmul`` dtype) times
+  ``η_max`` (per device and dtype kind); beside them, memory-bound work runs at HBM bandwidth:
+  ``score_passes`` activation-sized passes over the ``b·a·s²/t`` attention scores of unfused
+  (``standard``) attention (softmax, mask, dropout: Korthikanti's ``5as/h`` term) and
+  ``hidden_passes`` over the ``b·s·h`` hidden states (÷ t under sequence parallelism: norms,
+  residuals, activations, dropout), forward once, backward twice. The constants are calibrated
+  by ``benchmarks/step_time.py``; fused (``flash``) attention's FLOPs run at
+  ``attention_efficiency`` of the GEMM rate on a named subset of published runs (CALIBRATION holds them).
 - **Communication**, α-β per collective: ``bytes / (bandwidth · link efficiency) + latency ·
   ring steps`` over the slowest axis of the group. Overlap by kind: tensor, context, expert and
   pipeline traffic is exposed and lengthens every micro-batch (so the bubble scales it too);
@@ -48,7 +51,11 @@ class Calibration:
     """The model's fitted constants (see the module docstring)."""
 
     efficiency: tuple[tuple[str, float], ...]  # ("device:kind", "kind" or "default", η_max)
-    half_width: float  # w0: the shard width h/t at which η is half of η_max
+    score_passes: float  # memory-bound passes over the s×s attention scores (unfused softmax,
+    # mask, dropout), in activation-sized elements per score per layer forward
+    hidden_passes: float  # memory-bound passes over the b·s·h hidden states (norms, residuals,
+    # activations, dropout) per layer forward
+    attention_efficiency: float  # fused (flash) attention kernels' rate relative to GEMMs
     link_efficiency: float  # achieved fraction of a link's bandwidth (NCCL bus bandwidth)
     memory_efficiency: float  # achieved fraction of HBM bandwidth in the optimizer step
 
@@ -61,9 +68,12 @@ class Calibration:
 
 # Fitted by benchmarks/step_time.py on its calibration rows (printed there; held-out rows judge).
 CALIBRATION = Calibration(
-    efficiency=(("default", 0.55),),
-    half_width=150.0,
-    link_efficiency=0.8,
+    efficiency=(("default", 0.5), ("a100_80gb_sxm:16bit", 0.691), ("h100_sxm:16bit", 0.837),
+                ("h100_sxm:fp8", 0.521)),
+    score_passes=8.0,
+    hidden_passes=16.0,
+    attention_efficiency=0.3,
+    link_efficiency=1.0,
     memory_efficiency=0.7,
 )
 
@@ -202,14 +212,27 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     peak = None if device is None else device.peak(matmul)
     eta = None
     if peak is not None and device is not None:
-        width = arch.hidden / t
-        eta = cal.eta_max(device.key, matmul) * width / (width + cal.half_width)
+        eta = cal.eta_max(device.key, matmul)
     rate = None if peak is None or eta is None else float(peak) * eta
     if device is None:
         notes.append("no device profile: name one ('device = h100_sxm') for compute time")
 
-    t_fwd = None if rate is None else forward / rate
-    t_bwd = None if rate is None else (2 * forward + extra) / rate
+    # memory-bound work per layer forward (seconds), beside the matmuls
+    sp = any(p.role is Role.TENSOR and p.sequence_parallel for p in strategy.placements)
+    e = float(strategy.precision.activations)
+    scores = 0.0 if flash else cal.score_passes * b * arch.heads * (s / c) * s / t
+    hidden = cal.hidden_passes * tokens * arch.hidden / (t if sp else 1)
+    hbm = None if device is None else float(device.memory_bandwidth)
+    mem_layer = 0.0 if hbm is None else (scores + hidden) * e / hbm
+    mem_extra = layers * mem_layer if recompute == "full" else (
+        layers * scores * e / hbm if recompute == "selective" and hbm and not flash else 0.0)
+
+    # fused attention runs below GEMM rate: its FLOPs count 1/attention_efficiency times
+    slow = layers * core * (1 / cal.attention_efficiency - 1) if flash else 0.0
+    slow_extra = slow if recompute == "full" else 0.0
+    t_fwd = None if rate is None else (forward + slow) / rate + layers * mem_layer
+    t_bwd = None if rate is None else (2 * (forward + slow) + extra + slow_extra) / rate \
+        + 2 * layers * mem_layer + mem_extra
 
     exposed: dict[str, float] = {}
     per_mb_exposed = 0.0  # lengthens every micro-batch (tensor, context, expert, pipeline)
