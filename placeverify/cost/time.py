@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from placeverify.cost import Costs
 from placeverify.cost.communication import CommItem
@@ -105,6 +106,22 @@ class StepTime:
         if not self.step_seconds or not self.peak_flops:
             return None
         return self.model_flops / (self.step_seconds * self.peak_flops * self.world)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``time`` section of ``check --json``."""
+        return {
+            "device": self.device, "matmul": self.matmul, "peak_flops": self.peak_flops,
+            "matmul_efficiency": self.efficiency, "microbatches": self.microbatches,
+            "step_seconds": self.step_seconds, "tokens_per_step": self.tokens,
+            "tokens_per_second": self.tokens_per_second, "mfu": self.mfu,
+            "model_flops_per_step": self.model_flops,
+            "hardware_flops_per_microbatch": self.flops_per_microbatch,
+            "breakdown": {
+                "compute_seconds": self.compute_seconds,
+                "exposed_communication_seconds": dict(self.exposed),
+                "bubble_seconds": self.bubble_seconds,
+                "optimizer_seconds": self.optimizer_seconds},
+            "notes": list(self.notes)}
 
 
 def timed_mesh(strategy: Strategy) -> bool:

@@ -13,6 +13,7 @@ from rich.text import Text
 from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES
 from placeverify.report.data import formulas_document, step_lines
+from placeverify.report.time_text import render_time
 from placeverify.result import CheckResult
 from placeverify.verdicts import CONDITIONS, Verdict
 
@@ -86,6 +87,8 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
     if costs.bubble is not None:
         console.print(f"pipeline bubble  {float(Fraction(costs.bubble)):.2%} of the step idle")
         console.print()
+    if result.time is not None:
+        render_time(result.time, console)
     _render_step(result, console)
     if result.verification is not None:
         render_verification(result, console)
