@@ -107,7 +107,7 @@ def narayanan_rows() -> list[Row]:
         text = (f'strategy "Narayanan 2021 Table 1: {b}B"\n{gpt_model(l, h, a, s, mb)}\n'
                 "precision mixed_adam\n"
                 + mesh("a100_80gb_sxm", [("dp", d), ("pp", p), ("tp", t)]) + "\n"
-                + "place ddp over dp\n" + (f"place megatron over tp\n" if t > 1 else "")
+                + "place ddp over dp\n" + ("place megatron over tp\n" if t > 1 else "")
                 + pipeline_line(p, m, v) + ("" if p > 1 else f"microbatches = {m}\n")
                 + "recompute full\n")
         rows.append(Row("narayanan", f"{b}B t{t} p{p} d{d} m{m}" + (f" v{v}" if v > 1 else ""),
@@ -128,7 +128,7 @@ KORTHIKANTI = [
 
 def korthikanti_rows() -> list[Row]:
     rows = []
-    for i, (name, h, a, l, p, n, B, v, full, selective) in enumerate(KORTHIKANTI):
+    for i, (name, h, a, l, p, _n, B, v, full, selective) in enumerate(KORTHIKANTI):
         mb = 4 if name == "22B" else 1
         m = B // mb
         for j, (kind, measured) in enumerate((("full", full), ("selective", selective))):
