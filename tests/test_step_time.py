@@ -46,7 +46,7 @@ def test_the_five_profiles_carry_their_data_sheet_figures() -> None:
     assert d["a100_80gb_sxm"].peak("fp8") is None  # Ampere has no fp8 tensor cores
     # DGX H100: NVLink 900 GB/s both ways; 8 x 400 Gb/s InfiniBand
     assert float(d["h100_sxm"].intra_node_bandwidth) == 450e9
-    assert float(d["h100_sxm"].network_bandwidth) == 400e9 / 8 * 8 / 8
+    assert float(d["h100_sxm"].network_bandwidth) == 400e9 / 8  # 400 Gb/s = 50 GB/s
     assert d["h200"].memory_bytes == 141 * 10**9
     assert round(float(d["mi300x"].peak("bf16") or 0) / 1e12, 1) == 1307.4
 
