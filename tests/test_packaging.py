@@ -78,6 +78,7 @@ def test_wheel_contains_the_grammar(wheel: Path) -> None:
         [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert "placeverify = placeverify.cli:main" in archive.read(entry_points).decode()
     assert "placeverify/__main__.py" in names
+    assert "placeverify/ir/devices.json" in names  # the bundled device profiles (issue 15)
     assert not [n for n in names if "__pycache__" in n or n.startswith("tests/")]
 
 
