@@ -10,7 +10,7 @@ Each stage can be called on its own, for people who use placeverify as a library
 - :func:`derive_step` the canonical step of a configuration (what a correct implementation of its
   presets does in one training step);
 - :func:`costs` (memory and communication per device, exact or as SymPy expressions);
-- :func:`verify` the three conditions with Z3;
+- :func:`verify` the three conditions with Z3; :func:`estimate_time` the step time;
 - :func:`check` / :func:`check_strategy` all of the above; :func:`resize` a strategy's mesh.
 
 Errors in the input raise :class:`~placeverify.diagnostics.PlaceError` with every diagnostic found.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 from placeverify.cost import Costs, analyse
+from placeverify.cost.time import StepTime, step_time, timed_mesh
 from placeverify.diagnostics import Source
 from placeverify.importers import Options, is_importable
 from placeverify.importers.cli import load_strategy
@@ -35,7 +36,8 @@ from placeverify.syntax.source import read_source
 from placeverify.verdicts import Verification
 
 __all__ = [
-    "DEFAULT_TIMEOUT_MS", "CheckResult", "check", "check_strategy", "costs", "derive_step", "load",
+    "DEFAULT_TIMEOUT_MS", "CheckResult", "check", "check_strategy", "costs", "derive_step",
+    "estimate_time", "load",
     "load_text", "lower", "parse", "read", "resize", "verify",
 ]
 
@@ -90,4 +92,12 @@ def check_strategy(strategy: Strategy, *, verify_conditions: bool = True, formul
     exact = analyse(strategy)
     symbolic = analyse(strategy, symbolic=True) if formulas else None
     verification = verify(strategy, timeout_ms) if verify_conditions else None
-    return CheckResult(strategy, exact, verification, symbolic)
+    return CheckResult(strategy, exact, verification, symbolic, estimate_time(strategy, exact))
+
+
+def estimate_time(strategy: Strategy, exact: Costs | None = None) -> StepTime | None:
+    """The step-time estimate (placeverify.cost.time) when the mesh names a device or gives
+    link bandwidths; None otherwise or for a bare parameter count."""
+    if not timed_mesh(strategy):
+        return None
+    return step_time(strategy, exact if exact is not None else analyse(strategy))

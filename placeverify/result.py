@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from placeverify.cost import Costs
+from placeverify.cost.time import StepTime
 from placeverify.ir.strategy import Strategy
 from placeverify.verdicts import Verification
 
@@ -16,3 +17,4 @@ class CheckResult:
     costs: Costs
     verification: Verification | None = None
     formulas: Costs | None = None  # the same costs in the symbolic domain
+    time: StepTime | None = None  # when the mesh names a device or gives links

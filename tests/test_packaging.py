@@ -81,6 +81,7 @@ def test_wheel_contains_the_grammar(wheel: Path) -> None:
             name = f"placeverify/schemas/{schema}.schema.json"
             assert archive.read(name) == (ROOT / name).read_bytes()
     assert "placeverify/__main__.py" in names
+    assert "placeverify/ir/devices.json" in names  # the bundled device profiles (issue 15)
     assert not [n for n in names if "__pycache__" in n or n.startswith("tests/")]
 
 

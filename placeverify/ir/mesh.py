@@ -9,6 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 from placeverify.diagnostics import Span
+from placeverify.ir.devices import Device
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,8 @@ class Mesh:
     device_memory: int | None = None  # bytes
     host_memory: int | None = None  # bytes per device's share of host memory
     pcie_bandwidth: Fraction | None = None  # bytes per second host <-> device
+    device: Device | None = None  # a bundled profile (``device = h100_sxm``)
+    matmul: str | None = None  # the dtype matmuls run in (``matmul = fp8``); None: the params'
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -86,4 +89,4 @@ class Mesh:
         axes = tuple(Axis(a.name, sizes.get(a.name, a.size), a.span, a.bandwidth, a.latency)
                      for a in self.axes)
         return Mesh(axes, self.span, self.groups, self.device_memory, self.host_memory,
-                    self.pcie_bandwidth)
+                    self.pcie_bandwidth, self.device, self.matmul)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from placeverify.diagnostics import Code, Span, did_you_mean
+from placeverify.ir.devices import DTYPE_PEAKS, Device, devices, intra_node, ranks_per_node
 from placeverify.ir.mesh import Axis, Group, Mesh
 from placeverify.lower.values import (
     BYTE_UNITS,
@@ -25,6 +26,7 @@ from placeverify.lower.values import (
 from placeverify.syntax import ast
 
 MESH_PROPERTIES = ("world", "device_memory", "host_memory", "pcie_bandwidth")
+NAMED_PROPERTIES = ("device", "matmul")  # a bundled device profile; the dtype matmuls run in
 
 
 def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
@@ -39,6 +41,11 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
             continue
         seen[name] = entry.name.span
         if isinstance(entry, ast.GroupEntry):
+            continue
+        if name in NAMED_PROPERTIES:
+            properties[name] = entry
+            if entry.block is not None:
+                ctx.error(f"'{name}' takes no block", Code.BAD_VALUE, entry.block.span)
             continue
         if name in MESH_PROPERTIES:
             properties[name] = entry
@@ -76,8 +83,14 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
                 groups.append((entry.name.text, group))
     mesh = Mesh(mesh.axes, stmt.span, tuple(groups))
     memory: dict[str, object] = {}
+    profile: Device | None = None
+    matmul: str | None = None
     for name, entry in properties.items():
-        if name == "world":
+        if name == "device":
+            profile = read_device(ctx, entry)
+        elif name == "matmul":
+            matmul = read_matmul(ctx, entry)
+        elif name == "world":
             world = ctx.integer(entry.value, "world", 1, MAX_WORLD)
             if world is not None and world != mesh.world:
                 product = " x ".join(f"{a.name} {a.size}" for a in axes) or "no axes"
@@ -93,8 +106,59 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
     if mesh.world > MAX_WORLD:
         ctx.error(f"the mesh has {mesh.world:,} devices, absurdly many", Code.BAD_VALUE,
                   stmt.span)
-    return Mesh(mesh.axes, stmt.span, mesh.groups, memory.get("device_memory"),  # type: ignore[arg-type]
-                memory.get("host_memory"), memory.get("pcie_bandwidth"))  # type: ignore[arg-type]
+    axes_out = mesh.axes if profile is None else device_links(mesh.axes, profile)
+    if profile is not None and "device_memory" not in memory:
+        memory["device_memory"] = profile.memory_bytes
+    if profile is not None and matmul is not None and profile.peak(matmul) is None:
+        ctx.error(f"device '{profile.key}' has no {matmul} matmuls", Code.BAD_VALUE,
+                  properties["matmul"].value.span,
+                  "it has: " + ", ".join(dtype for dtype, _ in profile.flops))
+    return Mesh(axes_out, stmt.span, mesh.groups, memory.get("device_memory"),  # type: ignore[arg-type]
+                memory.get("host_memory"), memory.get("pcie_bandwidth"),  # type: ignore[arg-type]
+                profile, matmul)
+
+
+def read_device(ctx: Context, entry: ast.AxisEntry) -> Device | None:
+    """``device = h100_sxm``: a bundled profile (placeverify/ir/devices.json)."""
+    known = devices()
+    if not isinstance(entry.value, ast.NameValue):
+        ctx.error("'device' names a bundled profile, e.g. 'device = h100_sxm'", Code.BAD_VALUE,
+                  entry.value.span, "bundled: " + ", ".join(sorted(known)))
+        return None
+    key = entry.value.name.text
+    if key not in known:
+        ctx.error(f"unknown device '{key}'{did_you_mean(key, known)}", Code.UNKNOWN_NAME,
+                  entry.value.span)
+        return None
+    return known[key]
+
+
+def read_matmul(ctx: Context, entry: ast.AxisEntry) -> str | None:
+    """``matmul = fp8``: the dtype the device's matmuls run in (default: the parameters')."""
+    word = entry.value.name.text if isinstance(entry.value, ast.NameValue) else None
+    if word not in DTYPE_PEAKS:
+        shown = word if word is not None else getattr(entry.value, "text", "this value")
+        ctx.error(f"unknown matmul dtype '{shown}'{did_you_mean(shown, DTYPE_PEAKS)}",
+                  Code.UNKNOWN_NAME, entry.value.span)
+        return None
+    return word
+
+
+def device_links(axes: tuple[Axis, ...], profile: Device) -> tuple[Axis, ...]:
+    """Axes without a written bandwidth (or latency) get the profile's: NVLink / xGMI when every
+    group of the axis stays inside a node (``intra_node``), otherwise the network bandwidth per
+    GPU times the group's ranks in one node (``ranks_per_node``), at most NVLink's."""
+    sizes = tuple(a.size for a in axes)
+    out = []
+    for i, a in enumerate(axes):
+        inside = intra_node(sizes, i, profile.gpus_per_node)
+        share = ranks_per_node(sizes, i, profile.gpus_per_node)
+        bandwidth = profile.intra_node_bandwidth if inside else min(
+            profile.intra_node_bandwidth, share * profile.network_bandwidth)
+        latency = profile.intra_node_latency if inside else profile.network_latency
+        out.append(Axis(a.name, a.size, a.span, bandwidth if a.bandwidth is None else a.bandwidth,
+                        latency if a.latency is None else a.latency))
+    return tuple(out)
 
 
 def link(ctx: Context, block: ast.Block | None) -> tuple[Fraction | None, Fraction | None]:

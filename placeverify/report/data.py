@@ -135,6 +135,8 @@ def check_document(result: CheckResult) -> dict[str, Any]:
     }
     if result.formulas is not None:
         doc["formulas"] = formulas_document(result.formulas)
+    if result.time is not None:
+        doc["time"] = result.time.to_json()
     return doc
 
 

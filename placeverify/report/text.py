@@ -13,6 +13,7 @@ from rich.text import Text
 from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES, Schedule
 from placeverify.report.data import formulas_document, step_lines
+from placeverify.report.time_text import render_time
 from placeverify.report.trace_text import render_trace
 from placeverify.result import CheckResult
 from placeverify.verdicts import CONDITIONS, Verdict
@@ -93,6 +94,8 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
                       f"((p − 1)/({vm} + p − 1)); bubble / compute "
                       f"{float(Fraction(costs.bubble)):.2%} ((p − 1)/({vm}))")
         console.print()
+    if result.time is not None:
+        render_time(result.time, console)
     _render_step(result, console)
     if result.verification is not None:
         render_verification(result, console)

@@ -1,0 +1,377 @@
+"""The step-time model (placeverify/cost/time.py) against published training runs.
+
+Every row is a published configuration with its measured throughput, written as a ``.place``
+text with its exact layout, and the measured step time derived from the published figure by the
+source's own convention (below). The script fits the model's constants on the calibration rows
+(``calibrate = True``, about half of each source), then prints predicted / measured per row and the
+median and worst relative error on the calibration rows and, separately, on the held-out rows
+(the figure that counts).
+
+    .venv/bin/python benchmarks/step_time.py            # fit, then print every row and the summary
+    .venv/bin/python benchmarks/step_time.py --shipped  # use the constants in cost/time.py, no fit
+    .venv/bin/python benchmarks/step_time.py --write benchmarks/step_time  # also write the .place files
+
+Sources (measured step time from the published figure):
+
+- NARAYANAN: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+  Clusters Using Megatron-LM", arXiv 2104.04473, Table 1 (A100 80GB, Selene). Step time =
+  F / (TFLOP/s per GPU · GPUs) with the paper's hardware FLOPs (§5.1, full recomputation)
+  F = 96·B·s·l·h²(1 + s/(6h) + V/(16·l·h)).
+- KORTHIKANTI: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models", arXiv 2205.05198, Table 5: seconds per iteration, full recomputation and sequence
+  parallelism + selective recomputation (A100 80GB, t = 8).
+- LLAMA3: Llama Team 2024, "The Llama 3 Herd of Models", arXiv 2407.21783, Table 4 (H100 80GB,
+  bf16): step time = tokens per step · (6N + 12·L·h·s) / (TFLOP/s per GPU · GPUs).
+- NEMO: NVIDIA NeMo docs/source/performance/performance_summary.md (NeMo 24.07, DGX-H100,
+  FP8), commit 070a0bb168d405d653b9734c0017cf5078e77c0d, "Pretraining" table: step time =
+  GBS · sequence length / (tokens/s/GPU · GPUs).
+- TORCHTITAN: pytorch/torchtitan docs/performance.md, commit
+  041336434916bdc0f88c1f89fda176fd3c2092e4 (FSDP2 on 64 A100 80GB, bf16): step time = local
+  batch · sequence length / WPS (tokens per second per GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from placeverify.api import costs, load_text  # noqa: E402
+from placeverify.cost import Costs  # noqa: E402
+from placeverify.cost.time import CALIBRATION, Calibration, step_time  # noqa: E402
+from placeverify.ir.strategy import Strategy  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Row:
+    source: str
+    label: str
+    text: str  # the .place file
+    measured: float  # seconds per step
+    calibrate: bool  # used to fit the constants (False: held out)
+
+
+# ---- Narayanan et al. 2021, Table 1 ----------------------------------------------------------
+
+# (params B, heads, h, layers, t, p, GPUs, global batch, micro-batch, TFLOP/s per GPU,
+#  layers per virtual stage or None for 1F1B)
+NARAYANAN = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 16, 137, None),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 16, 138, None),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 16, 142, None),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 8, 135, None),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 4, 138, None),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 2, 140, 5),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 2, 148, 5),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 1, 155, 3),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 1, 163, 1),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 1, 163, None),
+]
+
+
+def gpt_model(layers: int, h: int, heads: int, seq: int, mb: int, vocab: int = 51200) -> str:
+    return (f"model transformer {{ layers = {layers}, hidden = {h}, heads = {heads}, "
+            f"ffn = {4 * h}, mlp = plain, vocab = {vocab}, seq = {seq}, micro_batch = {mb}, "
+            "position = learned, norm = layernorm, bias = true, attention = standard }")
+
+
+def mesh(device: str, axes: list[tuple[str, int]], extra: str = "") -> str:
+    """Axes innermost last: tensor parallelism inside a node, as the runs placed it."""
+    lines = [f"    {n} = {k}" for n, k in axes if k > 1 or n == "dp"]
+    return "mesh {\n" + "\n".join(lines) + f"\n    device = {device}\n{extra}}}"
+
+
+def pipeline_line(p: int, m: int, chunks: int) -> str:
+    if p == 1:
+        return ""
+    if chunks > 1:
+        return f"place pipeline(interleaved, microbatches = {m}, chunks = {chunks}) over pp\n"
+    return f"place pipeline(1f1b, microbatches = {m}) over pp\n"
+
+
+def narayanan_rows() -> list[Row]:
+    rows = []
+    for i, (b, a, h, l, t, p, n, B, mb, tflops, per_virtual) in enumerate(NARAYANAN):
+        d = n // (t * p)
+        m = B // (d * mb)
+        v = l // (p * per_virtual) if per_virtual else 1
+        s, V = 2048, 51200
+        flops = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+        measured = flops / (tflops * 1e12 * n)
+        text = (f'strategy "Narayanan 2021 Table 1: {b}B"\n{gpt_model(l, h, a, s, mb)}\n'
+                "precision mixed_adam\n"
+                + mesh("a100_80gb_sxm", [("dp", d), ("pp", p), ("tp", t)]) + "\n"
+                + "place ddp over dp\n" + ("place megatron over tp\n" if t > 1 else "")
+                + pipeline_line(p, m, v) + ("" if p > 1 else f"microbatches = {m}\n")
+                + "recompute full\n")
+        rows.append(Row("narayanan", f"{b}B t{t} p{p} d{d} m{m}" + (f" v{v}" if v > 1 else ""),
+                        text, measured, i % 2 == 0))
+    return rows
+
+
+# ---- Korthikanti et al. 2022, Table 5 --------------------------------------------------------
+
+# (name, h, heads, layers, p, GPUs, batch, chunks, s/iter full recompute, s/iter SP + selective)
+KORTHIKANTI = [
+    ("22B", 6144, 64, 48, 1, 8, 4, 1, 1.42, 1.10),
+    ("175B", 12288, 96, 96, 8, 64, 64, 3, 18.13, 13.75),
+    ("530B", 20480, 128, 105, 35, 280, 280, 3, 49.05, 37.83),
+    ("1T", 25600, 160, 128, 64, 512, 512, 1, 94.42, 71.49),
+]
+
+
+def korthikanti_rows() -> list[Row]:
+    rows = []
+    for i, (name, h, a, l, p, _n, B, v, full, selective) in enumerate(KORTHIKANTI):
+        mb = 4 if name == "22B" else 1
+        m = B // mb
+        for j, (kind, measured) in enumerate((("full", full), ("selective", selective))):
+            tp = "megatron(sequence_parallel)" if kind == "selective" else "megatron"
+            text = (f'strategy "Korthikanti 2022 Table 5: {name}, {kind}"\n'
+                    f"{gpt_model(l, h, a, 2048, mb)}\nprecision megatron\n"
+                    + mesh("a100_80gb_sxm", [("pp", p), ("tp", 8)]) + "\n"
+                    + f"place {tp} over tp\n" + pipeline_line(p, m, v)
+                    + ("" if p > 1 else f"microbatches = {m}\n") + f"recompute {kind}\n")
+            rows.append(Row("korthikanti", f"{name} p{p} {kind}", text, measured,
+                            (i + j) % 2 == 0))
+    return rows
+
+
+# ---- Llama 3, Table 4 -------------------------------------------------------------------------
+
+# (GPUs, t, cp, p, d, seq, sequences per DP group per step, TFLOP/s per GPU)
+LLAMA3 = [
+    (8192, 8, 1, 16, 64, 8192, 32, 430),
+    (16384, 8, 1, 16, 128, 8192, 16, 400),
+    (16384, 8, 16, 16, 8, 131072, 16, 380),
+]
+LLAMA3_405B_PARAMS = 405_853_388_800  # README: placeverify's exact count of llama3_405b
+
+
+def llama3_rows() -> list[Row]:
+    rows = []
+    for i, (n, t, cp, p, d, s, per_dp, tflops) in enumerate(LLAMA3):
+        tokens = d * per_dp * s
+        flops = tokens * (6 * LLAMA3_405B_PARAMS + 12 * 126 * 16384 * s)
+        measured = flops / (tflops * 1e12 * n)
+        # 126 layers with one fewer on the first and last stages is not expressible: 128 layers
+        # split evenly (v = 4 chunks, 2 layers each, is this benchmark's assumption).
+        cp_axis = [("cp", cp)] if cp > 1 else []
+        text = (f'strategy "Llama 3 Table 4: 405B on {n} GPUs, seq {s}"\n'
+                f"model llama3_405b {{ layers = 128, seq = {s}, micro_batch = 1 }}\n"
+                "precision megatron\n"
+                + mesh("h100_sxm", [("dp", d), ("pp", p), *cp_axis, ("tp", t)]) + "\n"
+                # FSDP without resharding after forward gathers the parameters once a step
+                # and keeps them: ZeRO-2's (R, S, S, R)
+                "place zero2 over dp\n"
+                "place megatron(sequence_parallel) over tp\n"
+                + ("place context over cp\n" if cp > 1 else "")
+                + f"place pipeline(interleaved, microbatches = {per_dp}, chunks = 4) over pp\n"
+                "recompute none\n")
+        rows.append(Row("llama3", f"405B {n} GPUs cp{cp} seq {s}", text, measured, i == 0))
+    return rows
+
+
+# ---- NeMo 24.07 performance summary (FP8, DGX-H100) ----------------------------------------
+
+def llama2(layers: int, h: int, heads: int, kv: int, ffn: int, seq: int) -> str:
+    return (f"model transformer {{ layers = {layers}, hidden = {h}, heads = {heads}, "
+            f"kv_heads = {kv}, ffn = {ffn}, mlp = gated, vocab = 32000, seq = {seq}, "
+            "micro_batch = 1, position = rotary, norm = rmsnorm, attention = flash }")
+
+
+MODELS = {
+    # NeMo's GPT-3 configs (examples/nlp/language_modeling/conf/megatron_gpt_config*): GELU MLP,
+    # LayerNorm, learned positions, 50,257-token GPT-2 vocabulary padded by Megatron.
+    "GPT3-5B": "model transformer { layers = 24, hidden = 4096, heads = 32, ffn = 16384, "
+               "mlp = plain, vocab = 50257, vocab_divisible_by = 128, seq = 2048, "
+               "micro_batch = 4, position = learned, norm = layernorm, bias = true, "
+               "attention = flash }",
+    "GPT3-20B": "model transformer { layers = 44, hidden = 6144, heads = 48, ffn = 24576, "
+                "mlp = plain, vocab = 50257, vocab_divisible_by = 128, seq = 2048, "
+                "micro_batch = 2, position = learned, norm = layernorm, bias = true, "
+                "attention = flash }",
+    "GPT3-175B": "model gpt3_175b { seq = 2048, micro_batch = 1, attention = flash }",
+    # Llama 2 (Touvron et al. 2023, arXiv 2307.09288, and its released configs).
+    "LLAMA2-7B": llama2(32, 4096, 32, 32, 11008, 4096),
+    "LLAMA2-13B": llama2(40, 5120, 40, 40, 13824, 4096),
+    "LLAMA2-70B": llama2(80, 8192, 64, 8, 28672, 4096),
+    "LLAMA3-8B": "model llama3_8b { seq = 8192, micro_batch = 1 }",
+    "LLAMA3-70B": "model llama3_70b { seq = 8192, micro_batch = 1 }",
+}
+
+# (model, GPUs, GBS, MBS, seq, TP, PP, CP, VP, tokens/s/GPU)
+NEMO = [
+    ("GPT3-5B", 64, 2048, 4, 2048, 1, 1, 1, 1, 22521),
+    ("GPT3-20B", 64, 256, 2, 2048, 2, 1, 1, 1, 5851),
+    ("GPT3-175B", 128, 256, 1, 2048, 4, 8, 1, 6, 726),
+    ("GPT3-175B", 512, 2048, 2, 2048, 4, 8, 1, 6, 782),
+    ("LLAMA2-7B", 8, 128, 1, 4096, 1, 1, 1, 1, 16847),
+    ("LLAMA2-13B", 16, 128, 1, 4096, 1, 4, 1, 10, 8646),
+    ("LLAMA2-70B", 64, 128, 1, 4096, 4, 4, 1, 20, 1707),
+    ("LLAMA3-8B", 8, 128, 1, 8192, 1, 1, 2, 1, 12036),
+    ("LLAMA3-70B", 64, 128, 1, 8192, 4, 4, 2, 5, 1533),
+]
+
+
+def nemo_rows() -> list[Row]:
+    rows = []
+    for i, (name, n, B, mb, s, t, p, cp, vp, tps) in enumerate(NEMO):
+        d = n // (t * p * cp)
+        m = B // (mb * d)
+        model = MODELS[name].replace("micro_batch = 4", f"micro_batch = {mb}").replace(
+            "micro_batch = 2", f"micro_batch = {mb}").replace("micro_batch = 1",
+                                                              f"micro_batch = {mb}")
+        axes = [("dp", d), ("pp", p), ("cp", cp), ("tp", t)]
+        text = (f'strategy "NeMo 24.07 FP8: {name} on {n} GPUs"\n{model}\nprecision megatron\n'
+                + mesh("h100_sxm", axes, "    matmul = fp8\n") + "\n"
+                "place zero1 over dp\n"
+                + ("place megatron(sequence_parallel) over tp\n" if t > 1 else "")
+                + ("place context over cp\n" if cp > 1 else "")
+                + pipeline_line(p, m, vp) + ("" if p > 1 else f"microbatches = {m}\n")
+                + "recompute none\n")
+        rows.append(Row("nemo", f"{name} {n} GPUs t{t} p{p} cp{cp} v{vp}", text, B * s / (tps * n),
+                        i % 2 == 0))
+    return rows
+
+
+# ---- torchtitan docs/performance.md (FSDP2, 64 A100) -----------------------------------------
+
+# (model, local batch, activation checkpointing, WPS per GPU)
+TORCHTITAN = [
+    ("LLAMA3-8B", 1, "selective layer", 2904),
+    ("LLAMA3-8B", 1, "selective op", 2973),
+    ("LLAMA3-70B", 1, "full", 331),
+    ("LLAMA2-13B", 2, "no", 2162),
+    ("LLAMA2-13B", 2, "selective layer", 1914),
+    ("LLAMA2-13B", 2, "selective op", 1904),
+    ("LLAMA2-70B", 1, "selective op", 355),
+    ("LLAMA2-70B", 2, "full", 353),
+]
+
+
+def torchtitan_rows() -> list[Row]:
+    rows = []
+    for i, (name, mb, ac, wps) in enumerate(TORCHTITAN):
+        s = 8192 if name.startswith("LLAMA3") else 4096
+        model = MODELS[name].replace("micro_batch = 1", f"micro_batch = {mb}")
+        # torchtitan's selective (layer or op) checkpointing is mapped to 'selective': it
+        # recomputes no matmul of flash attention, as the op policy saves the matmuls.
+        recompute = {"no": "none", "full": "full"}.get(ac, "selective")
+        text = (f'strategy "torchtitan FSDP2: {name}, local batch {mb}, AC {ac}"\n{model}\n'
+                "precision megatron\n" + mesh("a100_80gb_sxm", [("dp", 64)]) + "\n"
+                "place fsdp over dp\n" + f"recompute {recompute}\n")
+        rows.append(Row("torchtitan", f"{name} b{mb} AC {ac}", text, mb * s / wps, i % 2 == 1))
+    return rows
+
+
+def all_rows() -> list[Row]:
+    return [*narayanan_rows(), *korthikanti_rows(), *llama3_rows(), *nemo_rows(),
+            *torchtitan_rows()]
+
+
+# ---- fitting ------------------------------------------------------------------------------------
+
+Loaded = tuple[Row, Strategy, Costs]
+
+
+def predict(loaded: Loaded, cal: Calibration) -> float:
+    _, strategy, cost = loaded
+    result = step_time(strategy, cost, cal)
+    assert result is not None and result.step_seconds is not None
+    return result.step_seconds
+
+
+def error(loaded: Loaded, cal: Calibration) -> float:
+    return predict(loaded, cal) / loaded[0].measured - 1
+
+
+def score(rows: list[Loaded], cal: Calibration) -> float:
+    errors = sorted(abs(error(r, cal)) for r in rows)
+    return statistics.median(errors) + 0.5 * errors[-1]
+
+
+def fit(rows: list[Loaded]) -> Calibration:
+    """Grid over the memory-bound passes and the link efficiency; for each point, η_max of every
+    (device, dtype) class by fixed-point iteration (η ← η · median predicted/measured over its
+    rows); keep the point with the least median + worst/2 of |error|."""
+    classes = sorted({_class(r) for r in rows})
+    best: tuple[float, Calibration] | None = None
+    for score_passes, hidden_passes, link, attention in itertools.product(
+            [0, 4, 8, 12, 16], [0, 8, 16, 32, 48], [0.6, 0.8, 1.0], [0.3, 0.4, 0.5, 0.6, 0.8, 1.0]):
+        eff = {c: 0.6 for c in classes}
+        cal = replace(CALIBRATION, score_passes=float(score_passes),
+                      hidden_passes=float(hidden_passes), link_efficiency=link,
+                      attention_efficiency=attention)
+        for _ in range(4):
+            cal = replace(cal, efficiency=(("default", 0.5), *sorted(eff.items())))
+            for c in classes:
+                ratios = [predict(r, cal) / r[0].measured for r in rows if _class(r) == c]
+                eff[c] = min(0.95, eff[c] * statistics.median(ratios))
+        cal = replace(cal, efficiency=(("default", 0.5),
+                                       *sorted((k, round(v, 3)) for k, v in eff.items())))
+        trial = (score(rows, cal), cal)
+        if best is None or trial[0] < best[0]:
+            best = trial
+    assert best is not None
+    return best[1]
+
+
+def _class(loaded: Loaded) -> str:
+    mesh = loaded[1].mesh
+    assert mesh.device is not None
+    dtype = mesh.matmul or "bf16"
+    return f"{mesh.device.key}:{'16bit' if dtype in ('bf16', 'fp16') else dtype}"
+
+
+def summary(rows: list[Loaded], cal: Calibration) -> tuple[float, float]:
+    errors = [abs(error(r, cal)) for r in rows]
+    return statistics.median(errors), max(errors)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shipped", action="store_true",
+                        help="use the constants in placeverify/cost/time.py (no fitting)")
+    parser.add_argument("--write", metavar="DIR", help="write every row's .place file there")
+    args = parser.parse_args()
+    rows = all_rows()
+    loaded: list[Loaded] = []
+    for row in rows:
+        strategy = load_text(row.text, f"<{row.label}>")
+        loaded.append((row, strategy, costs(strategy)))
+        if args.write:
+            out = Path(args.write)
+            out.mkdir(parents=True, exist_ok=True)
+            name = f"{row.source}-" + "".join(ch if ch.isalnum() else "-" for ch in row.label)
+            (out / f"{name.strip('-')}.place").write_text(row.text, encoding="utf-8")
+    calibration = [r for r in loaded if r[0].calibrate]
+    held = [r for r in loaded if not r[0].calibrate]
+    cal = CALIBRATION if args.shipped else fit(calibration)
+    print(f"{'source':<12} {'row':<38} {'set':<5} {'measured s':>11} {'predicted s':>12} "
+          f"{'error':>7}")
+    for r in loaded:
+        p = predict(r, cal)
+        print(f"{r[0].source:<12} {r[0].label:<38} {'cal' if r[0].calibrate else 'held':<5} "
+              f"{r[0].measured:>11.3f} {p:>12.3f} {p / r[0].measured - 1:>+7.1%}")
+    print()
+    print(f"constants: efficiency {dict(cal.efficiency)}, score_passes {cal.score_passes}, "
+          f"hidden_passes {cal.hidden_passes}, attention_efficiency {cal.attention_efficiency}, "
+          f"link_efficiency {cal.link_efficiency}, memory_efficiency {cal.memory_efficiency}")
+    sources = sorted({r[0].source for r in loaded})
+    print(f"{len(loaded)} rows from {len(sources)} sources ({', '.join(sources)}); "
+          f"{len(calibration)} calibration, {len(held)} held out")
+    for name, subset in (("calibration", calibration), ("held-out", held)):
+        median, worst = summary(subset, cal)
+        print(f"{name:<12} median |error| {median:6.1%}   worst {worst:6.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

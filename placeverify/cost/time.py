@@ -1,0 +1,336 @@
+"""Step time: compute, exposed communication, pipeline bubble and optimizer step per device.
+
+The model (README "Step time"; validated by ``benchmarks/step_time.py``):
+
+- **FLOPs** per micro-batch per pipeline stage, matmuls only (2 FLOPs per multiply-add): the
+  QKV projection with grouped-query attention ``2bs·h(h + 2·kv·d)``, the attention core
+  ``4b·s·s·h`` (half of it with ``attention = flash``, whose causal kernels skip the masked
+  half), the output projection ``2bsh²``, the MLP ``2·2bsh·f`` or ``3·2bsh·f`` gated (SwiGLU),
+  MoE ``top_k`` expert MLPs plus the router, and the output layer ``2bsh·V`` on the last stage;
+  divided by the tensor-parallel size and the context-parallel size (queries). Backward is twice
+  forward; ``recompute full`` runs each layer's forward again, ``selective`` its attention core
+  (Korthikanti et al. 2022 §4).
+- **Achieved FLOP rate**: matmuls run at peak (the profile, in the ``matmul`` dtype) times
+  ``η_max`` (per device and dtype kind); beside them, memory-bound work runs at HBM bandwidth:
+  ``score_passes`` activation-sized passes over the ``b·a·s²/t`` attention scores of unfused
+  (``standard``) attention (softmax, mask, dropout: Korthikanti's ``5as/h`` term) and
+  ``hidden_passes`` over the ``b·s·h`` hidden states (÷ t under sequence parallelism: norms,
+  residuals, activations, dropout), forward once, backward twice. The constants are calibrated
+  by ``benchmarks/step_time.py``; fused (``flash``) attention's FLOPs run at
+  ``attention_efficiency`` of the GEMM rate on a named subset of published runs (CALIBRATION holds them).
+- **Communication**, α-β per collective: ``bytes / (bandwidth · link efficiency) + latency ·
+  ring steps`` over the slowest axis of the group. Overlap by kind: tensor, context, expert and
+  pipeline traffic is exposed and lengthens every micro-batch (so the bubble scales it too);
+  parameter gathers for forward hide behind the micro-batch's forward, gathers for backward and
+  gradient reductions inside the loop behind its backward, gradient reductions after the loop
+  behind the last micro-batch's backward, the parameter all-gather after a sharded update
+  behind the next forward; what does not fit in its window is exposed. Host transfers are
+  exposed.
+- **Bubble**: ``(p - 1)`` micro-batch times (1F1B, GPipe), ``(p - 1) / v`` interleaved.
+- **Optimizer**: memory-bound: each optimizer-state element is read and written, its gradient
+  read and its parameter written, at HBM bandwidth times an efficiency.
+- **MFU** (PaLM, Chowdhery et al. 2022, App. B): model FLOPs without recomputation and with the
+  full ``s²`` attention, ``3 ×`` forward, over the step time and the peak of every device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from placeverify.cost import Costs
+from placeverify.cost.communication import CommItem
+from placeverify.ir.devices import Device
+from placeverify.ir.model import Transformer
+from placeverify.ir.placement import Role, Schedule, State
+from placeverify.ir.strategy import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The model's fitted constants (see the module docstring)."""
+
+    efficiency: tuple[tuple[str, float], ...]  # ("device:kind", "kind" or "default", η_max)
+    score_passes: float  # memory-bound passes over the s×s attention scores (unfused softmax,
+    # mask, dropout), in activation-sized elements per score per layer forward
+    hidden_passes: float  # memory-bound passes over the b·s·h hidden states (norms, residuals,
+    # activations, dropout) per layer forward
+    attention_efficiency: float  # fused (flash) attention kernels' rate relative to GEMMs
+    link_efficiency: float  # achieved fraction of a link's bandwidth (NCCL bus bandwidth)
+    memory_efficiency: float  # achieved fraction of HBM bandwidth in the optimizer step
+
+    def eta_max(self, device: str, dtype: str) -> float:
+        """η_max for a device's matmuls in ``dtype`` (kind ``16bit`` for bf16 and fp16)."""
+        kind = "16bit" if dtype in ("bf16", "fp16") else dtype
+        table = dict(self.efficiency)
+        return table.get(f"{device}:{kind}", table.get(kind, table["default"]))
+
+
+# Fitted by benchmarks/step_time.py on its calibration rows (printed there; held-out rows judge).
+CALIBRATION = Calibration(
+    efficiency=(("default", 0.5), ("a100_80gb_sxm:16bit", 0.691), ("h100_sxm:16bit", 0.837),
+                ("h100_sxm:fp8", 0.521)),
+    score_passes=8.0,
+    hidden_passes=16.0,
+    attention_efficiency=0.3,
+    link_efficiency=1.0,
+    memory_efficiency=0.7,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    device: str | None
+    matmul: str
+    peak_flops: float | None  # per device
+    efficiency: float | None  # achieved fraction of peak in matmuls
+    microbatches: int
+    flops_per_microbatch: float  # hardware FLOPs per micro-batch on the slowest stage's device
+    model_flops: float  # per step, all devices, no recomputation (PaLM)
+    tokens: int  # per step
+    compute_seconds: float | None  # micro-batches' compute, no bubble
+    bubble_seconds: float | None
+    optimizer_seconds: float | None
+    exposed: tuple[tuple[str, float], ...]  # exposed communication seconds per axis group
+    step_seconds: float | None
+    notes: tuple[str, ...] = ()
+    world: int = 1
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return None if not self.step_seconds else self.tokens / self.step_seconds
+
+    @property
+    def mfu(self) -> float | None:
+        if not self.step_seconds or not self.peak_flops:
+            return None
+        return self.model_flops / (self.step_seconds * self.peak_flops * self.world)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``time`` section of ``check --json``."""
+        return {
+            "device": self.device, "matmul": self.matmul, "peak_flops": self.peak_flops,
+            "matmul_efficiency": self.efficiency, "microbatches": self.microbatches,
+            "step_seconds": self.step_seconds, "tokens_per_step": self.tokens,
+            "tokens_per_second": self.tokens_per_second, "mfu": self.mfu,
+            "model_flops_per_step": self.model_flops,
+            "hardware_flops_per_microbatch": self.flops_per_microbatch,
+            "breakdown": {
+                "compute_seconds": self.compute_seconds,
+                "exposed_communication_seconds": dict(self.exposed),
+                "bubble_seconds": self.bubble_seconds,
+                "optimizer_seconds": self.optimizer_seconds},
+            "notes": list(self.notes)}
+
+
+def timed_mesh(strategy: Strategy) -> bool:
+    """Whether ``check`` reports step time: the mesh names a device or gives link bandwidths."""
+    mesh = strategy.mesh
+    return mesh.device is not None or any(a.bandwidth is not None for a in mesh.axes)
+
+
+# ---- FLOPs ----------------------------------------------------------------------------------
+
+
+def layer_flops(arch: Transformer, tokens: float, keys: float, t: float, causal_skip: bool
+                ) -> tuple[float, float]:
+    """Forward matmul FLOPs of one layer on one device: (everything, the attention core).
+
+    ``tokens`` queries per device attend to ``keys`` keys; ``t`` tensor-parallel ranks split
+    heads and the MLP."""
+    h, f = arch.hidden, arch.ffn
+    kv = arch.kv_heads * arch.head_dim
+    dense = 2 * tokens * (h * (h + 2 * kv) + h * h)
+    mlp_mats = 3 if arch.gated else 2
+    if arch.moe:
+        f_e = arch.expert_ffn or f
+        dense += 2 * tokens * (arch.top_k * mlp_mats * h * f_e + h * arch.experts * t)
+    else:
+        dense += 2 * tokens * mlp_mats * h * f
+    core = 4 * tokens * keys * h * (0.5 if causal_skip else 1.0)
+    return (dense + core) / t, core / t
+
+
+def output_flops(arch: Transformer, tokens: float, t: int) -> float:
+    return 2 * tokens * arch.hidden * arch.padded_vocab(t) / t
+
+
+def model_flops_per_token(arch: Transformer) -> float:
+    """Forward + backward model FLOPs per token (PaLM: no recomputation, full s² attention)."""
+    layer, _ = layer_flops(arch, 1, arch.seq, 1, False)
+    return 3 * (arch.layers * layer + output_flops(arch, 1, 1))
+
+
+# ---- communication ----------------------------------------------------------------------------
+
+
+def item_seconds(strategy: Strategy, item: CommItem, cal: Calibration) -> float | None:
+    """α-β time of one collective item over a step (None when a link is not given)."""
+    mesh = strategy.mesh
+    total = float(Fraction(item.bytes))
+    calls = float(Fraction(item.calls))
+    if item.pcie:
+        return None if mesh.pcie_bandwidth is None else total / float(mesh.pcie_bandwidth)
+    links = [mesh.axis(a) for a in item.axes]
+    if not links or total == 0:
+        return 0.0
+    if any(a.bandwidth is None for a in links):
+        return None
+    bandwidth = min(float(a.bandwidth) for a in links if a.bandwidth is not None)
+    latency = max(float(a.latency or 0) for a in links)
+    n = item.group_size
+    steps = {"all_reduce": 2 * (n - 1), "send": 1}.get(item.op, n - 1)
+    return total / (bandwidth * cal.link_efficiency) + latency * steps * calls
+
+
+def _label(item: CommItem) -> str:
+    return " * ".join(item.axes) if item.axes else "host"
+
+
+# ---- the model ---------------------------------------------------------------------------------
+
+
+def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) -> StepTime | None:
+    """The step-time estimate, or None for a bare parameter count (no architecture)."""
+    arch = strategy.model.arch
+    if arch is None:
+        return None
+    mesh = strategy.mesh
+    notes: list[str] = []
+    t = c = 1
+    for p in strategy.placements:
+        if p.role is Role.TENSOR:
+            t *= strategy.size(p.axis)
+        elif p.role is Role.CONTEXT:
+            c *= strategy.size(p.axis)
+    pipeline = strategy.pipeline
+    pp = strategy.size(pipeline.axis) if pipeline else 1
+    v = pipeline.chunks if pipeline and pipeline.schedule is Schedule.INTERLEAVED else 1
+    m = strategy.microbatches
+
+    b, s = arch.micro_batch, arch.seq
+    tokens = b * s / c
+    flash = arch.attention == "flash"
+    layer, core = layer_flops(arch, tokens, s, t, flash)
+    layers = arch.layers / pp
+    forward = layers * layer + output_flops(arch, tokens, t)
+    recompute = strategy.recompute.kind.value
+    extra = layers * layer if recompute == "full" else (
+        layers * core if recompute == "selective" and not flash else 0.0)
+    per_mb = 3 * forward + extra
+
+    replicas = mesh.world // (t * pp * c)
+    step_tokens = b * s * m * replicas
+    model_flops = model_flops_per_token(arch) * step_tokens
+
+    device: Device | None = mesh.device
+    matmul = mesh.matmul or _default_matmul(strategy)
+    peak = None if device is None else device.peak(matmul)
+    eta = None
+    if peak is not None and device is not None:
+        eta = cal.eta_max(device.key, matmul)
+    rate = None if peak is None or eta is None else float(peak) * eta
+    if device is None:
+        notes.append("no device profile: name one ('device = h100_sxm') for compute time")
+
+    # memory-bound work per layer forward (seconds), beside the matmuls
+    sp = any(p.role is Role.TENSOR and p.sequence_parallel for p in strategy.placements)
+    e = float(strategy.precision.activations)
+    scores = 0.0 if flash else cal.score_passes * b * arch.heads * (s / c) * s / t
+    hidden = cal.hidden_passes * tokens * arch.hidden / (t if sp else 1)
+    hbm = None if device is None else float(device.memory_bandwidth)
+    mem_layer = 0.0 if hbm is None else (scores + hidden) * e / hbm
+    mem_extra = layers * mem_layer if recompute == "full" else (
+        layers * scores * e / hbm if recompute == "selective" and hbm and not flash else 0.0)
+
+    # fused attention runs below GEMM rate: its FLOPs count 1/attention_efficiency times
+    slow = layers * core * (1 / cal.attention_efficiency - 1) if flash else 0.0
+    slow_extra = slow if recompute == "full" else 0.0
+    t_fwd = None if rate is None else (forward + slow) / rate + layers * mem_layer
+    t_bwd = None if rate is None else (2 * (forward + slow) + extra + slow_extra) / rate \
+        + 2 * layers * mem_layer + mem_extra
+
+    exposed: dict[str, float] = {}
+    per_mb_exposed = 0.0  # lengthens every micro-batch (tensor, context, expert, pipeline)
+    loop_fwd: list[tuple[CommItem, float]] = []
+    loop_bwd: list[tuple[CommItem, float]] = []
+    post_bwd: list[tuple[CommItem, float]] = []
+    next_fwd: list[tuple[CommItem, float]] = []
+    missing = False
+    for item in costs.comm:
+        sec = item_seconds(strategy, item, cal)
+        if sec is None:
+            missing = True
+            continue
+        if sec == 0:
+            continue
+        in_loop = m > 1 and Fraction(item.calls) % m == 0
+        if item.state == "activations" and not item.pcie:
+            per_mb_exposed += sec / m
+            exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec * (1 + _bubble(pp, v, m) / m)
+        elif item.pcie or item.state in ("scalar", "optimizer"):
+            exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec
+        elif item.source == "placement" and "forward" in item.what:
+            loop_fwd.append((item, sec / m))
+        elif item.source == "placement":
+            loop_bwd.append((item, sec / m))
+        elif item.state == "params":
+            next_fwd.append((item, sec))
+        elif in_loop:
+            loop_bwd.append((item, sec / m))
+        else:
+            post_bwd.append((item, sec))
+    if missing:
+        notes.append("some axes have no bandwidth: their collectives are not timed")
+
+    def hide(items: list[tuple[CommItem, float]], window: float | None, times: int) -> float:
+        total = sum(sec for _, sec in items)
+        if total == 0:
+            return 0.0
+        left = max(0.0, total - (window or 0.0))
+        for item, sec in items:
+            exposed[_label(item)] = exposed.get(_label(item), 0.0) + times * left * sec / total
+        return times * left
+
+    data_exposed = (hide(loop_fwd, t_fwd, m) + hide(loop_bwd, t_bwd, m)
+                    + hide(post_bwd, t_bwd, 1) + hide(next_fwd, t_fwd, 1))
+
+    optimizer = _optimizer_seconds(strategy, costs, device, cal)
+    if rate is None or t_fwd is None or t_bwd is None:
+        return StepTime(None if device is None else device.key, matmul,
+                        None if peak is None else float(peak), None, m, per_mb, model_flops,
+                        step_tokens, None, None, optimizer, tuple(sorted(exposed.items())), None,
+                        tuple(notes), mesh.world)
+    t_mb = t_fwd + t_bwd + per_mb_exposed
+    compute = m * (t_fwd + t_bwd)
+    bubble = _bubble(pp, v, m) * t_mb
+    scalars_and_host = sum(sec for item in costs.comm
+                           for sec in [item_seconds(strategy, item, cal)]
+                           if sec and (item.pcie or item.state in ("scalar", "optimizer")))
+    step = m * t_mb + bubble + data_exposed + scalars_and_host + (optimizer or 0.0)
+    return StepTime(device.key if device else None, matmul, float(peak) if peak else None, eta, m,
+                    per_mb, model_flops, step_tokens, compute, bubble, optimizer,
+                    tuple(sorted(exposed.items())), step, tuple(notes), mesh.world)
+
+
+def _bubble(pp: int, v: int, m: int) -> float:
+    """Pipeline idle time in micro-batch times: (p - 1), or (p - 1) / v interleaved."""
+    return 0.0 if pp <= 1 else (pp - 1) / v
+
+
+def _default_matmul(strategy: Strategy) -> str:
+    dtype = strategy.precision.params_dtype
+    return "tf32" if dtype == "fp32" else dtype if dtype in ("bf16", "fp16", "fp8") else "bf16"
+
+
+def _optimizer_seconds(strategy: Strategy, costs: Costs, device: Device | None,
+                       cal: Calibration) -> float | None:
+    if device is None:
+        return None
+    prec = strategy.precision
+    if prec.optimizer == 0 or State.OPTIMIZER in strategy.offloaded:
+        return 0.0
+    elements = float(Fraction(costs.device_bytes()["optimizer"])) / float(prec.optimizer)
+    touched = elements * float(2 * prec.optimizer + prec.grads + prec.params)
+    return touched / (float(device.memory_bandwidth) * cal.memory_efficiency)

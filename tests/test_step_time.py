@@ -1,0 +1,258 @@
+"""Device profiles, the mesh's ``device``/``matmul`` entries and the step-time model (issue 15).
+
+Expected figures are written by hand from the data sheets and papers (REFERENCE §9), never by
+calling the code under test: FLOPs from Narayanan et al.'s 96·B·s·l·h²(1 + s/(6h) + V/(16lh)) and
+Korthikanti et al.'s 72·B·L·s·h²(1 + s/(6h) + V/(12hL)), times from α-β by hand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+from dataclasses import replace
+from types import ModuleType
+
+import pytest
+
+from placeverify.api import check_strategy, costs, estimate_time, load_text
+from placeverify.cost.time import CALIBRATION, Calibration, step_time
+from placeverify.diagnostics import PlaceError
+from placeverify.ir.devices import devices
+from tests.conftest import EXAMPLES, ROOT
+
+GPT = ("model transformer {{ layers = {l}, hidden = {h}, heads = {a}, ffn = {f}, mlp = plain, "
+       "vocab = 51200, seq = 2048, micro_batch = {b}, position = learned, norm = layernorm, "
+       "bias = true, attention = standard }}")
+
+
+def _text(mesh: str, places: str, model: str | None = None) -> str:
+    model = model or GPT.format(l=24, h=2304, a=24, f=4 * 2304, b=16)
+    return f'strategy "t"\n{model}\nprecision mixed_adam\nmesh {{\n{mesh}\n}}\n{places}\n'
+
+
+# ---- device profiles ----------------------------------------------------------------------------
+
+
+def test_the_five_profiles_carry_their_data_sheet_figures() -> None:
+    d = devices()
+    assert {"a100_80gb_sxm", "h100_sxm", "h200", "mi300x", "b200"} <= set(d)
+    # REFERENCE §9: A100 312 TFLOP/s 16-bit dense, H100 SXM 989 bf16 / 1979 fp8
+    assert float(d["a100_80gb_sxm"].peak("bf16") or 0) == 312e12
+    assert round(float(d["h100_sxm"].peak("bf16") or 0) / 1e12) == 989
+    assert round(float(d["h100_sxm"].peak("fp8") or 0) / 1e12) == 1979
+    assert d["a100_80gb_sxm"].peak("fp8") is None  # Ampere has no fp8 tensor cores
+    # DGX H100: NVLink 900 GB/s both ways; 8 x 400 Gb/s InfiniBand
+    assert float(d["h100_sxm"].intra_node_bandwidth) == 450e9
+    assert float(d["h100_sxm"].network_bandwidth) == 400e9 / 8  # 400 Gb/s = 50 GB/s
+    assert d["h200"].memory_bytes == 141 * 10**9
+    assert round(float(d["mi300x"].peak("bf16") or 0) / 1e12, 1) == 1307.4
+
+
+def test_every_figure_names_its_source() -> None:
+    for dev in devices().values():
+        sources = dict(dev.sources)
+        for key in ("flops", "memory_bytes", "memory_bandwidth", "intra_node_bandwidth",
+                    "network_bandwidth", "gpus_per_node", "latency"):
+            assert len(sources.get(key, "")) > 20, (dev.key, key)
+
+
+def test_the_data_file_is_in_the_package() -> None:
+    assert (ROOT / "placeverify" / "ir" / "devices.json").is_file()
+    # hatch ships every file under the package folder; nothing excludes json
+    assert 'packages = ["placeverify"]' in (ROOT / "pyproject.toml").read_text()
+
+
+# ---- the mesh block -----------------------------------------------------------------------------
+
+
+def test_links_default_by_node_boundary_and_stay_overridable() -> None:
+    s = load_text(_text("dp = 4\npp = 2\ntp = 8\ndevice = h100_sxm",
+                        "place ddp over dp\nplace pipeline(1f1b, microbatches = 4) over pp\n"
+                        "place megatron over tp"))
+    bw = {a.name: float(a.bandwidth or 0) for a in s.mesh.axes}
+    # tp (innermost, 8 ranks) inside a DGX H100; pp and dp cross nodes with one rank per node
+    assert bw == {"tp": 450e9, "pp": 50e9, "dp": 50e9}
+    assert s.mesh.device_memory == 80 * 10**9
+
+    s = load_text(_text("dp = 16\ntp = 2 { bandwidth = 100 GB/s }\ndevice = a100_80gb_sxm",
+                        "place ddp over dp\nplace megatron over tp"))
+    bw = {a.name: float(a.bandwidth or 0) for a in s.mesh.axes}
+    # dp crosses nodes with 4 of its ranks in each node: 4 NICs of 25 GB/s
+    assert bw == {"dp": 100e9, "tp": 100e9}
+
+
+def test_unknown_device_is_a_positioned_error_with_a_suggestion() -> None:
+    with pytest.raises(PlaceError) as info:
+        load_text(_text("dp = 8\ndevice = h100_sxn", "place ddp over dp"))
+    text = str(info.value)
+    assert "unknown device 'h100_sxn'; did you mean 'h100_sxm'?" in text
+    assert ":6:10:" in text  # line 6 of the text, the value's column
+
+
+def test_fp8_matmuls_on_a_device_without_them_are_refused() -> None:
+    with pytest.raises(PlaceError, match="no fp8 matmuls"):
+        load_text(_text("dp = 8\ndevice = a100_80gb_sxm\nmatmul = fp8", "place ddp over dp"))
+
+
+# ---- FLOPs against the published formulas ---------------------------------------------------------
+
+
+def _narayanan(B: int, l: int, h: int, s: int = 2048, V: int = 51200) -> float:
+    return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+@pytest.mark.parametrize(("l", "h", "a", "t", "b"), [(24, 2304, 24, 1, 16), (40, 6144, 48, 8, 8)])
+def test_hardware_flops_match_narayanan(l: int, h: int, a: int, t: int, b: int) -> None:
+    model = GPT.format(l=l, h=h, a=a, f=4 * h, b=b)
+    tp = f"\ntp = {t}" if t > 1 else ""
+    s = load_text(_text(f"dp = 2{tp}\ndevice = a100_80gb_sxm",
+                        "place ddp over dp\n" + ("place megatron over tp\n" if t > 1 else "")
+                        + "recompute full", model))
+    result = step_time(s, costs(s))
+    assert result is not None
+    assert result.flops_per_microbatch == pytest.approx(_narayanan(b, l, h) / t, rel=1e-12)
+
+
+def test_model_flops_match_korthikanti_and_ignore_recomputation() -> None:
+    l, h, b = 24, 2304, 16
+    model = GPT.format(l=l, h=h, a=24, f=4 * h, b=b)
+    s = load_text(_text("dp = 4\ndevice = a100_80gb_sxm", "place ddp over dp\nrecompute full",
+                        model))
+    result = step_time(s, costs(s))
+    assert result is not None
+    B, sq, V = 4 * b, 2048, 51200
+    expected = 72 * B * l * sq * h**2 * (1 + sq / (6 * h) + V / (12 * h * l))
+    assert result.model_flops == pytest.approx(expected, rel=1e-12)
+    assert result.tokens == B * sq
+
+
+def test_gqa_swiglu_flops_by_hand() -> None:
+    s = load_text('strategy "t"\nmodel llama3_8b { seq = 8192, micro_batch = 1, '
+                  'attention = standard }\nprecision megatron\n'
+                  'mesh {\ndp = 8\ndevice = h100_sxm\n}\nplace ddp over dp\nrecompute none\n')
+    result = step_time(s, costs(s))
+    assert result is not None
+    h, f, kv, L, V, T = 4096, 14336, 8 * 128, 32, 128256, 8192
+    per_token = L * (2 * h * (h + 2 * kv) + 2 * h * h + 3 * 2 * h * f + 4 * T * h) + 2 * h * V
+    assert result.flops_per_microbatch == pytest.approx(3 * per_token * T, rel=1e-12)
+
+
+# ---- the step-time model ----------------------------------------------------------------------------
+
+PLAIN = Calibration(efficiency=(("default", 0.5),), score_passes=0.0, hidden_passes=0.0,
+                    attention_efficiency=1.0, link_efficiency=1.0, memory_efficiency=1.0)
+
+
+@pytest.mark.parametrize("gbps", [1, 1000])
+def test_ddp_reduction_hides_behind_the_backward(gbps: int) -> None:
+    l, h, b = 24, 2304, 16
+    s = load_text(_text(f"dp = 2 {{ bandwidth = {gbps} GB/s, latency = 1 ns }}\n"
+                        "device = a100_80gb_sxm", "place ddp over dp\nrecompute none",
+                        GPT.format(l=l, h=h, a=24, f=4 * h, b=b)))
+    result = step_time(s, costs(s), PLAIN)
+    assert result is not None and result.step_seconds is not None
+    rate = 312e12 * 0.5
+    sq, V = 2048, 51200  # Korthikanti's model FLOPs (no recomputation) are 3 x forward
+    forward = 72 * b * l * sq * h**2 * (1 + sq / (6 * h) + V / (12 * h * l)) / 3 / rate
+    backward = 2 * forward
+    grads = 2 * s.model.params  # fp16 gradients
+    allreduce = 2 * (2 - 1) / 2 * grads / (gbps * 1e9)
+    exposed = max(0.0, allreduce - backward)
+    assert result.compute_seconds == pytest.approx(forward + backward, rel=1e-9)
+    assert dict(result.exposed).get("dp", 0.0) == pytest.approx(exposed, rel=1e-6, abs=1e-7)
+    optimizer = s.model.params * (2 * 12 + 2 + 2) / 2039e9
+    assert result.step_seconds == pytest.approx(forward + backward + exposed + optimizer,
+                                                rel=1e-6)
+
+
+def test_tensor_collectives_are_exposed_and_the_bubble_scales_them() -> None:
+    l, h, b, p, m = 24, 2304, 1, 4, 8
+    s = load_text(_text("pp = 4 { bandwidth = 1000 TB/s, latency = 1 ns }\n"
+                        "tp = 2 { bandwidth = 100 GB/s, latency = 1 ns }\ndevice = a100_80gb_sxm",
+                        f"place pipeline(1f1b, microbatches = {m}) over pp\n"
+                        "place megatron over tp\nrecompute none",
+                        GPT.format(l=l, h=h, a=24, f=4 * h, b=b)))
+    result = step_time(s, costs(s), PLAIN)
+    assert result is not None and result.bubble_seconds is not None
+    assert result.compute_seconds is not None
+    # per micro-batch: 4 all-reduces of b·s·h fp16 elements per layer on this stage's 6 layers,
+    # and one for the vocab-parallel embedding's output
+    tp_mb = (4 * (l // p) + 1) * 2 * (1 / 2) * (b * 2048 * h * 2) / 100e9
+    t_mb = result.compute_seconds / m + tp_mb
+    assert result.bubble_seconds == pytest.approx((p - 1) * t_mb, rel=1e-3)
+
+
+def test_mfu_follows_palm() -> None:
+    s = load_text(_text("dp = 8\ndevice = h100_sxm", "place ddp over dp\nrecompute full"))
+    result = step_time(s, costs(s))
+    assert result is not None and result.step_seconds is not None and result.mfu is not None
+    assert result.mfu == pytest.approx(result.model_flops / (result.step_seconds * 8 * 989.4e12))
+    assert result.tokens_per_second == pytest.approx(result.tokens / result.step_seconds)
+
+
+def test_time_appears_only_with_a_device_or_links() -> None:
+    bare = load_text(_text("dp = 8", "place ddp over dp"))
+    assert estimate_time(bare) is None
+    assert check_strategy(bare, verify_conditions=False).time is None
+    linked = load_text(_text("dp = 8 { bandwidth = 25 GB/s }", "place ddp over dp"))
+    time = estimate_time(linked)
+    assert time is not None and time.step_seconds is None  # no device: no compute time
+    assert any("no device profile" in n for n in time.notes)
+
+
+def test_check_json_has_the_time_section(tmp_path: object) -> None:
+    path = ROOT / "examples" / "strategies" / "llama3-8b-ddp.place"
+    text = path.read_text().replace("mesh {", "mesh {\n    device = h100_sxm", 1)
+    file = tmp_path / "t.place"  # type: ignore[operator]
+    file.write_text(text)
+    out = subprocess.run([sys.executable, "-m", "placeverify", "check", str(file), "--json",
+                          "--no-verify"], capture_output=True, text=True, cwd=ROOT, check=False)
+    doc = json.loads(out.stdout)
+    time = doc["time"]
+    assert time["step_seconds"] > 0 and time["tokens_per_second"] > 0 and 0 < time["mfu"] < 1
+    assert set(time["breakdown"]) == {"compute_seconds", "exposed_communication_seconds",
+                                      "bubble_seconds", "optimizer_seconds"}
+    plain = subprocess.run([sys.executable, "-m", "placeverify", "check", str(file),
+                            "--no-verify"], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert "step time" in plain.stdout and "MFU" in plain.stdout
+    assert EXAMPLES.is_dir()
+
+
+# ---- the published-runs benchmark -------------------------------------------------------------------
+
+
+def _benchmark() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("step_time_bench",
+                                                  ROOT / "benchmarks" / "step_time.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_rows_have_narayanans_flops() -> None:
+    bench = _benchmark()
+    rows = [r for r in bench.narayanan_rows() if " p1 " in r.label]
+    for row in random.Random(15).sample(rows, 3):
+        values = next(v for v in bench.NARAYANAN if row.label.startswith(f"{v[0]}B "))
+        _, _, h, l, t, _, n, B, mb, _, _ = values
+        s = load_text(row.text)
+        result = step_time(s, costs(s))
+        assert result is not None
+        m = B // ((n // t) * mb)
+        assert result.flops_per_microbatch * m * n == pytest.approx(_narayanan(B, l, h), rel=1e-9)
+
+
+def test_benchmark_held_out_error_with_the_shipped_constants() -> None:
+    bench = _benchmark()
+    rows = bench.all_rows()
+    assert len(rows) >= 30 and len({r.source for r in rows}) >= 5
+    loaded = [(r, s, costs(s)) for r in rows for s in [load_text(r.text)]]
+    held = [x for x in loaded if not x[0].calibrate]
+    median, worst = bench.summary(held, CALIBRATION)
+    assert median <= 0.10 and worst <= 0.25
+    assert replace(CALIBRATION) == CALIBRATION
