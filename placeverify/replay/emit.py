@@ -35,7 +35,6 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 
 from rich.console import Console
@@ -45,6 +44,7 @@ from placeverify.diagnostics import ExitCode
 from placeverify.errors import PlaceverifyError
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
+from placeverify.ir.precision import LossScale
 from placeverify.ir.relations import Relation
 from placeverify.ir.step import (
     Backward,
@@ -63,7 +63,6 @@ from placeverify.ir.step import (
     TermKind,
     Update,
 )
-from placeverify.ir.precision import LossScale
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.lower import canonical, load_text
 from placeverify.lower.resize import resize
@@ -74,6 +73,7 @@ from placeverify.replay.plan import DEFAULT_SEED, DEFAULT_STEPS
 from placeverify.replay.sizes import replayed_sizes
 from placeverify.roles.relations import batch_axes
 from placeverify.roles.relations import relation as axis_relation
+from placeverify.semantics.schedule import Phase, events
 from placeverify.trace import Trace, load
 from placeverify.verdicts import ObligationKind
 
@@ -223,14 +223,14 @@ class StepEmitter:
             else:
                 assert term.count is not None
                 x = f"{self.count_name(term.count)}[{k}]"
+            if x == "Fraction(1)":
+                continue
             parts += [("* " if exponent > 0 else "/ ") + x] * abs(exponent)
         return " ".join(["Fraction(1)", *parts])
 
     # ---- the step ----
 
     def step(self, step: Step, name: str, what: str) -> list[str]:
-        from placeverify.semantics.schedule import events
-
         self.state = {g: _Buffer() for g in self.groups}
         body: list[str] = []
         for event in events(step, self.m):
@@ -238,7 +238,7 @@ class StepEmitter:
             self.lines = []
             op = event.op
             where = _where(op, self.written)
-            loop = f" (micro-batch {event.k})" if event.phase.value == "loop" else ""
+            loop = f" (micro-batch {event.k})" if event.phase is Phase.LOOP else ""
             self.emit(f"# {where}{label(op)}{loop}")
             emitter = EMITTERS.get(type(op))
             if emitter is None:
@@ -256,10 +256,11 @@ class StepEmitter:
         head = [f"def {name}(run, t, ref):", f'    """{what}"""']
         for count, var in self.counts.items():
             axes = self.axes_used_add(tuple(a for a in self.s.mesh.names if a in count.axes))
-            scope = "the whole step" if count.scope is Scope.STEP else "each micro-batch"
-            over = f"all-reduced over {' * '.join(axes)}" if axes else "this rank's own"
+            scope = ("the step's total, for every micro-batch" if count.scope is Scope.STEP
+                     else "each micro-batch's own")
+            over = f"summed over {' * '.join(axes)}" if axes else "on this rank only"
             head.append(f'    {var} = count("{count.kind.value}", {axes!r}, '
-                        f"{count.scope is Scope.STEP})  # per micro-batch: {scope}, {over}")
+                        f"{count.scope is Scope.STEP})  # {scope}, {over}")
         return head + body
 
     def axes_used_add(self, axes: tuple[str, ...]) -> tuple[str, ...]:
@@ -564,8 +565,9 @@ def _header(trace: Trace, trace_path: str, script: str, sizes: dict[str, int], k
     lines += [
         "",
         "Run:",
-        f"    torchrun --nproc-per-node {world} {script}",
-        "on CPUs (gloo), or on GPUs (NCCL, one per process) when CUDA is available.",
+        f"    torchrun --standalone --nproc-per-node {world} {script}",
+        "on CPUs (gloo), or on GPUs (NCCL, one per process) when CUDA is available"
+        + (f"; or: python {script}." if world == 1 else "."),
         "",
         f"It trains a tiny model for {steps} steps twice, with the step as the file writes it and",
         "with the canonical correct step of the same placement, computes single-device training on",
@@ -608,8 +610,8 @@ def emit_trace(path: str, out: str, *, world: int | None, steps: int,
             markup=False)
         return ExitCode.INPUT_ERROR
     write_atomically(text, out)
-    processes = text.split("torchrun --nproc-per-node ", 1)[1].split(" ", 1)[0]
-    console.print(f"reproducer written to {out}; run: torchrun --nproc-per-node {processes} "
-                  f"{out}", markup=False)
+    processes = text.split("--nproc-per-node ", 1)[1].split(" ", 1)[0]
+    console.print(f"reproducer written to {out}; run: torchrun --standalone --nproc-per-node "
+                  f"{processes} {out}", markup=False)
     return ExitCode.OK
 

@@ -60,16 +60,18 @@ PG = {}  # axes -> (process group or None, members)
 def start():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != WORLD:
-        print(f"this reproducer needs {WORLD} processes ({' x '.join(f'{a} = {n}' for a, n in MESH.items())}); "
-              f"run: torchrun --nproc-per-node {WORLD} {sys.argv[0]}", file=sys.stderr)
+        mesh = ", ".join(f"{a} = {n}" for a, n in MESH.items())
+        print(f"this reproducer needs {WORLD} processes ({mesh}); "
+              f"run: torchrun --standalone --nproc-per-node {WORLD} {sys.argv[0]}", file=sys.stderr)
         sys.exit(2)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > LOCAL_RANK
     if use_cuda:
         torch.cuda.set_device(LOCAL_RANK)
     backend = "nccl" if use_cuda else "gloo"
-    dist.init_process_group(backend, rank=RANK, world_size=WORLD)
+    if "MASTER_ADDR" in os.environ:  # started by torchrun
+        dist.init_process_group(backend, rank=RANK, world_size=WORLD)
+    else:  # one process started by plain python
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     for axes in GROUP_AXES:  # every rank creates every group, in the same order
         seen = []
         for r in range(WORLD):
@@ -421,12 +423,13 @@ def main():
                   f"replicas {row[2]:.3g} | fixed: grad {row[3]:.3g}, params {row[4]:.3g}, "
                   f"replicas {row[5]:.3g}   (max |distributed - single-device|)")
         print(f"tolerance {tolerance:.3g} (2^10 * {STEPS} steps * 2^-53 * max(1, {scale:.3g}))")
+        said = []
         for label in ("buggy", "fixed"):
             diverges, worst, replicas = verdicts[label]
-            what = (f"diverges by {worst:.3g}" if worst > tolerance
-                    else f"replicas differ by {replicas:.3g}" if replicas != 0.0
-                    else f"matches (largest difference {worst:.3g})")
-            print(f"{label}: {what}")
+            said.append(f"{label}: " + (f"diverges by {worst:.3g}" if worst > tolerance
+                                        else f"replicas differ by {replicas:.3g}" if replicas
+                                        else f"matches (largest difference {worst:.3g})"))
+        print("; ".join(said))
     reproduced = verdicts["buggy"][0] and not verdicts["fixed"][0]
     if RANK == 0:
         print("REPRODUCED: the buggy step diverges from single-device training and the fixed step "
