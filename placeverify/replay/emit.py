@@ -81,6 +81,15 @@ HIDDEN, FFN, VOCAB = 8, 16, 16
 LOSS_SCALE = 8  # the replay's concrete loss-scale factor
 
 
+# Refutations a numeric run of the tiny model cannot show, and why.
+UNEMITTED_KINDS = {
+    ObligationKind.RNG: "the reproducer's model has no dropout",
+    ObligationKind.RECOMPUTE: "the reproducer's model has no dropout to recompute",
+    ObligationKind.PLACEMENT_STEP: "it is about the placement's bookkeeping, not computed values",
+    ObligationKind.REALISABLE: "it is about the placement's bookkeeping, not computed values",
+}
+
+
 class EmitRefused(PlaceverifyError):
     """A statement or layout the reproducer does not emit; the message names it and its line."""
 
@@ -454,6 +463,10 @@ def emit_script(trace: Trace, *, trace_path: str, script: str = "repro.py",
                 world: int | None = None, steps: int = DEFAULT_STEPS) -> str:
     """The reproducer's text, or :class:`EmitRefused`."""
     path = trace.file or "<trace>"
+    if trace.kind in UNEMITTED_KINDS:
+        where = f"line {trace.line}: " if trace.line else ""
+        raise EmitRefused(f"{where}a '{trace.kind.value}' refutation is not emitted: "
+                          f"{UNEMITTED_KINDS[trace.kind]} (`placeverify replay` runs this trace)")
     declared = load_text(trace.source, path)
     keep = {a: trace.mesh.get(a, 1) for a in declared.mesh.names}
     sizes, resized_because = replayed_sizes(declared, keep, world, "trace's mesh")
@@ -609,7 +622,12 @@ def emit_trace(path: str, out: str, *, world: int | None, steps: int,
             f"placeverify: replay --emit: cannot emit {trace.file or path}: {refused}",
             markup=False)
         return ExitCode.INPUT_ERROR
-    write_atomically(text, out)
+    try:
+        write_atomically(text, out)
+    except OSError as err:
+        Console(stderr=True, highlight=False, markup=False, soft_wrap=True).print(
+            f"placeverify: replay --emit: cannot write {out}: {err.strerror}", markup=False)
+        return ExitCode.READ_ERROR
     processes = text.split("--nproc-per-node ", 1)[1].split(" ", 1)[0]
     console.print(f"reproducer written to {out}; run: torchrun --standalone --nproc-per-node "
                   f"{processes} {out}", markup=False)
