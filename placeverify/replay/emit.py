@@ -463,16 +463,16 @@ def emit_script(trace: Trace, *, trace_path: str, script: str = "repro.py",
                 world: int | None = None, steps: int = DEFAULT_STEPS) -> str:
     """The reproducer's text, or :class:`EmitRefused`."""
     path = trace.file or "<trace>"
-    if trace.kind in UNEMITTED_KINDS:
-        where = f"line {trace.line}: " if trace.line else ""
-        raise EmitRefused(f"{where}a '{trace.kind.value}' refutation is not emitted: "
-                          f"{UNEMITTED_KINDS[trace.kind]} (`placeverify replay` runs this trace)")
     declared = load_text(trace.source, path)
     keep = {a: trace.mesh.get(a, 1) for a in declared.mesh.names}
     sizes, resized_because = replayed_sizes(declared, keep, world, "trace's mesh")
     m = trace.microbatches
     strategy = resize(declared, sizes)
     check_layout(strategy)
+    if trace.kind in UNEMITTED_KINDS:
+        where = f"line {trace.line}: " if trace.line else ""
+        raise EmitRefused(f"{where}a '{trace.kind.value}' refutation is not emitted: "
+                          f"{UNEMITTED_KINDS[trace.kind]} (`placeverify replay` runs this trace)")
     counts = trace_counts(trace, strategy, sizes, m) if sizes == keep else None
     if counts is None:
         tokens, samples, _ = pick_counts(strategy, sizes, m,
