@@ -263,10 +263,17 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
               help="Processes to run (default: the trace's mesh, resized above 8).")
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1, 3600),
               help="Seconds before a hung replay is stopped.")
-def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: float) -> None:
+@click.option("--emit", type=click.Path(dir_okay=False), default=None,
+              help="Write a standalone torchrun script (no placeverify import) instead of replaying.")
+def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: float,
+           emit: str | None) -> None:
     """Replay a counterexample trace on real torch.distributed processes."""
 
     def run() -> ExitCode:
+        if emit is not None:
+            from placeverify.replay.emit import emit_trace
+
+            return emit_trace(trace, emit, world=world, steps=steps, console=console())
         from placeverify.replay.cli import replay_trace
 
         return replay_trace(trace, as_json=as_json, steps=steps, world=world, timeout=timeout,
