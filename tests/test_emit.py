@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from placeverify.replay.emit import COLLECTIVES, EMITTERS, EmitRefused, emit_script
+from placeverify.replay.emit import emit_script
+from placeverify.replay.emit_step import COLLECTIVES, EMITTERS, EmitRefused
 from placeverify.trace import load
 
 ROOT = Path(__file__).resolve().parents[1]
