@@ -1,11 +1,11 @@
 """The fixed part of a standalone reproducer (``placeverify replay trace.json --emit repro.py``).
 
 :data:`PROCESSES` (followed by :data:`placeverify.replay.emit_oracle.ORACLE`) is Python
-source that :mod:`placeverify.replay.emit` pastes into every emitted script between the counterexample's constants and the generated step
-functions. It imports
-only torch and the standard library. It defines the rank grid and its process groups (every
-rank creates every group in the same order), the collectives (gloo or NCCL), the tiny model and
-its deterministic data, single-device training on the global batch (the oracle), one rank's
+source that :mod:`placeverify.replay.emit` pastes into every emitted script between the
+counterexample's constants and the generated step functions. It imports only torch and the
+standard library. This half defines the rank grid and its process groups (every rank creates
+every group in the same order), the collectives (gloo or NCCL), and the tiny model and its
+deterministic data; the oracle half has single-device training on the global batch, one rank's
 buffers and optimizer slice, and the comparison that prints the verdict. Its semantics is the
 replay's (:mod:`placeverify.replay.step`, :mod:`placeverify.replay.collectives`,
 :mod:`placeverify.replay.reference`, :mod:`placeverify.replay.compare`), restricted to meshes
