@@ -29,6 +29,14 @@ Exit codes:
   70 internal error (a bug in placeverify; please report it)
 """
 
+def budget_option(command: Callable[..., None]) -> Callable[..., None]:
+    """--timeout: the time budget of the whole verification of one file."""
+    return click.option(
+        "--timeout", default=30.0, show_default=True, type=click.FloatRange(0.1, 3600),
+        help="Seconds for the whole verification of each file, shared by its solver queries "
+             "(each at most 10 s); what is undecided when it runs out is unknown (exit 3).")(command)
+
+
 def import_options(command: Callable[..., None]) -> Callable[..., None]:
     """--model, --world and --format: how a framework configuration file is imported."""
     command = click.option("--format", "fmt", default=None,
@@ -98,8 +106,7 @@ def main() -> None:
 @click.option("--replay", is_flag=True,
               help="Replay the step on real torch.distributed processes at the declared mesh "
                    "(a smaller one, said so, above 8 devices; needs torch).")
-@click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
-              help="Seconds per solver query before it counts as unknown.")
+@budget_option
 @import_options
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
           trace_path: str | None, replay: bool, timeout: float, model: str | None,
@@ -120,7 +127,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         for index, path in enumerate(paths):
             try:
                 result = check_file(path, verify_conditions=not no_verify, formulas=formulas,
-                                    timeout_ms=int(timeout * 1000),
+                                    budget_s=timeout,
                                     imports=import_settings(model, world, fmt))
             except PlaceError as error:
                 print_errors(error)
@@ -182,9 +189,10 @@ def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
+@budget_option
 @import_options
-def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, model: str | None,
-            world: int | None, fmt: str | None) -> None:
+def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, timeout: float,
+            model: str | None, world: int | None, fmt: str | None) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -192,7 +200,8 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, model: s
         from placeverify.report.compare import render_compare
 
         paths = expand_paths(files)
-        document, codes = compare_files(paths, with_verdicts, import_settings(model, world, fmt))
+        document, codes = compare_files(paths, with_verdicts, import_settings(model, world, fmt),
+                                        budget_s=timeout)
         if as_json:
             emit_json(document)
         else:
@@ -205,15 +214,16 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, model: s
 @main.command(epilog=EXIT_CODES)
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(0.1, 3600),
-              help="Seconds per solver query before it counts as unknown.")
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds for each rule file, shared by its solver queries (each at most 30 s); "
+                   "what is undecided when it runs out is unknown (exit 3).")
 def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
     """Prove the composition rules in .rule files (folders are searched)."""
 
     def run() -> ExitCode:
         from placeverify.prove.cli import prove_paths
 
-        return prove_paths(paths, as_json=as_json, timeout_ms=int(timeout * 1000), console=console())
+        return prove_paths(paths, as_json=as_json, budget_s=timeout, console=console())
 
     guarded(run)
 

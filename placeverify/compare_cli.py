@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from placeverify.api import check
+from placeverify.api import DEFAULT_BUDGET_S, check
 from placeverify.console import print_errors, verdict_exit
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.importers import Options
@@ -16,13 +16,15 @@ from placeverify.report.compare import compare_document, compare_row
 
 
 def compare_files(paths: list[str], with_verdicts: bool,
-                  imports: Options | None = None) -> tuple[dict[str, Any], list[ExitCode]]:
+                  imports: Options | None = None,
+                  budget_s: float | None = DEFAULT_BUDGET_S) -> tuple[dict[str, Any], list[ExitCode]]:
     """The comparison document of the files that load, and one exit code per file."""
     rows: list[dict[str, Any]] = []
     codes: list[ExitCode] = []
     for path in paths:
         try:
-            result = check(path, verify_conditions=with_verdicts, imports=imports)
+            result = check(path, verify_conditions=with_verdicts, imports=imports,
+                           budget_s=budget_s)
         except PlaceError as error:
             print_errors(error)
             codes.append(error.exit_code)
