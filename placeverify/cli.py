@@ -29,10 +29,18 @@ Exit codes:
   70 internal error (a bug in placeverify; please report it)
 """
 
+def finite(value: float) -> float:
+    """Reject NaN, which every range comparison lets through."""
+    if value != value:
+        raise click.BadParameter("nan is not a number of seconds")
+    return value
+
+
 def budget_option(command: Callable[..., None]) -> Callable[..., None]:
     """--timeout: the time budget of the whole verification of one file."""
     return click.option(
         "--timeout", default=30.0, show_default=True, type=click.FloatRange(0.1, 3600),
+        callback=lambda _ctx, _param, value: finite(value),
         help="Seconds for the whole verification of each file, shared by its solver queries "
              "(each at most 10 s); what is undecided when it runs out is unknown (exit 3).")(command)
 
@@ -215,6 +223,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, timeout:
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              callback=lambda _ctx, _param, value: finite(value),
               help="Seconds for each rule file, shared by its solver queries (each at most 30 s); "
                    "what is undecided when it runs out is unknown (exit 3).")
 def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
@@ -236,6 +245,7 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
 @click.option("--world", type=click.IntRange(1, 64), default=None,
               help="Processes to run (default: the trace's mesh, resized above 8).")
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1, 3600),
+              callback=lambda _ctx, _param, value: finite(value),
               help="Seconds before a hung replay is stopped.")
 def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: float) -> None:
     """Replay a counterexample trace on real torch.distributed processes."""
@@ -253,6 +263,7 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
 @click.argument("file", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600),
+              callback=lambda _ctx, _param, value: finite(value),
               help="Seconds before a hung measurement is stopped (all ranks are killed).")
 def measure(file: str, as_json: bool, timeout: float) -> None:
     """Measure the real torch implementation of a strategy against the predictions."""

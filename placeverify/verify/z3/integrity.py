@@ -208,11 +208,13 @@ class _Coefficients:
             # is different-coordinate, that rank's "x" anchors on this axis are the atom's.
             i = self.axes.index(axis)
             new: dict[Key, Any] = {}
+            others = _real(n) - 1
             for key in self.keys:
                 same = Key((*key.cls[:i], SAME, *key.cls[i + 1:]), key.k)
                 diff = Key((*key.cls[:i], DIFF, *key.cls[i + 1:]), key.k)
-                others = _real(n) - 1
-                if key.cls[i] == SAME:
+                if _is_zero(out[same]) and _is_zero(out[diff]):
+                    new[key] = out[same]  # micro-batches not yet run, or freed: nothing to carry
+                elif key.cls[i] == SAME:
                     new[key] = out[same] + others * self.counts.relabel(out[diff], axis, Label.ATOM,
                                                                         Label.CONSUMER)
                 else:
@@ -224,7 +226,8 @@ class _Coefficients:
         return Coeffs(out, buffer.vary)
 
     def accumulate(self, shard: Coeffs, value: Coeffs) -> Coeffs:
-        return Coeffs({key: shard.values[key] + value.values[key] for key in self.keys},
+        return Coeffs({key: shard.values[key] if _is_zero(value.values[key])
+                       else shard.values[key] + value.values[key] for key in self.keys},
                       shard.vary | value.vary)
 
     def scale(self, buffer: Coeffs, op: Scale, k: MicroBatch) -> Coeffs:
@@ -272,6 +275,10 @@ def mismatch_formula(encoded: Encoded, observed: dict[Key, Any] | None = None) -
     values = encoded.consumed if observed is None else observed
     differs = [values[key] != encoded.reference[key] for key in values]
     return z3.And(*encoded.counts.constraints(), *encoded.constraints, z3.Or(*differs))
+
+
+def _is_zero(term: Any) -> bool:
+    return bool(z3.is_rational_value(term) and term.numerator_as_long() == 0)
 
 
 def _group_size(group: Group, sizes: dict[str, Size]) -> Any:
