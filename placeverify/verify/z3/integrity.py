@@ -209,7 +209,9 @@ class _Coefficients:
             i = self.axes.index(axis)
             new: dict[Key, Any] = {}
             others = _real(n) - 1
-            for key in self.keys:
+            for index, key in enumerate(self.keys):
+                if index % 256 == 255:
+                    checkpoint()
                 same = Key((*key.cls[:i], SAME, *key.cls[i + 1:]), key.k)
                 diff = Key((*key.cls[:i], DIFF, *key.cls[i + 1:]), key.k)
                 if _is_zero(out[same]) and _is_zero(out[diff]):
@@ -278,6 +280,7 @@ def mismatch_formula(encoded: Encoded, observed: dict[Key, Any] | None = None) -
 
 
 def _is_zero(term: Any) -> bool:
+    """Is ``term`` the numeral 0?"""
     return bool(z3.is_rational_value(term) and term.numerator_as_long() == 0)
 
 
