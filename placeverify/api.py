@@ -36,12 +36,13 @@ from placeverify.syntax.source import read_source
 from placeverify.verdicts import Verification
 
 __all__ = [
-    "DEFAULT_TIMEOUT_MS", "CheckResult", "check", "check_strategy", "costs", "derive_step",
-    "estimate_time", "load",
-    "load_text", "lower", "parse", "read", "resize", "verify",
+    "DEFAULT_BUDGET_S", "DEFAULT_TIMEOUT_MS", "CheckResult", "check", "check_strategy", "costs",
+    "derive_step", "estimate_time", "load", "load_text", "lower", "parse", "read", "resize",
+    "verify",
 ]
 
-DEFAULT_TIMEOUT_MS = 10_000  # per solver query; past it the obligation is 'unknown'
+DEFAULT_TIMEOUT_MS = 10_000  # one solver query at most; past it the obligation is 'unknown'
+DEFAULT_BUDGET_S = 30.0  # the whole verification of one strategy (check --timeout)
 
 
 def read(path: str) -> Source:
@@ -64,34 +65,38 @@ def costs(strategy: Strategy, *, symbolic: bool = False) -> Costs:
     return analyse(strategy, symbolic=symbolic)
 
 
-def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Verification:
+def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+           budget_s: float | None = DEFAULT_BUDGET_S) -> Verification:
     """Gradient integrity, state consistency and composition safety, each proved, refuted or
-    unknown."""
+    unknown. ``budget_s`` bounds the whole verification (what it leaves undecided is unknown,
+    reason "time budget"; ``None`` for no bound), ``timeout_ms`` each solver query."""
     # Deferred so that z3 is loaded only by the commands that verify (check --no-verify and
     # compare without --verify start faster); placeverify.verify does not import this module.
     from placeverify.verify import verify as run_checks
 
     started = time.perf_counter()
-    verification = run_checks(strategy, timeout_ms=timeout_ms)
+    verification = run_checks(strategy, timeout_ms=timeout_ms, budget_s=budget_s)
     return Verification(verification.obligations, verification.trace,
                         time.perf_counter() - started, verification.notes)
 
 
 def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
-          timeout_ms: int = DEFAULT_TIMEOUT_MS, imports: Options | None = None) -> CheckResult:
+          timeout_ms: int = DEFAULT_TIMEOUT_MS, budget_s: float | None = DEFAULT_BUDGET_S,
+          imports: Options | None = None) -> CheckResult:
     """``placeverify check``: load a ``.place`` file, or a framework configuration through the
-    importers (``imports`` their options), derive its costs and verify it."""
+    importers (``imports`` their options), derive its costs and verify it within ``budget_s``."""
     strategy = load_strategy(path, imports or Options()) if is_importable(path) else load(path)
     return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
-                          timeout_ms=timeout_ms)
+                          timeout_ms=timeout_ms, budget_s=budget_s)
 
 
 def check_strategy(strategy: Strategy, *, verify_conditions: bool = True, formulas: bool = False,
-                   timeout_ms: int = DEFAULT_TIMEOUT_MS) -> CheckResult:
+                   timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                   budget_s: float | None = DEFAULT_BUDGET_S) -> CheckResult:
     """Costs (and with ``formulas`` their symbolic form) and verification of a lowered strategy."""
     exact = analyse(strategy)
     symbolic = analyse(strategy, symbolic=True) if formulas else None
-    verification = verify(strategy, timeout_ms) if verify_conditions else None
+    verification = verify(strategy, timeout_ms, budget_s) if verify_conditions else None
     return CheckResult(strategy, exact, verification, symbolic, estimate_time(strategy, exact))
 
 

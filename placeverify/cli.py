@@ -30,6 +30,22 @@ Exit codes:
   70 internal error (a bug in placeverify; please report it)
 """
 
+def finite(value: float) -> float:
+    """Reject NaN, which every range comparison lets through."""
+    if value != value:
+        raise click.BadParameter("nan is not a number of seconds")
+    return value
+
+
+def budget_option(command: Callable[..., None]) -> Callable[..., None]:
+    """--timeout: the time budget of the whole verification of one file."""
+    return click.option(
+        "--timeout", default=30.0, show_default=True, type=click.FloatRange(0.1, 3600),
+        callback=lambda _ctx, _param, value: finite(value),
+        help="Seconds for the whole verification of each file, shared by its solver queries "
+             "(each at most 10 s); what is undecided when it runs out is unknown (exit 3).")(command)
+
+
 def import_options(command: Callable[..., None]) -> Callable[..., None]:
     """--model, --world and --format: how a framework configuration file is imported."""
     command = click.option("--format", "fmt", default=None,
@@ -126,8 +142,7 @@ def main() -> None:
 @click.option("--replay", is_flag=True,
               help="Replay the step on real torch.distributed processes at the declared mesh "
                    "(a smaller one, said so, above 8 devices; needs torch).")
-@click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
-              help="Seconds per solver query before it counts as unknown.")
+@budget_option
 @output_options
 @import_options
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
@@ -150,7 +165,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         for index, path in enumerate(paths):
             try:
                 result = check_file(path, verify_conditions=not no_verify, formulas=formulas,
-                                    timeout_ms=int(timeout * 1000),
+                                    budget_s=timeout,
                                     imports=import_settings(model, world, fmt))
             except PlaceError as error:
                 print_errors(error)
@@ -213,9 +228,11 @@ def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
 @output_options
+@budget_option
 @import_options
 def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: str,
-            require_fit: bool, model: str | None, world: int | None, fmt: str | None) -> None:
+            require_fit: bool, timeout: float, model: str | None, world: int | None,
+            fmt: str | None) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -225,7 +242,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: 
         fmt_out = output_of(as_json, output)
         paths = expand_paths(files)
         document, outcomes = compare_files(paths, with_verdicts, import_settings(model, world, fmt),
-                                           require_fit=require_fit)
+                                           require_fit=require_fit, budget_s=timeout)
         codes = [o.exit_code for o in outcomes]
         if fmt_out == "json":
             emit_json(document)
@@ -241,15 +258,17 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: 
 @main.command(epilog=EXIT_CODES)
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(0.1, 3600),
-              help="Seconds per solver query before it counts as unknown.")
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              callback=lambda _ctx, _param, value: finite(value),
+              help="Seconds for each rule file, shared by its solver queries (each at most 30 s); "
+                   "what is undecided when it runs out is unknown (exit 3).")
 def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
     """Prove the composition rules in .rule files (folders are searched)."""
 
     def run() -> ExitCode:
         from placeverify.prove.cli import prove_paths
 
-        return prove_paths(paths, as_json=as_json, timeout_ms=int(timeout * 1000), console=console())
+        return prove_paths(paths, as_json=as_json, budget_s=timeout, console=console())
 
     guarded(run)
 
@@ -262,6 +281,7 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
 @click.option("--world", type=click.IntRange(1, 64), default=None,
               help="Processes to run (default: the trace's mesh, resized above 8).")
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1, 3600),
+              callback=lambda _ctx, _param, value: finite(value),
               help="Seconds before a hung replay is stopped.")
 @click.option("--emit", type=click.Path(dir_okay=False), default=None,
               help="Write a standalone torchrun script (no placeverify import) instead of replaying.")
@@ -286,6 +306,7 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
 @click.argument("file", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600),
+              callback=lambda _ctx, _param, value: finite(value),
               help="Seconds before a hung measurement is stopped (all ranks are killed).")
 def measure(file: str, as_json: bool, timeout: float) -> None:
     """Measure the real torch implementation of a strategy against the predictions."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from placeverify.api import check
+from placeverify.api import DEFAULT_BUDGET_S, check
 from placeverify.console import print_errors, verdict_exit, worst
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.importers import Options
@@ -18,14 +18,16 @@ from placeverify.report.outcome import Outcome, fits
 
 
 def compare_files(paths: list[str], with_verdicts: bool, imports: Options | None = None, *,
-                  require_fit: bool = False) -> tuple[dict[str, Any], list[Outcome]]:
+                  require_fit: bool = False,
+                  budget_s: float | None = DEFAULT_BUDGET_S) -> tuple[dict[str, Any], list[Outcome]]:
     """The comparison document (rows of the files that load, errors of the others) and each
     file's outcome with its exit code."""
     rows: list[dict[str, Any]] = []
     outcomes: list[Outcome] = []
     for path in paths:
         try:
-            result = check(path, verify_conditions=with_verdicts, imports=imports)
+            result = check(path, verify_conditions=with_verdicts, imports=imports,
+                           budget_s=budget_s)
         except PlaceError as error:
             print_errors(error)
             outcomes.append(Outcome(path, error.exit_code, error=error))

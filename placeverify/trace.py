@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from placeverify.verdicts import Condition, Obligation, ObligationKind
 
 SCHEMA = "placeverify.trace/1"
 MAX_TRACE_BYTES = 8 << 20
+MAX_TRACE_DEPTH = 32  # JSON nesting: a trace needs 5 levels; deeper is an input error
+MAX_ATOM_COUNT = 4096  # tokens or samples of one atom: the replay allocates them
 REQUIRED = ("schema", "source", "condition", "kind", "mesh", "microbatches")
 KEYS = ("schema", "placeverify", "file", "source", "strategy", "condition", "kind", "claim",
         "reason", "fix", "line", "column", "group", "mesh", "microbatches", "tokens", "samples",
@@ -189,8 +192,10 @@ class Trace:
             group=None if group is None else _enum(doc, "group", ParamGroup),
             mesh=mesh,
             microbatches=doc["microbatches"],
-            tokens=_rows(doc, "tokens", "{coords, microbatch, tokens}", _count("tokens")),
-            samples=_rows(doc, "samples", "{coords, microbatch, samples}", _count("samples")),
+            tokens=_rows(doc, "tokens", f"{{coords, microbatch, tokens 1..{MAX_ATOM_COUNT}}}",
+                         _count("tokens")),
+            samples=_rows(doc, "samples", f"{{coords, microbatch, samples 1..{MAX_ATOM_COUNT}}}",
+                          _count("samples")),
             gradients=_rows(doc, "gradients", "{coords, microbatch, chunk, sum}", _gradient),
             devices=_rows(doc, "devices", "{coords, steps, consumed}", _device),
             reference=_optional(doc, "reference", str, "a string or null"),
@@ -238,8 +243,10 @@ def _exact(value: object, kind: type[T]) -> T:
 
 def _count(name: str) -> Callable[[dict[str, Any]], AtomCount]:
     def read(row: dict[str, Any]) -> AtomCount:
-        return AtomCount(_coords(row["coords"]), _exact(row["microbatch"], int),
-                         _exact(row[name], int))
+        count = _exact(row[name], int)
+        if not 1 <= count <= MAX_ATOM_COUNT:
+            raise ValueError
+        return AtomCount(_coords(row["coords"]), _exact(row["microbatch"], int), count)
 
     return read
 
@@ -314,8 +321,24 @@ def build(strategy: Strategy, obligation: Obligation, evidence: Evidence | None)
 
 
 def write(trace: Trace, path: str) -> None:
-    """Write atomically: a reader never sees half a trace, and an old file is never lost."""
+    """Write atomically: a reader never sees half a trace, and an old file is never lost. Only a
+    regular file is written (a symlink to one is followed and its target replaced); a device, a
+    FIFO, a socket or a directory at ``path`` is refused (exit 2), never replaced."""
     target = Path(path)
+    try:
+        if target.is_symlink() or target.exists():
+            target = target.resolve()
+            mode = target.stat().st_mode
+            if not stat.S_ISREG(mode):
+                kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                        else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                        else "not a regular file")
+                raise PlaceError([Diagnostic(Severity.ERROR, f"cannot write trace: {path} is "
+                                             f"{kind}; give the path of a regular file",
+                                             Code.READ)], Source(path, ""))
+    except OSError as err:
+        raise PlaceError([Diagnostic(Severity.ERROR, f"cannot write trace: {err.strerror}",
+                                     Code.READ)], Source(path, ""), ExitCode.READ_ERROR) from None
     directory = target.parent if str(target.parent) else Path(".")
     try:
         fd, temporary = tempfile.mkstemp(prefix=".trace-", suffix=".json", dir=directory)
@@ -343,6 +366,11 @@ def load(path: str) -> Trace:
         raise PlaceError([Diagnostic(Severity.ERROR, "trace file is too large", Code.TOO_LARGE)],
                          source)
     text = decode_text(path, p.read_bytes())
+    deep = _too_deep(text, MAX_TRACE_DEPTH)
+    if deep is not None:
+        raise PlaceError([Diagnostic(Severity.ERROR, f"trace nested more than {MAX_TRACE_DEPTH} "
+                                     "levels deep", Code.TRACE, Span.point(*deep))],
+                         Source(path, text))
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
@@ -353,3 +381,29 @@ def load(path: str) -> Trace:
     except TraceError as err:
         where = source if err.code is Code.TOO_LARGE else Source(path, text)
         raise PlaceError([Diagnostic(Severity.ERROR, err.message, err.code)], where) from None
+
+
+def _too_deep(text: str, limit: int) -> tuple[int, int] | None:
+    """The line and column where JSON arrays and objects nest past ``limit``, if they do (checked
+    before parsing, which would otherwise recurse once per level)."""
+    depth, line, column, in_string, escaped = 0, 1, 0, False, False
+    for char in text:
+        column += 1
+        if char == "\n":
+            line, column = line + 1, 0
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return line, column
+        elif char in "]}":
+            depth -= 1
+    return None

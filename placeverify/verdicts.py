@@ -68,6 +68,9 @@ class ObligationKind(StrEnum):
     ORDERING = "ordering"
     PLACEMENT_STEP = "placement-step"  # verify.placement_step
     NOT_MODELLED = "not-modelled"  # a statement a backend does not model (verify.check)
+    TIME_BUDGET = "time-budget"  # the check's time budget ran out first (verify.budget)
+    TOO_LARGE = "too-large"  # the encoding would pass its size limit (verify.z3.integrity)
+    INTERNAL_ERROR = "internal-error"  # a family failed: a bug in placeverify (verify.check)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ REFUTED_COMPOSITIONS = {"14-zero2-pipeline-traffic", "14-zero2-pipeline-freed",
 
 @pytest.mark.parametrize("path", PROOFS, ids=lambda p: p.stem)
 def test_rule_matches_its_expected_outcome(path: Path) -> None:
-    result = prove_file(str(path), timeout_ms=30_000)
+    result = prove_file(str(path), None, timeout_ms=30_000)
     expect = path.with_name(path.name + ".expect")
     text = expect_text(result)
     if UPDATE:
@@ -42,7 +42,7 @@ def test_rule_matches_its_expected_outcome(path: Path) -> None:
 def test_every_rule_of_the_issue_has_a_proof_and_the_refuted_ones_a_counterexample() -> None:
     proved = set()
     for path in PROOFS:
-        result = prove_file(str(path), timeout_ms=30_000)
+        result = prove_file(str(path), None, timeout_ms=30_000)
         if result.verdict is Verdict.PROVED:
             proved.add(path.stem[:2])
         if path.stem in REFUTED_COMPOSITIONS:
@@ -60,7 +60,7 @@ def test_a_wrong_identity_is_refuted_with_sizes(tmp_path: Path) -> None:
     rule = tmp_path / "wrong.rule"
     rule.write_text('rule "off by one"\nfor every t >= 1, w >= 1\n'
                     "prove identity sum(r < t) sum(j < w) x[r*w + j] = sum(q < t*w + 1) x[q]\n")
-    result = prove_file(str(rule), timeout_ms=10_000)
+    result = prove_file(str(rule), None, timeout_ms=10_000)
     assert result.verdict is Verdict.REFUTED and result.holds is False
     witness = result.claims[0].counterexample
     assert witness is not None and witness["left"] != witness["right"]

@@ -40,8 +40,14 @@ def rule_files(paths: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def prove_file(path: str, timeout_ms: int) -> RuleResult:
-    return check_rule(parse_rule(read_source(path)), timeout_ms)
+PROVE_QUERY_CAP_MS = 30_000  # one solver query at most, within the rule's budget
+
+
+def prove_file(path: str, budget_s: float | None = None,
+               timeout_ms: int = PROVE_QUERY_CAP_MS) -> RuleResult:
+    """A rule file's result; ``budget_s`` bounds the whole file (claims it leaves undecided are
+    unknown, "time budget"), ``timeout_ms`` each solver query."""
+    return check_rule(parse_rule(read_source(path)), timeout_ms, budget_s)
 
 
 def result_document(result: RuleResult) -> dict[str, Any]:
@@ -85,14 +91,14 @@ def render(result: RuleResult, console: Console) -> None:
             console.print(f"      counterexample: {json.dumps(c.counterexample, default=str)}")
 
 
-def prove_paths(paths: tuple[str, ...], *, as_json: bool, timeout_ms: int,
+def prove_paths(paths: tuple[str, ...], *, as_json: bool, budget_s: float | None,
                 console: Console) -> ExitCode:
     codes: list[ExitCode] = []
     documents: list[dict[str, Any]] = []
     total = 0.0
     for path in rule_files(paths):
         try:
-            result = prove_file(path, timeout_ms)
+            result = prove_file(path, budget_s)
         except PlaceError as error:
             print_errors(error)
             codes.append(error.exit_code)

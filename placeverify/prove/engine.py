@@ -38,7 +38,7 @@ from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.syntax import ast
 from placeverify.verdicts import Condition, ObligationKind, Verdict
-from placeverify.verify import verify
+from placeverify.verify import budget, verify
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.integrity import encode, loop_is_uniform, mismatch_formula
 from placeverify.verify.z3.search import search
@@ -88,29 +88,45 @@ class RuleResult:
         return True
 
 
-def check_rule(rule: Rule, timeout_ms: int) -> RuleResult:
+def check_rule(rule: Rule, timeout_ms: int, budget_s: float | None = None) -> RuleResult:
+    """Every claim of a rule; ``budget_s`` bounds them all (``None``: no bound), and a claim
+    the budget leaves undecided is *unknown* ("time budget")."""
     started = time.perf_counter()
     strategy = _strategy(rule)
-    bounds = {b.name: b for b in rule.bounds}
+    if budget_s is None:
+        return RuleResult(rule, _claims(rule, strategy, timeout_ms), time.perf_counter() - started)
+    with budget.active(budget.Budget.start(budget_s, timeout_ms)):
+        return RuleResult(rule, _claims(rule, strategy, timeout_ms), time.perf_counter() - started)
+
+
+def _claims(rule: Rule, strategy: Strategy | None, timeout_ms: int) -> tuple[ClaimResult, ...]:
     results = []
     for claim in rule.claims:
         t0 = time.perf_counter()
-        if claim.kind is ClaimKind.IDENTITY:
-            assert claim.left is not None and claim.right is not None
-            minimums = {b.name: (b.minimum if b.minimum is not None else 0) for b in rule.bounds}
-            outcome = prove_identity(claim.left, claim.right, rule.lets, minimums, timeout_ms)
-            result = ClaimResult(claim, Verdict(outcome.verdict), outcome.method, outcome.detail,
-                                 outcome.counterexample)
-        elif strategy is None:
-            raise PlaceError([Diagnostic(Severity.ERROR, f"'{claim.kind}' claims are about a "
-                                         "strategy; give its model, mesh and placements",
-                                         Code.RULE, claim.span)], rule.source)
-        elif claim.kind is ClaimKind.CONDITIONS:
-            result = _conditions(rule, strategy, claim, bounds, timeout_ms)
-        else:
-            result = _cost(rule, strategy, claim)
+        try:
+            result = _claim(rule, strategy, claim, timeout_ms)
+        except budget.BudgetExhausted as err:
+            result = ClaimResult(claim, Verdict.UNKNOWN, budget.TIME_BUDGET, str(err), None)
         results.append(replace(result, seconds=time.perf_counter() - t0))
-    return RuleResult(rule, tuple(results), time.perf_counter() - started)
+    return tuple(results)
+
+
+def _claim(rule: Rule, strategy: Strategy | None, claim: Claim, timeout_ms: int) -> ClaimResult:
+    budget.checkpoint()
+    bounds = {b.name: b for b in rule.bounds}
+    if claim.kind is ClaimKind.IDENTITY:
+        assert claim.left is not None and claim.right is not None
+        minimums = {b.name: (b.minimum if b.minimum is not None else 0) for b in rule.bounds}
+        outcome = prove_identity(claim.left, claim.right, rule.lets, minimums, timeout_ms)
+        return ClaimResult(claim, Verdict(outcome.verdict), outcome.method, outcome.detail,
+                           outcome.counterexample)
+    if strategy is None:
+        raise PlaceError([Diagnostic(Severity.ERROR, f"'{claim.kind}' claims are about a "
+                                     "strategy; give its model, mesh and placements",
+                                     Code.RULE, claim.span)], rule.source)
+    if claim.kind is ClaimKind.CONDITIONS:
+        return _conditions(rule, strategy, claim, bounds, timeout_ms)
+    return _cost(rule, strategy, claim)
 
 
 def _strategy(rule: Rule) -> Strategy | None:

@@ -33,6 +33,7 @@ from placeverify.prove.lemmas import partition_lemma
 from placeverify.prove.partition import partition
 from placeverify.prove.syntax import Let, TApp, TElem, Term, TName, TNeg, TNum, TSum
 from placeverify.prove.terms import ARITHMETIC, canonical, expand, free_vars, index_names_of, poly, show
+from placeverify.verify import budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,7 @@ def prove_identity(left: Term, right: Term, lets: dict[str, Let], bounds: dict[s
     index_names = index_names_of(lhs) | index_names_of(rhs) | set(bounds)
     encoder = _Z3(index_names)
     solver = z3.Solver()
-    solver.set("timeout", timeout_ms)
+    solver.set("timeout", budget.query_ms(timeout_ms))
     for name, minimum in bounds.items():
         solver.add(encoder.var(name, "int") >= minimum)
     for name in index_names - set(bounds):

@@ -11,13 +11,24 @@ from __future__ import annotations
 from placeverify.ir.strategy import Strategy
 from placeverify.trace import Trace, build
 from placeverify.verdicts import Verdict, Verification
-from placeverify.verify.check import Context, Finding, run_check
+from placeverify.verify.budget import DEFAULT_BUDGET_S, DEFAULT_QUERY_CAP_MS, Budget
+from placeverify.verify.check import Context, Finding, out_of_time, run_check
 from placeverify.verify.checks import CHECKS
 
 
-def verify(strategy: Strategy, timeout_ms: int = 10_000) -> Verification:
-    ctx = Context(timeout_ms)
-    findings = [f for check in CHECKS for f in run_check(check, strategy, ctx)]
+def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
+           budget_s: float | None = DEFAULT_BUDGET_S) -> Verification:
+    """Every family's obligations; ``budget_s`` bounds the whole verification (``None``: no
+    bound) and ``timeout_ms`` each solver query. Families the budget leaves no time for are
+    *unknown* ("time budget")."""
+    budget = None if budget_s is None else Budget.start(budget_s, timeout_ms)
+    ctx = Context(timeout_ms, budget)
+    findings: list[Finding] = []
+    for check in CHECKS:
+        if budget is not None and budget.exhausted():
+            findings.append(out_of_time(check, strategy))
+            continue
+        findings.extend(run_check(check, strategy, ctx))
     notes = tuple(w.render(strategy.source) for f in findings for w in f.warnings)
     return Verification(tuple(f.obligation for f in findings), _trace(strategy, findings), 0.0,
                         notes)

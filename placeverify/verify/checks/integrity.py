@@ -26,6 +26,7 @@ from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
+from placeverify.verify.budget import TooLarge
 from placeverify.verify.check import Check, Context, Finding
 from placeverify.verify.explain import cause_span, describe, summary
 from placeverify.verify.fixes import CLIP_INPUT, FixCase, suggest
@@ -95,7 +96,7 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
     except Unmodelled as err:
         return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN,
                             err.span or clips[0].span, ObligationKind.CLIP_INPUT,
-                            reason=f"not modelled: {err}"),
+                            reason=_unmodelled_reason(err)),
                  None)]
     if encoded.mixing:
         return []  # the group's integrity obligation is refuted for mixing shards already
@@ -139,7 +140,7 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
     except Unmodelled as err:
         return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span,
                           ObligationKind.COEFFICIENT,
-                          reason=f"not modelled: {err}"), None
+                          reason=_unmodelled_reason(err)), None
     if encoded.mixing:
         op = encoded.mixing[0]
         return Obligation(
@@ -173,3 +174,7 @@ def _consume_span(strategy: Strategy) -> Any:
         if isinstance(op, Update):
             return op.span
     return strategy.step.span
+
+
+def _unmodelled_reason(err: Unmodelled) -> str:
+    return str(err) if isinstance(err, TooLarge) else f"not modelled: {err}"

@@ -90,6 +90,7 @@ class CountVars:
         self.prefix = prefix
         self.integer = integer
         self.sets: dict[SetDesc, Any] = {}
+        self._relabels: dict[tuple[str, Label, Label], tuple[int, list[tuple[Any, Any]]]] = {}
         self.q = self._new(f"{prefix}q") if equal_samples else None
 
     def _new(self, name: str) -> Any:
@@ -126,6 +127,11 @@ class CountVars:
         When a reduction carries an atom's coefficient from one rank's frame to another's, a set
         anchored at coordinate ``old`` on ``axis`` is, in the new frame, anchored at ``new``.
         """
+        if z3.is_rational_value(expr):
+            return expr  # a constant (most often the zero of a freed or untouched micro-batch)
+        cached = self._relabels.get((axis, old, new))
+        if cached is not None and cached[0] == len(self.sets):
+            return z3.substitute(expr, *cached[1]) if cached[1] else expr
         pairs = []
         for desc, var in list(self.sets.items()):
             labels = dict(desc.fixed)
@@ -138,6 +144,7 @@ class CountVars:
                 other = self._new(f"{self.prefix}{desc.kind}{len(self.sets)}")
                 self.sets[target] = other
             pairs.append((var, other))
+        self._relabels[(axis, old, new)] = (len(self.sets), pairs)
         return z3.substitute(expr, *pairs) if pairs else expr
 
     def constraints(self) -> list[Any]:

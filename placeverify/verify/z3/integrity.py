@@ -45,10 +45,14 @@ from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
 from placeverify.semantics.groups import GroupView, ends_match
 from placeverify.semantics.schedule import GENERIC, MicroBatch, Unmodelled, is_uniform
+from placeverify.verify.budget import TooLarge, checkpoint
 from placeverify.verify.z3.counts import CountVars, KSpec, Label, Size, more_than_one, product
 
 SAME, DIFF = "same", "different"
 MAX_UNROLL = 256
+# Relation classes times statements run: past it the encoding is not built ("too large to
+# encode", unknown). 16 data axes of size 2 with one micro-batch are 65,536 classes x 4 statements.
+MAX_ENCODING_TERMS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,15 @@ class _Coefficients:
         self.axes = view.coordinates
         choices = [(SAME, DIFF) if more_than_one(self.size(a)) else (SAME,) for a in self.axes]
         ks: list[int | str] = [GENERIC] if self.generic else list(range(m))
+        classes = 1
+        for c in choices:
+            classes *= len(c)
+        step = strategy.step
+        statements = len(step.pre) + len(step.post) + len(step.loop) * len(ks)
+        if classes * len(ks) * max(1, statements) > MAX_ENCODING_TERMS:
+            raise TooLarge(f"{classes} relation classes x {len(ks)} micro-batches x {statements} "
+                           f"statements pass the encoding limit of {MAX_ENCODING_TERMS:,} terms",
+                           step.span)
         self.keys = [Key(tuple(c), k) for c in itertools.product(*choices) for k in ks]
 
     def size(self, axis: str) -> Size:
@@ -145,6 +158,7 @@ class _Coefficients:
         return Coeffs({key: zero for key in self.keys})
 
     def backward(self, buffer: Coeffs, op: Backward, k: MicroBatch) -> Coeffs:
+        checkpoint()
         values = dict(buffer.values)
         for key in self.keys:
             if key.k != k:
@@ -179,6 +193,7 @@ class _Coefficients:
         out = dict(buffer.values)
         divisor: Any = 1
         for kind, axis in plan:
+            checkpoint()
             n = self.size(axis)
             divisor = divisor * n
             if kind == "copies":
@@ -193,11 +208,15 @@ class _Coefficients:
             # is different-coordinate, that rank's "x" anchors on this axis are the atom's.
             i = self.axes.index(axis)
             new: dict[Key, Any] = {}
-            for key in self.keys:
+            others = _real(n) - 1
+            for index, key in enumerate(self.keys):
+                if index % 256 == 255:
+                    checkpoint()
                 same = Key((*key.cls[:i], SAME, *key.cls[i + 1:]), key.k)
                 diff = Key((*key.cls[:i], DIFF, *key.cls[i + 1:]), key.k)
-                others = _real(n) - 1
-                if key.cls[i] == SAME:
+                if _is_zero(out[same]) and _is_zero(out[diff]):
+                    new[key] = out[same]  # micro-batches not yet run, or freed: nothing to carry
+                elif key.cls[i] == SAME:
                     new[key] = out[same] + others * self.counts.relabel(out[diff], axis, Label.ATOM,
                                                                         Label.CONSUMER)
                 else:
@@ -209,10 +228,12 @@ class _Coefficients:
         return Coeffs(out, buffer.vary)
 
     def accumulate(self, shard: Coeffs, value: Coeffs) -> Coeffs:
-        return Coeffs({key: shard.values[key] + value.values[key] for key in self.keys},
+        return Coeffs({key: shard.values[key] if _is_zero(value.values[key])
+                       else shard.values[key] + value.values[key] for key in self.keys},
                       shard.vary | value.vary)
 
     def scale(self, buffer: Coeffs, op: Scale, k: MicroBatch) -> Coeffs:
+        checkpoint()
         k_now: KSpec = k if isinstance(k, int) else None
         return Coeffs({key: v * self.factor(op.factor, key, False, k_now)
                        for key, v in buffer.values.items()}, buffer.vary | self.varying(op.factor))
@@ -256,6 +277,11 @@ def mismatch_formula(encoded: Encoded, observed: dict[Key, Any] | None = None) -
     values = encoded.consumed if observed is None else observed
     differs = [values[key] != encoded.reference[key] for key in values]
     return z3.And(*encoded.counts.constraints(), *encoded.constraints, z3.Or(*differs))
+
+
+def _is_zero(term: Any) -> bool:
+    """Is ``term`` the numeral 0?"""
+    return bool(z3.is_rational_value(term) and term.numerator_as_long() == 0)
 
 
 def _group_size(group: Group, sizes: dict[str, Size]) -> Any:

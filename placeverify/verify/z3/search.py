@@ -19,6 +19,7 @@ from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import GroupView
 from placeverify.semantics.interpreter import AtomKey, atoms, extra_coords, run, uniform_instance
 from placeverify.semantics.schedule import GENERIC, Unmodelled
+from placeverify.verify.budget import checkpoint
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.counts import Label, SetDesc
 from placeverify.verify.z3.integrity import Encoded, encode, mismatch_formula
@@ -67,6 +68,7 @@ def search(strategy: Strategy, view: GroupView, timeout_ms: int,
     of what the clip with that index (in this group's order of clips) sees."""
     deadline = timeout_ms
     for sizes, m in candidate_meshes(strategy, view):
+        checkpoint()
         if len(atoms(view, sizes, m)) * max(1, len(extra_coords(view, sizes))) > MAX_INTERPRETED_ATOMS:
             continue
         try:
@@ -103,6 +105,7 @@ def confirm(strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int, 
         t = {k: rng.randint(1, 4) for k in keys}
         tries.append((t, _unit_samples(view, keys, rng, strategy.loss.uneven_samples)))
     for t, s in tries:
+        checkpoint()
         instance = uniform_instance(strategy, view, sizes, m, t, s)
         result = run(strategy, view, instance)
         if result.mismatches(observe):

@@ -10,6 +10,8 @@ from typing import Any
 
 import z3
 
+from placeverify.verify import budget
+
 
 class SolverStatus(StrEnum):
     SAT = "sat"
@@ -26,8 +28,12 @@ class Outcome:
 
 
 def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
+    """Decide ``formula`` within ``timeout_ms``, or within what is left of the active time budget
+    (:mod:`placeverify.verify.budget`) if less; a query cut short by the budget raises
+    :class:`~placeverify.verify.budget.BudgetExhausted` rather than answering unknown."""
+    limit_ms = budget.query_ms(timeout_ms)
     solver = z3.SolverFor(logic) if logic else z3.Solver()
-    solver.set("timeout", max(1, int(timeout_ms)))
+    solver.set("timeout", max(1, limit_ms))
     solver.add(formula)
     started = time.perf_counter()
     result = solver.check()
@@ -36,6 +42,9 @@ def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
         return Outcome(SolverStatus.SAT, solver.model(), seconds)
     if result == z3.unsat:
         return Outcome(SolverStatus.UNSAT, None, seconds)
+    active = budget.current()
+    if active is not None and active.exhausted():
+        raise budget.BudgetExhausted(active.seconds)
     return Outcome(SolverStatus.UNKNOWN, None, seconds, solver.reason_unknown())
 
 

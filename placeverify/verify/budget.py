@@ -1,0 +1,116 @@
+"""The time budget of one verification, shared by every solver query and encoding loop in it.
+
+``placeverify check --timeout S`` bounds the whole verification of a file, not one query: a
+:class:`Budget` holds the deadline, and while it is :func:`active` every solver query
+(:func:`placeverify.verify.z3.solve.check`) gets what is left of it, capped per query, and the
+encoding loops call :func:`checkpoint`. Once it runs out, :class:`BudgetExhausted` is raised; the
+check runner (:func:`placeverify.verify.check.run_check`) turns it, and every family not yet
+run, into *unknown* obligations with the reason :data:`TIME_BUDGET` — never proved.
+
+The budget is a context variable rather than an argument so that it reaches every query,
+including the counterexample search and the prove engine, without changing their signatures;
+each thread and each ``verify`` call has its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from placeverify.diagnostics import Span
+from placeverify.errors import PlaceverifyError
+from placeverify.semantics.schedule import Unmodelled
+
+DEFAULT_BUDGET_S = 30.0  # the whole verification of one file (check --timeout)
+DEFAULT_QUERY_CAP_MS = 10_000  # one solver query at most, whatever is left of the budget
+TIME_BUDGET = "time budget"
+
+
+class BudgetExhausted(PlaceverifyError):
+    """The verification's time budget ran out; what was not decided is *unknown*."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"{TIME_BUDGET}: the {seconds:g} s budget of the check ran out")
+        self.seconds = seconds
+
+
+class TooLarge(Unmodelled):
+    """An encoding that would pass its size limit is not built: the verdict is *unknown* ("too
+    large to encode") instead of growing without bound in memory (a memory ceiling by
+    construction, not by ``setrlimit``, which would bound a library's caller too)."""
+
+    def __init__(self, message: str, span: Span | None = None) -> None:
+        super().__init__(f"too large to encode: {message}", span)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A deadline (``time.monotonic``) and a cap on each solver query."""
+
+    seconds: float
+    deadline: float
+    query_cap_ms: int = DEFAULT_QUERY_CAP_MS
+
+    @staticmethod
+    def start(seconds: float, query_cap_ms: int = DEFAULT_QUERY_CAP_MS) -> Budget:
+        """A budget of ``seconds`` from now; inside an :func:`active` budget that ends sooner
+        (a prove run verifying many cases), the enclosing deadline still holds."""
+        budget = Budget(seconds, time.monotonic() + seconds, query_cap_ms)
+        outer = _ACTIVE.get()
+        if outer is not None and outer.deadline < budget.deadline:
+            return Budget(outer.seconds, outer.deadline, min(query_cap_ms, outer.query_cap_ms))
+        return budget
+
+    def remaining_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def exhausted(self) -> bool:
+        return self.remaining_s() <= 0
+
+    def checkpoint(self) -> None:
+        if self.exhausted():
+            raise BudgetExhausted(self.seconds)
+
+    def query_ms(self, requested_ms: int) -> int:
+        """The time limit of the next solver query: what is left, capped by the request and the
+        per-query cap; raises once nothing is left."""
+        left = self.remaining_s()
+        if left <= 0:
+            raise BudgetExhausted(self.seconds)
+        return max(1, min(int(requested_ms), self.query_cap_ms, int(left * 1000)))
+
+
+_ACTIVE: ContextVar[Budget | None] = ContextVar("placeverify_budget", default=None)
+
+
+def current() -> Budget | None:
+    return _ACTIVE.get()
+
+
+@contextmanager
+def active(budget: Budget) -> Iterator[Budget]:
+    """Run a block under ``budget`` (an enclosing budget with an earlier deadline still holds)."""
+    outer = _ACTIVE.get()
+    if outer is not None and outer.deadline < budget.deadline:
+        budget = Budget(outer.seconds, outer.deadline, min(budget.query_cap_ms, outer.query_cap_ms))
+    token = _ACTIVE.set(budget)
+    try:
+        yield budget
+    finally:
+        _ACTIVE.reset(token)
+
+
+def checkpoint() -> None:
+    """Raise :class:`BudgetExhausted` if the active budget has run out (a no-op without one)."""
+    budget = _ACTIVE.get()
+    if budget is not None:
+        budget.checkpoint()
+
+
+def query_ms(requested_ms: int) -> int:
+    """A solver query's time limit under the active budget (the request itself without one)."""
+    budget = _ACTIVE.get()
+    return int(requested_ms) if budget is None else budget.query_ms(requested_ms)

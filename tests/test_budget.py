@@ -1,0 +1,85 @@
+"""The whole-check time budget, the encoding size limit, and failures inside a check family:
+each ends as an *unknown* obligation with its reason (exit 3), never a hang, a crash or proved."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from placeverify import api
+from placeverify.verdicts import ObligationKind, Verdict
+from placeverify.verify import budget, checks
+from placeverify.verify.check import Check
+from placeverify.verify.z3 import integrity as z3_integrity
+
+ROOT = Path(__file__).resolve().parents[1]
+ZERO2 = ROOT / "examples" / "zero-paper" / "zero2.place"
+DDP_MANY_AXES = "\n".join([
+    'strategy "DDP over 12 axes of size 2"', "model { params = 7.5e9 }", "mesh {",
+    *(f"    a{i} = 2" for i in range(12)), "}", *(f"place ddp over a{i}" for i in range(12))]) + "\n"
+
+
+def test_a_spent_budget_leaves_every_family_unknown_with_its_reason() -> None:
+    strategy = api.load(str(ZERO2))
+    verification = api.verify(strategy, budget_s=1e-9)
+    assert verification.overall() is Verdict.UNKNOWN
+    assert {o.kind for o in verification.obligations} == {ObligationKind.TIME_BUDGET}
+    assert all(budget.TIME_BUDGET in o.reason for o in verification.obligations)
+
+
+def test_a_slow_encoding_stops_at_the_budget() -> None:
+    strategy = api.load_text(DDP_MANY_AXES, "ddp12.place")
+    started = time.monotonic()
+    verification = api.verify(strategy, budget_s=0.3)
+    assert time.monotonic() - started < 0.3 * 1.1 + 0.5
+    assert verification.overall() is Verdict.UNKNOWN
+    assert any(o.kind is ObligationKind.TIME_BUDGET for o in verification.obligations)
+
+
+def test_the_budget_caps_each_solver_query() -> None:
+    with budget.active(budget.Budget.start(0.5, 10_000)):
+        assert budget.query_ms(10_000) <= 500
+    with budget.active(budget.Budget.start(-1.0)), pytest.raises(budget.BudgetExhausted):
+        budget.query_ms(10_000)
+    assert budget.query_ms(1234) == 1234  # no budget: the request itself
+
+
+def test_an_encoding_past_its_size_limit_is_unknown_too_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(z3_integrity, "MAX_ENCODING_TERMS", 1)
+    verification = api.verify(api.load(str(ZERO2)), budget_s=None)
+    integrity = [o for o in verification.obligations if "too large to encode" in o.reason]
+    assert integrity and all(o.verdict is Verdict.UNKNOWN for o in integrity)
+    assert verification.overall() is not Verdict.PROVED
+
+
+def test_a_family_that_raises_is_unknown_naming_the_family_and_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(strategy: object, ctx: object) -> list[object]:
+        raise ZeroDivisionError("injected")
+
+    families = tuple(Check(c.condition, c.name, broken) if c.name == checks.update.CHECK.name
+                     else c for c in checks.CHECKS)
+    monkeypatch.setattr("placeverify.verify.CHECKS", families)
+    monkeypatch.delenv("PLACEVERIFY_DEBUG", raising=False)
+    verification = api.verify(api.load(str(ZERO2)))
+    failed = [o for o in verification.obligations if o.kind is ObligationKind.INTERNAL_ERROR]
+    assert len(failed) == 1
+    assert failed[0].verdict is Verdict.UNKNOWN
+    assert checks.update.CHECK.name in failed[0].reason
+    assert "ZeroDivisionError: injected" in failed[0].reason
+    assert verification.overall() is Verdict.UNKNOWN  # the other families still ran: proved
+
+
+def test_check_cli_exits_3_when_the_budget_runs_out(tmp_path: Path) -> None:
+    place = tmp_path / "ddp12.place"
+    place.write_text(DDP_MANY_AXES)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "placeverify", "check", "--timeout", "0.5",
+                           str(place)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "time budget" in done.stdout
+    assert time.monotonic() - started < 60
