@@ -24,7 +24,6 @@ from placeverify.cost import Costs, analyse
 from placeverify.cost.time import StepTime, step_time, timed_mesh
 from placeverify.diagnostics import Source
 from placeverify.importers import Options, is_importable
-from placeverify.importers.cli import load_strategy
 from placeverify.ir.step import Step
 from placeverify.ir.strategy import Config, Strategy
 from placeverify.lower import canonical, load, load_text, lower
@@ -85,7 +84,13 @@ def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
           imports: Options | None = None) -> CheckResult:
     """``placeverify check``: load a ``.place`` file, or a framework configuration through the
     importers (``imports`` their options), derive its costs and verify it within ``budget_s``."""
-    strategy = load_strategy(path, imports or Options()) if is_importable(path) else load(path)
+    if is_importable(path):
+        # Deferred: only configuration files need the format readers (check start-up time).
+        from placeverify.importers.cli import load_strategy
+
+        strategy = load_strategy(path, imports or Options())
+    else:
+        strategy = load(path)
     return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
                           timeout_ms=timeout_ms, budget_s=budget_s)
 

@@ -24,7 +24,8 @@ import pytest
 
 from placeverify.api import check_strategy
 from placeverify.diagnostics import PlaceError, Severity
-from placeverify.importers import Options, import_file, load, load_text
+from placeverify.importers import Options
+from placeverify.importers.registry import import_file, load, load_text
 
 HERE = Path(__file__).parent / "importers"
 ROOT = Path(__file__).parent.parent

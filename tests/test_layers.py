@@ -43,7 +43,9 @@ TYPE_ONLY = {"TYPE_CHECKING", "typing.TYPE_CHECKING"}
 # Function-local imports that defer a heavy dependency, with the reason. Everything else local
 # is a cycle being broken, which the layer order should make unnecessary.
 DEFERRED: dict[str, tuple[frozenset[str], str]] = {
-    "api": (frozenset({"verify"}), "z3 is loaded only by the commands that verify"),
+    "api": (frozenset({"verify", "importers"}),
+            "z3 is loaded only by the commands that verify, the format readers only for "
+            "configuration files"),
     "cli": (frozenset({"api", "report", "prove", "trace", "replay", "measure", "backend",
                        "importers", "compare_cli"}),
             "each command loads only what it runs: z3, sympy and torch stay out of start-up"),

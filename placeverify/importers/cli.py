@@ -10,8 +10,9 @@ import click
 
 from placeverify.console import error_console
 from placeverify.diagnostics import ExitCode
-from placeverify.importers import Options, import_file, load
+from placeverify.importers import Options
 from placeverify.importers.common import Imported
+from placeverify.importers.registry import import_file, load
 from placeverify.ir.strategy import Strategy
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 DATA_FILE = "devices.json"
@@ -59,7 +59,7 @@ def _device(key: str, raw: dict[str, Any]) -> Device:
 @cache
 def devices() -> dict[str, Device]:
     """Every bundled profile by key (the data file is read once)."""
-    text = resources.files("placeverify.ir").joinpath(DATA_FILE).read_text(encoding="utf-8")
+    text = (Path(__file__).parent / DATA_FILE).read_text(encoding="utf-8")
     data = json.loads(text)
     return {k: _device(k, v) for k, v in data.items() if not k.startswith("_")}
 
