@@ -13,6 +13,9 @@ embedding (vocabulary padded to a multiple of ``vocab_divisible_by`` · t, Megat
 ``--make-vocab-size-divisible-by``, ``_vocab_size_with_padding``) and learned positions; the last
 the output layer and the final norm (untied), or its copy of the tied embedding; with p = 1 one
 stage holds both. Each distinct stage is a rank kind; the device figure is the fullest one.
+The activations outside the layers (``activations.outside_layers``: the embedding's dropout mask
+on the first stage; the final norm and output-layer inputs, the logits and the loss's fp32 copy on
+the last) are a category of their own, ``outside_layers``, beside the layers' ``activations``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from placeverify.cost.activations import ActivationCost, activation_cost
+from placeverify.cost.activations import (
+    ActivationCost,
+    activation_cost,
+    outside_layers,
+    tensor_size,
+)
 from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
@@ -36,7 +44,7 @@ GROUP_SYMBOLS = {ParamGroup.DENSE: "Ψ_dense", ParamGroup.NORMS: "Ψ_norms",
 
 @dataclass(frozen=True, slots=True)
 class MemoryItem:
-    category: str  # params | optimizer | gradients | activations | buffers
+    category: str  # params | optimizer | gradients | activations | outside_layers | buffers
     label: str
     bytes: Num
     host: bool = False
@@ -115,14 +123,6 @@ def stage_kinds(strategy: Strategy) -> tuple[StageKind, ...]:
     return tuple(kinds)
 
 
-def tensor_size(strategy: Strategy) -> int:
-    size = 1
-    for p in strategy.placements:
-        if p.role is Role.TENSOR:
-            size *= strategy.size(p.axis)
-    return size
-
-
 def stage_params(d: Domain, strategy: Strategy, kind: StageKind) -> dict[ParamGroup, Num]:
     """Parameters of each group held by a stage of this kind, before tensor, expert and data
     splits (a bare parameter count is split evenly over the stages)."""
@@ -199,8 +199,12 @@ def memory_by_rank(d: Domain, strategy: Strategy) -> tuple[tuple[RankMemory, ...
     buffer = gather_buffer(d, strategy)
     if buffer is not None:
         shared.append(buffer)
-    ranks = tuple(RankMemory(kind, (*state_items(d, strategy, kind), *shared))
-                  for kind in stage_kinds(strategy))
+    activation_bytes = bytes_per_element(d, strategy, State.ACTIVATIONS)
+    ranks = tuple(RankMemory(kind, (
+        *state_items(d, strategy, kind),
+        *(MemoryItem("outside_layers", label, amount) for label, amount in
+          outside_layers(d, strategy, activation_bytes, kind.first, kind.last)),
+        *shared)) for kind in stage_kinds(strategy))
     return ranks, activations
 
 
