@@ -242,14 +242,27 @@ def C(op: str, axes: tuple[str, ...] | str, what: str, payload: int | Fraction,
 
 
 TOKENS = "tokens({}, step)"
-SP_ACT = "activations (sequence parallel, 4 per layer per micro-batch)"
+# Megatron-core under sequence parallelism (megatron/core/tensor_parallel/layers.py,
+# LinearWithGradAccumulationAndAsyncCommunication; mappings.py,
+# _ReduceScatterToSequenceParallelRegion.backward): per layer per micro-batch, the two
+# column-parallel linears all-gather their input in forward and again in backward and
+# reduce-scatter its gradient; the two row-parallel ones reduce-scatter their output, whose
+# backward all-gathers: 6 all-gathers + 4 reduce-scatters (REFERENCE §8).
+SP_AG = "activations (sequence parallel, 6 per layer per micro-batch)"
+SP_RS = "activations (sequence parallel, 4 per layer per micro-batch)"
 TP_ACT = "activations (tensor parallel, 4 per layer per micro-batch)"
 # Full recomputation runs each layer's forward again in backward, with its collectives: the two
 # forward all-reduces (an all-gather and a reduce-scatter each under SP) happen twice (6 per layer).
-SP_ACT_FULL = "activations (sequence parallel, 6 per layer per micro-batch)"
+# With SP a recomputed forward adds its 2 all-gathers and 2 reduce-scatters: 8 + 6 = 14.
+SP_AG_FULL = "activations (sequence parallel, 8 per layer per micro-batch)"
+SP_RS_FULL = "activations (sequence parallel, 6 per layer per micro-batch)"
 TP_ACT_FULL = "activations (tensor parallel, 6 per layer per micro-batch)"
 KV_FULL = "K and V (context parallel, forward, recompute and backward, per layer)"
 EMB_OUT = "embedding output (vocab-parallel, forward)"
+# the backward of the embedding's reduce-scatter under SP is an all-gather of its gradient
+EMB_GRAD_SP = "embedding output gradient (sequence parallel, backward)"
+# the output layer is column-parallel: under SP its input is gathered again in backward
+FINAL_HIDDEN_BWD = "final hidden states (sequence parallel, re-gathered in backward)"
 OUT_GRAD = "output layer input gradient (backward)"
 FINAL_HIDDEN = "final hidden states (sequence parallel, forward)"
 CROSS_ENTROPY = "vocab-parallel cross-entropy (max, sum-exp, target logit)"
@@ -395,9 +408,10 @@ def llama3_70b_1f1b() -> Expected:
         outside=outside_last(8192, 1, 8192, 128256, 2, t=t, sp=True),  # the last stage's
         collectives=(
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
-            C("all_gather", "tp", SP_ACT, bshe, 4 * (L // p) * m, t, "activations"),
-            C("reduce_scatter", "tp", SP_ACT, bshe, 4 * (L // p) * m, t, "activations"),
+            C("all_gather", "tp", SP_AG, bshe, 6 * (L // p) * m, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS, bshe, 4 * (L // p) * m, t, "activations"),
             C("reduce_scatter", "tp", EMB_OUT, bshe, m, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, bshe, m, t, "activations"),
             C("send", "pp", P2P, bshe / t, 2 * m, p, "activations"),
         ))
 
@@ -429,11 +443,13 @@ def _gpt3_tp(sp: bool) -> Expected:
         colls += [
             # SP norm weights see part of the sequence: their gradients are summed over tp
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"]), 1, t, "gradients"),
-            C("all_gather", "tp", SP_ACT, GPT3_BSHE, 4 * L, t, "activations"),
-            C("reduce_scatter", "tp", SP_ACT, GPT3_BSHE, 4 * L, t, "activations"),
+            C("all_gather", "tp", SP_AG, GPT3_BSHE, 6 * L, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS, GPT3_BSHE, 4 * L, t, "activations"),
             C("reduce_scatter", "tp", EMB_OUT, GPT3_BSHE, 1, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, GPT3_BSHE, 1, t, "activations"),
             C("reduce_scatter", "tp", OUT_GRAD, GPT3_BSHE, 1, t, "activations"),
             C("all_gather", "tp", FINAL_HIDDEN, GPT3_BSHE, 1, t, "activations"),
+            C("all_gather", "tp", FINAL_HIDDEN_BWD, GPT3_BSHE, 1, t, "activations"),
         ]
     else:
         colls += [
@@ -487,9 +503,10 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
     if sp:
         colls += [
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
-            C("all_gather", "tp", SP_ACT, GPT3_BSHE, 4 * (L // p) * m, t, "activations"),
-            C("reduce_scatter", "tp", SP_ACT, GPT3_BSHE, 4 * (L // p) * m, t, "activations"),
+            C("all_gather", "tp", SP_AG, GPT3_BSHE, 6 * (L // p) * m, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS, GPT3_BSHE, 4 * (L // p) * m, t, "activations"),
             C("reduce_scatter", "tp", EMB_OUT, GPT3_BSHE, m, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, GPT3_BSHE, m, t, "activations"),
         ]
     else:
         per_layer_calls = 6 if recompute == "full" else 4
@@ -534,9 +551,10 @@ def llama3_405b_4d() -> Expected:
             C("reduce_scatter", "dp", "grads", 4 * local, 1, dp, "gradients"),
             C("all_reduce", "cp", "grads", 4 * local / dp, 1, cp, "gradients"),
             C("all_gather", "dp", "params", 2 * local, 1, dp, "params"),
-            C("all_gather", "tp", SP_ACT_FULL, bshe, 6 * layers * m, t, "activations"),
-            C("reduce_scatter", "tp", SP_ACT_FULL, bshe, 6 * layers * m, t, "activations"),
+            C("all_gather", "tp", SP_AG_FULL, bshe, 8 * layers * m, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS_FULL, bshe, 6 * layers * m, t, "activations"),
             C("reduce_scatter", "tp", EMB_OUT, bshe, m, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, bshe, m, t, "activations"),
             C("send", "pp", P2P, bshe / t, 2 * m, p, "activations"),
             C("all_gather", "cp", KV_FULL, kv_bytes, 3 * layers * m, cp, "activations"),
             C("reduce_scatter", "cp", "K and V gradients (context parallel, per layer)", kv_bytes,

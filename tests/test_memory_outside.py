@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,74 @@ def test_outside_layers_is_its_own_line_in_json_and_text() -> None:
                       "fp32 logits for the loss"]
     text = runner.invoke(main, ["check", "--no-verify", path]).stdout
     assert "A outside the layers" in text
+
+
+# ---- 2. sequence-parallel re-gather traffic; the compare table's traffic is all traffic -------
+
+SMALL = """model transformer {{ layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 1024, seq = 16,
+                     micro_batch = 1 }}
+precision megatron
+mesh {{ tp = 4 }}
+place megatron({sp}) over tp
+{recompute}
+"""
+
+
+@pytest.mark.parametrize(("recompute", "gathers", "scatters"), [("", 6, 4),
+                                                                ("recompute full", 8, 6)])
+def test_sequence_parallel_issues_six_gathers_and_four_scatters_per_layer(
+        recompute: str, gathers: int, scatters: int) -> None:
+    # Megatron-core layers.py, LinearWithGradAccumulationAndAsyncCommunication: forward
+    # all-gathers the column-parallel input (QKV, FC1), backward all-gathers it again for the
+    # weight gradient and reduce-scatters the input gradient; RowParallelLinear reduce-scatters
+    # its output (proj, FC2), whose backward all-gathers (mappings.py). Per layer: 2 + 2 + 2
+    # all-gathers, 2 + 2 reduce-scatters; a recomputed forward repeats its 2 + 2: 14 in all.
+    costs = analyse(load_text(SMALL.format(sp="sequence_parallel", recompute=recompute)))
+    layers, bsh_e, t = 2, 1 * 16 * 64 * 2, 4
+    per_layer = {c.op: c for c in costs.comm if c.what.startswith("activations (sequence")}
+    assert F(per_layer["all_gather"].calls) == gathers * layers
+    assert F(per_layer["reduce_scatter"].calls) == scatters * layers
+    assert gathers + scatters == (14 if recompute else 10)
+    for op, count in (("all_gather", gathers), ("reduce_scatter", scatters)):
+        assert F(per_layer[op].bytes) == count * layers * bsh_e * F(t - 1, t)
+    # outside the layers (p = 1): the embedding's reduce-scatter and, in backward, the all-gather
+    # of its gradient; the output layer gathers the final hidden states in forward and again in
+    # backward, and reduce-scatters its input gradient
+    others = sorted((c.op, c.what) for c in costs.comm
+                    if c.op in ("all_gather", "reduce_scatter")
+                    and not c.what.startswith("activations (sequence"))
+    assert others == [
+        ("all_gather", "embedding output gradient (sequence parallel, backward)"),
+        ("all_gather", "final hidden states (sequence parallel, forward)"),
+        ("all_gather", "final hidden states (sequence parallel, re-gathered in backward)"),
+        ("reduce_scatter", "embedding output (vocab-parallel, forward)"),
+        ("reduce_scatter", "output layer input gradient (backward)")]
+
+
+def test_compare_traffic_is_all_traffic_with_fits_and_idle(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from placeverify.cli import main
+    tp = tmp_path / "tp.place"
+    tp.write_text(SMALL.format(sp="", recompute="").replace("tp = 4", "tp = 2, device_memory = 1 GB"))
+    pipe = tmp_path / "pipe.place"
+    pipe.write_text(SMALL.format(sp="", recompute="").replace("mesh { tp = 4 }", "mesh { pp = 2 }")
+                    .replace("place megatron() over tp",
+                             "place pipeline(1f1b, microbatches = 4) over pp"))
+    runner = CliRunner()
+    doc = json.loads(runner.invoke(main, ["compare", "--json", str(tp), str(pipe)]).stdout)
+    first, second = doc["strategies"]
+    # tp = 2 without SP: 4 all-reduces of b·s·h·e = 16·64·2 = 2048 B per layer (2 layers), the
+    # embedding output and the output layer's input gradient (one each), the vocab-parallel
+    # cross entropy's 3 all-reduces of 4·b·s = 64 B; ring all-reduce over 2 moves 2·(1/2) = 1×
+    assert first["traffic_bytes"] == 4 * 2 * 2048 + 2048 + 2048 + 3 * 64 == 20_672
+    assert first["state_traffic_bytes"] == 0
+    # pp = 2, m = 4: b·s·h·e forward and back per micro-batch over the boundary (2·4·2048)
+    assert second["traffic_bytes"] == 2 * 4 * 2048
+    assert second["traffic_ratio"] == (2 * 4 * 2048) / 20_672
+    assert first["fits"] is True and second["fits"] is None
+    # the bubble's share of the step: (p − 1)/(m + p − 1) = 1/5
+    assert second["idle_fraction"] == 0.2 and first["idle_fraction"] is None
+    text = runner.invoke(main, ["compare", str(tp), str(pipe)]).stdout
+    assert "20.67 KB" in text and "16.38 KB" in text
+    assert "20.0%" in text and "yes" in text
