@@ -207,3 +207,73 @@ def test_compare_traffic_is_all_traffic_with_fits_and_idle(tmp_path: Path) -> No
     text = runner.invoke(main, ["compare", str(tp), str(pipe)]).stdout
     assert "20.67 KB" in text and "16.38 KB" in text
     assert "20.0%" in text and "yes" in text
+
+
+# ---- 3. memory follows the step as written ---------------------------------------------------
+
+PSI = 7_500_000_000  # a bare count (no architecture: no gather unit, no activations)
+WRITTEN = """model {{ params = 7.5e9 }}
+precision mixed_adam
+mesh {{ dp = 8 }}
+place {preset} over dp
+{step}
+"""
+
+
+def _memory(preset: str, step: str) -> tuple[Fraction, Fraction, list[str]]:
+    costs = analyse(load_text(WRITTEN.format(preset=preset, step=step)))
+    device = costs.device_bytes()
+    return F(device["params"]), F(device["gradients"]), [i.label for i in costs.memory]
+
+
+@pytest.mark.parametrize("preset", ["zero2", "zero3", "fsdp", "fsdp(grad_op)", "ddp", "zero1"])
+@pytest.mark.parametrize("m", [1, 4])
+def test_the_canonical_step_keeps_todays_gradient_shard(preset: str, m: int) -> None:
+    _, grads, _ = _memory(preset, f"microbatches = {m}")
+    # mixed_adam: 2-byte gradients, a shard of 1/8 where G is sharded (ZeRO-2/3, FSDP), whole
+    # under DDP and ZeRO-1 (REFERENCE §1 table)
+    sharded = preset not in ("ddp", "zero1")
+    assert grads == (F(2 * PSI, 8) if sharded else 2 * PSI)
+
+
+STEP = """step {{
+    microbatches = 4
+    each microbatch {{
+        backward sum / tokens(dp, step)
+{inside}
+    }}
+{after}
+    update params
+{tail}
+}}"""
+
+
+@pytest.mark.parametrize(("inside", "after", "whole"), [
+    # FSDP with no_sync: the reduce-scatter after the loop; the unsharded gradients of all four
+    # micro-batches accumulate (2Ψ) beside the shard the reduce-scatter writes (2Ψ/8)
+    ("", "    reduce_scatter(sum) grads over dp\n    scale grads by 1 / |dp|", True),
+    # reduce-scattered every micro-batch but the full buffer never freed: kept beside the shard
+    ("        reduce_scatter(sum, accumulate) grads over dp", "    scale grads by 1 / |dp|", True),
+    # reduce-scattered and freed every micro-batch (the canonical ZeRO-2/3 step): the shard only
+    ("        reduce_scatter(sum, accumulate) grads over dp\n        free grads",
+     "    scale grads by 1 / |dp|", False),
+])
+def test_gradient_memory_follows_where_the_reduce_scatter_is_written(inside: str, after: str,
+                                                                     whole: bool) -> None:
+    for preset in ("zero2", "fsdp"):
+        _, grads, labels = _memory(preset, STEP.format(inside=inside, after=after, tail=""))
+        assert grads == F(2 * PSI, 8) + (2 * PSI if whole else 0)
+        assert ("G unsharded gradient (accumulated before the reduce-scatter)" in labels) is whole
+
+
+def test_parameters_gathered_after_the_update_stay_whole() -> None:
+    step = STEP.format(inside="        reduce_scatter(sum, accumulate) grads over dp\n"
+                              "        free grads", after="    scale grads by 1 / |dp|",
+                       tail="    all_gather params over dp")
+    params, _, labels = _memory("zero3", step)
+    # ZeRO-3 keeps the 2Ψ/8 fp16 shard; a step that all-gathers the parameters after the
+    # update keeps the whole 2Ψ as well until the next step
+    assert params == F(2 * PSI, 8) + 2 * PSI
+    assert "Θ gathered parameters (kept after the step's all-gather)" in labels
+    canonical, _, _ = _memory("zero3", "microbatches = 4")
+    assert canonical == F(2 * PSI, 8)
