@@ -173,10 +173,11 @@ def check_document_shape(document: dict[str, Any]) -> None:
     assert document["mesh"]
     assert all(isinstance(k, str) and type(v) is int for k, v in document["mesh"].items())
     device = document["memory"]["device_bytes"]
-    assert set(device) >= {"params", "optimizer", "gradients", "activations", "buffers", "total"}
+    assert set(device) >= {"params", "optimizer", "gradients", "activations", "outside_layers",
+                           "buffers", "total"}
     assert all(type(device[k]) is int and device[k] >= 0 for k in device)
     assert device["total"] == sum(device[k] for k in ("params", "optimizer", "gradients", "activations",
-                                                      "buffers"))
+                                                      "outside_layers", "buffers"))
     assert type(document["memory"]["host_bytes"]) is int
     communication = document["communication"]
     assert type(communication["bytes_per_step"]) is int

@@ -25,8 +25,15 @@ Formulas used (REFERENCE §1-§2):
 - activations per layer: Korthikanti et al. Table 2 for GPT-3, and its documented
   generalisation for Llama / Mixtral (see ``llama_layer_bytes``); full recompute keeps e·s·b·h
   per layer plus one full layer as a transient working set (documented rule); activations count
-  transformer layers only (documented rule); 1F1B: p micro-batches of L/p layers in flight;
+  transformer layers only (documented rule; what is outside them is ``outside_layers``, below);
+  1F1B: p micro-batches of L/p layers in flight;
   interleaved: p(1 + (p-1)/(pv)) micro-batches of L/p layers;
+- outside the layers (Korthikanti et al. §4.3; Megatron-core ``tensor_parallel/cross_entropy.py``
+  and ``layers.py``): the first stage keeps the embedding's dropout mask (b·s·h/t under SP, 1
+  byte, per micro-batch in flight there; models with dropout only); the last keeps the final
+  norm's and the output layer's inputs (e·b·s·h, ÷ t under SP), the bf16 logits of one
+  micro-batch (e·b·s·V/t) and the loss's fp32 copy (4·b·s·V/t), per micro-batch whose backward
+  is pending there (1 under 1F1B); everything ÷ cp;
 - S* adds one gather buffer of the largest reconstruction unit, max(layer, embedding) / t
   (documented rule).
 - step scalars (documented choices of communication.py): the global token count is an int64
@@ -143,7 +150,32 @@ def llama_layer_bytes(s: int, h: int, a: int, kv: int, f: int, k: int = 1, b: in
     return e * sbh * (6 + F(2 * kv, a)) + 4 * a * s * b + 4 * e * s * b * f * k
 
 
+def outside_first(s: int, b: int, h: int, t: int = 1, sp: bool = False, cp: int = 1,
+                  in_flight: Fraction | int = 1, dropout: bool = False) -> Fraction:
+    """The first stage's activations outside the layers: the embedding's dropout mask, 1 byte
+    per element of b·s·h (÷ t under SP), for each micro-batch in flight there (Korthikanti et al.
+    §4.3, "sbhp/t"); without dropout nothing (the embedding output is the first layer's input)."""
+    if not dropout:
+        return F(0)
+    return F(s * b * h, (t if sp else 1) * cp) * in_flight
+
+
+def outside_last(s: int, b: int, h: int, v: int, e: int, t: int = 1, sp: bool = False,
+                 cp: int = 1, pending: int = 1) -> Fraction:
+    """The last stage's: the final norm's and the output layer's inputs (e·b·s·h each, ÷ t under
+    SP; Korthikanti §4.3 and layers.py save_for_backward(input, weight)), the logits of one
+    micro-batch in the activation dtype (e·b·s·V/t, vocab-parallel), and the loss's fp32 copy
+    (cross_entropy.py calculate_logits_max: .float(), 4·b·s·V/t) for each micro-batch whose
+    backward is pending (1 under no pipeline and 1F1B)."""
+    tokens = F(s * b, cp)
+    inputs = 2 * e * tokens * h / (t if sp else 1) * pending
+    logits = e * tokens * v / t if e != 4 else F(0)
+    return inputs + logits + 4 * tokens * v / t * pending
+
+
 LLAMA_8B_LAYER = llama_layer_bytes(8192, 4096, 32, 8, 14336)
+LLAMA_8B_OUTSIDE = outside_last(8192, 1, 4096, 128256, 2)  # no padding: vocab_divisible_by 1
+LLAMA_70B_OUTSIDE = outside_last(8192, 1, 8192, 128256, 2)
 LLAMA_70B_LAYER = llama_layer_bytes(8192, 8192, 64, 8, 28672)
 
 
@@ -193,10 +225,12 @@ class Expected:
     per_layer: Fraction | None = None
     bubble: Fraction | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    outside: Fraction = field(default_factory=Fraction)  # outside the layers: embedding, logits
 
     def device(self) -> dict[str, Fraction]:
         d = {"params": self.params, "optimizer": self.optimizer, "gradients": self.gradients,
-             "activations": self.activations, "buffers": self.buffers}
+             "activations": self.activations, "outside_layers": self.outside,
+             "buffers": self.buffers}
         d["total"] = sum(d.values(), Fraction(0))
         return d
 
@@ -208,14 +242,27 @@ def C(op: str, axes: tuple[str, ...] | str, what: str, payload: int | Fraction,
 
 
 TOKENS = "tokens({}, step)"
-SP_ACT = "activations (sequence parallel, 4 per layer per micro-batch)"
+# Megatron-core under sequence parallelism (megatron/core/tensor_parallel/layers.py,
+# LinearWithGradAccumulationAndAsyncCommunication; mappings.py,
+# _ReduceScatterToSequenceParallelRegion.backward): per layer per micro-batch, the two
+# column-parallel linears all-gather their input in forward and again in backward and
+# reduce-scatter its gradient; the two row-parallel ones reduce-scatter their output, whose
+# backward all-gathers: 6 all-gathers + 4 reduce-scatters (REFERENCE §8).
+SP_AG = "activations (sequence parallel, 6 per layer per micro-batch)"
+SP_RS = "activations (sequence parallel, 4 per layer per micro-batch)"
 TP_ACT = "activations (tensor parallel, 4 per layer per micro-batch)"
 # Full recomputation runs each layer's forward again in backward, with its collectives: the two
 # forward all-reduces (an all-gather and a reduce-scatter each under SP) happen twice (6 per layer).
-SP_ACT_FULL = "activations (sequence parallel, 6 per layer per micro-batch)"
+# With SP a recomputed forward adds its 2 all-gathers and 2 reduce-scatters: 8 + 6 = 14.
+SP_AG_FULL = "activations (sequence parallel, 8 per layer per micro-batch)"
+SP_RS_FULL = "activations (sequence parallel, 6 per layer per micro-batch)"
 TP_ACT_FULL = "activations (tensor parallel, 6 per layer per micro-batch)"
 KV_FULL = "K and V (context parallel, forward, recompute and backward, per layer)"
 EMB_OUT = "embedding output (vocab-parallel, forward)"
+# the backward of the embedding's reduce-scatter under SP is an all-gather of its gradient
+EMB_GRAD_SP = "embedding output gradient (sequence parallel, backward)"
+# the output layer is column-parallel: under SP its input is gathered again in backward
+FINAL_HIDDEN_BWD = "final hidden states (sequence parallel, re-gathered in backward)"
 OUT_GRAD = "output layer input gradient (backward)"
 FINAL_HIDDEN = "final hidden states (sequence parallel, forward)"
 CROSS_ENTROPY = "vocab-parallel cross-entropy (max, sum-exp, target logit)"
@@ -253,7 +300,7 @@ def llama3_8b_ddp() -> Expected:
     return Expected(
         params=2 * psi, optimizer=12 * psi, gradients=2 * psi,  # 16Ψ: mixed-precision Adam
         activations=32 * LLAMA_8B_LAYER,  # L layers, one micro-batch, nothing recomputed
-        buffers=F(0), host=F(0), per_layer=LLAMA_8B_LAYER,
+        buffers=F(0), host=F(0), per_layer=LLAMA_8B_LAYER, outside=LLAMA_8B_OUTSIDE,
         collectives=(
             C("all_reduce", "dp", TOKENS.format("dp"), 8, 1, n, "scalar"),
             C("all_reduce", "dp", "grads", 2 * psi, 1, n, "gradients"),  # 2Ψ_B(d-1)/d
@@ -281,7 +328,7 @@ def _llama3_8b_zero(stage: int, microbatches: int = 1) -> Expected:
         activations=32 * kept,
         # one full layer rebuilt in backward (documented), plus the S* gather buffer for ZeRO-3
         buffers=LLAMA_8B_LAYER + (gather_unit if stage >= 3 else 0),
-        host=F(0), per_layer=kept, collectives=tuple(colls))
+        host=F(0), per_layer=kept, outside=LLAMA_8B_OUTSIDE, collectives=tuple(colls))
 
 
 def llama3_8b_zero_offload() -> Expected:
@@ -293,7 +340,7 @@ def llama3_8b_zero_offload() -> Expected:
         params=2 * psi, optimizer=F(0), gradients=F(0),
         activations=32 * kept, buffers=LLAMA_8B_LAYER,
         host=14 * psi / n,  # fp32 master, m, v and the fp16 gradient of this rank's shard
-        per_layer=kept,
+        per_layer=kept, outside=LLAMA_8B_OUTSIDE,
         collectives=(
             C("all_reduce", "dp", TOKENS.format("dp"), 8, 1, n, "scalar"),
             C("reduce_scatter", "dp", "grads", 2 * psi, 1, n, "gradients"),
@@ -314,7 +361,7 @@ def llama3_8b_context_parallel() -> Expected:
         params=2 * psi, optimizer=12 * psi / dp, gradients=4 * psi,  # megatron: 2 / 4 / 12
         activations=32 * kept,
         buffers=llama_layer_bytes(s, h, 32, 8, 14336) / cp,  # one full layer, every tensor / cp
-        host=F(0), per_layer=kept,
+        host=F(0), per_layer=kept, outside=outside_last(s, 1, h, 128256, e, cp=cp),
         collectives=(
             C("all_reduce", ("cp", "dp"), TOKENS.format("cp, dp"), 8, 1, cp * dp, "scalar"),
             C("reduce_scatter", "dp", "grads", 4 * psi, 1, dp, "gradients"),
@@ -345,7 +392,7 @@ def _llama3_70b_fsdp(shard: int, replica: int) -> Expected:
         activations=80 * kept,
         # full-recompute working set + S* gather buffer: max(layer, embedding) in bf16
         buffers=LLAMA_70B_LAYER + 2 * F(max(LAYER_LLAMA3_70B, 128256 * 8192)),
-        host=F(0), per_layer=kept, collectives=tuple(colls))
+        host=F(0), per_layer=kept, outside=LLAMA_70B_OUTSIDE, collectives=tuple(colls))
 
 
 def llama3_70b_1f1b() -> Expected:
@@ -358,11 +405,13 @@ def llama3_70b_1f1b() -> Expected:
         params=2 * fullest, optimizer=12 * fullest, gradients=4 * fullest,
         activations=per_layer * F(L, p) * p,  # 1F1B: p micro-batches of L/p layers
         buffers=F(0), host=F(0), per_layer=per_layer, bubble=F(p - 1, m),
+        outside=outside_last(8192, 1, 8192, 128256, 2, t=t, sp=True),  # the last stage's
         collectives=(
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
-            C("all_gather", "tp", SP_ACT, bshe, 4 * (L // p) * m, t, "activations"),
-            C("reduce_scatter", "tp", SP_ACT, bshe, 4 * (L // p) * m, t, "activations"),
+            C("all_gather", "tp", SP_AG, bshe, 6 * (L // p) * m, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS, bshe, 4 * (L // p) * m, t, "activations"),
             C("reduce_scatter", "tp", EMB_OUT, bshe, m, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, bshe, m, t, "activations"),
             C("send", "pp", P2P, bshe / t, 2 * m, p, "activations"),
         ))
 
@@ -394,11 +443,13 @@ def _gpt3_tp(sp: bool) -> Expected:
         colls += [
             # SP norm weights see part of the sequence: their gradients are summed over tp
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"]), 1, t, "gradients"),
-            C("all_gather", "tp", SP_ACT, GPT3_BSHE, 4 * L, t, "activations"),
-            C("reduce_scatter", "tp", SP_ACT, GPT3_BSHE, 4 * L, t, "activations"),
+            C("all_gather", "tp", SP_AG, GPT3_BSHE, 6 * L, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS, GPT3_BSHE, 4 * L, t, "activations"),
             C("reduce_scatter", "tp", EMB_OUT, GPT3_BSHE, 1, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, GPT3_BSHE, 1, t, "activations"),
             C("reduce_scatter", "tp", OUT_GRAD, GPT3_BSHE, 1, t, "activations"),
             C("all_gather", "tp", FINAL_HIDDEN, GPT3_BSHE, 1, t, "activations"),
+            C("all_gather", "tp", FINAL_HIDDEN_BWD, GPT3_BSHE, 1, t, "activations"),
         ]
     else:
         colls += [
@@ -409,6 +460,9 @@ def _gpt3_tp(sp: bool) -> Expected:
     return Expected(
         params=2 * local, optimizer=12 * local, gradients=4 * local,
         activations=L * per_layer, buffers=F(0), host=F(0), per_layer=per_layer,
+        # p = 1: one stage runs the embedding (GPT-3 has dropout) and the output layer and loss
+        outside=outside_first(S, B, H, t, sp, dropout=True)
+        + outside_last(S, B, H, 51200, 2, t, sp),
         collectives=tuple(colls))
 
 
@@ -419,7 +473,8 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
     # memory: the fullest stage is the first, L/p layers + the padded word embedding and the
     # position table (over t); the last holds the tied copy (51200·h/t) and the final LayerNorm
     # (2h), 2048·h/t − 2h fewer
-    fullest = F(GPT3_LAYERS_DENSE, t * p) + F(GPT3_LAYERS_NORMS, p) + F(GPT3_PADDED_EMBEDDING, t)
+    first = F(GPT3_LAYERS_DENSE, t * p) + F(GPT3_LAYERS_NORMS, p) + F(GPT3_PADDED_EMBEDDING, t)
+    last = first - (F(2048 * H, t) - 2 * H)
     if recompute == "full":
         per_layer = F(2 * S * B * H) / (t if sp else 1)
         buffers = gpt3_layer_bytes(t, sp, selective=False)
@@ -427,6 +482,18 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
         per_layer = gpt3_layer_bytes(t, sp, selective=recompute == "selective")
         buffers = F(0)
     in_flight = p * (1 + F(p - 1, p * chunks)) if chunks > 1 else F(min(p, m))
+    # outside the layers: the embedding's dropout mask on the first stage, for the micro-batches
+    # in flight there; the norm, output-layer inputs, logits and fp32 loss copy on the last
+    # (1F1B and interleaved run each micro-batch's backward right after its forward there)
+    out_first = outside_first(S, B, H, t, sp, in_flight=in_flight, dropout=True)
+    out_last = outside_last(S, B, H, 51200, 2, t, sp)
+    per_elem = 2 + F(12, dp) + 4
+    # the fullest stage decides: which one depends on the schedule (3d: the last; the rest: the
+    # first, where p micro-batches of dropout masks and the position table outweigh the logits)
+    if first * per_elem + out_first >= last * per_elem + out_last:
+        fullest, outside = first, out_first
+    else:
+        fullest, outside = last, out_last
     colls = [
         # tied embedding: the first and last stage each hold the whole vocab-parallel shard
         # (emb/t) and sum it over ends(pp), a group of 2 (Megatron's embedding group)
@@ -436,9 +503,10 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
     if sp:
         colls += [
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
-            C("all_gather", "tp", SP_ACT, GPT3_BSHE, 4 * (L // p) * m, t, "activations"),
-            C("reduce_scatter", "tp", SP_ACT, GPT3_BSHE, 4 * (L // p) * m, t, "activations"),
+            C("all_gather", "tp", SP_AG, GPT3_BSHE, 6 * (L // p) * m, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS, GPT3_BSHE, 4 * (L // p) * m, t, "activations"),
             C("reduce_scatter", "tp", EMB_OUT, GPT3_BSHE, m, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, GPT3_BSHE, m, t, "activations"),
         ]
     else:
         per_layer_calls = 6 if recompute == "full" else 4
@@ -457,7 +525,8 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
     return Expected(
         params=2 * fullest, optimizer=12 * fullest / dp, gradients=4 * fullest,  # (6 + 12/d)
         activations=per_layer * F(L, p) * in_flight, buffers=buffers, host=F(0),
-        per_layer=per_layer, bubble=F(p - 1, m * chunks), collectives=tuple(colls))
+        per_layer=per_layer, bubble=F(p - 1, m * chunks), outside=outside,
+        collectives=tuple(colls))
 
 
 def llama3_405b_4d() -> Expected:
@@ -475,15 +544,17 @@ def llama3_405b_4d() -> Expected:
         activations=kept * layers * p,  # 1F1B: p micro-batches of L/p layers
         buffers=llama_layer_bytes(s, h, 128, 8, 53248) / (t * cp),
         host=F(0), per_layer=kept, bubble=F(p - 1, m),
+        outside=outside_last(s, 1, h, 128256, e, t=t, sp=True, cp=cp),  # the last stage's
         collectives=(
             C("all_reduce", ("cp", "dp"), TOKENS.format("cp, dp"), 8, 1, cp * dp, "scalar"),
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
             C("reduce_scatter", "dp", "grads", 4 * local, 1, dp, "gradients"),
             C("all_reduce", "cp", "grads", 4 * local / dp, 1, cp, "gradients"),
             C("all_gather", "dp", "params", 2 * local, 1, dp, "params"),
-            C("all_gather", "tp", SP_ACT_FULL, bshe, 6 * layers * m, t, "activations"),
-            C("reduce_scatter", "tp", SP_ACT_FULL, bshe, 6 * layers * m, t, "activations"),
+            C("all_gather", "tp", SP_AG_FULL, bshe, 8 * layers * m, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS_FULL, bshe, 6 * layers * m, t, "activations"),
             C("reduce_scatter", "tp", EMB_OUT, bshe, m, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, bshe, m, t, "activations"),
             C("send", "pp", P2P, bshe / t, 2 * m, p, "activations"),
             C("all_gather", "cp", KV_FULL, kv_bytes, 3 * layers * m, cp, "activations"),
             C("reduce_scatter", "cp", "K and V gradients (context parallel, per layer)", kv_bytes,
@@ -501,7 +572,7 @@ def mixtral_ep() -> Expected:
         params=2 * local, optimizer=12 * local / dp, gradients=4 * local,
         activations=32 * kept,
         buffers=llama_layer_bytes(4096, 4096, 32, 8, 14336, k=2),  # top-2: MLP tensors x 2
-        host=F(0), per_layer=kept,
+        host=F(0), per_layer=kept, outside=outside_last(4096, 1, 4096, 32000, 2),
         collectives=(
             C("all_reduce", ("ep", "dp"), TOKENS.format("ep, dp"), 8, 1, ep * dp, "scalar"),
             C("reduce_scatter", "dp", "grads", 4 * local, 1, dp, "gradients"),

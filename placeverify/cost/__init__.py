@@ -22,7 +22,7 @@ from placeverify.cost.domain import Domain, Exact, Num, Symbolic
 from placeverify.cost.memory import MemoryItem, RankMemory, fullest, memory_by_rank
 from placeverify.ir.strategy import Strategy
 
-CATEGORIES = ("params", "optimizer", "gradients", "activations", "buffers")
+CATEGORIES = ("params", "optimizer", "gradients", "activations", "outside_layers", "buffers")
 
 
 @dataclass(frozen=True, slots=True)

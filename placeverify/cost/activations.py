@@ -14,8 +14,11 @@ It generalises in the natural way: e bytes per element (masks stay 1 byte), grou
 attention (K and V of kv_heads/heads the size of Q), gated MLPs (gate, up, activation and product
 of width ffn), no dropout (no masks, no dropout outputs), flash attention (no s^2 scores; the
 fp32 log-sum-exp per head and token), mixture of experts (MLP tensors times top_k), and context
-parallelism (every tensor divided by cp). Embedding, output-layer and loss activations are not
-counted (Korthikanti's Table 2 is per transformer layer).
+parallelism (every tensor divided by cp).
+
+Activations outside the layers (Korthikanti et al. §4.3, "input embeddings" and "output layer and
+cross entropy", and Megatron-core's vocab-parallel output layer and loss) are a separate list,
+:func:`outside_layers`, held by the stages that run them.
 """
 
 from __future__ import annotations
@@ -155,6 +158,70 @@ def activation_cost(d: Domain, strategy: Strategy, activation_bytes: Num) -> Act
     layers, in_flight, rule = _pipeline_factors(d, strategy, arch)
     return ActivationCost(per_layer, layers, in_flight, per_layer * layers * in_flight, working_set,
                           rule)
+
+
+def tensor_size(strategy: Strategy) -> int:
+    """The product of the tensor axes' sizes (the t that pads and splits the vocabulary)."""
+    size = 1
+    for p in strategy.placements:
+        if p.role is Role.TENSOR:
+            size *= strategy.size(p.axis)
+    return size
+
+
+def outside_layers(d: Domain, strategy: Strategy, activation_bytes: Num, first: bool,
+                   last: bool) -> list[tuple[str, Num]]:
+    """Bytes a stage keeps for the work outside the transformer layers, part by part.
+
+    As Megatron-core runs it (Korthikanti et al. §4.3 count the same tensors, 4sbh/t(1 + v/h) on
+    the last stage under sequence parallelism):
+
+    - first stage: the embedding's dropout mask (1 byte per element, ÷ t under sequence
+      parallelism) for every micro-batch in flight there. The embedding output itself is the
+      first layer's saved input, counted with the layer; the vocab-parallel embedding's backward
+      needs only the token ids.
+    - last stage: the final norm's input and the output layer's input (``layers.py``
+      ``LinearWithGradAccumulationAndAsyncCommunication.forward``, ``ctx.save_for_backward(input,
+      weight)``: the sequence shard under sequence parallelism, the whole replicated input
+      without), e bytes; the logits b·s·V/t in the activation dtype (the vocab-parallel output
+      layer, ``gather_output = False``), alive until the model's forward returns; and the loss's
+      fp32 copy of them (``cross_entropy.py``, ``calculate_logits_max``:
+      ``vocab_parallel_logits.float()``, turned into the softmax in place and kept by
+      ``ctx.save_for_backward(exp_logits, ...)`` until that micro-batch's backward), 4·b·s·V/t.
+      With fp32 activations ``.float()`` is the logits themselves: one tensor, counted once.
+      The logits exist for one micro-batch at a time; the fp32 copy, the norm and output-layer
+      inputs for every micro-batch whose backward has not run on the last stage: one under no
+      pipeline, 1F1B and interleaved 1F1B (the last stage runs each micro-batch's backward right
+      after its forward), m under GPipe.
+
+    V is the vocabulary padded as the memory model pads it; every part is ÷ cp (each context
+    rank holds its share of the tokens).
+    """
+    arch = strategy.model.arch
+    if arch is None or not (first or last):
+        return []
+    t, sp, c = parallel_sizes(d, strategy)
+    s, b, h = d.sym("s", arch.seq), d.sym("b", arch.micro_batch), d.sym("h", arch.hidden)
+    tokens = s * b / c
+    shard = t if sp else 1  # sequence parallelism splits the hidden states over tp
+    parts: list[tuple[str, Num]] = []
+    if first and arch.dropout:
+        _, in_flight, _ = _pipeline_factors(d, strategy, arch)
+        parts.append(("embedding dropout mask", tokens * h / shard * in_flight))
+    if last:
+        padded = arch.padded_vocab(tensor_size(strategy))
+        v = d.sym("V" if padded == arch.vocab else "V_padded", padded)
+        pipeline = strategy.pipeline
+        gpipe = pipeline is not None and strategy.size(pipeline.axis) > 1 \
+            and pipeline.schedule is Schedule.GPIPE
+        pending = d.sym("m", strategy.microbatches) if gpipe else d.const(1)
+        e = activation_bytes
+        parts.append(("final norm input", e * tokens * h / shard * pending))
+        parts.append(("output layer input", e * tokens * h / shard * pending))
+        if e != 4:
+            parts.append(("logits", e * tokens * v / t))
+        parts.append(("fp32 logits for the loss", 4 * tokens * v / t * pending))
+    return parts
 
 
 def _pipeline_factors(d: Domain, strategy: Strategy, arch: Transformer) -> tuple[Num, Num, str]:

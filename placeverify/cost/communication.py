@@ -11,7 +11,8 @@ Two sources of traffic:
   clipping norm; a collective inside the micro-batch loop runs once per micro-batch;
 - traffic the placement implies inside forward and backward: S* parameter gathers (forward and,
   unless kept, backward, per micro-batch), Megatron tensor parallelism (4 all-reduces of b·s·h per
-  layer per micro-batch; an all-gather and a reduce-scatter each under sequence parallelism),
+  layer per micro-batch; under sequence parallelism 6 all-gathers and 4 reduce-scatters, the
+  column-parallel inputs gathered again in backward),
   pipeline point-to-point (b·s·h per micro-batch per boundary per direction), context
   parallelism (all-gather of K and V forward and backward, reduce-scatter of their gradients),
   expert all-to-all (dispatch and combine, forward and backward), and host <-> device transfers
@@ -235,13 +236,23 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
         group = mesh.group(*tensor_axes)
         span = strategy.placement(tensor_axes[0]).span
         if sp:
-            for kind in ("all_gather", "reduce_scatter"):
+            # Megatron-core (megatron/core/tensor_parallel/layers.py,
+            # LinearWithGradAccumulationAndAsyncCommunication): a column-parallel linear saves
+            # its input's sequence shard and all-gathers it in forward and again in backward for
+            # the weight gradient, then reduce-scatters the input gradient; a row-parallel
+            # linear reduce-scatters its output, whose backward (mappings.py,
+            # _ReduceScatterToSequenceParallelRegion) all-gathers the gradient. Two of each per
+            # layer: 6 all-gathers + 4 reduce-scatters; a recomputed forward adds 2 + 2 (14).
+            for kind, count in (("all_gather", 6 + 2 * refwd), ("reduce_scatter", 4 + 2 * refwd)):
                 items.append(_item(d, strategy, kind, group,
-                                   f"activations (sequence parallel, {4 + 2 * refwd} per layer per "
-                                   "micro-batch)", bsh, (4 + 2 * refwd) * layers * m,
+                                   f"activations (sequence parallel, {count} per layer per "
+                                   "micro-batch)", bsh, count * layers * m,
                                    "activations", "placement", span))
             items.append(_item(d, strategy, "reduce_scatter", group,
                                "embedding output (vocab-parallel, forward)", bsh, m,
+                               "activations", "placement", span))
+            items.append(_item(d, strategy, "all_gather", group,
+                               "embedding output gradient (sequence parallel, backward)", bsh, m,
                                "activations", "placement", span))
         else:
             items.append(_item(d, strategy, "all_reduce", group,
@@ -260,6 +271,9 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
                 items.append(_item(d, strategy, "all_gather", group,
                                    "final hidden states (sequence parallel, forward)", bsh, m,
                                    "activations", "placement", span))
+                items.append(_item(d, strategy, "all_gather", group,
+                                   "final hidden states (sequence parallel, re-gathered in "
+                                   "backward)", bsh, m, "activations", "placement", span))
             items.append(_item(d, strategy, "all_reduce", group,
                                "vocab-parallel cross-entropy (max, sum-exp, target logit)",
                                4 * b * s / c, 3 * m, "activations", "placement", span))

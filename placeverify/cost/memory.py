@@ -13,6 +13,9 @@ embedding (vocabulary padded to a multiple of ``vocab_divisible_by`` · t, Megat
 ``--make-vocab-size-divisible-by``, ``_vocab_size_with_padding``) and learned positions; the last
 the output layer and the final norm (untied), or its copy of the tied embedding; with p = 1 one
 stage holds both. Each distinct stage is a rank kind; the device figure is the fullest one.
+The activations outside the layers (``activations.outside_layers``: the embedding's dropout mask
+on the first stage; the final norm and output-layer inputs, the logits and the loss's fp32 copy on
+the last) are a category of their own, ``outside_layers``, beside the layers' ``activations``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from placeverify.cost.activations import ActivationCost, activation_cost
+from placeverify.cost.activations import (
+    ActivationCost,
+    activation_cost,
+    outside_layers,
+    tensor_size,
+)
 from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
+from placeverify.ir.step import Collective, CollectiveKind, Free, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.roles import ROLES
 from placeverify.roles.queries import gathered_axes, offloaded, partitions
@@ -36,7 +45,7 @@ GROUP_SYMBOLS = {ParamGroup.DENSE: "Ψ_dense", ParamGroup.NORMS: "Ψ_norms",
 
 @dataclass(frozen=True, slots=True)
 class MemoryItem:
-    category: str  # params | optimizer | gradients | activations | buffers
+    category: str  # params | optimizer | gradients | activations | outside_layers | buffers
     label: str
     bytes: Num
     host: bool = False
@@ -70,11 +79,12 @@ def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State,
     return divisor
 
 
-def data_split(d: Domain, strategy: Strategy, state: State) -> Num:
-    """The divisor from sharding over data-parallel (and context) axes: ZeRO / FSDP."""
+def data_split(d: Domain, strategy: Strategy, state: State, skip: tuple[str, ...] = ()) -> Num:
+    """The divisor from sharding over data-parallel (and context) axes: ZeRO / FSDP (the axes in
+    ``skip`` left out)."""
     divisor: Num = d.const(1)
     for p in strategy.placements:
-        if partitions(strategy, p.axis, state):
+        if partitions(strategy, p.axis, state) and p.axis not in skip:
             divisor = divisor * d.sym(p.axis, strategy.size(p.axis))
     return divisor
 
@@ -113,14 +123,6 @@ def stage_kinds(strategy: Strategy) -> tuple[StageKind, ...]:
         kinds.append(StageKind("middle", tuple(range(1, p - 1)), False, False))
     kinds.append(StageKind("last", (p - 1,), False, True))
     return tuple(kinds)
-
-
-def tensor_size(strategy: Strategy) -> int:
-    size = 1
-    for p in strategy.placements:
-        if p.role is Role.TENSOR:
-            size *= strategy.size(p.axis)
-    return size
 
 
 def stage_params(d: Domain, strategy: Strategy, kind: StageKind) -> dict[ParamGroup, Num]:
@@ -199,8 +201,13 @@ def memory_by_rank(d: Domain, strategy: Strategy) -> tuple[tuple[RankMemory, ...
     buffer = gather_buffer(d, strategy)
     if buffer is not None:
         shared.append(buffer)
-    ranks = tuple(RankMemory(kind, (*state_items(d, strategy, kind), *shared))
-                  for kind in stage_kinds(strategy))
+    activation_bytes = bytes_per_element(d, strategy, State.ACTIVATIONS)
+    ranks = tuple(RankMemory(kind, (
+        *state_items(d, strategy, kind),
+        *step_items(d, strategy, kind),
+        *(MemoryItem("outside_layers", label, amount) for label, amount in
+          outside_layers(d, strategy, activation_bytes, kind.first, kind.last)),
+        *shared)) for kind in stage_kinds(strategy))
     return ranks, activations
 
 
@@ -222,6 +229,66 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
     return items
 
 
+def unsharded_gradient_axes(strategy: Strategy) -> tuple[str, ...]:
+    """Data axes along which the step as written holds a whole gradient although G is sharded.
+
+    With one micro-batch the gradient is reduce-scattered as backward produces it (FSDP's
+    post-backward hook, ZeRO-2's buckets), wherever the ``reduce_scatter`` is written. With m > 1
+    the shard is all that stays only if, every micro-batch, a ``reduce_scatter grads`` over the
+    axis is followed by ``free grads`` (the canonical ZeRO-2/3 and FSDP step); a reduce-scatter
+    after the loop (FSDP's ``no_sync`` / ``set_requires_gradient_sync(False)``) lets the full
+    unsharded gradient accumulate, and one in the loop without ``free grads`` keeps the full
+    buffer beside the shard.
+    """
+    step = strategy.step
+    if step.microbatches == 1 or offloaded(strategy, State.GRADIENTS):
+        return ()
+    each = [lo.op for lo in step.loop if lo.microbatch is None]
+    out = []
+    for p in strategy.placements:
+        if strategy.size(p.axis) == 1 or not partitions(strategy, p.axis, State.GRADIENTS):
+            continue
+        scatters = [i for i, op in enumerate(each)
+                    if isinstance(op, Collective) and op.kind is CollectiveKind.REDUCE_SCATTER
+                    and op.target.kind is TargetKind.GRADS and p.axis in op.group.axes]
+        freed = bool(scatters) and any(isinstance(op, Free) and op.target.kind is TargetKind.GRADS
+                                       for op in each[scatters[0] + 1:])
+        if not freed:
+            out.append(p.axis)
+    return tuple(out)
+
+
+def kept_parameter_axes(strategy: Strategy) -> tuple[str, ...]:
+    """S* axes over which the step as written gathers the parameters after the update
+    (``all_gather params`` after the loop): the whole parameters stay until the next step."""
+    post = strategy.step.post
+    return tuple(a for a in gathered_axes(strategy)
+                 if any(isinstance(op, Collective) and op.kind is CollectiveKind.ALL_GATHER
+                        and op.target.kind is TargetKind.PARAMS and a in op.group.axes
+                        for op in post))
+
+
+def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryItem]:
+    """What the step as written keeps beyond the placement's modes: the full unsharded gradient
+    (beside its shard, the reduce-scatter's output) and parameters gathered after the update
+    (beside the shard the optimizer updates)."""
+    items: list[MemoryItem] = []
+    held = stage_params(d, strategy, kind)
+    for state, axes, label in (
+            (State.GRADIENTS, unsharded_gradient_axes(strategy),
+             "G unsharded gradient (accumulated before the reduce-scatter)"),
+            (State.PARAMS, kept_parameter_axes(strategy),
+             "Θ gathered parameters (kept after the step's all-gather)")):
+        if not axes:
+            continue
+        total: Num = 0
+        for group, n in held.items():
+            total = total + n / model_split(d, strategy, group, state, pipeline=False)
+        items.append(MemoryItem(state.value, label, total * bytes_per_element(d, strategy, state)
+                                / data_split(d, strategy, state, skip=axes)))
+    return items
+
+
 def gather_buffer(d: Domain, strategy: Strategy) -> MemoryItem | None:
     """S*: one gathered reconstruction unit (FSDP's wrapping unit: a layer or an embedding).
 
@@ -229,8 +296,8 @@ def gather_buffer(d: Domain, strategy: Strategy) -> MemoryItem | None:
     to backward, so the buffer is the whole local model. A bare parameter count has no unit.
     """
     axes = gathered_axes(strategy)
-    if not axes:
-        return None
+    if not axes or set(axes) <= set(kept_parameter_axes(strategy)):
+        return None  # none, or the step keeps the parameters gathered: nothing more to gather
     per_element = bytes_per_element(d, strategy, State.PARAMS)
     keep_all = any(not strategy.placement(a).reshard_after_forward for a in axes)
     if keep_all:

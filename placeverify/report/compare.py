@@ -1,4 +1,9 @@
-"""Strategies side by side: the paper's comparison table, with ratios to the first strategy."""
+"""Strategies side by side: the paper's comparison table, with ratios to the first strategy.
+
+The traffic column is all the network traffic of a step (gradient and parameter collectives,
+tensor-, pipeline-, context- and expert-parallel activations, scalars); the ZeRO paper's
+gradient-and-parameter figure stays in the JSON as ``state_traffic_bytes`` with its own ratio.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ def compare_row(path: str, result: CheckResult) -> dict[str, Any]:
     """One strategy's row of the comparison (``verdicts`` only when it was verified)."""
     s, costs = result.strategy, result.costs
     device = costs.device_bytes()
+    idle = costs.idle()
     row: dict[str, Any] = {
         "file": path,
         "strategy": s.name,
@@ -34,6 +40,7 @@ def compare_row(path: str, result: CheckResult) -> dict[str, Any]:
         "state_traffic_bytes": whole(costs.state_bytes()),
         "traffic_bytes": whole(costs.network_bytes()),
         "bubble_fraction": None if costs.bubble is None else float(Fraction(costs.bubble)),
+        "idle_fraction": None if idle is None else float(Fraction(idle)),
         "fits": None if s.mesh.device_memory is None else
         whole(device["total"]) <= s.mesh.device_memory,
     }
@@ -46,10 +53,12 @@ def compare_document(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The comparison document: the rows, with ratios against the first (the baseline)."""
     if rows:
         base_memory = rows[0]["memory"]["total"]
-        base_traffic = rows[0]["state_traffic_bytes"]
+        base_traffic = rows[0]["traffic_bytes"]
+        base_state = rows[0]["state_traffic_bytes"]
         for row in rows:
             row["memory_ratio"] = _ratio(row["memory"]["total"], base_memory)
-            row["traffic_ratio"] = _ratio(row["state_traffic_bytes"], base_traffic)
+            row["traffic_ratio"] = _ratio(row["traffic_bytes"], base_traffic)
+            row["state_traffic_ratio"] = _ratio(row["state_traffic_bytes"], base_state)
     return {"schema": COMPARE_SCHEMA, "baseline": rows[0]["file"] if rows else None,
             "strategies": rows}
 
@@ -66,8 +75,10 @@ def render_compare(document: dict[str, Any], console: Console) -> None:
     table = Table(box=box.SIMPLE_HEAD)
     for column, justify in (("file", "left"), ("(Θ, Ω, G, A)", "left"), ("Θ", "right"),
                             ("Ω", "right"), ("G", "right"), ("A", "right"), ("total", "right"),
-                            ("x", "right"), ("G+Θ traffic", "right"), ("x", "right")):
-        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+                            ("x", "right"), ("traffic", "right"), ("x", "right"),
+                            ("fits", "left"), ("idle", "right")):
+        table.add_column(column, justify=justify,  # type: ignore[arg-type]
+                         no_wrap=column not in ("file", "(Θ, Ω, G, A)"))
     with_verdicts = any("verdicts" in r for r in rows)
     if with_verdicts:
         table.add_column("verdicts")
@@ -77,9 +88,11 @@ def render_compare(document: dict[str, Any], console: Console) -> None:
                              for a, t in r["placement"].items())
         cells: list[Any] = [
             Path(r["file"]).stem, placement, short(m["params"]), short(m["optimizer"]),
-            short(m["gradients"]), short(m["activations"]),
+            short(m["gradients"]), short(m["activations"] + m.get("outside_layers", 0)),
             short(m["total"]), _times(r["memory_ratio"]),
-            short(r["state_traffic_bytes"]), _times(r["traffic_ratio"])]
+            short(r["traffic_bytes"]), _times(r["traffic_ratio"]),
+            "-" if r["fits"] is None else "yes" if r["fits"] else Text("no", style="bold red"),
+            "-" if r["idle_fraction"] is None else f"{r['idle_fraction']:.1%}"]
         if with_verdicts:
             verdicts = r.get("verdicts", {})
             worst = Verdict.PROVED
@@ -89,6 +102,8 @@ def render_compare(document: dict[str, Any], console: Console) -> None:
             cells.append(Text(worst.value, style=VERDICT_STYLE[worst]))
         table.add_row(*cells)
     console.print(table)
+    console.print("  A: activations in and outside the layers; total: the fullest rank; traffic: "
+                  "all network bytes per device per step; idle: the bubble's share", style="dim")
     for r in rows:
         console.print(f"  {Path(r['file']).stem}: {r['strategy']}", style="dim")
 

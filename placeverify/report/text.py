@@ -122,7 +122,7 @@ def _render_ranks(costs: Costs, console: Console) -> None:
         return
     console.print(Text("memory per pipeline stage (the fullest decides)", style="bold"))
     table = Table(box=box.SIMPLE_HEAD)
-    for name in ("stage", "stages", "Θ", "Ω", "G", "A", "buffers", "total"):
+    for name in ("stage", "stages", "Θ", "Ω", "G", "A", "A outside", "buffers", "total"):
         table.add_column(name, justify="left" if name.startswith("stage") else "right")
     for rank, device in rows:
         stages = rank.kind.stages
@@ -143,11 +143,12 @@ def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None
     table.add_column("", style="dim")
     device = costs.device_bytes()
     labels = {"params": "Θ params", "optimizer": "Ω optimizer", "gradients": "G gradients",
-              "activations": "A activations", "buffers": "buffers"}
+              "activations": "A activations", "outside_layers": "A outside the layers",
+              "buffers": "buffers"}
     details: dict[str, list[str]] = {c: [] for c in CATEGORIES}
     for item in costs.memory:
-        if not item.host and item.category == "buffers":
-            details["buffers"].append(item.label)
+        if not item.host and item.category in ("buffers", "outside_layers"):
+            details[item.category].append(item.label)
     if costs.activations is not None:
         details["activations"].append(costs.activations.in_flight_rule)
     elif costs.strategy.model.arch is None:
