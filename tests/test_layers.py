@@ -43,6 +43,8 @@ TYPE_ONLY = {"TYPE_CHECKING", "typing.TYPE_CHECKING"}
 # Function-local imports that defer a heavy dependency, with the reason. Everything else local
 # is a cycle being broken, which the layer order should make unnecessary.
 DEFERRED: dict[str, tuple[frozenset[str], str]] = {
+    "verify": (frozenset({"trace"}), "only a refutation builds a trace (start-up time)"),
+    "report": (frozenset({"report"}), "only a refutation renders its trace (start-up time)"),
     "api": (frozenset({"verify", "importers"}),
             "z3 is loaded only by the commands that verify, the format readers only for "
             "configuration files"),

@@ -14,7 +14,6 @@ from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES, Schedule
 from placeverify.report.data import formulas_document, step_lines
 from placeverify.report.time_text import render_time
-from placeverify.report.trace_text import render_trace
 from placeverify.result import CheckResult
 from placeverify.verdicts import CONDITIONS, Verdict
 
@@ -232,6 +231,8 @@ def render_verification(result: CheckResult, console: Console) -> None:
             console.print(Text(f"  fix: {o.fix}", style="cyan"))
     if verification.trace is not None:
         console.print()
+        from placeverify.report.trace_text import render_trace  # deferred: refutations only
+
         render_trace(verification.trace, console)
     console.print()
     proved = sum(o.verdict is Verdict.PROVED for o in verification.obligations)

@@ -8,7 +8,6 @@ wheel as ``placeverify/grammar``); :func:`parser` is the one factory that loads 
 from __future__ import annotations
 
 import functools
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,11 @@ GRAMMAR_NAME = "placement.lark"
 
 def grammar_path() -> Path:
     """The grammar file: inside the installed package, or ``grammar/`` of a source checkout."""
-    packaged = resources.files("placeverify").joinpath("grammar", GRAMMAR_NAME)
+    here = Path(__file__).resolve()
+    packaged = here.parents[1] / "grammar" / GRAMMAR_NAME  # placeverify/grammar in a wheel
     if packaged.is_file():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parents[2] / "grammar" / GRAMMAR_NAME
+        return packaged
+    return here.parents[2] / "grammar" / GRAMMAR_NAME
 
 
 PARSER_OPTIONS: dict[str, Any] = {"parser": "lalr", "lexer": "contextual",

@@ -8,12 +8,16 @@ counterexample trace (:mod:`placeverify.trace`) the torch replay backend can run
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from placeverify.ir.strategy import Strategy
-from placeverify.trace import Trace, build
 from placeverify.verdicts import Verdict, Verification
 from placeverify.verify.budget import DEFAULT_BUDGET_S, DEFAULT_QUERY_CAP_MS, Budget
 from placeverify.verify.check import Context, Finding, out_of_time, run_check
 from placeverify.verify.checks import CHECKS
+
+if TYPE_CHECKING:
+    from placeverify.trace import Trace
 
 
 def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
@@ -37,5 +41,8 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
 def _trace(strategy: Strategy, findings: list[Finding]) -> Trace | None:
     for found in findings:
         if found.obligation.verdict is Verdict.REFUTED:
+            # Deferred: only a refutation builds a trace (check start-up time).
+            from placeverify.trace import build
+
             return build(strategy, found.obligation, found.evidence)
     return None
