@@ -279,9 +279,13 @@ def mismatch_formula(encoded: Encoded, observed: dict[Key, Any] | None = None) -
     return z3.And(*encoded.counts.constraints(), *encoded.constraints, z3.Or(*differs))
 
 
+_REAL_ZERO = z3.RealVal(0)
+
+
 def _is_zero(term: Any) -> bool:
-    """Is ``term`` the numeral 0?"""
-    return bool(z3.is_rational_value(term) and term.numerator_as_long() == 0)
+    """Is ``term`` the real numeral 0? Z3 shares equal terms, so this is one pointer comparison
+    (reading the numeral's value instead costs a conversion per call)."""
+    return bool(z3.is_expr(term) and term.eq(_REAL_ZERO))
 
 
 def _group_size(group: Group, sizes: dict[str, Size]) -> Any:
