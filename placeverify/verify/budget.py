@@ -27,6 +27,9 @@ from placeverify.semantics.schedule import Unmodelled
 DEFAULT_BUDGET_S = 30.0  # the whole verification of one file (check --timeout)
 DEFAULT_QUERY_CAP_MS = 10_000  # one solver query at most, whatever is left of the budget
 TIME_BUDGET = "time budget"
+# The share of the budget no solver query may use: Z3 overshoots its own timeout, and the
+# answer is read back and the remaining families marked after the query, all inside the budget.
+RESERVE_FRACTION = 0.1
 
 
 class BudgetExhausted(PlaceverifyError):
@@ -76,8 +79,8 @@ class Budget:
 
     def query_ms(self, requested_ms: int) -> int:
         """The time limit of the next solver query: what is left, capped by the request and the
-        per-query cap; raises once nothing is left."""
-        left = self.remaining_s()
+        per-query cap, less the reserve; raises once nothing is left."""
+        left = self.remaining_s() - self.seconds * RESERVE_FRACTION
         if left <= 0:
             raise BudgetExhausted(self.seconds)
         return max(1, min(int(requested_ms), self.query_cap_ms, int(left * 1000)))
