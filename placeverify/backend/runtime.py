@@ -266,9 +266,13 @@ def run_workers(spec: MeasureJob, *, timeout: float,
 
 
 def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
-             progress: Callable[[str], None] | None = None) -> list[list[dict[str, Any]]]:
+             progress: Callable[[str], None] | None = None, peak: bool = False,
+             device: str = "cpu") -> list[list[dict[str, Any]]]:
     """Run several specs of one world size in the same processes, one after the other (torch is
-    imported once per rank); for each spec, the per-rank results in rank order."""
+    imported once per rank); for each spec, the per-rank results in rank order. With ``peak`` the
+    ranks also meter the allocator's live bytes phase by phase (slower on CPU: the profiler
+    records every allocation); ``device`` is where the model lives (``cuda``: every rank on the
+    current GPU, collectives still over gloo, which takes CUDA tensors)."""
     if not specs:
         return []
     worlds = {spec.world for spec in specs}
@@ -283,7 +287,8 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
     try:
         spec_path = folder / "job.json"
         spec_path.write_text(json.dumps({"specs": [s.to_json() for s in specs],
-                                         "timeout": timeout}), encoding="utf-8")
+                                         "timeout": timeout, "peak": peak, "device": device}),
+                             encoding="utf-8")
         env = dict(os.environ)
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
         root = str(Path(placeverify.__file__).resolve().parents[1])

@@ -20,6 +20,7 @@ from placeverify.cost.communication import (
 )
 from placeverify.cost.domain import Domain, Exact, Num, Symbolic
 from placeverify.cost.memory import MemoryItem, RankMemory, fullest, memory_by_rank
+from placeverify.cost.peak import Peak, peak
 from placeverify.ir.strategy import Strategy
 
 CATEGORIES = ("params", "optimizer", "gradients", "activations", "outside_layers", "buffers")
@@ -34,6 +35,7 @@ class Costs:
     bubble: Num | None
     activations: ActivationCost | None
     ranks: tuple[RankMemory, ...] = ()  # every distinct rank kind; ``memory`` is the fullest's
+    peak: Peak | None = None  # the step's peak over every rank kind (exact analyses only)
 
     def rank_bytes(self, rank: RankMemory) -> dict[str, Num]:
         """Device bytes of one rank kind by category, and their total."""
@@ -47,6 +49,18 @@ class Costs:
                                          if not i.host and i.category == c) for c in CATEGORIES}
         out["total"] = _total(out[c] for c in CATEGORIES)
         return out
+
+    def needed_bytes(self) -> int:
+        """What a device must have for the step: the peak of the fullest rank kind plus the
+        mesh's ``reserve`` (the device total when no peak was computed)."""
+        top = self.peak.bytes if self.peak is not None else self.device_bytes()["total"]
+        return whole(top) + (self.strategy.mesh.reserve or 0)
+
+    def fits(self) -> bool | None:
+        """Whether the step fits ``device_memory`` (None when the mesh gives none): the one rule
+        that the report, compare, the CI outputs and ``--require-fit`` use."""
+        capacity = self.strategy.mesh.device_memory
+        return None if capacity is None else self.needed_bytes() <= capacity
 
     def idle(self) -> Num | None:
         """Share of the step a pipeline stage is idle: bubble / (compute + bubble), i.e.
@@ -91,7 +105,7 @@ def analyse(strategy: Strategy, symbolic: bool = False) -> Costs:
     if not symbolic:
         comm = [timed(strategy, c, Fraction(c.bytes), Fraction(c.calls)) for c in comm]
     return Costs(strategy, domain, tuple(memory), tuple(comm), pipeline_bubble(domain, strategy),
-                 activations, ranks)
+                 activations, ranks, None if symbolic else peak(strategy, ranks))
 
 
 def whole(value: Any) -> int:

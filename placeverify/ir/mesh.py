@@ -62,6 +62,8 @@ class Mesh:
     pcie_bandwidth: Fraction | None = None  # bytes per second host <-> device
     device: Device | None = None  # a bundled profile (``device = h100_sxm``)
     matmul: str | None = None  # the dtype matmuls run in (``matmul = fp8``); None: the params'
+    reserve: int | None = None  # bytes kept free on a device (allocator, runtime), ``reserve = 4 GiB``
+    memory_profile: str | None = None  # the implementation whose peak is modelled (cost/peak.py)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -89,4 +91,5 @@ class Mesh:
         axes = tuple(Axis(a.name, sizes.get(a.name, a.size), a.span, a.bandwidth, a.latency)
                      for a in self.axes)
         return Mesh(axes, self.span, self.groups, self.device_memory, self.host_memory,
-                    self.pcie_bandwidth, self.device, self.matmul)
+                    self.pcie_bandwidth, self.device, self.matmul, self.reserve,
+                    self.memory_profile)

@@ -13,6 +13,7 @@ from fractions import Fraction
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.devices import DTYPE_PEAKS, Device, devices, intra_node, ranks_per_node
 from placeverify.ir.mesh import Axis, Group, Mesh
+from placeverify.ir.profiles import MEMORY_PROFILES
 from placeverify.lower.values import (
     BYTE_UNITS,
     MAX_AXIS,
@@ -25,8 +26,9 @@ from placeverify.lower.values import (
 )
 from placeverify.syntax import ast
 
-MESH_PROPERTIES = ("world", "device_memory", "host_memory", "pcie_bandwidth")
-NAMED_PROPERTIES = ("device", "matmul")  # a bundled device profile; the dtype matmuls run in
+MESH_PROPERTIES = ("world", "device_memory", "host_memory", "pcie_bandwidth", "reserve")
+# a bundled device profile; the dtype matmuls run in; the implementation whose peak is modelled
+NAMED_PROPERTIES = ("device", "matmul", "memory_profile")
 
 
 def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
@@ -85,9 +87,12 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
     memory: dict[str, object] = {}
     profile: Device | None = None
     matmul: str | None = None
+    memory_profile: str | None = None
     for name, entry in properties.items():
         if name == "device":
             profile = read_device(ctx, entry)
+        elif name == "memory_profile":
+            memory_profile = read_memory_profile(ctx, entry)
         elif name == "matmul":
             matmul = read_matmul(ctx, entry)
         elif name == "world":
@@ -115,7 +120,21 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
                   "it has: " + ", ".join(dtype for dtype, _ in profile.flops))
     return Mesh(axes_out, stmt.span, mesh.groups, memory.get("device_memory"),  # type: ignore[arg-type]
                 memory.get("host_memory"), memory.get("pcie_bandwidth"),  # type: ignore[arg-type]
-                profile, matmul)
+                profile, matmul, memory.get("reserve"), memory_profile)  # type: ignore[arg-type]
+
+
+def read_memory_profile(ctx: Context, entry: ast.AxisEntry) -> str | None:
+    """``memory_profile = torch``: whose temporaries the peak counts (placeverify/cost/peak.py)."""
+    if not isinstance(entry.value, ast.NameValue):
+        ctx.error("'memory_profile' names an implementation, e.g. 'memory_profile = torch'",
+                  Code.BAD_VALUE, entry.value.span, "known: " + ", ".join(MEMORY_PROFILES))
+        return None
+    key = entry.value.name.text
+    if key not in MEMORY_PROFILES:
+        ctx.error(f"unknown memory profile '{key}'{did_you_mean(key, MEMORY_PROFILES)}",
+                  Code.UNKNOWN_NAME, entry.value.span, "known: " + ", ".join(MEMORY_PROFILES))
+        return None
+    return key
 
 
 def read_device(ctx: Context, entry: ast.AxisEntry) -> Device | None:

@@ -152,14 +152,14 @@ class TinyTransformer(nn.Module):
             tokens = x
             x = self.embed(tokens)
             if self.pos is not None:
-                x = x + self.pos(torch.arange(tokens.shape[1]))
+                x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
             if arch.dropout and self.training:
                 x = F.dropout(x, 0.1)
         s = x.shape[1]
-        rope = _rope_tables(s, arch.head_dim) if arch.position == "rotary" else None
+        rope = _rope_tables(s, arch.head_dim, x.device) if arch.position == "rotary" else None
         mask = None
         if arch.attention != "flash":
-            mask = torch.full((s, s), float("-inf")).triu(1)
+            mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
         for block in self.layers.values():
             x = block(x, rope, mask)
         if not self.is_last:
@@ -172,9 +172,9 @@ class TinyTransformer(nn.Module):
         return F.linear(x, self.embed.weight)
 
 
-def _rope_tables(seq: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+def _rope_tables(seq: int, dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
 

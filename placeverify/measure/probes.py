@@ -320,3 +320,126 @@ class SavedTensorProbe:
             handles.append(module.register_forward_pre_hook(enter))
             handles.append(module.register_forward_hook(leave))
         return handles
+
+
+# ---- bytes allocated: the step's peak -----------------------------------------------------------
+
+
+@dataclass
+class PhasePeak:
+    """The allocator's live bytes in one phase of the measured step: at its start, its highest,
+    and the op that allocated at the highest moment (CPU only; None on CUDA)."""
+
+    start: int
+    peak: int
+    op: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start": self.start, "peak": self.peak, "op": self.op}
+
+
+class AllocationMeter:
+    """Live bytes held by torch's allocator on this rank, phase by phase.
+
+    - CUDA: ``torch.cuda.memory_allocated`` and ``max_memory_allocated`` after
+      ``reset_peak_memory_stats`` at each phase's start (PyTorch docs, "torch.cuda.memory").
+    - CPU: the profiler's memory events (``profile_memory=True``): every allocation event carries
+      the CPU allocator's running total of the bytes it allocated while profiling and has not
+      freed (c10 ``ProfiledCPUMemoryReporter``). Blocks allocated before profiling began are not
+      in that total (nor are their frees), and the profiler sees only the threads it was started
+      on and their children: a tensor gloo frees on one of its worker threads would stay counted.
+      So the meter starts after the model is built and wrapped (DDP's and FSDP2's construction
+      broadcasts free their buffers on gloo's threads); what exists then (the parameters, DDP's
+      buckets) is the caller's ``baseline``, and the meter counts what the warm-up and the
+      measured step allocate on top. Each phase is a ``record_function`` range; its peak is the
+      highest running total among the allocations inside it.
+    """
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.device = device
+        self.enabled = enabled
+        self.cuda = device.type == "cuda"
+        self.phases: dict[str, PhasePeak] = {}
+        self.baseline = 0  # bytes alive before start() that the meter cannot see (CPU)
+        self.runtime = self.runtime_bytes()
+        self._profiler: Any = None
+        self._ranges: list[tuple[str, Any]] = []
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return
+        self._start_profiler()
+
+    def runtime_bytes(self) -> int:
+        """CUDA: what the runtime itself takes through the caching allocator before any model
+        state exists: cuBLAS's workspace, allocated at the first matrix product of each thread
+        (the forward's, and the autograd engine's device thread that runs backward), for cuBLAS and
+        cuBLASLt; 0 on CPU."""
+        if not (self.enabled and self.cuda):
+            return 0
+        a = torch.ones(8, 8, device=self.device, requires_grad=True)
+        bias = torch.ones(8, device=self.device, requires_grad=True)
+        # a product with bias takes cuBLASLt's path (its own workspace), one without plain cuBLAS
+        (torch.nn.functional.linear(a, a, bias) @ a).sum().backward()
+        del a, bias
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def _start_profiler(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profiler.__enter__()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            start = torch.cuda.memory_allocated(self.device)
+            try:
+                yield
+            finally:
+                torch.cuda.synchronize(self.device)
+                self.phases[name] = PhasePeak(start, torch.cuda.max_memory_allocated(self.device))
+            return
+        with torch.profiler.record_function(f"placeverify.phase.{name}"):
+            yield
+
+    def stop(self) -> None:
+        """Stop profiling (CPU) and read each phase's peak from the memory events."""
+        if not self.enabled or self.cuda or self._profiler is None:
+            return
+        self._profiler.__exit__(None, None, None)
+        from torch._C._profiler import _EventType
+
+        allocations: list[tuple[int, int, str]] = []  # (time, running total, op)
+        ranges: dict[str, tuple[int, int]] = {}
+        stack = [(node, "") for node in self._profiler.profiler.kineto_results.experimental_event_tree()]
+        while stack:
+            node, parent = stack.pop()
+            if node.tag == _EventType.Allocation:
+                allocations.append((node.start_time_ns, node.extra_fields.total_allocated, parent))
+            elif node.name.startswith("placeverify.phase."):
+                ranges[node.name.removeprefix("placeverify.phase.")] = (node.start_time_ns,
+                                                                        node.end_time_ns)
+            stack.extend((child, node.name) for child in node.children)
+        allocations.sort()
+        for name, (begin, end) in sorted(ranges.items(), key=lambda item: item[1]):
+            before = [a for a in allocations if a[0] < begin]
+            inside = [a for a in allocations if begin <= a[0] <= end]
+            start = before[-1][1] if before else 0
+            top = max(inside, key=lambda a: a[1], default=(0, start, None))
+            self.phases[name] = PhasePeak(self.baseline + start,
+                                          self.baseline + max(start, top[1]),
+                                          top[2] if top[1] > start else None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device.type, "runtime": self.runtime,
+                "phases": {name: p.to_json() for name, p in self.phases.items()}}

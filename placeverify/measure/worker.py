@@ -37,6 +37,7 @@ from placeverify.cost.implementations.spec import Implementation, OptimizerKind,
 from placeverify.ir.placement import Schedule  # noqa: E402
 from placeverify.measure.models import TinyMlp, TinyTransformer, loss_fn  # noqa: E402
 from placeverify.measure.probes import (  # noqa: E402
+    AllocationMeter,
     CommRecorder,
     SavedTensorProbe,
     local_bytes,
@@ -122,13 +123,13 @@ def tp_plan(spec: RunSpec, model: nn.Module) -> dict[str, Any]:
     return plan
 
 
-def apply(spec: RunSpec, model: nn.Module) -> Run:
+def apply(spec: RunSpec, model: nn.Module, device: torch.device) -> Run:
     impl = spec.implementation
     blocks = blocks_of(model)
     if impl in (Implementation.DDP, Implementation.ZERO1):
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device])
         if impl is Implementation.DDP:
             opt = make_optimizer(spec, ddp.parameters())
             return Run(ddp, model, opt, lambda: opt.state, blocks, _nullcontext)
@@ -144,13 +145,13 @@ def apply(spec: RunSpec, model: nn.Module) -> Run:
     if impl in (Implementation.TP, Implementation.FSDP2_TP):
         from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
-        mesh = init_device_mesh("cpu", (spec.dp, spec.tp), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(device.type, (spec.dp, spec.tp), mesh_dim_names=("dp", "tp"))
         parallelize_module(model, mesh["tp"], tp_plan(spec, model))
         if spec.arch is not None:
             loss_context = loss_parallel
         dp_mesh = mesh["dp"]
     else:
-        dp_mesh = init_device_mesh("cpu", (spec.dp,), mesh_dim_names=("dp",))
+        dp_mesh = init_device_mesh(device.type, (spec.dp,), mesh_dim_names=("dp",))
     if impl in (Implementation.FSDP2, Implementation.FSDP2_TP):
         from torch.distributed.fsdp import fully_shard
 
@@ -212,8 +213,9 @@ def gradient_states(params: Iterable[tuple[str, nn.Parameter]],
 
 def result_document(states: dict[str, int], probe: SavedTensorProbe, recorder: CommRecorder,
                     model: nn.Module, grads: list[list[Any]], microbatches: int,
-                    loss: float | None) -> dict[str, Any]:
+                    loss: float | None, meter: AllocationMeter) -> dict[str, Any]:
     return {
+        "allocated": meter.to_json(),
         "states": states,
         "activations": {"layers": probe.by_region.get("layers", 0),
                         "other": probe.by_region.get("other", 0), "peak": probe.peak,
@@ -227,11 +229,12 @@ def result_document(states: dict[str, int], probe: SavedTensorProbe, recorder: C
     }
 
 
-def measure_data_parallel(spec: RunSpec, rank: int) -> dict[str, Any]:
+def measure_data_parallel(spec: RunSpec, rank: int, meter: AllocationMeter) -> dict[str, Any]:
     """DDP, ZeRO-1, FSDP2, TP and FSDP2 x TP: one micro-batch per step."""
-    run = apply(spec, build_model(spec))
+    run = apply(spec, build_model(spec).to(meter.device), meter.device)
+    meter.start()
     samples = spec.arch.micro_batch if spec.arch is not None else spec.mlp.batch  # type: ignore[union-attr]
-    x, y = batch(spec, spec.coords(rank)["dp"], samples)
+    x, y = (t.to(meter.device) for t in batch(spec, spec.coords(rank)["dp"], samples))
     for _ in range(WARMUP_STEPS):
         with run.loss_context():
             loss_fn(run.module(x), y).backward()
@@ -245,17 +248,18 @@ def measure_data_parallel(spec: RunSpec, rank: int) -> dict[str, Any]:
     with recorder:
         with run.loss_context():
             recorder.phase = "forward"
-            with probe.active():
+            with meter.phase("forward"), probe.active():
                 loss = loss_fn(run.module(x), y)
             if spec.implementation in (Implementation.FSDP2, Implementation.FSDP2_TP):
                 states["params_after_forward"] = storage_bytes(list(run.model.parameters()))
             recorder.phase = "backward"
-            with probe.active():
+            with meter.phase("backward"), probe.active():
                 loss.backward()
         grads = gradient_states(run.model.named_parameters(), states)
         recorder.phase = "optimizer"
-        run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        with meter.phase("optimizer"):
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
     for handle in handles:
         handle.remove()
 
@@ -267,11 +271,15 @@ def measure_data_parallel(spec: RunSpec, rank: int) -> dict[str, Any]:
             if r.phase == "backward" and r.kind == "all_reduce" and r.storages:
                 buckets[r.storages[0]] = r.payload
         states["ddp_buckets"] = sum(buckets.values())
+    # what existed before the meter started: the parameters (DDP's buckets are rebuilt in the
+    # first step, after the meter starts, and the construction-time ones are freed)
+    meter.baseline = states["params_storage"]
+    meter.stop()
     return result_document(states, probe, recorder, run.model, grads, 1,
-                           float(unwrap(loss.detach())))
+                           float(unwrap(loss.detach())), meter)
 
 
-def measure_pipeline(spec: RunSpec, rank: int) -> dict[str, Any]:
+def measure_pipeline(spec: RunSpec, rank: int, meter: AllocationMeter) -> dict[str, Any]:
     """torch.distributed.pipelining with a manual split (one stage per rank). Point-to-point ops
     are put in the forward phase when they carry activations (toward the next stage) and in the
     backward phase when they carry gradients (toward the previous one)."""
@@ -281,12 +289,14 @@ def measure_pipeline(spec: RunSpec, rank: int) -> dict[str, Any]:
     stage_index, stages = rank, spec.pp
     first, last = stage_index == 0, stage_index == stages - 1
     model.keep_stage(stage_layers(spec, stage_index), first, last)  # type: ignore[operator]
-    stage = PipelineStage(model, stage_index, stages, torch.device("cpu"))
+    model.to(meter.device)
+    stage = PipelineStage(model, stage_index, stages, meter.device)
     schedule_class = ScheduleGPipe if spec.schedule is Schedule.GPIPE else Schedule1F1B
     schedule = schedule_class(stage, n_microbatches=spec.microbatches, loss_fn=loss_fn)
     opt = make_optimizer(spec, model.parameters())
+    meter.start()
     micro = spec.arch.micro_batch if spec.arch is not None else spec.mlp.batch  # type: ignore[union-attr]
-    x, y = batch(spec, 0, micro * spec.microbatches)
+    x, y = (t.to(meter.device) for t in batch(spec, 0, micro * spec.microbatches))
     losses: list[torch.Tensor] = []
 
     def step() -> None:
@@ -309,12 +319,13 @@ def measure_pipeline(spec: RunSpec, rank: int) -> dict[str, Any]:
     states: dict[str, int] = {}
     with recorder:
         recorder.phase = "step"
-        with probe.active():
+        with meter.phase("step"), probe.active():
             step()
         grads = gradient_states(model.named_parameters(), states)
         recorder.phase = "optimizer"
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        with meter.phase("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     for handle in handles:
         handle.remove()
     for r in recorder.records:
@@ -325,8 +336,10 @@ def measure_pipeline(spec: RunSpec, rank: int) -> dict[str, Any]:
 
     states["params"], states["params_storage"] = param_bytes(list(model.parameters()))
     states["optimizer"] = sum(local_bytes(t) for t in optimizer_tensors(opt.state))
+    meter.baseline = states["params_storage"]
+    meter.stop()
     loss = float(sum(float(v) for v in losses)) if losses else None
-    return result_document(states, probe, recorder, model, grads, spec.microbatches, loss)
+    return result_document(states, probe, recorder, model, grads, spec.microbatches, loss, meter)
 
 
 def follow_parent() -> None:
@@ -355,15 +368,20 @@ def main(argv: list[str]) -> int:
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=float(job["timeout"])))
+    device = torch.device(job.get("device", "cpu"))
+    if device.type == "cuda":  # every rank on one GPU (gloo takes CUDA tensors; NCCL refuses)
+        device = torch.device("cuda", device.index or 0)
+        torch.cuda.set_device(device)
     try:
         fault(rank)
         runs = []
         for spec in specs:
             began = time.perf_counter()
+            meter = AllocationMeter(device, enabled=bool(job.get("peak", False)))
             if spec.implementation is Implementation.PIPELINE:
-                result = measure_pipeline(spec, rank)
+                result = measure_pipeline(spec, rank, meter)
             else:
-                result = measure_data_parallel(spec, rank)
+                result = measure_data_parallel(spec, rank, meter)
             result["rank"] = rank
             result["seconds"] = {"run": time.perf_counter() - began}
             runs.append(result)

@@ -41,8 +41,7 @@ def compare_row(path: str, result: CheckResult) -> dict[str, Any]:
         "traffic_bytes": whole(costs.network_bytes()),
         "bubble_fraction": None if costs.bubble is None else float(Fraction(costs.bubble)),
         "idle_fraction": None if idle is None else float(Fraction(idle)),
-        "fits": None if s.mesh.device_memory is None else
-        whole(device["total"]) <= s.mesh.device_memory,
+        "fits": costs.fits(),
     }
     if result.verification is not None:
         row["verdicts"] = result.verification.verdicts()

@@ -50,12 +50,29 @@ def _float(value: Any) -> float:
     return float(Fraction(value))
 
 
+def peak_document(costs: Costs) -> dict[str, Any]:
+    """``memory.peak_bytes`` and when it happens, the persistent states, the reserve and every
+    moment of every rank kind (placeverify/cost/peak.py)."""
+    peak = costs.peak
+    if peak is None:
+        return {}
+    return {
+        "profile": peak.profile,
+        "persistent_bytes": whole(peak.persistent),
+        "peak_bytes": whole(peak.bytes),
+        "peak_at": peak.peak.describe(),
+        "reserve_bytes": costs.strategy.mesh.reserve or 0,
+        "moments": [{"rank": m.rank, "moment": m.name, "bytes": whole(m.total),
+                     "parts": {label: whole(b) for label, b in m.parts if b}}
+                    for m in peak.moments],
+    }
+
+
 def check_document(result: CheckResult) -> dict[str, Any]:
     s = result.strategy
     costs = result.costs
     device = costs.device_bytes()
     capacity = s.mesh.device_memory
-    total = whole(device["total"])
     arch = s.model.arch
     doc: dict[str, Any] = {
         "schema": CHECK_SCHEMA,
@@ -100,8 +117,9 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                        "host_bytes": whole(sum((i.bytes for i in r.items if i.host), 0))}
                       for r in costs.ranks],
             "capacity_bytes": capacity,
-            "fits": None if capacity is None else total <= capacity,
-            "headroom_bytes": None if capacity is None else capacity - total,
+            "fits": costs.fits(),
+            "headroom_bytes": None if capacity is None else capacity - costs.needed_bytes(),
+            **peak_document(costs),
         },
         "activations": None if costs.activations is None else {
             "per_layer_bytes": whole(costs.activations.per_layer),

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from placeverify.cost import whole
 from placeverify.diagnostics import Diagnostic, Severity, Span
 from placeverify.report.outcome import Outcome, fits
 from placeverify.trace import Trace
@@ -100,14 +99,15 @@ def findings(outcomes: list[Outcome], *, require_fit: bool = False) -> list[Find
                 if o.verdict is not Verdict.PROVED:
                     out.append(_obligation(o, path, trace if _traced(o, trace) else None))
         fit = fits(result)
-        total = whole(result.costs.device_bytes()["total"])
+        total = result.costs.needed_bytes()
         capacity = strategy.mesh.device_memory
         if fit is False:
             out.append(Finding(
                 MEMORY_FITS, "error" if require_fit else "warning", path, strategy.mesh.span,
                 "does not fit device memory",
-                f"does not fit: {total:,} bytes predicted per device > device_memory "
-                f"{capacity:,} bytes", MEMORY_FITS, properties={"device_bytes": str(total)}))
+                f"does not fit: {total:,} bytes predicted at the peak (with the reserve) > "
+                f"device_memory {capacity:,} bytes", MEMORY_FITS,
+                properties={"device_bytes": str(total)}))
         elif fit is None and require_fit:
             out.append(Finding(MEMORY_FITS, "note", path, strategy.mesh.span,
                                "fit not checked",

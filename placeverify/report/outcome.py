@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from placeverify import __version__
-from placeverify.cost import whole
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.report.data import CHECK_SCHEMA, check_document
 from placeverify.result import CheckResult
@@ -43,12 +42,9 @@ class Outcome:
 
 
 def fits(result: CheckResult) -> bool | None:
-    """Whether the predicted device total fits ``device_memory``; None when the mesh gives none
-    (the same rule as the report's ``memory.fits``)."""
-    capacity = result.strategy.mesh.device_memory
-    if capacity is None:
-        return None
-    return bool(whole(result.costs.device_bytes()["total"]) <= capacity)
+    """Whether the step's peak (plus the reserve) fits ``device_memory``; None when the mesh
+    gives none (:meth:`placeverify.cost.Costs.fits`)."""
+    return result.costs.fits()
 
 
 def error_document(path: str, error: PlaceError) -> dict[str, Any]:

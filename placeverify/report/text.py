@@ -159,15 +159,22 @@ def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None
     if Fraction(host):
         table.add_row("host (offloaded)", human_bytes(host), "")
     console.print(table)
+    peak = costs.peak
+    if peak is not None:
+        console.print(f"peak       {human_bytes(peak.bytes)} at the {peak.peak.describe()} "
+                      f"(profile {peak.profile}; persistent states {human_bytes(peak.persistent)})")
+    reserve = costs.strategy.mesh.reserve
     if capacity is not None:
-        total = whole(device["total"])
+        total = costs.needed_bytes()
+        what = "peak + reserve" if reserve else "peak"
         if total <= capacity:
-            console.print(f"fits       {human_bytes(total)} of {human_bytes(capacity)} "
+            console.print(f"fits       {what} {human_bytes(total)} of {human_bytes(capacity)} "
                           f"({total / capacity:.1%}); headroom {human_bytes(capacity - total)}",
                           style="green")
         else:
-            console.print(f"DOES NOT FIT  {human_bytes(total)} > {human_bytes(capacity)} device "
-                          f"memory (over by {human_bytes(total - capacity)})", style="bold red")
+            console.print(f"DOES NOT FIT  {what} {human_bytes(total)} > {human_bytes(capacity)} "
+                          f"device memory (over by {human_bytes(total - capacity)})",
+                          style="bold red")
     console.print()
 
 

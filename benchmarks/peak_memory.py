@@ -1,0 +1,124 @@
+"""Predicted against measured peak memory per rank, for every strategy under examples/measure.
+
+    .venv/bin/python benchmarks/peak_memory.py [FILES or FOLDERS ...] [--device cpu|cuda] [--json]
+
+Each file runs as ``placeverify measure`` runs it (DDP, ZeroRedundancyOptimizer, FSDP2 with and
+without resharding, DTensor TP, FSDP2 x TP, torch pipelining with GPipe and 1F1B), two warm-up
+steps and a measured third, with the allocator metered phase by phase
+(:class:`placeverify.measure.probes.AllocationMeter`: the profiler's memory events on CPU,
+``torch.cuda.max_memory_allocated`` on CUDA). The prediction is ``placeverify check``'s
+``memory.peak_bytes`` for the same file with ``memory_profile = torch_cpu`` (CPU) or ``torch``
+(CUDA). On CUDA the runtime's own allocations made before the model exists (cuBLAS's workspace)
+are measured on each rank and left out of the measured figure; they are what ``reserve`` is for.
+Pipelines run on CPU only: gloo's send / recv take no CUDA tensors, and NCCL refuses two ranks on
+one GPU. Needs torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from placeverify.backend.runtime import BackendFailure, run_jobs  # noqa: E402
+from placeverify.cost import analyse, whole  # noqa: E402
+from placeverify.cost.implementations.spec import Implementation  # noqa: E402
+from placeverify.ir.strategy import Strategy  # noqa: E402
+from placeverify.lower import load  # noqa: E402
+from placeverify.measure.plan import plan  # noqa: E402
+
+
+def files(items: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for item in items or [str(ROOT / "examples" / "measure")]:
+        path = Path(item)
+        out.extend(sorted(path.glob("*.place")) if path.is_dir() else [path])
+    return out
+
+
+def with_profile(strategy: Strategy, profile: str) -> Strategy:
+    mesh = dataclasses.replace(strategy.mesh, memory_profile=profile)
+    return dataclasses.replace(strategy, config=dataclasses.replace(strategy.config, mesh=mesh))
+
+
+def predicted(strategy: Strategy, device: str) -> tuple[dict[str, int], dict[str, str]]:
+    """Peak bytes and moment per rank kind (``only`` / ``first`` / ``middle`` / ``last``)."""
+    peak = analyse(with_profile(strategy, "torch" if device == "cuda" else "torch_cpu")).peak
+    assert peak is not None
+    best: dict[str, tuple[int, str]] = {}
+    for m in peak.moments:
+        if m.rank not in best or whole(m.total) > best[m.rank][0]:
+            best[m.rank] = (whole(m.total), m.name)
+    return {k: v[0] for k, v in best.items()}, {k: v[1] for k, v in best.items()}
+
+
+def rank_kind(stages: int, rank: int) -> str:
+    if stages == 1:
+        return "only"
+    return "first" if rank == 0 else "last" if rank == stages - 1 else "middle"
+
+
+def measure_file(path: Path, device: str, timeout: float) -> list[dict[str, Any]]:
+    strategy = load(str(path))
+    p = plan(strategy)
+    if device == "cuda" and p.spec.implementation is Implementation.PIPELINE:
+        return [{"file": path.name, "skipped": "pipelines run on CPU only (gloo send/recv "
+                 "takes no CUDA tensors; NCCL refuses two ranks on one GPU)"}]
+    try:
+        results = run_jobs([p.spec], timeout=timeout, peak=True, device=device)[0]
+    except BackendFailure as failure:
+        return [{"file": path.name, "skipped": f"the run failed: {failure}"}]
+    bytes_by_kind, moment_by_kind = predicted(strategy, device)
+    rows = []
+    for r in results:
+        phases = r["allocated"]["phases"]
+        runtime = r["allocated"]["runtime"]
+        phase, top = max(phases.items(), key=lambda kv: kv[1]["peak"])
+        measured = top["peak"] - runtime
+        kind = rank_kind(p.spec.pp, r["rank"]) if p.spec.pp > 1 else "only"
+        kind = kind if kind in bytes_by_kind else next(iter(bytes_by_kind))
+        rows.append({"file": path.name, "label": p.spec.label(), "rank": r["rank"],
+                     "measured": measured, "measured_phase": phase, "runtime": runtime,
+                     "predicted": bytes_by_kind[kind], "predicted_moment": moment_by_kind[kind],
+                     "ratio": bytes_by_kind[kind] / measured if measured else None})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="*")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    for path in files(args.paths):
+        print(f"measuring {path.name} on {args.device} ...", file=sys.stderr)
+        rows.extend(measure_file(path, args.device, args.timeout))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print("| strategy | rank | measured peak (phase) | predicted peak (moment) | predicted / "
+          "measured |\n|---|---|---|---|---|")
+    ratios = []
+    for row in rows:
+        if "skipped" in row:
+            print(f"| `{row['file']}` | - | skipped: {row['skipped']} | | |")
+            continue
+        ratios.append(row["ratio"])
+        print(f"| `{row['file']}` | {row['rank']} | {row['measured']:,} ({row['measured_phase']}) "
+              f"| {row['predicted']:,} ({row['predicted_moment']}) | {row['ratio']:.3f} |")
+    within = sum(1 for r in ratios if abs(r - 1) <= 0.05)
+    print(f"\n{within} of {len(ratios)} ranks within 5%; ratios from {min(ratios):.3f} to "
+          f"{max(ratios):.3f} ({args.device})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

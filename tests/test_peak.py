@@ -1,0 +1,108 @@
+"""Peak memory over the step (placeverify/cost/peak.py): every expected number is worked out
+by hand from the model's sizes, the precision and what each implementation profile says it
+holds (placeverify/ir/profiles.py cites the sources)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from placeverify.api import load_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny GPT: 2 layers, hidden 64, ffn 256, vocab 100 (padded to 128), learned positions (16),
+# untied output. Parameters: per layer 12h² + 13h = 50,016 (4h² attention + 4h biases, 8h² MLP +
+# 5h biases, 2 LayerNorms 4h); embeddings 128·64 + 16·64 = 9,216; output 128·64 = 8,192; final
+# norm 128. Written out in PARAMS below.
+GPT = """strategy "peak"
+model transformer {{
+    layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 128, seq = 16, micro_batch = 2,
+    mlp = plain, norm = layernorm, bias = true, position = learned, attention = standard,
+    embeddings = untied, dropout = false
+}}
+precision {precision}
+mesh {{ dp = 2{mesh} }}
+place {place} over dp
+"""
+LAYER = 12 * 64 * 64 + 13 * 64
+PARAMS = 2 * LAYER + 128 * 64 + 16 * 64 + 128 * 64 + 2 * 64
+
+
+def check(precision: str = "fp32_adam", mesh: str = "", place: str = "ddp") -> dict:
+    path = ROOT / "build" / "peak-test.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(GPT.format(precision=precision, mesh=mesh, place=place), encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "placeverify", "check", "--json", "--no-verify",
+                          str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)["memory"]
+
+
+def moment(memory: dict, name: str) -> dict:
+    return next(m for m in memory["moments"] if m["moment"] == name)
+
+
+def test_the_parameter_count_used_below_is_the_tools() -> None:
+    strategy = load_text(GPT.format(precision="fp32_adam", mesh="", place="ddp"), "x.place")
+    assert strategy.model.params == PARAMS
+
+
+def test_megatron_profile_peak_is_the_device_total_at_the_end_of_forward() -> None:
+    memory = check()
+    assert memory["profile"] == "megatron"
+    states = PARAMS * (4 + 8 + 4)
+    assert memory["persistent_bytes"] == states
+    assert memory["peak_at"] == "end of forward"
+    assert memory["peak_bytes"] == memory["device_bytes"]["total"]
+    assert moment(memory, "optimizer step")["bytes"] == states  # fused Adam: no temporaries
+
+
+def test_torch_profile_adds_ddp_buckets_and_foreach_adam_temporaries() -> None:
+    memory = check(mesh=", memory_profile = torch")
+    # Θ 4 + Ω 8 + G 4 + DDP bucket 4 + foreach sqrt of exp_avg_sq 4 bytes per parameter
+    assert moment(memory, "optimizer step")["bytes"] == PARAMS * 24
+    assert memory["peak_bytes"] == PARAMS * 24
+    assert memory["peak_at"] == "optimizer step"
+    # gradients are freed between steps: none at the end of forward with one micro-batch
+    assert "G gradients" not in moment(memory, "end of forward")["parts"]
+
+
+def test_torch_cpu_profile_holds_two_temporaries_of_the_largest_parameter() -> None:
+    memory = check(mesh=", memory_profile = torch_cpu")
+    largest = 64 * 256  # the MLP's weight (the padded embedding is 128·64 = 8,192)
+    assert moment(memory, "optimizer step")["bytes"] == PARAMS * 20 + 2 * 4 * largest
+
+
+def test_deepspeed_profile_adds_the_fp32_gradient_partition_of_zero2() -> None:
+    memory = check(precision="mixed_adam", mesh=", memory_profile = deepspeed", place="zero2")
+    parts = moment(memory, "optimizer step")["parts"]
+    assert parts["fp32 gradient partition"] == 4 * PARAMS // 2
+
+
+def test_reserve_counts_against_device_memory() -> None:
+    peak = PARAMS * 16 + check()["device_bytes"]["activations"] \
+        + check()["device_bytes"]["outside_layers"]
+    fits = check(mesh=f", device_memory = {peak} B")
+    assert fits["fits"] is True and fits["headroom_bytes"] == 0
+    tight = check(mesh=f", device_memory = {peak} B, reserve = 1 B")
+    assert tight["fits"] is False and tight["reserve_bytes"] == 1 and tight["headroom_bytes"] == -1
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("memory_profile = pytorch", "unknown memory profile 'pytorch'; did you mean 'torch'"),
+    ("memory_profile = 3", "'memory_profile' names an implementation"),
+])
+def test_a_bad_profile_is_an_error_at_its_text(text: str, needle: str) -> None:
+    path = ROOT / "build" / "peak-bad.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(GPT.format(precision="fp32_adam", mesh=", " + text, place="ddp"),
+                    encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "placeverify", "check", str(path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert needle in out.stderr and "peak-bad.place:8:" in out.stderr and "^" in out.stderr
