@@ -19,9 +19,9 @@ Errors in the input raise :class:`~placeverify.diagnostics.PlaceError` with ever
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from placeverify.cost import Costs, analyse
-from placeverify.cost.time import StepTime, step_time, timed_mesh
+from placeverify.cost import Costs, analyse, timed_mesh
 from placeverify.diagnostics import Source
 from placeverify.importers import Options, is_importable
 from placeverify.ir.step import Step
@@ -33,6 +33,9 @@ from placeverify.syntax import ast
 from placeverify.syntax.parser import parse_source
 from placeverify.syntax.source import read_source
 from placeverify.verdicts import Verification
+
+if TYPE_CHECKING:
+    from placeverify.cost.time import StepTime
 
 __all__ = [
     "DEFAULT_BUDGET_S", "DEFAULT_TIMEOUT_MS", "CheckResult", "check", "check_strategy", "costs",
@@ -110,4 +113,7 @@ def estimate_time(strategy: Strategy, exact: Costs | None = None) -> StepTime | 
     link bandwidths; None otherwise or for a bare parameter count."""
     if not timed_mesh(strategy):
         return None
+    # Deferred: the step-time model is loaded only for meshes that name a device or links.
+    from placeverify.cost.time import step_time
+
     return step_time(strategy, exact if exact is not None else analyse(strategy))

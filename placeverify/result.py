@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from placeverify.cost import Costs
-from placeverify.cost.time import StepTime
 from placeverify.ir.strategy import Strategy
 from placeverify.verdicts import Verification
+
+if TYPE_CHECKING:
+    from placeverify.cost.time import StepTime  # loaded only for a timed mesh (start-up time)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,9 +45,11 @@ TYPE_ONLY = {"TYPE_CHECKING", "typing.TYPE_CHECKING"}
 DEFERRED: dict[str, tuple[frozenset[str], str]] = {
     "verify": (frozenset({"trace"}), "only a refutation builds a trace (start-up time)"),
     "report": (frozenset({"report"}), "only a refutation renders its trace (start-up time)"),
-    "api": (frozenset({"verify", "importers"}),
+    "lower": (frozenset({"ir"}), "device profiles are loaded only for a mesh that names a device "
+              "or a matmul dtype (start-up time)"),
+    "api": (frozenset({"verify", "importers", "cost"}),
             "z3 is loaded only by the commands that verify, the format readers only for "
-            "configuration files"),
+            "configuration files, the step-time model only for meshes that name a device or links"),
     "cli": (frozenset({"api", "report", "prove", "trace", "replay", "measure", "backend",
                        "importers", "compare_cli"}),
             "each command loads only what it runs: z3, sympy and torch stay out of start-up"),

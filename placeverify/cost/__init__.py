@@ -108,6 +108,13 @@ def analyse(strategy: Strategy, symbolic: bool = False) -> Costs:
                  activations, ranks, None if symbolic else peak(strategy, ranks))
 
 
+def timed_mesh(strategy: Strategy) -> bool:
+    """Whether ``check`` reports step time (:mod:`placeverify.cost.time`, loaded only then): the
+    mesh names a device or gives link bandwidths."""
+    mesh = strategy.mesh
+    return mesh.device is not None or any(a.bandwidth is not None for a in mesh.axes)
+
+
 def whole(value: Any) -> int:
     """Round an exact byte count to the nearest integer (halves up)."""
     fraction = Fraction(value)

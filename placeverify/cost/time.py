@@ -124,12 +124,6 @@ class StepTime:
             "notes": list(self.notes)}
 
 
-def timed_mesh(strategy: Strategy) -> bool:
-    """Whether ``check`` reports step time: the mesh names a device or gives link bandwidths."""
-    mesh = strategy.mesh
-    return mesh.device is not None or any(a.bandwidth is not None for a in mesh.axes)
-
-
 # ---- FLOPs ----------------------------------------------------------------------------------
 
 

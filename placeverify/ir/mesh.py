@@ -6,10 +6,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from placeverify.diagnostics import Span
-from placeverify.ir.devices import Device
+
+if TYPE_CHECKING:
+    from placeverify.ir.devices import Device  # loaded only for a mesh that names one
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from placeverify.diagnostics import Code, Span, did_you_mean
-from placeverify.ir.devices import DTYPE_PEAKS, Device, devices, intra_node, ranks_per_node
 from placeverify.ir.mesh import Axis, Group, Mesh
 from placeverify.ir.profiles import MEMORY_PROFILES
 from placeverify.lower.values import (
@@ -25,6 +25,9 @@ from placeverify.lower.values import (
     at,
 )
 from placeverify.syntax import ast
+
+if TYPE_CHECKING:
+    from placeverify.ir.devices import Device
 
 MESH_PROPERTIES = ("world", "device_memory", "host_memory", "pcie_bandwidth", "reserve")
 # a bundled device profile; the dtype matmuls run in; the implementation whose peak is modelled
@@ -139,6 +142,10 @@ def read_memory_profile(ctx: Context, entry: ast.AxisEntry) -> str | None:
 
 def read_device(ctx: Context, entry: ast.AxisEntry) -> Device | None:
     """``device = h100_sxm``: a bundled profile (placeverify/ir/devices.json)."""
+    # Deferred, as in the two functions below: only a mesh that names a device or a matmul
+    # dtype loads the profiles (check start-up time).
+    from placeverify.ir.devices import devices
+
     known = devices()
     if not isinstance(entry.value, ast.NameValue):
         ctx.error("'device' names a bundled profile, e.g. 'device = h100_sxm'", Code.BAD_VALUE,
@@ -154,6 +161,8 @@ def read_device(ctx: Context, entry: ast.AxisEntry) -> Device | None:
 
 def read_matmul(ctx: Context, entry: ast.AxisEntry) -> str | None:
     """``matmul = fp8``: the dtype the device's matmuls run in (default: the parameters')."""
+    from placeverify.ir.devices import DTYPE_PEAKS
+
     word = entry.value.name.text if isinstance(entry.value, ast.NameValue) else None
     if word not in DTYPE_PEAKS:
         shown = word if word is not None else getattr(entry.value, "text", "this value")
@@ -167,6 +176,8 @@ def device_links(axes: tuple[Axis, ...], profile: Device) -> tuple[Axis, ...]:
     """Axes without a written bandwidth (or latency) get the profile's: NVLink / xGMI when every
     group of the axis stays inside a node (``intra_node``), otherwise the network bandwidth per
     GPU times the group's ranks in one node (``ranks_per_node``), at most NVLink's."""
+    from placeverify.ir.devices import intra_node, ranks_per_node
+
     sizes = tuple(a.size for a in axes)
     out = []
     for i, a in enumerate(axes):

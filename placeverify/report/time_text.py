@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 
-from placeverify.cost.time import StepTime
+if TYPE_CHECKING:
+    from placeverify.cost.time import StepTime
 
 
 def _s(value: float | None) -> str:
