@@ -1,18 +1,20 @@
 """The abstract syntax tree of a ``.place`` file: one class per rule of ``grammar/placement.lark``.
 
 Nodes are plain, immutable and carry the span of the text they came from; nothing here knows
-what a name means (that is lowering's job, in :mod:`placeverify.lower`).
+what a name means (that is lowering's job, in :mod:`placeverify.lower`). Each class is a frozen,
+slotted dataclass made by :func:`~placeverify.syntax.node.node`, which builds it without
+generating code (check start-up time).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from fractions import Fraction
 
 from placeverify.diagnostics import Span
+from placeverify.syntax.node import node
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Name:
     text: str
     span: Span
@@ -21,14 +23,14 @@ class Name:
 # ---- values ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class NumberValue:
     text: str
     value: Fraction
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class QuantityValue:
     """A number with a unit: ``80 GB``, ``25 GB/s``, ``2 us``."""
 
@@ -38,13 +40,13 @@ class QuantityValue:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class StringValue:
     value: str
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class NameValue:
     name: Name
 
@@ -53,7 +55,7 @@ class NameValue:
         return self.name.span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class StarredValue:
     """``S*`` (a name followed by a star) inside an argument list."""
 
@@ -67,27 +69,27 @@ Value = NumberValue | QuantityValue | StringValue | NameValue | StarredValue
 # ---- blocks, calls, groups ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Entry:
     key: Name
     value: Value
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Block:
     entries: tuple[Entry, ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class KeywordArg:
     key: Name
     value: Value
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class PositionalArg:
     value: Value
     span: Span
@@ -96,20 +98,20 @@ class PositionalArg:
 Arg = KeywordArg | PositionalArg
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Call:
     name: Name
     args: tuple[Arg, ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class AxisRef:
     name: Name
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class DerivedGroup:
     """``ends(pp)``: a group derived from one axis."""
 
@@ -118,7 +120,7 @@ class DerivedGroup:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class AxisTuple:
     names: tuple[Name, ...]
     span: Span
@@ -127,7 +129,7 @@ class AxisTuple:
 GroupTerm = AxisRef | DerivedGroup | AxisTuple
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Group:
     terms: tuple[GroupTerm, ...]
     span: Span
@@ -136,20 +138,20 @@ class Group:
 # ---- placements -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class PresetPlacement:
     name: Name
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class CallPlacement:
     name: Name
     args: tuple[Arg, ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class TuplePlacement:
     args: tuple[Arg, ...]
     span: Span
@@ -161,19 +163,19 @@ Placement = PresetPlacement | CallPlacement | TuplePlacement
 # ---- loss / scale expressions ----------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class NumberFactor:
     value: NumberValue
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class NameFactor:
     name: Name
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class CountFactor:
     """``tokens(dp * cp, step)``: a count, summed over groups."""
 
@@ -182,7 +184,7 @@ class CountFactor:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class SizeFactor:
     """``|dp|``: the number of devices in a group."""
 
@@ -190,7 +192,7 @@ class SizeFactor:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class ParenFactor:
     expr: Expr
     span: Span
@@ -199,7 +201,7 @@ class ParenFactor:
 Factor = NumberFactor | NameFactor | CountFactor | SizeFactor | ParenFactor
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Expr:
     """``first (op factor)*`` with op in ``*``, ``/``."""
 
@@ -211,46 +213,46 @@ class Expr:
 # ---- step statements ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Target:
     name: Name
     selectors: tuple[Name, ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class MicrobatchesStmt:
     value: Value
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class BackwardStmt:
     expr: Expr
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class EachMicrobatch:
     items: tuple[StepItem, ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class OnMicrobatch:
     which: Value
     items: tuple[StepItem, ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class ScaleStmt:
     target: Target
     expr: Expr
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class SeedStmt:
     call: Call
     policy: Name
@@ -258,7 +260,7 @@ class SeedStmt:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class OpStmt:
     """``name(args) target over group``: a collective, an update, a clip, a free ..."""
 
@@ -276,27 +278,27 @@ StepItem = (MicrobatchesStmt | BackwardStmt | EachMicrobatch | OnMicrobatch | Sc
 # ---- top-level statements -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class StrategyStmt:
     name: StringValue
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class ModelStmt:
     name: Name | None
     block: Block | None
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class PrecisionStmt:
     name: Name | None
     block: Block | None
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class AxisEntry:
     name: Name
     value: Value
@@ -304,58 +306,58 @@ class AxisEntry:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class GroupEntry:
     name: Name
     group: Group
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class MeshStmt:
     entries: tuple[AxisEntry | GroupEntry, ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class PlaceStmt:
     placement: Placement
     group: Group
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class RecomputeStmt:
     call: Call
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class OffloadStmt:
     states: tuple[Name, ...]
     device: Name | None
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class LossStmt:
     call: Call
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class ClipStmt:
     entries: tuple[Entry, ...]
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class LossScaleStmt:
     kind: Name
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class StepStmt:
     items: tuple[StepItem, ...]
     span: Span
@@ -365,7 +367,7 @@ Statement = (StrategyStmt | ModelStmt | PrecisionStmt | MeshStmt | PlaceStmt | R
              | OffloadStmt | LossStmt | MicrobatchesStmt | ClipStmt | LossScaleStmt | StepStmt)
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class File:
     statements: tuple[Statement, ...]
     span: Span
