@@ -15,7 +15,6 @@ from placeverify.ir.step import Region, Seed
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics import rng
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
-from placeverify.verify.fixes import FixCase, suggest
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.solve import SolverStatus
 
@@ -99,6 +98,8 @@ def _rng_obligation(strategy: Strategy, axis: str, region: Region, differ: bool,
                   "reuse one mask draw, where single-device training draws them independently")
     divergence = Divergence(axis, ParamGroup.NORMS, Cause.RNG, small_mesh(strategy, axis, 2), 1,
                             values=values)
+    from placeverify.verify.fixes import FixCase, suggest  # refutations only (start-up time)
+
     fix = suggest(FixCase(strategy, divergence, {"copies": copies, "region": region.value}))
     return (Obligation(condition, claim, Verdict.REFUTED, span, ObligationKind.RNG, reason=reason,
                        counterexample=values, seconds=outcome.seconds, method=method, fix=fix),

@@ -42,9 +42,7 @@ from placeverify.verify.agreement import (
 )
 from placeverify.verify.check import Check, Context, Finding
 from placeverify.verify.dropout import rng_obligations
-from placeverify.verify.fixes import FixCase, suggest
 from placeverify.verify.z3 import solve
-from placeverify.verify.z3.float32 import float32_text, float32_witness, fp_value
 from placeverify.verify.z3.solve import SolverStatus
 
 METHOD_UF = "z3 (uninterpreted update, real arithmetic)"
@@ -54,6 +52,9 @@ METHOD_FP = "z3 (IEEE float32 sums)"
 def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
     for obligation, divergence in consistency_obligations(strategy, ctx.timeout_ms):
         if obligation.verdict is Verdict.REFUTED and obligation.fix is None:
+            # Deferred, as the float32 helpers below: refutations only (check start-up time).
+            from placeverify.verify.fixes import FixCase, suggest
+
             obligation = replace(obligation, fix=suggest(FixCase(strategy, divergence)))
         yield Finding(obligation, divergence)
 
@@ -201,6 +202,8 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
 
     A witness is searched among short decimals and Z3 confirms it under IEEE float32 semantics
     (a blind float32 search can take seconds on a loaded machine)."""
+    from placeverify.verify.z3.float32 import float32_text, float32_witness, fp_value
+
     f32 = z3.Float32()
     rne = z3.RNE()
     a, b, c = (z3.FP(n, f32) for n in ("g_rank0", "g_rank1", "g_rank2"))

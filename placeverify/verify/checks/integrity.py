@@ -28,17 +28,19 @@ from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.budget import TooLarge
 from placeverify.verify.check import Check, Context, Finding
-from placeverify.verify.explain import cause_span, describe, summary
-from placeverify.verify.fixes import CLIP_INPUT, FixCase, suggest
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.integrity import encode, mismatch_formula
-from placeverify.verify.z3.search import search
 from placeverify.verify.z3.solve import SolverStatus
+
+# The counterexample search, its explanation and the fix table are imported where a proof has
+# failed: a file whose obligations are proved never loads them (check start-up time).
 
 
 def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
     for obligation, found in integrity_obligations(strategy, ctx.timeout_ms):
         if found is not None and found.observe is None:
+            from placeverify.verify.fixes import FixCase, suggest
+
             fix = suggest(FixCase(strategy, found))
             obligation = replace(obligation, fix=fix)
         yield Finding(obligation, found)
@@ -109,6 +111,10 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
         seconds += outcome.seconds
         if outcome.status is SolverStatus.UNSAT:
             continue
+        from placeverify.verify.explain import describe, summary
+        from placeverify.verify.fixes import CLIP_INPUT
+        from placeverify.verify.z3.search import search
+
         found = search(strategy, view, timeout_ms, observe=index)
         if found is None:
             why = ("the solver timed out" if outcome.status is SolverStatus.UNKNOWN
@@ -154,6 +160,9 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
         return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span,
                           ObligationKind.COEFFICIENT,
                           seconds=outcome.seconds, method=method), None
+    from placeverify.verify.explain import cause_span, describe, summary
+    from placeverify.verify.z3.search import search
+
     found = search(strategy, view, timeout_ms)
     if found is None:
         why = ("the solver timed out" if outcome.status is SolverStatus.UNKNOWN

@@ -41,17 +41,11 @@ from placeverify.verify.agreement import (
     same_gradient_everywhere,
 )
 from placeverify.verify.check import Check, Context, Finding
-from placeverify.verify.fixes import (
-    CLIP_MISSING,
-    CLIP_NORM,
-    CLIP_POSITION,
-    LOST_UPDATE,
-    OVERFLOW,
-    RECOMPUTE_RNG,
-    SHARD_MISMATCH,
-)
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.solve import SolverStatus
+
+# Each refutation below imports its fix from placeverify.verify.fixes where it is built: a file
+# whose obligations are proved never loads the fix table (check start-up time).
 
 METHOD_RULES = "rules over the step's statement positions and the placement"
 
@@ -91,6 +85,8 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
              "global norm of the single-device gradient")
     if not clips:
         assert declared is not None
+        from placeverify.verify.fixes import CLIP_MISSING
+
         return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, declared.span,
                            ObligationKind.CLIP,
                            reason=f"'clip max_norm = {float(max_norm):g}' is declared but the step "
@@ -104,6 +100,8 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     for clip in dict.fromkeys(clips):
         problems = _clip_position(strategy, clip, max_norm, groups, agreed)
         if problems:
+            from placeverify.verify.fixes import CLIP_POSITION
+
             out.append(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span,
                                   ObligationKind.CLIP, reason="; ".join(problems), method=METHOD_RULES,
                                   fix=CLIP_POSITION.text()))
@@ -209,6 +207,8 @@ def _clip_norm(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
               f"{values['computed_norm']:.4g}: the update is scaled by "
               f"{factor(values['computed_norm']):.4g} instead of {factor(values['true_norm']):.4g}"
               " whenever either exceeds max_norm")
+    from placeverify.verify.fixes import CLIP_NORM
+
     return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, ObligationKind.CLIP,
                       reason=reason, counterexample=values, seconds=outcome.seconds,
                       method=method,
@@ -251,6 +251,8 @@ def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     reason = (f"recomputation draws dropout masks at RNG offset {values['recompute_offset']} "
               f"instead of {values['forward_offset']} (the state is not restored): the backward "
               "differentiates a different function than the forward computed")
+    from placeverify.verify.fixes import RECOMPUTE_RNG
+
     return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, ObligationKind.RECOMPUTE,
                        reason=reason, counterexample=values, seconds=outcome.seconds,
                        method=method,
@@ -295,6 +297,8 @@ def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     reason = (f"the overflow flag is not reduced over {', '.join(missing)}{where}, where ranks "
               "consume different gradients: a rank whose gradients overflowed skips the step "
               "while ranks holding other parts of the model apply it")
+    from placeverify.verify.fixes import OVERFLOW
+
     return [Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span, ObligationKind.OVERFLOW,
                        reason=reason, counterexample={"unreduced_axes": missing},
                        seconds=outcome.seconds, method=method,
@@ -320,6 +324,8 @@ def _shards(strategy: Strategy) -> list[Obligation]:
             state = f"the optimizer state is sharded over {' * '.join(sorted(layout))} only"
         else:
             state = "the optimizer state is replicated (Ω = R)"
+        from placeverify.verify.fixes import SHARD_MISMATCH
+
         out.append(Obligation(
             Condition.GRADIENT_INTEGRITY,
             f"the optimizer step on the {group.value} parameters reads only gradient elements "
@@ -339,6 +345,8 @@ def _shards(strategy: Strategy) -> list[Obligation]:
             if (isinstance(op, Collective) and op.kind is CollectiveKind.BROADCAST
                     and op.target.kind is TargetKind.PARAMS and not op.from_owner
                     and op.group.covers(p.axis)):
+                from placeverify.verify.fixes import LOST_UPDATE
+
                 out.append(Obligation(
                     Condition.GRADIENT_INTEGRITY,
                     f"every shard's update over {p.axis} reaches all ranks",
