@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.interpreter import Instance, Run
+
+if TYPE_CHECKING:  # only a refutation runs the interpreter (check start-up time)
+    from placeverify.semantics.interpreter import Instance, Run
 
 
 class Cause(StrEnum):

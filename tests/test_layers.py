@@ -43,9 +43,10 @@ TYPE_ONLY = {"TYPE_CHECKING", "typing.TYPE_CHECKING"}
 # Function-local imports that defer a heavy dependency, with the reason. Everything else local
 # is a cycle being broken, which the layer order should make unnecessary.
 DEFERRED: dict[str, tuple[frozenset[str], str]] = {
-    "verify": (frozenset({"trace", "verify"}),
-               "only a refutation builds a trace, searches for a counterexample, explains it, "
-               "suggests a fix or looks for a float32 witness (start-up time)"),
+    "verify": (frozenset({"trace", "verify", "semantics"}),
+               "only a refutation builds a trace, searches for a counterexample, runs the exact "
+               "interpreter, explains it, suggests a fix or looks for a float32 witness "
+               "(start-up time)"),
     "report": (frozenset({"report"}), "only a refutation renders its trace (start-up time)"),
     "lower": (frozenset({"ir"}), "device profiles are loaded only for a mesh that names a device "
               "or a matmul dtype (start-up time)"),

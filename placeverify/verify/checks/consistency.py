@@ -31,7 +31,6 @@ from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Up
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.queries import partitions
 from placeverify.semantics.groups import GroupView, group_view
-from placeverify.semantics.interpreter import atoms, run, uniform_instance
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.agreement import (
     Agreement,
@@ -273,6 +272,8 @@ def _clip_identical(strategy: Strategy, axis: str, sizes: dict[str, int]) -> boo
 
 def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | None:
     """Two ranks along ``axis`` consuming different gradients, on the smallest mesh found."""
+    from placeverify.semantics.interpreter import atoms, run, uniform_instance  # refutations only
+
     declared = strategy.step.microbatches
     indexed = any(lo.microbatch is not None for lo in strategy.step.loop)
     if indexed and declared > 16:
