@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import pickle
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -181,53 +179,6 @@ def test_every_rules_grammar_rule_has_a_builder_and_back() -> None:
 def test_grammar_is_the_only_syntax_definition() -> None:
     assert grammar_path().name == "placement.lark"
     assert grammar_path().read_text(encoding="utf-8").startswith("// placeverify strategy language")
-
-
-AST_CLASSES = sorted((c for c in vars(ast).values() if isinstance(c, type)
-                      and dataclasses.is_dataclass(c) and c.__module__ == ast.__name__),
-                     key=lambda c: c.__name__)
-
-
-@pytest.mark.parametrize("cls", AST_CLASSES, ids=lambda c: c.__name__)
-def test_ast_classes_behave_as_frozen_slotted_dataclasses(cls: type) -> None:
-    """``@node`` builds the AST classes without generated code (start-up time): each must behave
-    as the ``dataclass(frozen=True, slots=True)`` it stands for, here a twin made from its fields."""
-    fields = dataclasses.fields(cls)
-    twin = dataclasses.make_dataclass(cls.__name__, [(f.name, f.type) for f in fields],
-                                      frozen=True, slots=True)
-    values = [f"{f.name} value" for f in fields]
-    changed = [*values[:-1], "changed"]
-    mine, theirs = cls(*values), twin(*values)
-    assert repr(mine) == repr(theirs)
-    assert hash(mine) == hash(theirs)
-    assert mine == cls(**{f.name: v for f, v in zip(fields, values, strict=True)})
-    assert (mine == cls(*changed)) is (theirs == twin(*changed)) is False
-    assert hash(cls(*changed)) == hash(twin(*changed))
-    assert mine.__eq__(theirs) is NotImplemented and mine != theirs
-    assert cls.__match_args__ == twin.__match_args__
-    assert tuple(cls.__slots__) == tuple(twin.__slots__) and not hasattr(mine, "__dict__")
-    attempts: list[Callable[[object], None]] = [
-        lambda o: setattr(o, fields[0].name, 1), lambda o: delattr(o, fields[0].name)]
-    for attempt in attempts:
-        with pytest.raises(dataclasses.FrozenInstanceError) as raised_mine:
-            attempt(mine)
-        with pytest.raises(dataclasses.FrozenInstanceError) as raised_theirs:
-            attempt(theirs)
-        assert str(raised_mine.value) == str(raised_theirs.value)
-    with pytest.raises(AttributeError):  # (3.11's slotted dataclass raises TypeError here)
-        mine.extra = 1  # type: ignore[attr-defined]
-    assert pickle.loads(pickle.dumps(mine)) == mine
-    assert copy.deepcopy(mine) == mine and copy.copy(mine) == mine
-    assert dataclasses.replace(mine, **{fields[-1].name: "changed"}) == cls(*changed)
-    assert dataclasses.astuple(mine) == dataclasses.astuple(theirs)
-    assert dataclasses.asdict(mine) == dataclasses.asdict(theirs)
-    if not cls.__doc__.startswith(("``", "A ", "The ")):  # no docstring of its own
-        assert cls.__doc__ == twin.__doc__
-    for wrong in ((*values, "extra"), tuple(values[:-1])):
-        with pytest.raises(TypeError):
-            cls(*wrong)
-    with pytest.raises(TypeError):
-        cls(*values[:-1], **{fields[-1].name: "x", "extra": 1})
 
 
 # ---- keywords and names ----------------------------------------------------------------------------

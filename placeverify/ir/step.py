@@ -5,13 +5,13 @@ micro-batch), then ``post``. Gradients accumulate locally (``+=``) at each ``Bac
 collective replaces the buffer it names by the reduced buffer, so a reduction inside the loop
 reduces everything accumulated so far. That exact semantics is shared by the Z3 encoding
 (:mod:`placeverify.verify`), the exact interpreter (:mod:`placeverify.semantics`) and the torch
-replay backend.
+replay backend. Every class is a frozen, slotted dataclass made by :func:`~placeverify.node.node`
+(built without generating code: check start-up time).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from placeverify.diagnostics import Span
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
+from placeverify.node import node
 
 OWNER = "owner"  # a broadcast's source when each shard comes from its owner (Collective.source)
 
@@ -33,7 +34,7 @@ class Scope(StrEnum):
     STEP = "step"  # every micro-batch of the step
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Count:
     """A token or sample count, summed over ``axes`` (by an all-reduce) and over ``scope``."""
 
@@ -55,7 +56,7 @@ class TermKind(StrEnum):
     LOSS_SCALE = "loss_scale"  # the loss-scale factor of mixed-precision training (any S > 0)
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Term:
     kind: TermKind
     number: Fraction = Fraction(1)
@@ -74,7 +75,7 @@ class Term:
         return self.kind.value
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Monomial:
     """A product of terms with integer exponents, e.g. ``sum * |cp| / tokens(dp, step)``."""
 
@@ -120,7 +121,7 @@ class TargetKind(StrEnum):
     ACTIVATIONS = "activations"
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Target:
     kind: TargetKind
     groups: frozenset[ParamGroup] | None = None  # None: every parameter group
@@ -161,13 +162,13 @@ class Region(StrEnum):
     SHARDED = "sharded"  # dropout on activations sharded over the group
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Backward:
     loss: Monomial
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Collective:
     kind: CollectiveKind
     op: ReduceOp | None
@@ -193,14 +194,14 @@ class Collective:
         return f"{call} {self.target.label()} over {self.group.label()}"
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Scale:
     target: Target
     factor: Monomial
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Clip:
     max_norm: Fraction
     group: Group  # the squared norm is summed over this group
@@ -209,18 +210,18 @@ class Clip:
     target: Target = Target(TargetKind.GRADS)  # the gradients whose joint norm is clipped
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Update:
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Free:
     target: Target
     span: Span
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Seed:
     region: Region
     same: bool  # same seed across the group (True) or one per rank (False)
@@ -231,13 +232,13 @@ class Seed:
 Op = Backward | Collective | Scale | Clip | Update | Free
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class LoopOp:
     op: Op
     microbatch: int | None = None  # None: every micro-batch; k: only micro-batch k (0-based)
 
 
-@dataclass(frozen=True, slots=True)
+@node
 class Step:
     microbatches: int
     pre: tuple[Op, ...]

@@ -2,7 +2,7 @@
 
 Nodes are plain, immutable and carry the span of the text they came from; nothing here knows
 what a name means (that is lowering's job, in :mod:`placeverify.lower`). Each class is a frozen,
-slotted dataclass made by :func:`~placeverify.syntax.node.node`, which builds it without
+slotted dataclass made by :func:`~placeverify.node.node`, which builds it without
 generating code (check start-up time).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from placeverify.diagnostics import Span
-from placeverify.syntax.node import node
+from placeverify.node import node
 
 
 @node
