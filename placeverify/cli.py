@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import os
 import sys
@@ -15,6 +17,12 @@ from rich.console import Console
 from placeverify import __version__
 from placeverify.console import console, error_console, print_errors, verdict_exit, worst
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
+
+# A command's process ends with the command. Freezing the heap at exit spares the interpreter's
+# final garbage collections a walk over every object the loaded modules hold (about 30 ms of a
+# 0.3 s check); what they would free, the operating system reclaims. Nothing else changes: atexit
+# handlers still run and the standard streams are still flushed.
+atexit.register(gc.freeze)
 
 EXIT_CODES = """\b
 Exit codes:
