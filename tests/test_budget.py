@@ -43,6 +43,8 @@ def test_a_slow_encoding_stops_at_the_budget() -> None:
 def test_the_budget_caps_each_solver_query() -> None:
     with budget.active(budget.Budget.start(0.5, 10_000)):
         assert budget.query_ms(10_000) <= 500
+        assert budget.query_limit(10_000)[1]  # the budget sets it: the query must stop there
+        assert budget.query_limit(100) == (100, False)  # its own request sets it
     with budget.active(budget.Budget.start(-1.0)), pytest.raises(budget.BudgetExhausted):
         budget.query_ms(10_000)
     assert budget.query_ms(1234) == 1234  # no budget: the request itself
@@ -83,3 +85,47 @@ def test_check_cli_exits_3_when_the_budget_runs_out(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stdout + done.stderr
     assert "time budget" in done.stdout
     assert time.monotonic() - started < 60
+
+
+# benchmarks/fuzz.py --seed 1, input 142: its gradient-integrity query is a large nonlinear
+# formula whose preprocessing in Z3's default tactic pipeline polls no time limit.
+FUZZ_1_142 = """strategy "fuzz"
+model mixtral_8x7b
+mesh {
+    x0 = 8
+    x1 = 1
+    x2 = 8
+    x3 = 4
+}
+place zero2 over x0
+place zero3 over x1
+place ddp over x2
+place expert over x3
+loss microbatch_mean
+clip max_norm = 1.0
+microbatches = 32
+"""
+
+
+def test_a_query_the_budget_limits_stops_at_its_limit() -> None:
+    from placeverify.ir.model import ParamGroup
+    from placeverify.semantics.groups import group_view
+    from placeverify.verify.z3 import solve
+
+    strategy = api.load_text(FUZZ_1_142, "fuzz-1-142.place")
+    view = group_view(strategy, ParamGroup.DENSE)
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    encoded = z3_integrity.encode(strategy, view, sizes, strategy.step.microbatches, "t_",
+                                  integer=False)
+    formula = z3_integrity.mismatch_formula(encoded)
+    with budget.active(budget.Budget.start(1.0)):
+        assert budget.query_ms(10_000) == pytest.approx(900, abs=20)
+        started = time.monotonic()
+        try:
+            solve.check(formula, 10_000)
+        except budget.BudgetExhausted:
+            pass
+        elapsed = time.monotonic() - started
+    # Z3's default pipeline took 1.3-1.4 s on this query at a 0.3 s limit, 2.3 s at 1 s
+    assert elapsed < 1.0, f"a 0.9 s query took {elapsed:.2f} s"
+
