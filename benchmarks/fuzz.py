@@ -201,7 +201,8 @@ def _start(context: Any, budget: float, memory_mib: int | None) -> _Worker:
 
 
 def _parallel(jobs: list[tuple[str, str]], workers: int, budget: float, kill_after: float,
-              memory_mib: int | None, progress: Callable[[int], None]) -> list[Outcome]:
+              memory_mib: int | None, progress: Callable[[int], None],
+              stop_at: float) -> list[Outcome]:
     context = mp.get_context("fork")  # the workers share this module as loaded (and the examples)
     pool = [_start(context, budget, memory_mib) for _ in range(workers)]
     results: dict[int, Outcome] = {}
@@ -209,7 +210,7 @@ def _parallel(jobs: list[tuple[str, str]], workers: int, budget: float, kill_aft
     queue.reverse()
 
     def assign(worker: _Worker) -> None:
-        if queue:
+        if queue and time.monotonic() < stop_at:
             index, (name, text) = queue.pop()
             worker.job, worker.started = (index, name, text), time.monotonic()
             worker.conn.send((name, text))
@@ -262,24 +263,29 @@ def _parallel(jobs: list[tuple[str, str]], workers: int, budget: float, kill_aft
                 if worker.process.is_alive():
                     worker.process.kill()
                     worker.process.join()
-    return [results[i] for i in range(len(jobs))]
+    return [results[i] for i in range(len(jobs)) if i in results]  # a prefix, stopped at stop_at
 
 
 def campaign(count: int, seed: int, budget: float, jobs: int = 0, kill_after: float | None = None,
              memory_mib: int | None = None,
-             progress: Callable[[int], None] = lambda _done: None) -> list[Outcome]:
-    """Run ``count`` inputs of ``seed``: in this process (``jobs`` 0) or in ``jobs`` workers."""
+             progress: Callable[[int], None] = lambda _done: None,
+             max_seconds: float | None = None) -> list[Outcome]:
+    """Run ``count`` inputs of ``seed``: in this process (``jobs`` 0) or in ``jobs`` workers;
+    with ``max_seconds``, no input is started after that long (the outcomes are then fewer)."""
     todo = list(inputs(count, seed))
+    stop_at = time.monotonic() + (max_seconds if max_seconds is not None else math.inf)
     if jobs <= 0:
         outcomes = []
         for name, text in todo:
+            if time.monotonic() >= stop_at:
+                break
             outcome = run_one(name, text, budget)
             outcome.rss_mib = _rss_mib()
             outcomes.append(outcome)
             progress(len(outcomes))
         return outcomes
     return _parallel(todo, jobs, budget, kill_after if kill_after is not None else 4 * budget + 30,
-                     memory_mib, progress)
+                     memory_mib, progress, stop_at)
 
 
 def summary(outcomes: list[Outcome], budget: float) -> str:
@@ -298,7 +304,8 @@ def summary(outcomes: list[Outcome], budget: float) -> str:
                                                      key=lambda kv: (not kv[0].isdigit(),
                                                                      int(kv[0]) if kv[0].isdigit() else 0)))
     seconds = [o.seconds for o in outcomes] or [0.0]
-    lines = [f"inputs {len(outcomes)}; exit codes {codes}",
+    reached = sum(1 for o in outcomes if o.verdict in ("proved", "refuted", "unknown"))
+    lines = [f"inputs {len(outcomes)} ({reached} reached the verifier); exit codes {codes}",
              "verdicts " + ", ".join(f"{v}: {n}" for v, n in sorted(by_verdict.items())),
              f"internal errors {len(internal)}; dead processes {len(dead)}; "
              f"budget overruns (> {budget * 1.1:g} s) {len(over)}",
@@ -328,6 +335,8 @@ def main() -> None:
     parser.add_argument("--save", type=Path, default=None,
                         help="write internal-error, dead and over-budget inputs to this folder")
     parser.add_argument("--show", type=int, default=None, help="print input N and exit")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="start no input after this long (report the inputs run by then)")
     args = parser.parse_args()
     if args.show is not None:
         for index, (_, text) in enumerate(inputs(args.show + 1, args.seed)):
@@ -343,8 +352,10 @@ def main() -> None:
                   flush=True)
 
     outcomes = campaign(args.count, args.seed, args.budget, args.jobs, args.kill_after,
-                        args.memory_limit or None, progress)
+                        args.memory_limit or None, progress, args.max_seconds)
     print(" ".join(["python", "benchmarks/fuzz.py", *sys.argv[1:]]))
+    if len(outcomes) < args.count:
+        print(f"stopped after --max-seconds: inputs 0..{len(outcomes) - 1} of {args.count} ran")
     print(summary(outcomes, args.budget))
     print(f"wall {time.monotonic() - started:.0f} s")
     if args.save is not None:
