@@ -170,3 +170,69 @@ def test_building_the_count_constraints_stops_at_the_budget() -> None:
             encoded.counts.constraints()
         assert time.monotonic() - started < 0.5
 
+
+
+# benchmarks/fuzz.py --seed 0, input 7054: FSDP and ZeRO-2 axes with 128 micro-batches; each
+# micro-batch's reduce-scatter relabels every coefficient, an expression that grows with k.
+FUZZ_0_7054 = """strategy "fuzz"
+model { params = 1e6 }
+mesh {
+    x0 = 1
+    x1 = 4096
+    x2 = 8
+    x3 = 4
+}
+place ddp over x0
+place (R, R, R, R) over x1
+place (S*, S, S, R) over x2
+place zero2 over x3
+loss microbatch_mean
+clip max_norm = 0.5
+microbatches = 128
+"""
+
+
+def test_a_reduction_stops_at_the_budget_between_two_coefficients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each coefficient of a reduction may cost a traversal of an expression that grows with the
+    # micro-batch (0.1 s and more late in a 128-micro-batch loop); here each costs 1 ms.
+    is_zero = z3_integrity._is_zero
+    late: list[int] = []
+
+    def slow(term: object) -> bool:
+        if sys._getframe(1).f_code.co_name == "reduce":
+            active = budget.current()
+            if active is not None and active.exhausted():
+                late.append(1)
+            time.sleep(0.001)
+        return is_zero(term)
+
+    monkeypatch.setattr(z3_integrity, "_is_zero", slow)
+    verification = api.verify(api.load_text(FUZZ_0_7054, "fuzz-0-7054.place"), budget_s=0.3)
+    assert verification.overall() is Verdict.UNKNOWN
+    assert len(late) <= 2, f"{len(late)} coefficients looked at after the deadline (up to 510)"
+
+
+def test_a_query_gets_what_is_left_after_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    import z3
+
+    from placeverify.verify.z3 import solve
+
+    limits: list[object] = []
+    add, set_ = z3.Solver.add, z3.Solver.set
+
+    def slow_add(self: z3.Solver, *args: object) -> None:
+        time.sleep(0.3)  # building a large query takes time too
+        add(self, *args)
+
+    def record(self: z3.Solver, *args: object, **kwargs: object) -> None:
+        if args and args[0] == "timeout":
+            limits.append(args[1])
+        set_(self, *args, **kwargs)
+
+    monkeypatch.setattr(z3.Solver, "add", slow_add)
+    monkeypatch.setattr(z3.Solver, "set", record)
+    with budget.active(budget.Budget.start(1.0)):
+        solve.check(z3.Real("x") > 0, 10_000)
+    assert len(limits) == 1 and isinstance(limits[0], int)
+    assert limits[0] <= 650  # 1 s, less 0.1 s of reserve and the 0.3 s the query took to build

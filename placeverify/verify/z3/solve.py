@@ -39,12 +39,13 @@ def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
     2 s queries took 1.4 s and 3.7 s, past the budget's reserve. The pipeline stays the default
     because the two may answer with different models (and the context they leave behind changes
     later models): the counterexamples of a check within its budget stay as they were."""
-    limit_ms, bounded = budget.query_limit(timeout_ms)
+    _, bounded = budget.query_limit(timeout_ms)
     solver = z3.SolverFor(logic) if logic else z3.Solver()
-    solver.set("timeout", max(1, limit_ms))
     if bounded:
         solver.push()
     solver.add(formula)
+    limit_ms, _ = budget.query_limit(timeout_ms)  # what is left once the query is built
+    solver.set("timeout", max(1, limit_ms))
     started = time.perf_counter()
     result = solver.check()
     seconds = time.perf_counter() - started
