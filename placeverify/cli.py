@@ -19,7 +19,6 @@ from placeverify.console import (
     console,
     error_console,
     print_errors,
-    stop_cleanly_on_signals,
     verdict_exit,
     worst,
 )
@@ -108,7 +107,6 @@ def emit_outcomes(output: str, outcomes: list[Any], code: ExitCode, require_fit:
 
 def guarded(run: Callable[[], ExitCode]) -> NoReturn:
     """Run a command body; turn every failure into a message and an exit code, never a traceback."""
-    stop_cleanly_on_signals()
     try:
         code = run()
     except PlaceError as error:

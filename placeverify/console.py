@@ -78,8 +78,11 @@ def _terminate(signum: int, _frame: FrameType | None) -> None:
 def stop_cleanly_on_signals() -> None:
     """SIGTERM and SIGHUP raise :class:`Terminated` instead of killing the process on the spot (the
     default), as Ctrl-C raises ``KeyboardInterrupt``; the commands exit 143 and 129 (130 for
-    SIGINT) after cleaning up. Only the main thread can install handlers; elsewhere (a library
-    caller's worker thread) nothing changes."""
+    SIGINT) after cleaning up. Installed by the commands that start processes and temporary
+    folders (``replay``, ``measure``, ``check --replay``) when they start them, and left so:
+    a Python handler runs only between two bytecodes, so a command with nothing to clean up
+    keeps the default, which ends it at once even inside a long solver query. Only the main
+    thread can install handlers; elsewhere (a library caller's worker thread) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         return
     for each in (signal.SIGTERM, signal.SIGHUP):

@@ -147,3 +147,32 @@ def test_a_signalled_measurement_leaves_nothing_behind(tmp_path: Path, name: str
     assert processes == {}
     assert returncode == CODES[name], stderr
     assert "Traceback" not in stderr
+
+
+def test_a_signalled_check_replay_leaves_nothing_behind(tmp_path: Path) -> None:
+    returncode, stderr, processes, left = stop_midway(
+        ["check", "--replay", str(BUG)], replay_ranks, signal.SIGTERM, tmp_path)
+    assert left == []
+    assert processes == {}
+    assert returncode == CODES["SIGTERM"], stderr
+    assert stderr.strip().splitlines()[-1] == "placeverify: stopped by SIGTERM"
+
+
+def test_a_check_without_processes_keeps_the_default_sigterm(tmp_path: Path) -> None:
+    # a Python handler would wait for the solver query under way (up to 10 s) before running
+    slow = tmp_path / "slow.place"
+    slow.write_text("\n".join([
+        'strategy "a reduction inside 128 micro-batches"', "model gpt3_175b { micro_batch = 1 }",
+        "mesh { dp = 2 }", "place fsdp over dp", "loss microbatch_mean", "step {",
+        "    microbatches = 128", "    each microbatch {", "        backward sum / tokens(dp, step)",
+        "        all_reduce(mean) grads over dp", "    }", "    reduce_scatter(sum) grads over dp",
+        "    update params", "}", ""]))
+    proc = subprocess.Popen([sys.executable, "-m", "placeverify", "check", "--timeout", "60",
+                             str(slow)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=default_signals)
+    time.sleep(3)
+    assert proc.poll() is None, "the check finished before it could be signalled"
+    os.kill(proc.pid, signal.SIGTERM)
+    started = time.monotonic()
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    assert time.monotonic() - started < 2
