@@ -89,10 +89,11 @@ def default_signals() -> None:
 
 
 def stop_midway(args: list[str], ranks: Callable[[dict[int, tuple[int, str]]], list[int]],
-                signum: int, tmp_path: Path) -> tuple[int, str, dict[int, tuple[int, str]],
-                                                      list[str]]:
-    """Run the command, signal it once its 2 ranks run; its exit code, stderr, the marked
-    processes left and the TMPDIR's entries left."""
+                signum: int, tmp_path: Path, world: int = 2) -> tuple[int, str,
+                                                                      dict[int, tuple[int, str]],
+                                                                      list[str]]:
+    """Run the command, signal it once its ``world`` ranks run; its exit code, stderr, the
+    marked processes left and the TMPDIR's entries left."""
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     marker = uuid.uuid4().hex
@@ -105,7 +106,7 @@ def stop_midway(args: list[str], ranks: Callable[[dict[int, tuple[int, str]]], l
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=default_signals)
     try:
-        started = until(lambda: len(ranks(marked(marker))) == 2, 120)
+        started = until(lambda: len(ranks(marked(marker))) == world, 120)
         assert started, f"the ranks did not start: {marked(marker)}"
         assert any(temporary.iterdir()), "the run made no temporary folder"
         os.kill(proc.pid, signum)
@@ -151,7 +152,7 @@ def test_a_signalled_measurement_leaves_nothing_behind(tmp_path: Path, name: str
 
 def test_a_signalled_check_replay_leaves_nothing_behind(tmp_path: Path) -> None:
     returncode, stderr, processes, left = stop_midway(
-        ["check", "--replay", str(BUG)], replay_ranks, signal.SIGTERM, tmp_path)
+        ["check", "--replay", str(BUG)], replay_ranks, signal.SIGTERM, tmp_path, world=4)
     assert left == []
     assert processes == {}
     assert returncode == CODES["SIGTERM"], stderr
