@@ -58,6 +58,7 @@ MEASURE_WORKER = "placeverify.measure.worker"  # python -m MODULE JOB RANK STORE
 POLL_SECONDS = 0.05
 STDERR_TAIL = 2000
 PARENT_POLL_SECONDS = 0.2  # how often a rank looks for its parent
+ORPHAN_GRACE_SECONDS = 2.0  # how long an orphaned rank waits for its main process to be gone
 GRACE_SECONDS = 30.0  # a rank outlives the run's deadline by at most this (the parent kills it first)
 WATCH_ENV = "PLACEVERIFY_RANK_WATCH"  # a measure rank's watch_parent arguments, as JSON
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -278,18 +279,24 @@ def watch_parent(main_pid: int, leave: Sequence[str], deadline: float | None = N
     process), handled between two bytecodes of the main thread; a thread that looks every
     :data:`PARENT_POLL_SECONDS` (a main thread blocked in a collective runs no handler); and the
     same look now, for a parent that died while this process started. The folders are removed
-    only when ``main_pid`` itself is dead: a rank whose forkserver died under a living parent
-    just exits, and the parent, seeing it crash, cleans up.
+    only when ``main_pid`` itself is dead (waiting up to :data:`ORPHAN_GRACE_SECONDS` for it to
+    finish dying): a rank whose forkserver died under a living parent just exits, and the
+    parent, seeing it crash, cleans up.
     """
     direct = os.getppid()
 
     def leave_if_orphaned(code: int) -> None:
+        if _alive(main_pid) and os.getppid() == direct:
+            return
+        # A forkserver sees its main process's pipe close, and exits, while the kernel is still
+        # tearing that process down: give it a moment to finish dying before deciding.
+        until = time.monotonic() + ORPHAN_GRACE_SECONDS
+        while _alive(main_pid) and time.monotonic() < until:
+            time.sleep(0.02)
         if not _alive(main_pid):
             for folder in leave:
                 shutil.rmtree(folder, ignore_errors=True)
-            os._exit(code)
-        if os.getppid() != direct:
-            os._exit(code)
+        os._exit(code)
 
     def on_signal(_signum: int, _frame: Any) -> None:
         leave_if_orphaned(3)
