@@ -6,6 +6,7 @@ import atexit
 import gc
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -15,7 +16,14 @@ import click
 from rich.console import Console
 
 from placeverify import __version__
-from placeverify.console import console, error_console, print_errors, verdict_exit, worst
+from placeverify.console import (
+    Terminated,
+    console,
+    error_console,
+    print_errors,
+    verdict_exit,
+    worst,
+)
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
 
 # A command's process ends with the command. Freezing the heap at exit spares the interpreter's
@@ -36,6 +44,9 @@ Exit codes:
   5  replay/measure could not run (torch missing, a rank crashed or hung)
   6  with --require-fit: a strategy does not fit (predicted total above device_memory)
   70 internal error (a bug in placeverify; please report it)
+  129 stopped by SIGHUP, after stopping rank processes and removing temporary files
+  130 stopped by SIGINT (Ctrl-C), the same way
+  143 stopped by SIGTERM, the same way
 """
 
 def finite(value: float) -> float:
@@ -113,8 +124,12 @@ def guarded(run: Callable[[], ExitCode]) -> NoReturn:
         error_console().print(f"Error: {error.format_message()}", markup=False)
         code = ExitCode.INPUT_ERROR
     except KeyboardInterrupt:
-        error_console().print("interrupted", markup=False)
-        code = ExitCode.INPUT_ERROR
+        error_console().print("placeverify: interrupted", markup=False)
+        code = ExitCode.INTERRUPTED
+    except Terminated as stop:
+        error_console().print(f"placeverify: stopped by {signal.Signals(stop.signum).name}",
+                              markup=False)
+        code = stop.exit_code
     except BrokenPipeError:
         code = ExitCode.OK
     except Exception as error:  # a bug: say so plainly, keep the traceback for --debug

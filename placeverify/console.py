@@ -1,4 +1,5 @@
-"""Terminal helpers shared by the ``placeverify`` commands: consoles, error printing, exit codes.
+"""Terminal helpers shared by the ``placeverify`` commands: consoles, error printing, exit codes,
+and what a termination signal does.
 
 Both CLIs (:mod:`placeverify.cli` and :mod:`placeverify.prove.cli`) and the comparison table print
 diagnostics and combine per-file outcomes into one exit code the same way; the codes and their
@@ -7,8 +8,11 @@ order are documented in ``placeverify --help`` (:data:`placeverify.cli.EXIT_CODE
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Iterable
+from types import FrameType
 
 from rich.console import Console
 
@@ -52,3 +56,35 @@ def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
     err = error_console()
     for diagnostic in error.diagnostics:
         err.print(diagnostic.render(error.source, pretty=pretty), markup=False)
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by a SIGTERM or SIGHUP (:func:`stop_cleanly_on_signals`), so that
+    every ``finally`` on the way out runs: rank processes are killed, temporary folders removed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = ExitCode.HANGUP if signum == signal.SIGHUP else ExitCode.TERMINATED
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    # Later signals are ignored: they would interrupt the clean-up the first one started.
+    for each in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(each, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+def stop_cleanly_on_signals() -> None:
+    """SIGTERM and SIGHUP raise :class:`Terminated` instead of killing the process on the spot (the
+    default), as Ctrl-C raises ``KeyboardInterrupt``; the commands exit 143 and 129 (130 for
+    SIGINT) after cleaning up. Installed by the commands that start processes and temporary
+    folders (``replay``, ``measure``, ``check --replay``) when they start them, and left so:
+    a Python handler runs only between two bytecodes, so a command with nothing to clean up
+    keeps the default, which ends it at once even inside a long solver query. Only the main
+    thread can install handlers; elsewhere (a library caller's worker thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for each in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(each) is signal.SIG_DFL:  # an ignored SIGHUP (nohup) stays ignored
+            signal.signal(each, _terminate)

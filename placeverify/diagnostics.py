@@ -28,6 +28,9 @@ class ExitCode(IntEnum):
     BACKEND_ERROR = 5  # replay/measure could not run (torch missing, a rank crashed or hung)
     DOES_NOT_FIT = 6  # with --require-fit: a strategy's predicted total exceeds device_memory
     INTERNAL_ERROR = 70  # a bug in placeverify itself
+    HANGUP = 129  # stopped by SIGHUP (128 + 1), after cleaning up
+    INTERRUPTED = 130  # stopped by SIGINT (128 + 2, Ctrl-C), after cleaning up
+    TERMINATED = 143  # stopped by SIGTERM (128 + 15), after cleaning up
 
 
 class Severity(StrEnum):

@@ -23,7 +23,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,12 +53,14 @@ T = TypeVar("T")
 
 
 class TraceError(PlaceverifyError):
-    """A trace document that is not a well-formed ``placeverify.trace/1`` (an input error)."""
+    """A trace document that is not a well-formed ``placeverify.trace/1`` (an input error);
+    ``at`` is the top-level key it is about, where the message points."""
 
-    def __init__(self, message: str, code: Code = Code.TRACE) -> None:
+    def __init__(self, message: str, code: Code = Code.TRACE, at: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.at = at
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,7 @@ class Trace:
     devices: tuple[DeviceRun, ...]
     reference: str | None  # the single-device gradient
     values: Mapping[str, Any]  # solver values for non-gradient evidence (free-form JSON)
+    origin: str | None = field(default=None, compare=False)  # the file it was loaded from
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document, keys in schema order."""
@@ -163,19 +166,20 @@ class Trace:
         :class:`TraceError`."""
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-            raise TraceError(f"not a {SCHEMA} trace (schema: {found!r})")
+            raise TraceError(f"not a {SCHEMA} trace (schema: {found!r})",
+                             at="schema" if isinstance(doc, dict) and "schema" in doc else None)
         missing = [k for k in REQUIRED if k not in doc] or [k for k in KEYS if k not in doc]
         if missing:
             raise TraceError("trace lacks " + ", ".join(missing))
         source = _typed(doc, "source", str, "a string")
         if len(source) > MAX_FILE_BYTES:
-            raise TraceError("trace source is too large", Code.TOO_LARGE)
+            raise TraceError("trace source is too large", Code.TOO_LARGE, "source")
         mesh = doc["mesh"]
         if not isinstance(mesh, dict) or not all(
                 isinstance(k, str) and type(v) is int and 1 <= v <= MAX_AXIS for k, v in mesh.items()):
-            raise TraceError(f"trace mesh must map axis names to sizes 1..{MAX_AXIS}")
+            raise TraceError(f"trace mesh must map axis names to sizes 1..{MAX_AXIS}", at="mesh")
         if not isinstance(doc["microbatches"], int) or not 1 <= doc["microbatches"] <= 1024:
-            raise TraceError("trace microbatches must be 1..1024")
+            raise TraceError("trace microbatches must be 1..1024", at="microbatches")
         group = doc["group"]
         return Trace(
             placeverify=_typed(doc, "placeverify", str, "a string"),
@@ -206,7 +210,7 @@ class Trace:
 def _typed(doc: Mapping[str, Any], key: str, kind: type[T], what: str) -> T:
     value = doc[key]
     if not isinstance(value, kind):
-        raise TraceError(f"trace {key} must be {what}")
+        raise TraceError(f"trace {key} must be {what}", at=key)
     return value
 
 
@@ -219,7 +223,7 @@ def _enum(doc: Mapping[str, Any], key: str, kind: Callable[[str], T]) -> T:
     try:
         return kind(value)
     except ValueError:
-        raise TraceError(f"trace {key} {value!r} is not known") from None
+        raise TraceError(f"trace {key} {value!r} is not known", at=key) from None
 
 
 def _coords(value: object) -> Coords:
@@ -273,7 +277,7 @@ def _rows(doc: Mapping[str, Any], key: str, shape: str,
     try:
         return tuple(read(_exact(row, dict)) for row in _exact(rows, list))
     except (KeyError, ValueError):
-        raise TraceError(f"trace {key} must be a list of {shape}") from None
+        raise TraceError(f"trace {key} must be a list of {shape}", at=key) from None
 
 
 def _fraction(value: Fraction | None) -> str | None:
@@ -377,10 +381,58 @@ def load(path: str) -> Trace:
         raise PlaceError([Diagnostic(Severity.ERROR, f"not a JSON trace: {err.msg}", Code.TRACE,
                                      Span.point(err.lineno, err.colno))], Source(path, text)) from None
     try:
-        return Trace.from_json(doc)
+        return replace(Trace.from_json(doc), origin=path)
     except TraceError as err:
-        where = source if err.code is Code.TOO_LARGE else Source(path, text)
-        raise PlaceError([Diagnostic(Severity.ERROR, err.message, err.code)], where) from None
+        span = key_span(text, err.at) if err.at else None
+        where = Source(path, text)
+        if err.code is Code.TOO_LARGE:  # the source line would be the whole oversized source
+            where, span = source, None
+        raise PlaceError([Diagnostic(Severity.ERROR, err.message, err.code, span)], where) from None
+
+
+def inconsistent(trace: Trace, message: str, at: str) -> PlaceError:
+    """An input error about a loaded trace (exit 2), pointing at its top-level key ``at`` in the
+    trace file it was loaded from (without a file, at nothing)."""
+    if trace.origin is None:
+        return PlaceError([Diagnostic(Severity.ERROR, message, Code.TRACE)],
+                          Source(trace.file or "<trace>", ""))
+    try:
+        text = decode_text(trace.origin, Path(trace.origin).read_bytes())
+    except (OSError, PlaceError):
+        text = ""
+    return PlaceError([Diagnostic(Severity.ERROR, message, Code.TRACE, key_span(text, at))],
+                      Source(trace.origin, text))
+
+
+def key_span(text: str, key: str) -> Span | None:
+    """Where the top-level ``key`` of a JSON object text is written (its quoted name), if it is."""
+    decoder = json.JSONDecoder()
+
+    def blank(i: int) -> int:
+        while i < len(text) and text[i] in " \t\r\n":
+            i += 1
+        return i
+
+    try:
+        i = blank(0)
+        if text[i] != "{":
+            return None
+        i = blank(i + 1)
+        while text[i] == '"':
+            name, end = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+            if name == key:
+                line = text.count("\n", 0, i) + 1
+                column = i - (text.rfind("\n", 0, i) + 1) + 1
+                return Span(line, column, line, column + (end - i))
+            i = blank(blank(end) + 1)  # past the ':'
+            _, i = decoder.raw_decode(text, i)
+            i = blank(i)
+            if text[i] != ",":
+                return None
+            i = blank(i + 1)
+    except (IndexError, ValueError):
+        return None
+    return None
 
 
 def _too_deep(text: str, limit: int) -> tuple[int, int] | None:

@@ -3,6 +3,7 @@ each ends as an *unknown* obligation with its reason (exit 3), never a hang, a c
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -43,6 +44,8 @@ def test_a_slow_encoding_stops_at_the_budget() -> None:
 def test_the_budget_caps_each_solver_query() -> None:
     with budget.active(budget.Budget.start(0.5, 10_000)):
         assert budget.query_ms(10_000) <= 500
+        assert budget.query_limit(10_000)[1]  # the budget sets it: the query must stop there
+        assert budget.query_limit(100) == (100, False)  # its own request sets it
     with budget.active(budget.Budget.start(-1.0)), pytest.raises(budget.BudgetExhausted):
         budget.query_ms(10_000)
     assert budget.query_ms(1234) == 1234  # no budget: the request itself
@@ -83,3 +86,153 @@ def test_check_cli_exits_3_when_the_budget_runs_out(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stdout + done.stderr
     assert "time budget" in done.stdout
     assert time.monotonic() - started < 60
+
+
+# benchmarks/fuzz.py --seed 1, input 142: its gradient-integrity query is a large nonlinear
+# formula whose preprocessing in Z3's default tactic pipeline polls no time limit.
+FUZZ_1_142 = """strategy "fuzz"
+model mixtral_8x7b
+mesh {
+    x0 = 8
+    x1 = 1
+    x2 = 8
+    x3 = 4
+}
+place zero2 over x0
+place zero3 over x1
+place ddp over x2
+place expert over x3
+loss microbatch_mean
+clip max_norm = 1.0
+microbatches = 32
+"""
+
+
+def test_a_query_the_budget_limits_stops_at_its_limit() -> None:
+    from placeverify.ir.model import ParamGroup
+    from placeverify.semantics.groups import group_view
+    from placeverify.verify.z3 import solve
+
+    strategy = api.load_text(FUZZ_1_142, "fuzz-1-142.place")
+    view = group_view(strategy, ParamGroup.DENSE)
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    encoded = z3_integrity.encode(strategy, view, sizes, strategy.step.microbatches, "t_",
+                                  integer=False)
+    formula = z3_integrity.mismatch_formula(encoded)
+    with budget.active(budget.Budget.start(1.0)):
+        assert budget.query_ms(10_000) == pytest.approx(900, abs=20)
+        started = time.monotonic()
+        with contextlib.suppress(budget.BudgetExhausted):
+            solve.check(formula, 10_000)
+        elapsed = time.monotonic() - started
+    # Z3's default pipeline took 1.3-1.4 s on this query at a 0.3 s limit, 2.3 s at 1 s
+    assert elapsed < 1.1, f"a 0.9 s query took {elapsed:.2f} s (budget 1 s + 10%)"
+
+
+
+# benchmarks/fuzz.py --seed 0, input 93: FSDP with a reduction inside a 128-micro-batch loop; its
+# count constraints are cubic in the 257 count sets (33,154 constraints, 2 s each time).
+FUZZ_0_93 = """strategy "fuzz"
+model gpt3_175b { micro_batch = 1 }
+mesh {
+    x0 = 2
+}
+place fsdp over x0
+loss microbatch_mean
+clip max_norm = 1.0
+step {
+    microbatches = 128
+    each microbatch {
+        backward sum / tokens(x0, step)
+        all_reduce(mean) grads over x0
+    }
+    reduce_scatter(sum) grads over x0
+    clip(max_norm = 1.0) grads over x0
+    update params
+}
+"""
+
+
+def test_building_the_count_constraints_stops_at_the_budget() -> None:
+    from placeverify.ir.model import ParamGroup
+    from placeverify.semantics.groups import group_view
+
+    strategy = api.load_text(FUZZ_0_93, "fuzz-0-93.place")
+    view = group_view(strategy, ParamGroup.DENSE)
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    encoded = z3_integrity.encode(strategy, view, sizes, strategy.step.microbatches, "t_",
+                                  integer=False)
+    assert len(encoded.counts.sets) > 200
+    with budget.active(budget.Budget.start(0.05)):
+        time.sleep(0.06)
+        started = time.monotonic()
+        with pytest.raises(budget.BudgetExhausted):
+            encoded.counts.constraints()
+        assert time.monotonic() - started < 0.5
+
+
+
+# benchmarks/fuzz.py --seed 0, input 7054: FSDP and ZeRO-2 axes with 128 micro-batches; each
+# micro-batch's reduce-scatter relabels every coefficient, an expression that grows with k.
+FUZZ_0_7054 = """strategy "fuzz"
+model { params = 1e6 }
+mesh {
+    x0 = 1
+    x1 = 4096
+    x2 = 8
+    x3 = 4
+}
+place ddp over x0
+place (R, R, R, R) over x1
+place (S*, S, S, R) over x2
+place zero2 over x3
+loss microbatch_mean
+clip max_norm = 0.5
+microbatches = 128
+"""
+
+
+def test_a_reduction_stops_at_the_budget_between_two_coefficients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each coefficient of a reduction may cost a traversal of an expression that grows with the
+    # micro-batch (0.1 s and more late in a 128-micro-batch loop); here each costs 1 ms.
+    is_zero = z3_integrity._is_zero
+    late: list[int] = []
+
+    def slow(term: object) -> bool:
+        if sys._getframe(1).f_code.co_name == "reduce":
+            active = budget.current()
+            if active is not None and active.exhausted():
+                late.append(1)
+            time.sleep(0.001)
+        return is_zero(term)
+
+    monkeypatch.setattr(z3_integrity, "_is_zero", slow)
+    verification = api.verify(api.load_text(FUZZ_0_7054, "fuzz-0-7054.place"), budget_s=0.3)
+    assert verification.overall() is Verdict.UNKNOWN
+    assert len(late) <= 2, f"{len(late)} coefficients looked at after the deadline (up to 510)"
+
+
+def test_a_query_gets_what_is_left_after_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    import z3
+
+    from placeverify.verify.z3 import solve
+
+    limits: list[object] = []
+    add, set_ = z3.Solver.add, z3.Solver.set
+
+    def slow_add(self: z3.Solver, *args: object) -> None:
+        time.sleep(0.3)  # building a large query takes time too
+        add(self, *args)
+
+    def record(self: z3.Solver, *args: object, **kwargs: object) -> None:
+        if args and args[0] == "timeout":
+            limits.append(args[1])
+        set_(self, *args, **kwargs)
+
+    monkeypatch.setattr(z3.Solver, "add", slow_add)
+    monkeypatch.setattr(z3.Solver, "set", record)
+    with budget.active(budget.Budget.start(1.0)):
+        solve.check(z3.Real("x") > 0, 10_000)
+    assert len(limits) == 1 and isinstance(limits[0], int)
+    assert limits[0] <= 650  # 1 s, less 0.1 s of reserve and the 0.3 s the query took to build

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,3 +113,127 @@ def test_replay_timeout_nan_is_a_usage_error() -> None:
     done = cli("replay", "--timeout", "nan", "no-such-trace.json")
     assert done.returncode == ExitCode.INPUT_ERROR
     assert "nan" in done.stderr
+
+
+# ---- traces that are no counterexample of their own source: input errors, not "VERIFIER BUG" ----
+
+
+def _edited_trace(tmp_path: Path, bug: str, edit: Callable[[dict[str, Any]], None]) -> Path:
+    verification = check(str(ROOT / "examples" / "bugs" / bug)).verification
+    assert verification is not None and verification.trace is not None
+    doc = verification.trace.to_json()
+    edit(doc)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def _plan_error(path: Path) -> tuple[str, int, int]:
+    """The input error planning a replay of the trace at ``path`` raises: message, line, column."""
+    from placeverify.replay.plan import plan_from_trace
+
+    with pytest.raises(PlaceError) as err:
+        plan_from_trace(load(str(path)), world=None, steps=1)
+    assert err.value.exit_code == ExitCode.INPUT_ERROR
+    (diagnostic,) = err.value.diagnostics
+    assert diagnostic.code == "trace" and diagnostic.span is not None
+    assert err.value.source.path == str(path)
+    return diagnostic.message, diagnostic.span.line, diagnostic.span.column
+
+
+def _key_at(path: Path, key: str) -> tuple[int, int]:
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith(f'  "{key}":'):
+            return number, 3
+    raise AssertionError(key)
+
+
+def _equal_tokens(doc: dict[str, Any]) -> None:
+    for row in doc["tokens"]:
+        row["tokens"] = 2
+
+
+def _one_microbatch(doc: dict[str, Any]) -> None:
+    doc["microbatches"] = 1
+    for key in ("tokens", "samples", "gradients"):
+        doc[key] = [row for row in doc[key] if row["microbatch"] == 0]
+
+
+def _source_fixed(doc: dict[str, Any]) -> None:  # the accumulation normalised by the global count
+    doc["source"] = doc["source"].replace("backward mean ", "backward sum / tokens(dp, step) ") \
+        .replace("    scale grads by 1 / microbatches\n", "")
+
+
+def _source_with_fewer_microbatches(doc: dict[str, Any]) -> None:
+    doc["source"] = doc["source"].replace("microbatches = 4", "microbatches = 1")
+
+
+def _larger_mesh(doc: dict[str, Any]) -> None:
+    doc["mesh"] = {"dp": 2}  # the rows still hold dp 0 only
+
+
+@pytest.mark.parametrize(("edit", "key", "words"), [
+    (_equal_tokens, "tokens", "token counts are all equal (2 each)"),
+    (_one_microbatch, "microbatches", "with its step's 4 micro-batches it does not"),
+    (_source_fixed, "source", "the trace is no counterexample of its source"),
+    (_source_with_fewer_microbatches, "microbatches",
+     "the trace has 2 micro-batches but its source's step has 1"),
+    (_larger_mesh, "tokens", "token rows do not fit its mesh (dp = 2 with 2 micro-batches)"),
+])
+def test_a_loss_normaliser_trace_that_shows_no_divergence_is_an_input_error(
+        tmp_path: Path, edit: Callable[[dict[str, Any]], None], key: str, words: str) -> None:
+    # ga-token-normalisation: a per-micro-batch mean is wrong only for unequal token counts
+    path = _edited_trace(tmp_path, "ga-token-normalisation.place", edit)
+    message, line, column = _plan_error(path)
+    assert words in message
+    assert (line, column) == _key_at(path, key)
+
+
+def test_a_trace_whose_source_z3_proves_at_its_mesh_is_an_input_error(tmp_path: Path) -> None:
+    def gather(doc: dict[str, Any]) -> None:  # the missing parameter all-gather put back
+        doc["source"] = re.sub(r"    update params .*\n", "    update params\n"
+                               "    all_gather params over dp\n", doc["source"])
+
+    path = _edited_trace(tmp_path, "zero1-no-allgather.place", gather)
+    assert "all_gather params" in json.loads(path.read_text())["source"]
+    message, line, column = _plan_error(path)
+    assert message.startswith("Z3 proves the trace's source at the trace's own mesh (dp = 2 with "
+                              "1 micro-batch)")
+    assert (line, column) == _key_at(path, "source")
+
+
+@pytest.mark.parametrize("bug", sorted(p.name for p in (ROOT / "examples" / "bugs").glob("*.place")))
+def test_every_bundled_trace_is_a_counterexample_of_its_source(bug: str, tmp_path: Path) -> None:
+    from placeverify.replay.plan import plan_from_trace
+
+    path = _edited_trace(tmp_path, bug, lambda doc: None)
+    plan = plan_from_trace(load(str(path)), world=None, steps=1)
+    assert plan.expect.verdict.value == "refuted" or plan.resized, bug
+
+
+def test_replay_of_a_trace_with_equal_counts_exits_2(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    path = _edited_trace(tmp_path, "ga-token-normalisation.place", _equal_tokens)
+    done = cli("replay", str(path))
+    assert done.returncode == ExitCode.INPUT_ERROR, done.stdout + done.stderr
+    line, column = _key_at(path, "tokens")
+    assert done.stderr.startswith(f"{path}:{line}:{column}: error: the trace's token counts are "
+                                  "all equal")
+    assert done.stderr.splitlines()[0].endswith("  [trace]")
+    assert "VERIFIER BUG" not in done.stdout + done.stderr and done.stdout == ""
+
+
+@pytest.mark.parametrize(("key", "value"), [("source", 42), ("mesh", {"dp": 0}),
+                                            ("microbatches", 0), ("kind", "no-such-kind"),
+                                            ("tokens", "many")])
+def test_a_malformed_trace_key_is_pointed_at(tmp_path: Path, trace: object, key: str,
+                                             value: object) -> None:
+    doc = _trace_doc(trace)
+    doc[key] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc, indent=2))
+    with pytest.raises(PlaceError) as err:
+        load(str(path))
+    (diagnostic,) = err.value.diagnostics
+    assert diagnostic.span is not None
+    assert (diagnostic.span.line, diagnostic.span.column) == _key_at(path, key)

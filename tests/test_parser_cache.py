@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,33 @@ def test_the_cache_can_be_turned_off(cache: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PLACEVERIFY_NO_CACHE", "1")
     parser_cache.load_or_build(grammar(), PARSER_OPTIONS, "t")
     assert not list(cache.glob("*.json"))
+
+
+def _cache_file(cache: Path) -> Path:
+    key = parser_cache._key(grammar(), PARSER_OPTIONS, "t", [])
+    return cache / f"t-parser-{key[:24]}.json"
+
+
+@pytest.mark.parametrize("what", ["directory", "fifo"])
+def test_something_else_at_the_cache_path_is_left_alone_and_nothing_leaks(
+        cache: Path, what: str) -> None:
+    target = _cache_file(cache)
+    if what == "directory":
+        target.mkdir()
+    else:
+        os.mkfifo(target)
+    for _ in range(3):
+        parser = parser_cache.load_or_build(grammar(), PARSER_OPTIONS, "t")
+        assert parser.parse("model { params = 1e9 }\nmesh { dp = 2 }\nplace ddp over dp\n")
+    assert [p.name for p in cache.iterdir()] == [target.name]
+    assert target.is_dir() if what == "directory" else stat.S_ISFIFO(target.stat().st_mode)
+
+
+def test_a_failed_rename_leaves_no_temporary_file(cache: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(_src: str, _dst: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(parser_cache.os, "replace", refuse)
+    parser_cache.load_or_build(grammar(), PARSER_OPTIONS, "t")
+    assert list(cache.iterdir()) == []

@@ -15,8 +15,12 @@ their ranks in one of two ways:
 In both the parent is the watchdog: the first rank to fail stops the others at once, a run that
 outlives its deadline (a mismatched collective hangs) is stopped as a whole, and only the
 processes started here are killed, by their handles (a forked rank's whole process group: each
-rank calls ``setsid``). The ranks also die with the parent and never outlive their own deadline.
-Every failure is one :class:`BackendFailure` whose :class:`FailureKind` says what happened.
+rank calls ``setsid``). Every failure is one :class:`BackendFailure` whose :class:`FailureKind`
+says what happened. The run's folder is removed and its ranks killed on every way out of the
+parent that runs Python: an answer, a failure, Ctrl-C, and SIGTERM or SIGHUP (which the command
+turns into an exception, :func:`placeverify.console.stop_cleanly_on_signals`). A parent killed
+outright (SIGKILL) runs nothing, so each rank watches it (:func:`watch_parent`): when it is gone
+the rank removes the run's folders and exits; and no rank outlives its own deadline.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import contextlib
 import importlib
 import json
 import multiprocessing as mp
+import multiprocessing.util
 import os
 import re
 import shutil
@@ -32,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +57,11 @@ REPLAY_PRELOAD = ["placeverify.replay.warm", "placeverify.cli"]
 MEASURE_WORKER = "placeverify.measure.worker"  # python -m MODULE JOB RANK STORE OUT
 POLL_SECONDS = 0.05
 STDERR_TAIL = 2000
+PARENT_POLL_SECONDS = 0.2  # how often a rank looks for its parent
+ORPHAN_GRACE_SECONDS = 2.0  # how long an orphaned rank waits for its main process to be gone
+GRACE_SECONDS = 30.0  # a rank outlives the run's deadline by at most this (the parent kills it first)
+WATCH_ENV = "PLACEVERIFY_RANK_WATCH"  # a measure rank's watch_parent arguments, as JSON
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class FailureKind(StrEnum):
@@ -139,11 +150,15 @@ class Pool:
         with tempfile.TemporaryDirectory(prefix="placeverify-replay-") as folder:
             store = os.path.join(folder, "store")
             try:
+                # Who removes what if this process is killed outright: the run's folder, and
+                # the folder of the forkserver's socket (multiprocessing removes it at exit).
+                leave = [folder, multiprocessing.util.get_temp_dir()]
                 for rank in range(world):
                     receive, send = self.context.Pipe(duplex=False)
                     proc = self.context.Process(
                         target=worker_entry,
-                        args=(REPLAY_WORKER, job, rank, world, store, send, os.getpid(), timeout),
+                        args=(REPLAY_WORKER, job, rank, world, store, send, os.getpid(), timeout,
+                              leave),
                         name=f"placeverify-replay-rank-{rank}", daemon=True)
                     proc.start()
                     send.close()
@@ -214,10 +229,102 @@ class Pool:
 
 
 def worker_entry(worker: str, job: str, rank: int, world: int, store: str, conn: Connection,
-                 main_pid: int, timeout: float) -> None:
+                 main_pid: int, timeout: float, leave: list[str]) -> None:
     """The ranks' target: a name the parent can hand to the forkserver without importing torch;
-    the worker module (already imported by the warm server) runs the rank."""
+    the worker module (already imported by the warm server) runs the rank. The rank gets its own
+    process group (the parent kills the group) and follows the parent (:func:`watch_parent`)."""
+    with contextlib.suppress(OSError):
+        os.setsid()
+    watch_parent(main_pid, leave, time.monotonic() + timeout + GRACE_SECONDS)
     importlib.import_module(worker).rank_main(job, rank, world, store, conn, main_pid, timeout)
+
+
+# ---- in a rank: follow the parent ---------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists and, where /proc says, is not a zombie (a parent killed
+    outright stays a zombie until its own parent reaps it, and signal 0 still reaches it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists (the number was reused by another user's process: cannot tell)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _parent_death_signal(signum: int) -> None:
+    """Linux: have the kernel send ``signum`` to this process when its parent dies (prctl)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def watch_parent(main_pid: int, leave: Sequence[str], deadline: float | None = None) -> None:
+    """In a rank: exit when the run's parent process ``main_pid`` is gone, first removing the
+    folders in ``leave`` (a parent killed outright removes nothing); exit past ``deadline``.
+
+    Three ways to notice, the first to fire wins: the kernel's parent-death signal (SIGTERM,
+    Linux; the direct parent is the forkserver for a replay rank, which exits with the main
+    process), handled between two bytecodes of the main thread; a thread that looks every
+    :data:`PARENT_POLL_SECONDS` (a main thread blocked in a collective runs no handler); and the
+    same look now, for a parent that died while this process started. The folders are removed
+    only when ``main_pid`` itself is dead (waiting up to :data:`ORPHAN_GRACE_SECONDS` for it to
+    finish dying): a rank whose forkserver died under a living parent just exits, and the
+    parent, seeing it crash, cleans up.
+    """
+    direct = os.getppid()
+
+    def leave_if_orphaned(code: int) -> None:
+        if _alive(main_pid) and os.getppid() == direct:
+            return
+        # A forkserver sees its main process's pipe close, and exits, while the kernel is still
+        # tearing that process down: give it a moment to finish dying before deciding.
+        until = time.monotonic() + ORPHAN_GRACE_SECONDS
+        while _alive(main_pid) and time.monotonic() < until:
+            time.sleep(0.02)
+        if not _alive(main_pid):
+            for folder in leave:
+                shutil.rmtree(folder, ignore_errors=True)
+        os._exit(code)
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        leave_if_orphaned(3)
+        os._exit(128 + signal.SIGTERM)  # terminated while the parent lives: as the default does
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_SECONDS)
+            leave_if_orphaned(3)
+            if deadline is not None and time.monotonic() > deadline:
+                os._exit(4)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        _parent_death_signal(signal.SIGTERM)
+    leave_if_orphaned(3)  # after the prctl: a parent that died before it is seen here
+    threading.Thread(target=watch, name="placeverify-parent-watch", daemon=True).start()
+
+
+def watch_parent_from_env() -> None:
+    """A measure rank's :func:`watch_parent`, with the arguments :func:`run_jobs` put in its
+    environment (nothing happens without them: a rank started by hand has no parent to follow)."""
+    text = os.environ.get(WATCH_ENV)
+    if not text:
+        return
+    args = json.loads(text)
+    watch_parent(int(args["parent"]), [str(f) for f in args["leave"]],
+                 time.monotonic() + float(args["seconds"]))
 
 
 _POOL: Pool | None = None
@@ -291,6 +398,8 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
                              encoding="utf-8")
         env = dict(os.environ)
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
+        env[WATCH_ENV] = json.dumps({"parent": os.getpid(), "leave": [str(folder)],
+                                     "seconds": timeout + GRACE_SECONDS})
         root = str(Path(placeverify.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         for rank in range(world):

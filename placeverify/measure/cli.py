@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.backend.runtime import BackendFailure, run_workers
+from placeverify.console import stop_cleanly_on_signals
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.lower import load
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document, model_text
@@ -33,6 +34,7 @@ def _stderr() -> Console:
 
 def measure_file(path: str, *, as_json: bool, timeout: float, console: Console) -> ExitCode:
     """Measure one ``.place`` file; print the comparison on ``console``; the exit code."""
+    stop_cleanly_on_signals()
     err = _stderr()
     try:
         strategy = load(path)

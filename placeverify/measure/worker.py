@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
+from placeverify.backend.runtime import watch_parent_from_env  # noqa: E402
 from placeverify.cost.implementations.pipeline import stage_layers  # noqa: E402
 from placeverify.cost.implementations.spec import Implementation, OptimizerKind, RunSpec  # noqa: E402
 from placeverify.ir.placement import Schedule  # noqa: E402
@@ -342,22 +342,9 @@ def measure_pipeline(spec: RunSpec, rank: int, meter: AllocationMeter) -> dict[s
     return result_document(states, probe, recorder, model, grads, spec.microbatches, loss, meter)
 
 
-def follow_parent() -> None:
-    """Exit if the parent (the watchdog) goes away, so that no rank outlives a killed run."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    threading.Thread(target=watch, name="placeverify-parent-watch", daemon=True).start()
-
-
 def main(argv: list[str]) -> int:
     """Run every spec of the job file in turn (they share one world size) on this rank."""
-    follow_parent()
+    watch_parent_from_env()
     job_path, rank_text, store_path, out_path = argv
     rank = int(rank_text)
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))

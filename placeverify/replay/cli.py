@@ -35,6 +35,7 @@ from rich.console import Console
 
 from placeverify.backend.available import torch_available
 from placeverify.backend.runtime import BackendFailure, FailureKind, pool
+from placeverify.console import stop_cleanly_on_signals
 from placeverify.diagnostics import ExitCode
 from placeverify.replay.compare import outcome
 from placeverify.replay.layout import Unsupported, layout_of
@@ -89,6 +90,7 @@ def _failure_report(failure: BackendFailure, source: str) -> dict[str, Any]:
 def replay_trace(path: str, *, as_json: bool, steps: int, world: int | None, timeout: float,
                  console: Console) -> ExitCode:
     """``placeverify replay trace.json``."""
+    stop_cleanly_on_signals()
     trace = load(path)  # a bad trace raises PlaceError: the CLI prints it
     try:
         _check_backend()
@@ -109,6 +111,7 @@ def replay_result(result: Any, *, as_json: bool, console: Console) -> ExitCode:
     out = Console(stderr=True, highlight=False, markup=False, soft_wrap=True) if as_json else console
     if verification is None:
         return ExitCode.OK
+    stop_cleanly_on_signals()
     try:
         _check_backend()
         pool().prestart()
@@ -123,6 +126,7 @@ def replay_document(result: Any, *, timeout: float = 120.0) -> tuple[ExitCode, d
     """``check --replay --json``: the replay's document, to embed under "replay" in the check's."""
     verification = result.verification
     path = result.strategy.source.path
+    stop_cleanly_on_signals()
     try:
         _check_backend()
         pool().prestart()

@@ -30,10 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from placeverify.api import verify as api_verify
-from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, load_text
 from placeverify.lower.resize import resize
+from placeverify.replay.consistency import (
+    check_claim,
+    check_counts,
+    check_mesh,
+    check_microbatches,
+)
 from placeverify.replay.counts import AtomCounts, pick_counts, trace_counts
 from placeverify.replay.sizes import replayed_sizes
 from placeverify.trace import Trace
@@ -189,21 +194,23 @@ def _trace_sizes(trace: Trace, strategy: Strategy) -> dict[str, int]:
 def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
                     timeout_ms: int = 10_000) -> Plan:
     """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`) on the
-    trace's mesh, or on ``world`` processes."""
+    trace's mesh, or on ``world`` processes. A trace that is no counterexample of its own source
+    (:mod:`placeverify.replay.consistency`) raises an input error."""
     path = trace.file or "<trace>"
     strategy = load_text(trace.source, path)
-    unknown = set(trace.mesh) - set(strategy.mesh.names)
-    if unknown:
-        raise PlaceError([Diagnostic(Severity.ERROR, "trace mesh names axes the strategy does not "
-                                     f"have: {', '.join(sorted(unknown))}", Code.TRACE)],
-                         Source(path, ""))
+    check_mesh(trace, strategy)
+    check_microbatches(trace, strategy)
     keep = _trace_sizes(trace, strategy)
     notes: list[str] = []
     sizes, reason = replayed_sizes(strategy, keep, world, "trace's mesh")
     m = trace.microbatches
     spec_base = RunSpec("trace", trace.source, path, sizes, m, False, [], [], steps)
     resized = strategy_of(spec_base)
+    if sizes == keep:  # the trace's own mesh: its counts are replayed, so they must fit
+        check_counts(trace, resized, sizes)
     expect = verify(resized, timeout_ms)
+    if sizes == keep and trace.kind not in UNWITNESSED:
+        check_claim(trace, resized, sizes, expect.verdict)
     counts = trace_counts(trace, resized, sizes, m) if sizes == keep else None
     tokens, samples = _counts(resized, sizes, m, expect, counts, notes)
     main = replace(spec_base, tokens=tokens, samples=samples)

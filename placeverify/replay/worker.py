@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import datetime
 import json
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -88,8 +85,13 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _fault(spec: RunSpec, rank: int, where: str) -> None:
-    """Test hook (never set from a trace): make one rank crash, raise or hang."""
+    """Test hook (never set from a trace): make one rank crash, raise or hang, as the job's
+    ``fault`` says, or ``PLACEVERIFY_REPLAY_FAULT=KIND:RANK[:WHERE]`` (the signal tests)."""
     fault = spec.fault
+    if fault is None and os.environ.get("PLACEVERIFY_REPLAY_FAULT"):
+        kind, _, rest = os.environ["PLACEVERIFY_REPLAY_FAULT"].partition(":")
+        target, _, at = rest.partition(":")
+        fault = {"kind": kind, "rank": int(target or -1), "where": at or "step"}
     if not fault or int(fault.get("rank", -1)) != rank or fault.get("where", "step") != where:
         return
     kind = fault.get("kind")
@@ -200,36 +202,10 @@ def warm_up() -> None:
 # ---- forkserver children --------------------------------------------------------------------------
 
 
-def _detach(main_pid: int, deadline: float) -> None:
-    """Own process group (so the parent can kill the whole tree), die with the parent, and never
-    outlive the deadline."""
-    with contextlib.suppress(OSError):
-        os.setsid()
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed when the forkserver dies
-    except (OSError, AttributeError):
-        pass
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            try:
-                os.kill(main_pid, 0)
-            except OSError:
-                os._exit(3)
-            if time.monotonic() > deadline:
-                os._exit(4)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def rank_main(job: str, rank: int, world: int, store_path: str, conn: Any, main_pid: int,
               timeout: float) -> None:
-    """Entry point of a rank started by :mod:`placeverify.backend.runtime`."""
-    _detach(main_pid, time.monotonic() + timeout + 30)
+    """Entry point of a rank started by :mod:`placeverify.backend.runtime` (which has already
+    put it in its own process group and made it follow the parent)."""
 
     def send(doc: dict[str, Any]) -> None:
         conn.send_bytes(json.dumps(doc).encode("utf-8"))

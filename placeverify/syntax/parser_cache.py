@@ -7,6 +7,7 @@ non-string keys are written as lists of pairs so they come back exactly.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -98,13 +99,25 @@ def _read(path: Path, key: str) -> Lark | None:
 
 
 def _write(path: Path, key: str, parser: Lark) -> None:
+    """Write the cache file atomically (a temporary file renamed over it); never over anything
+    but a regular file, and never leaving the temporary file behind."""
     try:
+        if path.exists() and not path.is_file():
+            return  # a directory, FIFO or device where the file goes: not ours to replace
         data, memo = parser.memo_serialize([TerminalDef, Rule])
         text = json.dumps({"key": key, "data": _encode(data), "memo": _encode(memo)})
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(prefix=".parser-", suffix=".json", dir=path.parent)
+    except (OSError, TypeError, ValueError):
+        return  # a read-only home or an unserialisable parser: build each time instead
+    try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(temporary, path)
-    except (OSError, TypeError, ValueError):
-        return  # a read-only home or an unserialisable parser: build each time instead
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

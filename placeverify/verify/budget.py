@@ -80,10 +80,16 @@ class Budget:
     def query_ms(self, requested_ms: int) -> int:
         """The time limit of the next solver query: what is left, capped by the request and the
         per-query cap, less the reserve; raises once nothing is left."""
+        return self.query_limit(requested_ms)[0]
+
+    def query_limit(self, requested_ms: int) -> tuple[int, bool]:
+        """:meth:`query_ms`, and whether what is left of the budget is what limits it (so the
+        query must not overshoot its limit)."""
         left = self.remaining_s() - self.seconds * RESERVE_FRACTION
         if left <= 0:
             raise BudgetExhausted(self.seconds)
-        return max(1, min(int(requested_ms), self.query_cap_ms, int(left * 1000)))
+        own = min(int(requested_ms), self.query_cap_ms)
+        return max(1, min(own, int(left * 1000))), int(left * 1000) < own
 
 
 _ACTIVE: ContextVar[Budget | None] = ContextVar("placeverify_budget", default=None)
@@ -115,5 +121,10 @@ def checkpoint() -> None:
 
 def query_ms(requested_ms: int) -> int:
     """A solver query's time limit under the active budget (the request itself without one)."""
+    return query_limit(requested_ms)[0]
+
+
+def query_limit(requested_ms: int) -> tuple[int, bool]:
+    """A solver query's time limit under the active budget, and whether the budget sets it."""
     budget = _ACTIVE.get()
-    return int(requested_ms) if budget is None else budget.query_ms(requested_ms)
+    return (int(requested_ms), False) if budget is None else budget.query_limit(requested_ms)

@@ -209,9 +209,8 @@ class _Coefficients:
             i = self.axes.index(axis)
             new: dict[Key, Any] = {}
             others = _real(n) - 1
-            for index, key in enumerate(self.keys):
-                if index % 256 == 255:
-                    checkpoint()
+            for key in self.keys:
+                checkpoint()  # each relabelling traverses its expression, which grows with k
                 same = Key((*key.cls[:i], SAME, *key.cls[i + 1:]), key.k)
                 diff = Key((*key.cls[:i], DIFF, *key.cls[i + 1:]), key.k)
                 if _is_zero(out[same]) and _is_zero(out[diff]):
