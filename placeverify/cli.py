@@ -57,6 +57,24 @@ def import_options(command: Callable[..., None]) -> Callable[..., None]:
                         help="A Hugging Face config.json describing the model.")(command)
 
 
+def set_option(command: Callable[..., None]) -> Callable[..., None]:
+    """--set KEY=VALUE (repeatable): override a value of every strategy (README "Overrides")."""
+    return click.option(
+        "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+        help="Override a value of the strategy, e.g. mesh.dp=16, model.seq=8192, "
+             "place.dp=zero3, precision=megatron, microbatches=8 (repeatable; README "
+             "\"Overrides\").")(command)
+
+
+def override_settings(texts: tuple[str, ...]) -> Any:
+    """The checked overrides, or None without any (a malformed one is an error, exit 2)."""
+    if not texts:
+        return None
+    from placeverify.api import overrides
+
+    return overrides(texts)
+
+
 def import_settings(model: str | None, world: int | None, fmt: str | None) -> Any:
     from placeverify.importers import Options
 
@@ -145,9 +163,11 @@ def main() -> None:
 @budget_option
 @output_options
 @import_options
+@set_option
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
           trace_path: str | None, replay: bool, timeout: float, output: str, require_fit: bool,
-          model: str | None, world: int | None, fmt: str | None) -> None:
+          model: str | None, world: int | None, fmt: str | None,
+          overrides: tuple[str, ...]) -> None:
     """Check strategies: costs, and proofs of the three correctness conditions."""
 
     def run() -> ExitCode:
@@ -156,6 +176,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         from placeverify.report.text import render_check
 
         fmt_out = output_of(as_json, output)
+        settings = override_settings(overrides)
         paths = expand_paths(files)
         if trace_path is not None and len(paths) != 1:
             raise click.UsageError("--trace takes exactly one file")
@@ -165,8 +186,8 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         for index, path in enumerate(paths):
             try:
                 result = check_file(path, verify_conditions=not no_verify, formulas=formulas,
-                                    budget_s=timeout,
-                                    imports=import_settings(model, world, fmt))
+                                    budget_s=timeout, imports=import_settings(model, world, fmt),
+                                    settings=settings)
             except PlaceError as error:
                 print_errors(error)
                 codes.append(error.exit_code)
@@ -230,9 +251,10 @@ def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
 @output_options
 @budget_option
 @import_options
+@set_option
 def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: str,
             require_fit: bool, timeout: float, model: str | None, world: int | None,
-            fmt: str | None) -> None:
+            fmt: str | None, overrides: tuple[str, ...]) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -240,9 +262,11 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: 
         from placeverify.report.compare import render_compare
 
         fmt_out = output_of(as_json, output)
+        settings = override_settings(overrides)
         paths = expand_paths(files)
         document, outcomes = compare_files(paths, with_verdicts, import_settings(model, world, fmt),
-                                           require_fit=require_fit, budget_s=timeout)
+                                           require_fit=require_fit, budget_s=timeout,
+                                           settings=settings)
         codes = [o.exit_code for o in outcomes]
         if fmt_out == "json":
             emit_json(document)
@@ -324,14 +348,16 @@ def measure(file: str, as_json: bool, timeout: float) -> None:
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default=None,
               help="Write the .place file here (atomically) instead of printing it.")
 @import_options
+@set_option
 def import_(file: str, out: str | None, model: str | None, world: int | None,
-            fmt: str | None) -> None:
+            fmt: str | None, overrides: tuple[str, ...]) -> None:
     """Import a Megatron-LM script, DeepSpeed JSON, torchtitan TOML or accelerate YAML as .place."""
 
     def run() -> ExitCode:
         from placeverify.importers.cli import import_command
 
-        return import_command(file, import_settings(model, world, fmt), out)
+        return import_command(file, import_settings(model, world, fmt), out,
+                              override_settings(overrides))
 
     guarded(run)
 

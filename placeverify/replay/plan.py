@@ -248,7 +248,10 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
     main = replace(base, tokens=tokens, samples=samples)
     control = control_expect = origin = None
     if claimed is Verdict.REFUTED:
-        control, control_expect, origin = _control(strategy.source.path, main, timeout_ms)
+        # A file checked with --set overrides is not its fixed twin's file any more: the
+        # control is then the canonical step of the overridden placement.
+        control, control_expect, origin = _control(
+            "" if strategy.overrides else strategy.source.path, main, timeout_ms)
     return Plan(main, expect, Claim(claimed, declared, "file"), control, control_expect, origin,
                 reason, tuple(notes))
 

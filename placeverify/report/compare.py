@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.cost import whole
+from placeverify.report.data import overrides_document
 from placeverify.report.text import VERDICT_STYLE
 from placeverify.result import CheckResult
 from placeverify.verdicts import Verdict
@@ -46,6 +47,8 @@ def compare_row(path: str, result: CheckResult) -> dict[str, Any]:
     }
     if result.verification is not None:
         row["verdicts"] = result.verification.verdicts()
+    if s.overrides:
+        row["overrides"] = overrides_document(s)
     return row
 
 
@@ -72,6 +75,8 @@ def render_compare(document: dict[str, Any], console: Console) -> None:
     if not rows:
         return
     console.print(Text("strategies compared (ratios against the first)", style="bold"))
+    if document.get("overrides"):
+        console.print(Text("overrides: " + ", ".join(document["overrides"]), style="bold"))
     table = Table(box=box.SIMPLE_HEAD)
     for column, justify in (("file", "left"), ("(Θ, Ω, G, A)", "left"), ("Θ", "right"),
                             ("Ω", "right"), ("G", "right"), ("A", "right"), ("total", "right"),
