@@ -13,7 +13,14 @@ import click
 from rich.console import Console
 
 from placeverify import __version__
-from placeverify.console import console, error_console, print_errors, verdict_exit, worst
+from placeverify.console import (
+    console,
+    error_console,
+    output_width,
+    print_errors,
+    verdict_exit,
+    worst,
+)
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
 
 EXIT_CODES = """\b
@@ -248,13 +255,22 @@ def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
+@click.option("--width", type=click.IntRange(20, 10_000), default=None,
+              help="Columns the table may use (default: COLUMNS, else the terminal's, else 120); "
+                   "a table wider than that is wrapped at column groups, transposed or listed, "
+                   "never cut.")
+@click.option("--units", type=click.Choice(["auto", "GB", "MB", "GiB", "MiB"]), default="auto",
+              show_default=True,
+              help="Unit of every byte figure: auto picks a decimal prefix per value (GB = 1e9 "
+                   "bytes, as the report and the ZeRO paper); GiB/MiB are binary, as torch and "
+                   "DeepSpeed print memory.")
 @output_options
 @budget_option
 @import_options
 @set_option
-def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: str,
-            require_fit: bool, timeout: float, model: str | None, world: int | None,
-            fmt: str | None, overrides: tuple[str, ...]) -> None:
+def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: int | None,
+            units: str, output: str, require_fit: bool, timeout: float, model: str | None,
+            world: int | None, fmt: str | None, overrides: tuple[str, ...]) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -271,7 +287,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: 
         if fmt_out == "json":
             emit_json(document)
         elif fmt_out == "text":
-            render_compare(document, console())
+            render_compare(document, console(), output_width(width), units)
         else:
             emit_outcomes(fmt_out, outcomes, worst(codes), require_fit)
         return worst(codes)

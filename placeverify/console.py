@@ -1,4 +1,5 @@
-"""Terminal helpers shared by the ``placeverify`` commands: consoles, error printing, exit codes.
+"""Terminal helpers shared by the ``placeverify`` commands: consoles and their width, error
+printing, exit codes.
 
 Both CLIs (:mod:`placeverify.cli` and :mod:`placeverify.prove.cli`) and the comparison table print
 diagnostics and combine per-file outcomes into one exit code the same way; the codes and their
@@ -7,6 +8,8 @@ order are documented in ``placeverify --help`` (:data:`placeverify.cli.EXIT_CODE
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from collections.abc import Iterable
 
@@ -35,6 +38,24 @@ def verdict_exit(verdict: Verdict) -> ExitCode:
             Verdict.UNKNOWN: ExitCode.UNKNOWN}[verdict]
 
 
+DEFAULT_WIDTH = 120  # piped output without COLUMNS
+MIN_WIDTH = 20
+
+
+def output_width(explicit: int | None = None) -> int:
+    """The columns a table may use: ``explicit`` (``--width``), else ``COLUMNS`` (also when
+    standard output is not a terminal: CI logs and pagers set it), else the terminal's width,
+    else 120; at least 20."""
+    if explicit is not None:
+        return max(MIN_WIDTH, explicit)
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return max(MIN_WIDTH, int(columns))
+    if sys.stdout.isatty():
+        return max(MIN_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+    return DEFAULT_WIDTH
+
+
 def console() -> Console:
     """Standard output: the terminal's width, or 120 columns when piped."""
     width = None if sys.stdout.isatty() else 120
@@ -52,3 +73,4 @@ def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
     err = error_console()
     for diagnostic in error.diagnostics:
         err.print(diagnostic.render(error.source, pretty=pretty), markup=False)
+
