@@ -14,6 +14,7 @@ from rich.console import Console
 
 from placeverify import __version__
 from placeverify.console import (
+    Progress,
     console,
     error_console,
     output_width,
@@ -62,6 +63,14 @@ def import_options(command: Callable[..., None]) -> Callable[..., None]:
                            help="World size, for configurations that leave it to the launcher.")(command)
     return click.option("--model", type=click.Path(dir_okay=False), default=None,
                         help="A Hugging Face config.json describing the model.")(command)
+
+
+def quiet_option(command: Callable[..., None]) -> Callable[..., None]:
+    """--quiet: no progress lines on standard error."""
+    return click.option(
+        "-q", "--quiet", is_flag=True,
+        help="No progress on standard error (off a terminal it is plain 'progress: ...' lines, "
+             "for CI logs).")(command)
 
 
 def set_option(command: Callable[..., None]) -> Callable[..., None]:
@@ -171,10 +180,11 @@ def main() -> None:
 @output_options
 @import_options
 @set_option
+@quiet_option
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
           trace_path: str | None, replay: bool, timeout: float, output: str, require_fit: bool,
-          model: str | None, world: int | None, fmt: str | None,
-          overrides: tuple[str, ...]) -> None:
+          model: str | None, world: int | None, fmt: str | None, overrides: tuple[str, ...],
+          quiet: bool) -> None:
     """Check strategies: costs, and proofs of the three correctness conditions."""
 
     def run() -> ExitCode:
@@ -190,7 +200,9 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         codes: list[ExitCode] = []
         outcomes: list[Outcome] = []
         out = console()
+        progress = Progress(quiet)
         for index, path in enumerate(paths):
+            progress.item("check", index + 1, len(paths), path)
             try:
                 result = check_file(path, verify_conditions=not no_verify, formulas=formulas,
                                     budget_s=timeout, imports=import_settings(model, world, fmt),
@@ -214,7 +226,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
 
                     replay_code, replayed = replay_document(result)
                 else:
-                    replay_code = replay_check(result, as_json, out)
+                    replay_code = replay_check(result, as_json, out, progress)
                 code = worst([code, replay_code])
             codes.append(code)
             outcomes.append(Outcome(path, code, result=result, replay=replayed))
@@ -222,6 +234,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
                 if index:
                     out.rule()
                 render_check(result, out, formulas=formulas)
+        progress.done()
         if fmt_out == "json":  # one file argument: its document; several or a folder: the list
             listing = len(files) > 1 or any(Path(f).is_dir() for f in files)
             emit_json(check_list_document(outcomes, worst(codes)) if listing
@@ -245,10 +258,10 @@ def write_trace(result: Any, path: str) -> None:
     error_console().print(f"trace written to {path}", markup=False)
 
 
-def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
+def replay_check(result: Any, as_json: bool, out: Console, progress: Progress) -> ExitCode:
     from placeverify.replay.cli import replay_result
 
-    return replay_result(result, as_json=as_json, console=out)
+    return replay_result(result, as_json=as_json, console=out, progress=progress)
 
 
 @main.command(epilog=EXIT_CODES)
@@ -268,9 +281,10 @@ def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
 @budget_option
 @import_options
 @set_option
+@quiet_option
 def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: int | None,
             units: str, output: str, require_fit: bool, timeout: float, model: str | None,
-            world: int | None, fmt: str | None, overrides: tuple[str, ...]) -> None:
+            world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -282,7 +296,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
         paths = expand_paths(files)
         document, outcomes = compare_files(paths, with_verdicts, import_settings(model, world, fmt),
                                            require_fit=require_fit, budget_s=timeout,
-                                           settings=settings)
+                                           settings=settings, progress=Progress(quiet))
         codes = [o.exit_code for o in outcomes]
         if fmt_out == "json":
             emit_json(document)
@@ -302,13 +316,15 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
               callback=lambda _ctx, _param, value: finite(value),
               help="Seconds for each rule file, shared by its solver queries (each at most 30 s); "
                    "what is undecided when it runs out is unknown (exit 3).")
-def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
+@quiet_option
+def prove(paths: tuple[str, ...], as_json: bool, timeout: float, quiet: bool) -> None:
     """Prove the composition rules in .rule files (folders are searched)."""
 
     def run() -> ExitCode:
         from placeverify.prove.cli import prove_paths
 
-        return prove_paths(paths, as_json=as_json, budget_s=timeout, console=console())
+        return prove_paths(paths, as_json=as_json, budget_s=timeout, console=console(),
+                           progress=Progress(quiet))
 
     guarded(run)
 
@@ -325,8 +341,9 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
               help="Seconds before a hung replay is stopped.")
 @click.option("--emit", type=click.Path(dir_okay=False), default=None,
               help="Write a standalone torchrun script (no placeverify import) instead of replaying.")
+@quiet_option
 def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: float,
-           emit: str | None) -> None:
+           emit: str | None, quiet: bool) -> None:
     """Replay a counterexample trace on real torch.distributed processes."""
 
     def run() -> ExitCode:
@@ -337,7 +354,7 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
         from placeverify.replay.cli import replay_trace
 
         return replay_trace(trace, as_json=as_json, steps=steps, world=world, timeout=timeout,
-                            console=console())
+                            console=console(), progress=Progress(quiet))
 
     guarded(run)
 
@@ -348,13 +365,15 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600),
               callback=lambda _ctx, _param, value: finite(value),
               help="Seconds before a hung measurement is stopped (all ranks are killed).")
-def measure(file: str, as_json: bool, timeout: float) -> None:
+@quiet_option
+def measure(file: str, as_json: bool, timeout: float, quiet: bool) -> None:
     """Measure the real torch implementation of a strategy against the predictions."""
 
     def run() -> ExitCode:
         from placeverify.measure.cli import measure_file
 
-        return measure_file(file, as_json=as_json, timeout=timeout, console=console())
+        return measure_file(file, as_json=as_json, timeout=timeout, console=console(),
+                            progress=Progress(quiet))
 
     guarded(run)
 

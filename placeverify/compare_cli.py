@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from placeverify.api import DEFAULT_BUDGET_S, check
-from placeverify.console import print_errors, verdict_exit, worst
+from placeverify.console import Progress, print_errors, verdict_exit, worst
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.importers import Options
 from placeverify.lower.overrides import Settings
@@ -20,12 +20,15 @@ from placeverify.report.outcome import Outcome, fits
 
 def compare_files(paths: list[str], with_verdicts: bool, imports: Options | None = None, *,
                   require_fit: bool = False, budget_s: float | None = DEFAULT_BUDGET_S,
-                  settings: Settings | None = None) -> tuple[dict[str, Any], list[Outcome]]:
+                  settings: Settings | None = None,
+                  progress: Progress | None = None) -> tuple[dict[str, Any], list[Outcome]]:
     """The comparison document (rows of the files that load, errors of the others) and each
     file's outcome with its exit code; ``settings`` (``--set``) override every file."""
     rows: list[dict[str, Any]] = []
     outcomes: list[Outcome] = []
-    for path in paths:
+    progress = progress or Progress(quiet=True)
+    for index, path in enumerate(paths):
+        progress.item("compare", index + 1, len(paths), path)
         try:
             result = check(path, verify_conditions=with_verdicts, imports=imports,
                            budget_s=budget_s, settings=settings)
@@ -39,6 +42,7 @@ def compare_files(paths: list[str], with_verdicts: bool, imports: Options | None
         if require_fit and fits(result) is False:
             code = worst([code, ExitCode.DOES_NOT_FIT])
         outcomes.append(Outcome(path, code, result=result))
+    progress.done()
     document = compare_document(rows)
     if settings:
         document["overrides"] = [s.text for s in settings.items]

@@ -1,5 +1,5 @@
 """Terminal helpers shared by the ``placeverify`` commands: consoles and their width, error
-printing, exit codes.
+printing, exit codes, progress.
 
 Both CLIs (:mod:`placeverify.cli` and :mod:`placeverify.prove.cli`) and the comparison table print
 diagnostics and combine per-file outcomes into one exit code the same way; the codes and their
@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 
@@ -74,3 +76,56 @@ def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
     for diagnostic in error.diagnostics:
         err.print(diagnostic.render(error.source, pretty=pretty), markup=False)
 
+
+class Progress:
+    """Progress of long work on standard error, so that CI logs show it too.
+
+    On a terminal, a task (a replay, a measurement) is a transient status line, and the items of
+    a loop over files show as one only when standard output is not the terminal (the reports
+    are the progress otherwise). Off a terminal, plain lines: ``progress: prove 3/12
+    proofs/zero.rule`` per item of a loop over more than one, ``progress: replaying ...`` per
+    step of a task. ``quiet`` (``--quiet``) prints nothing.
+    """
+
+    PREFIX = "progress: "
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.lines = not sys.stderr.isatty()
+        self._status: Any = None
+
+    def _line(self, text: str) -> None:
+        sys.stderr.write(self.PREFIX + text + "\n")
+        sys.stderr.flush()
+
+    def item(self, command: str, index: int, total: int, name: str) -> None:
+        """Item ``index`` (1-based) of ``total`` is starting; silent for a single item."""
+        if self.quiet or total < 2:
+            return
+        text = f"{command} {index}/{total} {name}"
+        if self.lines:
+            self._line(text)
+        elif not sys.stdout.isatty():
+            if self._status is None:
+                self._status = error_console().status(text)
+                self._status.start()
+            else:
+                self._status.update(text)
+
+    def done(self) -> None:
+        """The loop is over: the transient status line goes."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    @contextmanager
+    def task(self, text: str) -> Iterator[Callable[[str], None]]:
+        """A long task: ``text`` now, then each message given to the function it yields."""
+        if self.quiet:
+            yield lambda _message: None
+        elif self.lines:
+            self._line(text)
+            yield self._line
+        else:
+            with error_console().status(text) as status:
+                yield status.update

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -21,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.backend.runtime import BackendFailure, run_workers
+from placeverify.console import Progress
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.lower import load
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document, model_text
@@ -31,7 +29,8 @@ def _stderr() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
-def measure_file(path: str, *, as_json: bool, timeout: float, console: Console) -> ExitCode:
+def measure_file(path: str, *, as_json: bool, timeout: float, console: Console,
+                 progress: Progress | None = None) -> ExitCode:
     """Measure one ``.place`` file; print the comparison on ``console``; the exit code."""
     err = _stderr()
     try:
@@ -42,13 +41,10 @@ def measure_file(path: str, *, as_json: bool, timeout: float, console: Console) 
             err.print(diagnostic.render(error.source), markup=False)
         return error.exit_code
     started = time.perf_counter()
-    status: AbstractContextManager[Any] = nullcontext()
-    if not as_json and sys.stderr.isatty():
-        status = err.status(f"measuring on {measurement_plan.spec.world} ranks: "
-                            f"{measurement_plan.spec.label()}")
     try:
-        with status:
-            results = run_workers(measurement_plan.spec, timeout=timeout)
+        with (progress or Progress()).task(f"measuring on {measurement_plan.spec.world} ranks: "
+                                           f"{measurement_plan.spec.label()}") as say:
+            results = run_workers(measurement_plan.spec, timeout=timeout, progress=say)
     except BackendFailure as error:
         err.print(f"placeverify: measure: {error}", markup=False)
         return ExitCode.BACKEND_ERROR
