@@ -324,3 +324,20 @@ def test_schema_valid_with_overrides() -> None:
     _, out, _ = cli("compare", "--json", GPT3, "--set", "mesh.dp=32")
     compare = jsonschema.Draft202012Validator(schemas["compare"], registry=registry)
     assert list(compare.iter_errors(json.loads(out))) == []
+
+
+def test_the_replay_control_of_an_overridden_bug_file_is_the_canonical_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixed twin fixes the bug file as written; under --set the control is the canonical
+    step of the overridden placement (the twin stays the control of the file as written)."""
+    from placeverify.api import check as check_file
+    from placeverify.replay.plan import plan_from_strategy
+
+    monkeypatch.chdir(ROOT)
+    bug = "examples/bugs/zero1-no-allgather.place"
+    as_written = check_file(bug)
+    overridden = check_file(bug, settings=parse_settings(["model.params=1e9"]))
+    assert plan_from_strategy(as_written.strategy, known=as_written.verification
+                              ).control_origin == "examples/ok/zero1-no-allgather-fixed.place"
+    plan = plan_from_strategy(overridden.strategy, known=overridden.verification)
+    assert plan.control_origin == "canonical step"
