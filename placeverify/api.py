@@ -6,7 +6,8 @@ Each stage can be called on its own, for people who use placeverify as a library
 
 - :func:`read` a file into a :class:`~placeverify.diagnostics.Source`, :func:`parse` a source into
   the AST (:mod:`placeverify.syntax.ast`, every node with its span);
-- :func:`lower` the AST into the IR, or :func:`load` / :func:`load_text` for both steps at once;
+- :func:`lower` the AST into the IR, or :func:`load` / :func:`load_text` for both steps at once
+  (under ``--set`` overrides checked by :func:`overrides`);
 - :func:`derive_step` the canonical step of a configuration (what a correct implementation of its
   presets does in one training step);
 - :func:`costs` (memory and communication per device, exact or as SymPy expressions);
@@ -27,6 +28,7 @@ from placeverify.importers import Options, is_importable
 from placeverify.ir.step import Step
 from placeverify.ir.strategy import Config, Strategy
 from placeverify.lower import canonical, load, load_text, lower
+from placeverify.lower.overrides import Settings, parse_settings
 from placeverify.lower.resize import resize
 from placeverify.result import CheckResult
 from placeverify.syntax import ast
@@ -39,8 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_BUDGET_S", "DEFAULT_TIMEOUT_MS", "CheckResult", "check", "check_strategy", "costs",
-    "derive_step", "estimate_time", "load", "load_text", "lower", "parse", "read", "resize",
-    "verify",
+    "derive_step", "estimate_time", "load", "load_text", "lower", "overrides", "parse", "read",
+    "resize", "verify",
 ]
 
 DEFAULT_TIMEOUT_MS = 10_000  # one solver query at most; past it the obligation is 'unknown'
@@ -55,6 +57,12 @@ def read(path: str) -> Source:
 def parse(source: Source | str, path: str = "<text>") -> ast.File:
     """The AST of a source, or of a text named ``path`` in messages."""
     return parse_source(source if isinstance(source, Source) else Source(path, source))
+
+
+def overrides(texts: list[str] | tuple[str, ...]) -> Settings:
+    """``--set KEY=VALUE`` options, checked (README "Overrides"); raises
+    :class:`~placeverify.diagnostics.PlaceError` pointing into the ones that are malformed."""
+    return parse_settings(texts)
 
 
 def derive_step(config: Config) -> Step:
@@ -84,16 +92,17 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS,
 
 def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
           timeout_ms: int = DEFAULT_TIMEOUT_MS, budget_s: float | None = DEFAULT_BUDGET_S,
-          imports: Options | None = None) -> CheckResult:
+          imports: Options | None = None, settings: Settings | None = None) -> CheckResult:
     """``placeverify check``: load a ``.place`` file, or a framework configuration through the
-    importers (``imports`` their options), derive its costs and verify it within ``budget_s``."""
+    importers (``imports`` their options), under ``settings`` (its ``--set`` overrides, from
+    :func:`overrides`), derive its costs and verify it within ``budget_s``."""
     if is_importable(path):
         # Deferred: only configuration files need the format readers (check start-up time).
         from placeverify.importers.cli import load_strategy
 
-        strategy = load_strategy(path, imports or Options())
+        strategy = load_strategy(path, imports or Options(), settings)
     else:
-        strategy = load(path)
+        strategy = load(path, settings)
     return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
                           timeout_ms=timeout_ms, budget_s=budget_s)
 

@@ -17,9 +17,11 @@ from rich.console import Console
 
 from placeverify import __version__
 from placeverify.console import (
+    Progress,
     Terminated,
     console,
     error_console,
+    output_width,
     print_errors,
     verdict_exit,
     worst,
@@ -74,6 +76,32 @@ def import_options(command: Callable[..., None]) -> Callable[..., None]:
                            help="World size, for configurations that leave it to the launcher.")(command)
     return click.option("--model", type=click.Path(dir_okay=False), default=None,
                         help="A Hugging Face config.json describing the model.")(command)
+
+
+def quiet_option(command: Callable[..., None]) -> Callable[..., None]:
+    """--quiet: no progress lines on standard error."""
+    return click.option(
+        "-q", "--quiet", is_flag=True,
+        help="No progress on standard error (off a terminal it is plain 'progress: ...' lines, "
+             "for CI logs).")(command)
+
+
+def set_option(command: Callable[..., None]) -> Callable[..., None]:
+    """--set KEY=VALUE (repeatable): override a value of every strategy (README "Overrides")."""
+    return click.option(
+        "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+        help="Override a value of the strategy, e.g. mesh.dp=16, model.seq=8192, "
+             "place.dp=zero3, precision=megatron, microbatches=8 (repeatable; README "
+             "\"Overrides\").")(command)
+
+
+def override_settings(texts: tuple[str, ...]) -> Any:
+    """The checked overrides, or None without any (a malformed one is an error, exit 2)."""
+    if not texts:
+        return None
+    from placeverify.api import overrides
+
+    return overrides(texts)
 
 
 def import_settings(model: str | None, world: int | None, fmt: str | None) -> Any:
@@ -168,9 +196,12 @@ def main() -> None:
 @budget_option
 @output_options
 @import_options
+@set_option
+@quiet_option
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
           trace_path: str | None, replay: bool, timeout: float, output: str, require_fit: bool,
-          model: str | None, world: int | None, fmt: str | None) -> None:
+          model: str | None, world: int | None, fmt: str | None, overrides: tuple[str, ...],
+          quiet: bool) -> None:
     """Check strategies: costs, and proofs of the three correctness conditions."""
 
     def run() -> ExitCode:
@@ -179,17 +210,20 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         from placeverify.report.text import render_check
 
         fmt_out = output_of(as_json, output)
+        settings = override_settings(overrides)
         paths = expand_paths(files)
         if trace_path is not None and len(paths) != 1:
             raise click.UsageError("--trace takes exactly one file")
         codes: list[ExitCode] = []
         outcomes: list[Outcome] = []
         out = console()
+        progress = Progress(quiet)
         for index, path in enumerate(paths):
+            progress.item("check", index + 1, len(paths), path)
             try:
                 result = check_file(path, verify_conditions=not no_verify, formulas=formulas,
-                                    budget_s=timeout,
-                                    imports=import_settings(model, world, fmt))
+                                    budget_s=timeout, imports=import_settings(model, world, fmt),
+                                    settings=settings)
             except PlaceError as error:
                 print_errors(error)
                 codes.append(error.exit_code)
@@ -209,7 +243,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
 
                     replay_code, replayed = replay_document(result)
                 else:
-                    replay_code = replay_check(result, as_json, out)
+                    replay_code = replay_check(result, as_json, out, progress)
                 code = worst([code, replay_code])
             codes.append(code)
             outcomes.append(Outcome(path, code, result=result, replay=replayed))
@@ -217,6 +251,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
                 if index:
                     out.rule()
                 render_check(result, out, formulas=formulas)
+        progress.done()
         if fmt_out == "json":  # one file argument: its document; several or a folder: the list
             listing = len(files) > 1 or any(Path(f).is_dir() for f in files)
             emit_json(check_list_document(outcomes, worst(codes)) if listing
@@ -240,22 +275,33 @@ def write_trace(result: Any, path: str) -> None:
     error_console().print(f"trace written to {path}", markup=False)
 
 
-def replay_check(result: Any, as_json: bool, out: Console) -> ExitCode:
+def replay_check(result: Any, as_json: bool, out: Console, progress: Progress) -> ExitCode:
     from placeverify.replay.cli import replay_result
 
-    return replay_result(result, as_json=as_json, console=out)
+    return replay_result(result, as_json=as_json, console=out, progress=progress)
 
 
 @main.command(epilog=EXIT_CODES)
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
+@click.option("--width", type=click.IntRange(20, 10_000), default=None,
+              help="Columns the table may use (default: COLUMNS, else the terminal's, else 120); "
+                   "a table wider than that is wrapped at column groups, transposed or listed, "
+                   "never cut.")
+@click.option("--units", type=click.Choice(["auto", "GB", "MB", "GiB", "MiB"]), default="auto",
+              show_default=True,
+              help="Unit of every byte figure: auto picks a decimal prefix per value (GB = 1e9 "
+                   "bytes, as the report and the ZeRO paper); GiB/MiB are binary, as torch and "
+                   "DeepSpeed print memory.")
 @output_options
 @budget_option
 @import_options
-def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: str,
-            require_fit: bool, timeout: float, model: str | None, world: int | None,
-            fmt: str | None) -> None:
+@set_option
+@quiet_option
+def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: int | None,
+            units: str, output: str, require_fit: bool, timeout: float, model: str | None,
+            world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -263,14 +309,16 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: 
         from placeverify.report.compare import render_compare
 
         fmt_out = output_of(as_json, output)
+        settings = override_settings(overrides)
         paths = expand_paths(files)
         document, outcomes = compare_files(paths, with_verdicts, import_settings(model, world, fmt),
-                                           require_fit=require_fit, budget_s=timeout)
+                                           require_fit=require_fit, budget_s=timeout,
+                                           settings=settings, progress=Progress(quiet))
         codes = [o.exit_code for o in outcomes]
         if fmt_out == "json":
             emit_json(document)
         elif fmt_out == "text":
-            render_compare(document, console())
+            render_compare(document, console(), output_width(width), units)
         else:
             emit_outcomes(fmt_out, outcomes, worst(codes), require_fit)
         return worst(codes)
@@ -285,13 +333,15 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, output: 
               callback=lambda _ctx, _param, value: finite(value),
               help="Seconds for each rule file, shared by its solver queries (each at most 30 s); "
                    "what is undecided when it runs out is unknown (exit 3).")
-def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
+@quiet_option
+def prove(paths: tuple[str, ...], as_json: bool, timeout: float, quiet: bool) -> None:
     """Prove the composition rules in .rule files (folders are searched)."""
 
     def run() -> ExitCode:
         from placeverify.prove.cli import prove_paths
 
-        return prove_paths(paths, as_json=as_json, budget_s=timeout, console=console())
+        return prove_paths(paths, as_json=as_json, budget_s=timeout, console=console(),
+                           progress=Progress(quiet))
 
     guarded(run)
 
@@ -308,8 +358,9 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float) -> None:
               help="Seconds before a hung replay is stopped.")
 @click.option("--emit", type=click.Path(dir_okay=False), default=None,
               help="Write a standalone torchrun script (no placeverify import) instead of replaying.")
+@quiet_option
 def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: float,
-           emit: str | None) -> None:
+           emit: str | None, quiet: bool) -> None:
     """Replay a counterexample trace on real torch.distributed processes."""
 
     def run() -> ExitCode:
@@ -320,7 +371,7 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
         from placeverify.replay.cli import replay_trace
 
         return replay_trace(trace, as_json=as_json, steps=steps, world=world, timeout=timeout,
-                            console=console())
+                            console=console(), progress=Progress(quiet))
 
     guarded(run)
 
@@ -331,13 +382,15 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600),
               callback=lambda _ctx, _param, value: finite(value),
               help="Seconds before a hung measurement is stopped (all ranks are killed).")
-def measure(file: str, as_json: bool, timeout: float) -> None:
+@quiet_option
+def measure(file: str, as_json: bool, timeout: float, quiet: bool) -> None:
     """Measure the real torch implementation of a strategy against the predictions."""
 
     def run() -> ExitCode:
         from placeverify.measure.cli import measure_file
 
-        return measure_file(file, as_json=as_json, timeout=timeout, console=console())
+        return measure_file(file, as_json=as_json, timeout=timeout, console=console(),
+                            progress=Progress(quiet))
 
     guarded(run)
 
@@ -347,14 +400,16 @@ def measure(file: str, as_json: bool, timeout: float) -> None:
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default=None,
               help="Write the .place file here (atomically) instead of printing it.")
 @import_options
+@set_option
 def import_(file: str, out: str | None, model: str | None, world: int | None,
-            fmt: str | None) -> None:
+            fmt: str | None, overrides: tuple[str, ...]) -> None:
     """Import a Megatron-LM script, DeepSpeed JSON, torchtitan TOML or accelerate YAML as .place."""
 
     def run() -> ExitCode:
         from placeverify.importers.cli import import_command
 
-        return import_command(file, import_settings(model, world, fmt), out)
+        return import_command(file, import_settings(model, world, fmt), out,
+                              override_settings(overrides))
 
     guarded(run)
 

@@ -1,5 +1,5 @@
-"""Terminal helpers shared by the ``placeverify`` commands: consoles, error printing, exit codes,
-and what a termination signal does.
+"""Terminal helpers shared by the ``placeverify`` commands: consoles and their width, error
+printing, exit codes, progress, and what a termination signal does.
 
 Both CLIs (:mod:`placeverify.cli` and :mod:`placeverify.prove.cli`) and the comparison table print
 diagnostics and combine per-file outcomes into one exit code the same way; the codes and their
@@ -8,11 +8,15 @@ order are documented in ``placeverify --help`` (:data:`placeverify.cli.EXIT_CODE
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 from rich.console import Console
 
@@ -37,6 +41,24 @@ def verdict_exit(verdict: Verdict) -> ExitCode:
     """The exit code of a verdict: proved 0, refuted 1, unknown 3."""
     return {Verdict.PROVED: ExitCode.OK, Verdict.REFUTED: ExitCode.REFUTED,
             Verdict.UNKNOWN: ExitCode.UNKNOWN}[verdict]
+
+
+DEFAULT_WIDTH = 120  # piped output without COLUMNS
+MIN_WIDTH = 20
+
+
+def output_width(explicit: int | None = None) -> int:
+    """The columns a table may use: ``explicit`` (``--width``), else ``COLUMNS`` (also when
+    standard output is not a terminal: CI logs and pagers set it), else the terminal's width,
+    else 120; at least 20."""
+    if explicit is not None:
+        return max(MIN_WIDTH, explicit)
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return max(MIN_WIDTH, int(columns))
+    if sys.stdout.isatty():
+        return max(MIN_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+    return DEFAULT_WIDTH
 
 
 def console() -> Console:
@@ -88,3 +110,55 @@ def stop_cleanly_on_signals() -> None:
     for each in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(each) is signal.SIG_DFL:  # an ignored SIGHUP (nohup) stays ignored
             signal.signal(each, _terminate)
+class Progress:
+    """Progress of long work on standard error, so that CI logs show it too.
+
+    On a terminal, a task (a replay, a measurement) is a transient status line, and the items of
+    a loop over files show as one only when standard output is not the terminal (the reports
+    are the progress otherwise). Off a terminal, plain lines: ``progress: prove 3/12
+    proofs/zero.rule`` per item of a loop over more than one, ``progress: replaying ...`` per
+    step of a task. ``quiet`` (``--quiet``) prints nothing.
+    """
+
+    PREFIX = "progress: "
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.lines = not sys.stderr.isatty()
+        self._status: Any = None
+
+    def _line(self, text: str) -> None:
+        sys.stderr.write(self.PREFIX + text + "\n")
+        sys.stderr.flush()
+
+    def item(self, command: str, index: int, total: int, name: str) -> None:
+        """Item ``index`` (1-based) of ``total`` is starting; silent for a single item."""
+        if self.quiet or total < 2:
+            return
+        text = f"{command} {index}/{total} {name}"
+        if self.lines:
+            self._line(text)
+        elif not sys.stdout.isatty():
+            if self._status is None:
+                self._status = error_console().status(text)
+                self._status.start()
+            else:
+                self._status.update(text)
+
+    def done(self) -> None:
+        """The loop is over: the transient status line goes."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    @contextmanager
+    def task(self, text: str) -> Iterator[Callable[[str], None]]:
+        """A long task: ``text`` now, then each message given to the function it yields."""
+        if self.quiet:
+            yield lambda _message: None
+        elif self.lines:
+            self._line(text)
+            yield self._line
+        else:
+            with error_console().status(text) as status:
+                yield status.update

@@ -120,9 +120,13 @@ class Diagnostic:
     code: Code
     span: Span | None = None
     notes: tuple[str, ...] = ()
+    # The text the span is in, when it is not the one the diagnostic is reported with: an
+    # override (``--set``, :mod:`placeverify.lower.overrides`) or the file under its overrides.
+    source: Source | None = None
 
     def render(self, source: Source | None, *, pretty: bool = True) -> str:
         """``path:line:col: severity: message  [code]``, then the line and a caret when pretty."""
+        source = self.source or source
         path = source.path if source is not None else "<input>"
         where = f"{path}:{self.span.line}:{self.span.column}" if self.span else path
         out = [f"{where}: {self.severity.value}: {self.message}  [{self.code.value}]"]
@@ -132,6 +136,7 @@ class Diagnostic:
         return "\n".join(out)
 
     def to_json(self, source: Source | None) -> dict[str, object]:
+        source = self.source or source
         data: dict[str, object] = {
             "severity": self.severity.value,
             "code": self.code.value,

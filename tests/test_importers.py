@@ -375,3 +375,64 @@ def test_cli_import_writes_atomically_and_check_accepts_the_file(tmp_path: Path)
                  "--model", fixture("llama3-70b-config.json"), "-o", str(tmp_path / "x.place"))
     assert failed.returncode == 2 and ":2:3: error:" in failed.stderr
     assert not (tmp_path / "x.place").exists()
+
+
+# ---- keys read, ignored and not modelled (one helper in importers/common.py) --------------------
+
+
+def _column(text: str, line: int, needle: str) -> int:
+    return text.splitlines()[line - 1].index(needle) + 1
+
+
+def _not_modelled(imported) -> list[tuple[str, int | None, int | None]]:  # type: ignore[no-untyped-def]
+    return [(w.message, w.span.line if w.span else None, w.span.column if w.span else None)
+            for w, _ in imported.warnings if w.message.startswith("not modelled")]
+
+
+IGNORED = "# Read but without effect on placement, memory or communication: "
+
+
+def test_deepspeed_leftover_keys(tmp_path: Path) -> None:
+    """deepspeed/runtime/constants.py: steps_per_print is read by DeepSpeed but changes nothing
+    here; zero_optimization.overlap_comm likewise; 'foo' and 'zero_optimization.bar' are not
+    DeepSpeed keys at all: warnings at the key."""
+    text = ('{\n  "train_micro_batch_size_per_gpu": 1,\n  "steps_per_print": 10,\n  "foo": 1,\n'
+            '  "zero_optimization": {"stage": 2, "overlap_comm": true, "bar": 3}\n}\n')
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    imported = import_file(str(path), Options(fixture("llama3-8b-config.json"), 8))
+    assert _not_modelled(imported) == [
+        ("not modelled: DeepSpeed key 'foo'", 4, 3),
+        ("not modelled: zero_optimization.bar", 5, _column(text, 5, '"bar"'))]
+    assert IGNORED + "steps_per_print zero_optimization.overlap_comm" in imported.text.splitlines()
+    assert 'strategy "ds.json: DeepSpeed ZeRO-2, dp = 8"' in imported.text.splitlines()
+
+
+def test_torchtitan_leftover_keys(tmp_path: Path) -> None:
+    """torchtitan/config/job_config.py: [job] and [training] steps change nothing here;
+    [parallelism] weird_key and the table [strange] are not torchtitan's."""
+    text = ('[job]\ndump_folder = "x"\n[parallelism]\ntensor_parallel_degree = 1\nweird_key = 3\n'
+            '[training]\nsteps = 10\n[strange]\na = 1\n')
+    path = tmp_path / "tt.toml"
+    path.write_text(text)
+    imported = import_file(str(path), Options(fixture("llama3-8b-config.json"), 8))
+    assert _not_modelled(imported) == [("not modelled: [parallelism] weird_key", 5, 1),
+                                       ("not modelled: [strange]", 8, 1)]  # at its '['
+    assert IGNORED + "[job] [training] steps" in imported.text.splitlines()
+    assert 'strategy "tt.toml: torchtitan, dp = 8"' in imported.text.splitlines()
+
+
+def test_accelerate_leftover_keys(tmp_path: Path) -> None:
+    """accelerate's config_args.py: compute_environment and fsdp_state_dict_type change nothing
+    here; fsdp_config.fsdp_wobble and 'surprise' are not accelerate keys."""
+    text = ("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 8\n"
+            "mixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n"
+            "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_wobble: true\nsurprise: 1\n")
+    path = tmp_path / "acc.yaml"
+    path.write_text(text)
+    imported = import_file(str(path), Options(fixture("llama3-8b-config.json")))
+    assert _not_modelled(imported) == [("not modelled: fsdp_config.fsdp_wobble", 8, 3),
+                                       ("not modelled: surprise", 9, 1)]
+    assert (IGNORED + "compute_environment fsdp_config.fsdp_state_dict_type"
+            in imported.text.splitlines())
+    assert 'strategy "acc.yaml: accelerate FSDP, dp = 8"' in imported.text.splitlines()

@@ -15,11 +15,19 @@ sets the compute (activation) dtype.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from placeverify.diagnostics import Code, Source
-from placeverify.importers.common import Line, Origin, Plan, Reader, Value
+from placeverify.importers.common import (
+    Keys,
+    Line,
+    Origin,
+    Plan,
+    Reader,
+    Value,
+    leftovers,
+    mesh_title,
+)
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.positions import load_yaml
 
@@ -34,6 +42,8 @@ FSDP_READ = {"fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forwa
 FSDP_IGNORED = {"fsdp_auto_wrap_policy", "fsdp_backward_prefetch", "fsdp_cpu_ram_efficient_loading",
                 "fsdp_forward_prefetch", "fsdp_state_dict_type", "fsdp_sync_module_states",
                 "fsdp_use_orig_params", "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params"}
+KEYS = Keys(READ_TOP, IGNORED_TOP, {
+    "fsdp_config": Keys(FSDP_READ, FSDP_IGNORED, name=lambda key: f"fsdp_config.{key}")})
 STRATEGIES = {"FULL_SHARD": "fsdp", "1": "fsdp", "SHARD_GRAD_OP": "fsdp(grad_op)",
               "2": "fsdp(grad_op)", "NO_SHARD": "ddp", "3": "ddp", "HYBRID_SHARD": "hsdp",
               "4": "hsdp"}
@@ -149,27 +159,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     reader.warning("batch size, gradient accumulation and clipping are set in the training "
                    "script, not in an accelerate config: micro_batch = 1, no accumulation, no "
                    "clipping assumed", kind.origin, code=Code.MISSING)
-    _leftovers(data, spans, source, reader, plan)
-    plan.title = f"{Path(source.path).name}: accelerate {kind.value}, " + ", ".join(
-        line.text for line in plan.mesh if not line.text.startswith("world"))
+    leftovers(reader, plan, source, data, spans, ((), KEYS))
+    plan.title = mesh_title(plan, source, f"accelerate {kind.value}")
     return plan
 
-
-def _leftovers(data: dict[str, Any], spans: dict[tuple[str, ...], Any], source: Source,
-               reader: Reader, plan: Plan) -> None:
-    ignored: list[str] = []
-    for key, value in data.items():
-        if key in IGNORED_TOP:
-            ignored.append(key)
-        elif key not in READ_TOP:
-            reader.warning(f"not modelled: {key}", Origin(key, source, spans.get((key,))))
-        elif key == "fsdp_config" and isinstance(value, dict):
-            for sub in value:
-                if sub in FSDP_IGNORED:
-                    ignored.append(f"fsdp_config.{sub}")
-                elif sub not in FSDP_READ:
-                    reader.warning(f"not modelled: fsdp_config.{sub}",
-                                   Origin(sub, source, spans.get((key, sub))))
-    if ignored:
-        plan.header.append("Read but without effect on placement, memory or communication: "
-                           + " ".join(ignored))

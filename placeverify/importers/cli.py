@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from placeverify.console import error_console
-from placeverify.diagnostics import ExitCode
+from placeverify.diagnostics import ExitCode, Source
 from placeverify.importers import Options
 from placeverify.importers.common import Imported
 from placeverify.importers.registry import import_file, load
 from placeverify.ir.strategy import Strategy
+from placeverify.lower.overrides import Settings, apply
 
 
 def print_warnings(imported: Imported) -> None:
@@ -22,10 +24,16 @@ def print_warnings(imported: Imported) -> None:
         console.print(diagnostic.render(source), markup=False, highlight=False)
 
 
-def import_command(path: str, options: Options, out: str | None) -> ExitCode:
-    """Print (or write atomically to ``out``) the .place text of a configuration file."""
+def import_command(path: str, options: Options, out: str | None,
+                   settings: Settings | None = None) -> ExitCode:
+    """Print (or write atomically to ``out``) the .place text of a configuration file; under
+    ``settings`` the text as overridden, lowered first so that a bad override is an error."""
     imported = import_file(path, options)
     print_warnings(imported)
+    if settings:
+        load(path, options, settings, imported)  # every error of the overridden strategy
+        edited = apply(Source(imported.path, imported.text), settings)
+        imported = replace(imported, text=edited.annotated())
     if out is None:
         click.echo(imported.text, nl=False)
         return ExitCode.OK
@@ -43,8 +51,9 @@ def import_command(path: str, options: Options, out: str | None) -> ExitCode:
     return ExitCode.OK
 
 
-def load_strategy(path: str, options: Options) -> Strategy:
-    """The strategy of a configuration file, printing the import's warnings."""
-    strategy, imported = load(path, options)
+def load_strategy(path: str, options: Options, settings: Settings | None = None) -> Strategy:
+    """The strategy of a configuration file (under ``settings``), printing the import's
+    warnings."""
+    strategy, imported = load(path, options, settings)
     print_warnings(imported)
     return strategy

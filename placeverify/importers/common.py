@@ -8,8 +8,10 @@ for every line, the key's position so that an error found while lowering points 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, Diagnostics, PlaceError, Severity, Source, Span
@@ -102,6 +104,66 @@ class Reader:
 
     def warnings(self) -> list[tuple[Diagnostic, Source]]:
         return [*((d, self.source) for d in self.diags.warnings), *self.extra]
+
+
+IGNORED_HEADER = "Read but without effect on placement, memory or communication: "
+
+
+@dataclass(frozen=True)
+class Keys:
+    """One mapping of a configuration file, for :func:`leftovers`: the keys placeverify reads,
+    those it reads without effect (named once in the header), the mappings inside it checked where
+    they stand (``inside``, by key), how a key is named in the header and the warnings, and the
+    warning about a key it neither reads nor ignores."""
+
+    read: Collection[str] = ()
+    ignored: Collection[str] = ()
+    inside: Mapping[str, Keys] = field(default_factory=dict)
+    name: Callable[[str], str] = str
+    unknown: Callable[[str], str] | None = None  # default: "not modelled: NAME"
+
+
+def leftovers(reader: Reader, plan: Plan, source: Source, data: Mapping[str, Any],
+              spans: Mapping[tuple[str, ...], Span],
+              *sections: tuple[tuple[str, ...], Keys]) -> None:
+    """Every key of ``data`` that no reader took: a warning at its position when placeverify
+    does not model it, else one header line naming those without effect. ``sections`` are
+    (path in ``data``, its keys), checked in turn; a key of a section is, in this order, a
+    mapping of ``inside`` (checked where it stands), ignored, read, or not modelled."""
+    ignored: list[str] = []
+
+    def walk(path: tuple[str, ...], node: Any, keys: Keys) -> None:
+        if not isinstance(node, Mapping):
+            return
+        for key, value in node.items():
+            where = (*path, key)
+            if key in keys.inside and isinstance(value, Mapping):
+                walk(where, value, keys.inside[key])
+            elif key in keys.ignored:
+                ignored.append(keys.name(key))
+            elif key not in keys.read:
+                message = (keys.unknown(key) if keys.unknown is not None
+                           else f"not modelled: {keys.name(key)}")
+                reader.warning(message, Origin(keys.name(key), source, spans.get(where)))
+
+    for path, keys in sections:
+        node: Any = data
+        for key in path:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        walk(path, node, keys)
+    ignored_header(plan, ignored)
+
+
+def ignored_header(plan: Plan, names: list[str]) -> None:
+    """The header line naming the keys read without effect, when there are any."""
+    if names:
+        plan.header.append(IGNORED_HEADER + " ".join(names))
+
+
+def mesh_title(plan: Plan, source: Source, what: str) -> str:
+    """``file: what, tp = 8, dp = 16``: a title naming the file, the framework and the mesh."""
+    return f"{Path(source.path).name}: {what}, " + ", ".join(
+        line.text for line in plan.mesh if not line.text.startswith("world"))
 
 
 def number_text(value: Fraction | float | int) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from placeverify.diagnostics import Code, Source
-from placeverify.importers.common import Line, Origin, Plan, Reader, Value
+from placeverify.importers.common import Keys, Line, Origin, Plan, Reader, Value, leftovers
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.positions import load_json
 
@@ -39,6 +39,8 @@ ZERO_IGNORED = {"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduc
                 "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
                 "sub_group_size", "round_robin_gradients", "elastic_checkpoint",
                 "load_from_fp32_weights", "ignore_unused_parameters"}
+KEYS = Keys(TOP, IGNORED_TOP, unknown=lambda key: f"not modelled: DeepSpeed key '{key}'")
+ZERO_KEYS = Keys(ZERO_READ, ZERO_IGNORED, name=lambda key: f"zero_optimization.{key}")
 
 
 class _Doc:
@@ -220,26 +222,8 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
             reader.warning("nvme offload is modelled as host memory", device.origin)
         plan.body.append(Line(f"offload {what} to cpu", device.origin.key, device.origin))
     plan.title = f"{Path(source.path).name}: DeepSpeed ZeRO-{stage}, dp = {world}"
-    _leftovers(doc, reader, plan)
+    # The top level first, then zero_optimization's keys (each in turn, not where they stand).
+    leftovers(reader, plan, source, doc.data, doc.spans, ((), KEYS),
+              (("zero_optimization",), ZERO_KEYS))
     return plan
 
-
-def _leftovers(doc: _Doc, reader: Reader, plan: Plan) -> None:
-    ignored: list[str] = []
-    for key in doc.data:
-        origin = Origin(key, doc.source, doc.spans.get((key,)))
-        if key in IGNORED_TOP:
-            ignored.append(key)
-        elif key not in TOP:
-            reader.warning(f"not modelled: DeepSpeed key '{key}'", origin)
-    zero = doc.data.get("zero_optimization")
-    if isinstance(zero, dict):
-        for key in zero:
-            origin = Origin(key, doc.source, doc.spans.get(("zero_optimization", key)))
-            if key in ZERO_IGNORED:
-                ignored.append(f"zero_optimization.{key}")
-            elif key not in ZERO_READ:
-                reader.warning(f"not modelled: zero_optimization.{key}", origin)
-    if ignored:
-        plan.header.append("Read but without effect on placement, memory or communication: "
-                           + " ".join(ignored))

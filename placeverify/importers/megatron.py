@@ -23,7 +23,7 @@ from pathlib import Path
 
 from placeverify.diagnostics import Code, Source
 from placeverify.importers.arguments import Arguments, split_launch
-from placeverify.importers.common import Line, Origin, Plan, Reader, Value
+from placeverify.importers.common import Line, Origin, Plan, Reader, Value, ignored_header
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.megatron_model import REFUSED, cross_check, model_lines
 from placeverify.importers.shell import Script
@@ -301,6 +301,4 @@ def _leftovers(args: Arguments, runner: Arguments, reader: Reader, plan: Plan) -
     for name in runner.flags:
         if name not in runner.used:
             ignored.append(name)
-    if ignored:
-        plan.header.append("Read but without effect on placement, memory or communication: "
-                           + " ".join(sorted(set(ignored))))
+    ignored_header(plan, sorted(set(ignored)))

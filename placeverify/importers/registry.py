@@ -13,6 +13,7 @@ from placeverify.importers import Options, accelerate, deepspeed, megatron, torc
 from placeverify.importers.common import Imported, Plan, Reader, render
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import load_text
+from placeverify.lower.overrides import Settings
 from placeverify.syntax.source import read_source
 
 DEFAULTS = Options()  # no --model, --world or --format
@@ -67,12 +68,15 @@ def import_file(path: str, options: Options = DEFAULTS) -> Imported:
     return Imported(fmt, path, text, origins, reader.warnings())
 
 
-def load(path: str, options: Options = DEFAULTS) -> tuple[Strategy, Imported]:
-    """The Strategy an imported file means, and the import; lowering errors point at the keys."""
-    imported = import_file(path, options)
+def load(path: str, options: Options = DEFAULTS, settings: Settings | None = None,
+         imported: Imported | None = None) -> tuple[Strategy, Imported]:
+    """The Strategy an imported file means (under ``settings``, its ``--set`` overrides), and the
+    import; lowering errors point at the keys, or at the override they are in."""
+    if imported is None:
+        imported = import_file(path, options)
     generated = f"{path} (imported)"
     try:
-        return load_text(imported.text, generated), imported
+        return load_text(imported.text, generated, settings), imported
     except PlaceError as error:
         raise remap(error, imported) from None
 
@@ -83,6 +87,9 @@ def remap(error: PlaceError, imported: Imported) -> PlaceError:
     out: list[Diagnostic] = []
     target: Source | None = None
     for d in error.diagnostics:
+        if d.source is not None:  # about an override (--set), not the imported text
+            out.append(d)
+            continue
         origin = imported.origins.get(d.span.line) if d.span is not None else None
         line = generated.line_text(d.span.line).strip() if d.span is not None else ""
         note = (f"in the imported strategy, line {d.span.line}: {line}",) if d.span else ()

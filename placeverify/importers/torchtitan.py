@@ -16,11 +16,20 @@ parameters with a bf16 compute copy).
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from placeverify.diagnostics import Code, Source, Span
-from placeverify.importers.common import Line, Origin, Plan, Reader, Value
+from placeverify.diagnostics import Code, Source
+from placeverify.importers.common import (
+    Keys,
+    Line,
+    Origin,
+    Plan,
+    Reader,
+    Value,
+    leftovers,
+    mesh_title,
+)
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.positions import toml_key_spans
 
@@ -41,6 +50,14 @@ IGNORED_TABLES = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "c
                   "fault_tolerance", "experimental"}
 IGNORED_KEYS = {"steps", "dataset", "dataset_path", "seed", "deterministic", "gc_freq",
                 "warmup_steps", "selective_ac_option"}
+# Tables are read through ``inside`` (a table that is not one is not modelled); IGNORED_KEYS are
+# ignored in every table, before what the table reads.
+def _in_table(table: str) -> Callable[[str], str]:
+    return lambda key: f"[{table}] {key}"
+
+
+KEYS = Keys(ignored=IGNORED_TABLES, name=lambda table: f"[{table}]", inside={
+    table: Keys(keys, IGNORED_KEYS, name=_in_table(table)) for table, keys in READ.items()})
 PRESETS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b",
            ("llama3", "405B"): "llama3_405b"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
@@ -207,28 +224,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     if offload.value is True:
         plan.body.append(Line("offload optimizer, gradients, params to cpu", offload.origin.key,
                               offload.origin))
-    _leftovers(data, spans, source, reader, plan)
-    plan.title = f"{Path(source.path).name}: torchtitan, " + ", ".join(
-        line.text for line in plan.mesh if not line.text.startswith("world"))
+    leftovers(reader, plan, source, data, spans, ((), KEYS))
+    plan.title = mesh_title(plan, source, "torchtitan")
     return plan
 
-
-def _leftovers(data: dict[str, Any], spans: dict[tuple[str, ...], Span], source: Source,
-               reader: Reader, plan: Plan) -> None:
-    ignored: list[str] = []
-    for table, section in data.items():
-        if table in IGNORED_TABLES:
-            ignored.append(f"[{table}]")
-            continue
-        if table not in READ or not isinstance(section, dict):
-            reader.warning(f"not modelled: [{table}]", Origin(table, source, spans.get((table,))))
-            continue
-        for key in section:
-            if key in IGNORED_KEYS:
-                ignored.append(f"[{table}] {key}")
-            elif key not in READ[table]:
-                reader.warning(f"not modelled: [{table}] {key}",
-                               Origin(key, source, spans.get((table, key))))
-    if ignored:
-        plan.header.append("Read but without effect on placement, memory or communication: "
-                           + " ".join(ignored))

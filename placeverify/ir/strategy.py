@@ -95,15 +95,32 @@ class Config:
 
 
 @dataclass(frozen=True, slots=True)
+class Override:
+    """A ``--set KEY=VALUE`` the strategy was lowered with (README "Overrides"); ``implied`` for
+    the ``world`` a file writes, which follows the axes an override resizes."""
+
+    key: str
+    value: str
+    implied: bool = False
+
+    @property
+    def text(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+@dataclass(frozen=True, slots=True)
 class Strategy:
     """A configuration and the step it trains with (written in the file, or the canonical one).
 
     Every field of :class:`Config` reads through, so ``strategy.mesh`` is ``strategy.config.mesh``.
+    ``overrides`` are the ``--set`` options applied to the file's text before it was lowered
+    (its ``source`` is that text).
     """
 
     config: Config
     step: Step
     warnings: tuple[Diagnostic, ...] = ()
+    overrides: tuple[Override, ...] = ()
 
     @property
     def name(self) -> str:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TypeVar
 
-from placeverify.diagnostics import Code, Source
+from placeverify.diagnostics import Code, PlaceError, Source
 from placeverify.ir.strategy import Config, Strategy
 from placeverify.lower import canonical
 from placeverify.lower.compose import with_recompute
 from placeverify.lower.mesh import read_mesh
 from placeverify.lower.model import read_model
+from placeverify.lower.overrides import Settings, apply
 from placeverify.lower.placement import read_placements
 from placeverify.lower.precision import read_precision
 from placeverify.lower.settings import (
@@ -39,15 +40,32 @@ from placeverify.syntax.parser import parse_source, read_source
 T = TypeVar("T")
 
 
-def load(path: str) -> Strategy:
-    """Read, parse and lower a ``.place`` file."""
+def load(path: str, settings: Settings | None = None) -> Strategy:
+    """Read, parse and lower a ``.place`` file (under ``settings``, its ``--set`` overrides)."""
     source = read_source(path)
+    if settings:
+        return lower_overridden(source, settings)
     return lower(parse_source(source), source)
 
 
-def load_text(text: str, path: str = "<text>") -> Strategy:
+def load_text(text: str, path: str = "<text>", settings: Settings | None = None) -> Strategy:
     source = Source(path, text)
+    if settings:
+        return lower_overridden(source, settings)
     return lower(parse_source(source), source)
+
+
+def lower_overridden(source: Source, settings: Settings) -> Strategy:
+    """Parse ``source``, apply its overrides to the text (:mod:`placeverify.lower.overrides`)
+    and lower the result; every diagnostic points at the file or at the override it is in."""
+    parse_source(source)  # the file's own syntax errors, as without overrides
+    edited = apply(source, settings)
+    try:
+        strategy = lower(parse_source(edited.source), edited.source)
+    except PlaceError as error:
+        raise edited.error(error) from None
+    warnings = tuple(edited.diagnostic(w, own_source=True) for w in strategy.warnings)
+    return replace(strategy, warnings=warnings, overrides=edited.overrides)
 
 
 def lower(file: ast.File, source: Source) -> Strategy:

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -21,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.backend.runtime import BackendFailure, run_workers
-from placeverify.console import stop_cleanly_on_signals
+from placeverify.console import Progress, stop_cleanly_on_signals
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.lower import load
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document, model_text
@@ -32,7 +29,8 @@ def _stderr() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
-def measure_file(path: str, *, as_json: bool, timeout: float, console: Console) -> ExitCode:
+def measure_file(path: str, *, as_json: bool, timeout: float, console: Console,
+                 progress: Progress | None = None) -> ExitCode:
     """Measure one ``.place`` file; print the comparison on ``console``; the exit code."""
     stop_cleanly_on_signals()
     err = _stderr()
@@ -44,13 +42,10 @@ def measure_file(path: str, *, as_json: bool, timeout: float, console: Console) 
             err.print(diagnostic.render(error.source), markup=False)
         return error.exit_code
     started = time.perf_counter()
-    status: AbstractContextManager[Any] = nullcontext()
-    if not as_json and sys.stderr.isatty():
-        status = err.status(f"measuring on {measurement_plan.spec.world} ranks: "
-                            f"{measurement_plan.spec.label()}")
     try:
-        with status:
-            results = run_workers(measurement_plan.spec, timeout=timeout)
+        with (progress or Progress()).task(f"measuring on {measurement_plan.spec.world} ranks: "
+                                           f"{measurement_plan.spec.label()}") as say:
+            results = run_workers(measurement_plan.spec, timeout=timeout, progress=say)
     except BackendFailure as error:
         err.print(f"placeverify: measure: {error}", markup=False)
         return ExitCode.BACKEND_ERROR

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from placeverify.console import print_errors, worst
+from placeverify.console import Progress, print_errors, worst
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity
 from placeverify.prove.engine import RuleResult, check_rule
 from placeverify.prove.syntax import parse_rule
@@ -92,11 +92,14 @@ def render(result: RuleResult, console: Console) -> None:
 
 
 def prove_paths(paths: tuple[str, ...], *, as_json: bool, budget_s: float | None,
-                console: Console) -> ExitCode:
+                console: Console, progress: Progress | None = None) -> ExitCode:
     codes: list[ExitCode] = []
     documents: list[dict[str, Any]] = []
     total = 0.0
-    for path in rule_files(paths):
+    progress = progress or Progress(quiet=True)
+    files = rule_files(paths)
+    for index, path in enumerate(files):
+        progress.item("prove", index + 1, len(files), path)
         try:
             result = prove_file(path, budget_s)
         except PlaceError as error:
@@ -111,6 +114,7 @@ def prove_paths(paths: tuple[str, ...], *, as_json: bool, budget_s: float | None
             documents.append(result_document(result))
         else:
             render(result, console)
+    progress.done()
     if as_json:
         console.print_json(json.dumps({"schema": PROVE_SCHEMA, "rules": documents,
                                        "seconds": round(total, 3)}, default=str))

@@ -35,7 +35,7 @@ from rich.console import Console
 
 from placeverify.backend.available import torch_available
 from placeverify.backend.runtime import BackendFailure, FailureKind, pool
-from placeverify.console import stop_cleanly_on_signals
+from placeverify.console import Progress, stop_cleanly_on_signals
 from placeverify.diagnostics import ExitCode
 from placeverify.replay.compare import outcome
 from placeverify.replay.layout import Unsupported, layout_of
@@ -88,7 +88,7 @@ def _failure_report(failure: BackendFailure, source: str) -> dict[str, Any]:
 
 
 def replay_trace(path: str, *, as_json: bool, steps: int, world: int | None, timeout: float,
-                 console: Console) -> ExitCode:
+                 console: Console, progress: Progress | None = None) -> ExitCode:
     """``placeverify replay trace.json``."""
     stop_cleanly_on_signals()
     trace = load(path)  # a bad trace raises PlaceError: the CLI prints it
@@ -99,10 +99,11 @@ def replay_trace(path: str, *, as_json: bool, steps: int, world: int | None, tim
         _validate(plan)
     except (BackendFailure, Unsupported, ValueError) as error:
         return _fail(error, trace.file or path, as_json, console, console)
-    return _run_and_report(plan, timeout, path, as_json, console, console)
+    return _run_and_report(plan, timeout, path, as_json, console, console, progress)
 
 
-def replay_result(result: Any, *, as_json: bool, console: Console) -> ExitCode:
+def replay_result(result: Any, *, as_json: bool, console: Console,
+                  progress: Progress | None = None) -> ExitCode:
     """``placeverify check --replay``: replay the file's step at its declared mesh (or a smaller
     one, see the module doc), judged against the check's verdict there. With ``--json`` the
     replay document goes to stderr, so that stdout stays the check document."""
@@ -119,7 +120,7 @@ def replay_result(result: Any, *, as_json: bool, console: Console) -> ExitCode:
         _validate(plan)
     except (BackendFailure, Unsupported, ValueError) as error:
         return _fail(error, path, as_json, out, console)
-    return _run_and_report(plan, 120.0, path, as_json, out, console)
+    return _run_and_report(plan, 120.0, path, as_json, out, console, progress)
 
 
 def replay_document(result: Any, *, timeout: float = 120.0) -> tuple[ExitCode, dict[str, Any]]:
@@ -168,15 +169,14 @@ def _error_console() -> Console:
 
 
 def _run_and_report(plan: Plan, timeout: float, source: str, as_json: bool, out: Console,
-                    console: Console) -> ExitCode:
+                    console: Console, progress: Progress | None = None) -> ExitCode:
+    """Run the plan with its progress on standard error (a status line on a terminal, plain
+    lines off one, none with --quiet) and print the report."""
+    with (progress or Progress()).task(f"replaying on {plan.main.world} process"
+                                       f"{'es' if plan.main.world != 1 else ''}") as say:
+        report = execute(plan, timeout=timeout, source=source, progress=say)
     if as_json:
-        report = execute(plan, timeout=timeout, source=source)
         _emit(out, document(report))
     else:
-        status_console = _error_console()
-        with status_console.status(f"replaying on {plan.main.world} process"
-                                   f"{'es' if plan.main.world != 1 else ''}") as status:
-            report = execute(plan, timeout=timeout, source=source,
-                             progress=lambda msg: status.update(msg))
         render(report, console)
     return report.exit_code

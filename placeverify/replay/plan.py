@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from placeverify.api import verify as api_verify
+from placeverify.diagnostics import PlaceError
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, load_text
 from placeverify.lower.resize import resize
@@ -41,6 +42,7 @@ from placeverify.replay.consistency import (
 )
 from placeverify.replay.counts import AtomCounts, pick_counts, trace_counts
 from placeverify.replay.sizes import replayed_sizes
+from placeverify.syntax.source import read_source
 from placeverify.trace import Trace
 from placeverify.verdicts import ObligationKind, Verdict, Verification
 
@@ -263,8 +265,12 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
 def _control(path: str, main: RunSpec,
              timeout_ms: int) -> tuple[RunSpec | None, Expectation | None, str | None]:
     """The fixed twin (examples/ok/<name>-fixed.place beside examples/bugs/<name>.place) on the
-    same mesh, else the canonical correct step of the same placement."""
+    same mesh, else the canonical correct step of the same placement. The twin fixes the bug
+    file as it is written: a strategy that is not that text (checked with --set overrides, or a
+    trace of an edited file) gets the canonical step."""
     twin = _twin_path(path if path != "<trace>" else "")
+    if twin is not None and not _is_text_of(path, main.source):
+        twin = None
     if twin is not None:
         try:
             text = twin.read_text(encoding="utf-8")
@@ -276,6 +282,14 @@ def _control(path: str, main: RunSpec,
             return spec, verify(strategy_of(spec), timeout_ms), str(twin)
     spec = replace(main, label="control", canonical=True)
     return spec, verify(strategy_of(spec), timeout_ms), "canonical step"
+
+
+def _is_text_of(path: str, text: str) -> bool:
+    """Whether the file at ``path`` reads (as check reads it) as ``text``."""
+    try:
+        return read_source(path).text == text
+    except PlaceError:
+        return False
 
 
 def _twin_path(file: str) -> Path | None:

@@ -7,17 +7,19 @@ gradient-and-parameter figure stays in the JSON as ``state_traffic_bytes`` with 
 
 from __future__ import annotations
 
+import textwrap
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from placeverify.cost import whole
+from placeverify.report.data import overrides_document
+from placeverify.report.layout import Cell, Column, fit, print_lines
 from placeverify.report.text import VERDICT_STYLE
+from placeverify.report.units import AUTO, ratio, share, size
 from placeverify.result import CheckResult
 from placeverify.verdicts import Verdict
 
@@ -42,9 +44,12 @@ def compare_row(path: str, result: CheckResult) -> dict[str, Any]:
         "bubble_fraction": None if costs.bubble is None else float(Fraction(costs.bubble)),
         "idle_fraction": None if idle is None else float(Fraction(idle)),
         "fits": costs.fits(),
+        "peak_bytes": None if costs.peak is None else whole(costs.peak.bytes),
     }
     if result.verification is not None:
         row["verdicts"] = result.verification.verdicts()
+    if s.overrides:
+        row["overrides"] = overrides_document(s)
     return row
 
 
@@ -66,55 +71,83 @@ def _ratio(value: int, base: int) -> float | None:
     return None if base == 0 else value / base
 
 
-def render_compare(document: dict[str, Any], console: Console) -> None:
+def render_compare(document: dict[str, Any], console: Console, width: int = 120,
+                   units: str = AUTO) -> None:
+    """The comparison as a table that fits ``width`` columns (:mod:`placeverify.report.layout`:
+    wrapped at column groups, transposed or listed when it does not), bytes in ``units``
+    (:mod:`placeverify.report.units`)."""
     rows = document["strategies"]
     if not rows:
         return
-    console.print(Text("strategies compared (ratios against the first)", style="bold"))
-    table = Table(box=box.SIMPLE_HEAD)
-    for column, justify in (("file", "left"), ("(Θ, Ω, G, A)", "left"), ("Θ", "right"),
-                            ("Ω", "right"), ("G", "right"), ("A", "right"), ("total", "right"),
-                            ("x", "right"), ("traffic", "right"), ("x", "right"),
-                            ("fits", "left"), ("idle", "right")):
-        table.add_column(column, justify=justify,  # type: ignore[arg-type]
-                         no_wrap=column not in ("file", "(Θ, Ω, G, A)"))
-    with_verdicts = any("verdicts" in r for r in rows)
-    if with_verdicts:
-        table.add_column("verdicts")
+    unit_note = "" if units == AUTO else f"; bytes in {units}"
+    _say(console, f"strategies compared (ratios against the first{unit_note})", width, "bold")
+    overrides = document.get("overrides")
+    if overrides:
+        _say(console, "overrides: " + ", ".join(overrides), width, "bold")
+    label = Column("file", tuple(Path(r["file"]).stem for r in rows), "left")
+    _layout, lines = fit(label, compare_columns(rows, units), width)
+    print_lines(console, lines)
+    console.print()
+    _say(console, "A: activations in and outside the layers; total: the fullest rank; traffic: "
+         "all network bytes per device per step; idle: the bubble's share", width, "dim")
     for r in rows:
-        m = r["memory"]
-        placement = " ".join(f"{t}{a}" if len(r["placement"]) > 1 else t
-                             for a, t in r["placement"].items())
-        cells: list[Any] = [
-            Path(r["file"]).stem, placement, short(m["params"]), short(m["optimizer"]),
-            short(m["gradients"]), short(m["activations"] + m.get("outside_layers", 0)),
-            short(m["total"]), _times(r["memory_ratio"]),
-            short(r["traffic_bytes"]), _times(r["traffic_ratio"]),
-            "-" if r["fits"] is None else "yes" if r["fits"] else Text("no", style="bold red"),
-            "-" if r["idle_fraction"] is None else f"{r['idle_fraction']:.1%}"]
-        if with_verdicts:
-            verdicts = r.get("verdicts", {})
-            worst = Verdict.PROVED
-            for v in verdicts.values():
-                if v == "refuted" or (v == "unknown" and worst is Verdict.PROVED):
-                    worst = Verdict(v)
-            cells.append(Text(worst.value, style=VERDICT_STYLE[worst]))
-        table.add_row(*cells)
-    console.print(table)
-    console.print("  A: activations in and outside the layers; total: the fullest rank; traffic: "
-                  "all network bytes per device per step; idle: the bubble's share", style="dim")
-    for r in rows:
-        console.print(f"  {Path(r['file']).stem}: {r['strategy']}", style="dim")
+        _say(console, f"{Path(r['file']).stem}: {r['strategy']}", width, "dim")
 
 
-def _times(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.3g}x"
+def _say(console: Console, text: str, width: int, style: str) -> None:
+    """Prose, wrapped at ``width`` (a table's cells never are)."""
+    for line in textwrap.wrap(text, max(20, width) - 2, break_on_hyphens=False) or [""]:
+        console.print(Text("  " + line if style == "dim" else line, style=style), soft_wrap=True)
 
 
-def short(value: Any) -> str:
-    """Bytes with four significant digits (the compact table)."""
-    n = float(Fraction(value))
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n:.4g} B"
+def compare_columns(rows: list[dict[str, Any]], units: str = AUTO) -> list[Column]:
+    """The comparison's columns after the file, in groups: placement; memory (Θ, Ω, G, A, the
+    fullest rank's total and its ratio, and the peak when the rows give ``peak_bytes``); traffic
+    and its ratio; fits, the pipeline's idle share and, with --verify, the worst verdict."""
+    def col(header: str, cells: list[Any], group: str, align: str = "right",
+            name: str = "") -> Column:
+        return Column(header, tuple(cells), align, group, name)  # type: ignore[arg-type]
+
+    def sized(value: Any) -> str:
+        return size(value, units)
+
+    mem = [r["memory"] for r in rows]
+    columns = [
+        col("(Θ, Ω, G, A)", [_placement(r) for r in rows], "placement", "left"),
+        col("Θ", [sized(m["params"]) for m in mem], "memory"),
+        col("Ω", [sized(m["optimizer"]) for m in mem], "memory"),
+        col("G", [sized(m["gradients"]) for m in mem], "memory"),
+        col("A", [sized(m["activations"] + m.get("outside_layers", 0)) for m in mem], "memory"),
+        col("total", [sized(m["total"]) for m in mem], "memory"),
+        col("x", [ratio(r.get("memory_ratio")) for r in rows], "memory", name="total x"),
+    ]
+    # The hook for a peak-memory figure: a row with "peak_bytes" (issue 13) gets this column.
+    if any(r.get("peak_bytes") is not None for r in rows):
+        columns.append(col("peak", ["-" if r.get("peak_bytes") is None else sized(r["peak_bytes"])
+                                    for r in rows], "memory"))
+    columns += [
+        col("traffic", [sized(r["traffic_bytes"]) for r in rows], "traffic"),
+        col("x", [ratio(r.get("traffic_ratio")) for r in rows], "traffic", name="traffic x"),
+        col("fits", ["-" if r["fits"] is None else "yes" if r["fits"]
+                     else Text("no", style="bold red") for r in rows], "outcome", "left"),
+        col("idle", [share(r["idle_fraction"]) for r in rows], "outcome"),
+    ]
+    if any("verdicts" in r for r in rows):
+        columns.append(col("verdicts", [_worst(r) for r in rows], "outcome", "left"))
+    return columns
+
+
+def _placement(row: dict[str, Any]) -> str:
+    placement = row["placement"]
+    return " ".join(f"{t}{a}" if len(placement) > 1 else t for a, t in placement.items())
+
+
+def _worst(row: dict[str, Any]) -> Cell:
+    verdicts = row.get("verdicts")
+    if verdicts is None:
+        return "-"
+    worst = Verdict.PROVED
+    for v in verdicts.values():
+        if v == "refuted" or (v == "unknown" and worst is Verdict.PROVED):
+            worst = Verdict(v)
+    return Text(worst.value, style=VERDICT_STYLE[worst])

@@ -151,11 +151,25 @@ def check_document(result: CheckResult) -> dict[str, Any]:
             for o in result.verification.obligations],
         "warnings": [w.to_json(s.source) for w in s.warnings],
     }
+    if s.overrides:  # only with --set: a document without overrides keeps its shape
+        doc = {**dict(list(doc.items())[:4]), "overrides": overrides_document(s),
+               **dict(list(doc.items())[4:])}
     if result.formulas is not None:
         doc["formulas"] = formulas_document(result.formulas)
     if result.time is not None:
         doc["time"] = result.time.to_json()
     return doc
+
+
+def overrides_document(strategy: Strategy) -> list[dict[str, Any]]:
+    """The ``--set`` overrides a strategy was lowered with, in order; ``implied`` for the
+    ``world`` that follows resized axes."""
+    return [{"key": o.key, "value": o.value, "implied": o.implied} for o in strategy.overrides]
+
+
+def overrides_text(strategy: Strategy) -> str:
+    """``mesh.dp=16, mesh.world=128 (implied)``: the text report's "overrides:" line."""
+    return ", ".join(o.text + (" (implied)" if o.implied else "") for o in strategy.overrides)
 
 
 def _seconds(costs: Costs) -> float | None:

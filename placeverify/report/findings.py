@@ -139,6 +139,13 @@ def _diagnostic(d: Diagnostic, path: str, rule: str) -> Finding:
     levels: dict[Severity, Level] = {Severity.ERROR: "error", Severity.WARNING: "warning",
                                      Severity.NOTE: "note"}
     level = levels[d.severity]
-    text = "\n".join([f"{d.message}  [{d.code.value}]", *d.notes])
-    return Finding(rule, level, path, d.span, f"input {d.severity.value} [{d.code.value}]", text,
-                   f"{d.code.value}\0{d.message}", properties={"code": d.code.value})
+    lines = [f"{d.message}  [{d.code.value}]", *d.notes]
+    span = d.span
+    if d.source is not None and d.source.path != path:  # about an override (--set), not the file
+        where = d.source.path if span is None else (
+            f"{d.source.path}:{span.line}:{span.column}: {d.source.line_text(span.line)}")
+        lines.append(where)
+        span = None
+    return Finding(rule, level, path, span, f"input {d.severity.value} [{d.code.value}]",
+                   "\n".join(lines), f"{d.code.value}\0{d.message}",
+                   properties={"code": d.code.value})

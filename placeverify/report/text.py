@@ -12,7 +12,7 @@ from rich.text import Text
 
 from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES, Schedule
-from placeverify.report.data import formulas_document, step_lines
+from placeverify.report.data import formulas_document, overrides_text, step_lines
 from placeverify.report.time_text import render_time
 from placeverify.result import CheckResult
 from placeverify.verdicts import CONDITIONS, Verdict
@@ -45,6 +45,8 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
     s = result.strategy
     costs = result.costs
     console.print(Text(s.name, style="bold"), Text(f"  ({s.source.path})", style="dim"))
+    if s.overrides:
+        console.print(f"overrides: {overrides_text(s)}", style="bold")
     model = s.model
     if model.arch is None:
         console.print(f"model      {model.name}: {model.params:,} parameters (bare count)")
