@@ -54,8 +54,12 @@ def test_workers_give_the_in_process_outcomes_and_report_a_dead_one(
     dead = {o.name: o.dead for o in workers if o.code is None}
     assert dead == {"fuzz-2-3.place": "exit code 9", "fuzz-2-7.place": "killed after 5 s"}
     same = [i for i in range(12) if i not in (3, 7)]
-    assert [(workers[i].code, workers[i].verdict) for i in same] == \
-        [(alone[i].code, alone[i].verdict) for i in same]
+    # An input that needed more than half the budget alone may end either side of it when two
+    # workers share the cores (unknown "time budget" against refuted): only the others must agree.
+    settled = [i for i in same if alone[i].seconds < 1.5]
+    assert len(settled) >= 6
+    assert [(workers[i].code, workers[i].verdict) for i in settled] == \
+        [(alone[i].code, alone[i].verdict) for i in settled]
     assert all(workers[i].rss_mib > 0 for i in same)
     text = fuzz.summary(workers, 3.0)
     assert "dead processes 2" in text and "exit codes " in text and "dead: 2" in text
