@@ -33,13 +33,8 @@ from placeverify.ir.strategy import Strategy  # noqa: E402
 from placeverify.lower import load  # noqa: E402
 from placeverify.measure.plan import plan  # noqa: E402
 
-
-def files(items: list[str]) -> list[Path]:
-    out: list[Path] = []
-    for item in items or [str(ROOT / "examples" / "measure")]:
-        path = Path(item)
-        out.extend(sorted(path.glob("*.place")) if path.is_dir() else [path])
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_table import files  # noqa: E402  (the same files: examples/measure by default)
 
 
 def with_profile(strategy: Strategy, profile: str) -> Strategy:

@@ -363,7 +363,6 @@ class AllocationMeter:
         self.baseline = 0  # bytes alive before start() that the meter cannot see (CPU)
         self.runtime = self.runtime_bytes()
         self._profiler: Any = None
-        self._ranges: list[tuple[str, Any]] = []
 
     def start(self) -> None:
         if not self.enabled:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from placeverify.errors import PlaceverifyError
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.relations import Relation
+from placeverify.ir.render import op_label
 from placeverify.ir.step import (
     Backward,
     Clip,
@@ -90,23 +91,6 @@ def model_shapes(strategy: Strategy) -> tuple[dict[ParamGroup, list[str]], dict[
 # ---- statements --------------------------------------------------------------------------------------
 
 
-def label(op: Op) -> str:
-    """A statement as the .place language writes it."""
-    if isinstance(op, Backward):
-        return f"backward {op.loss.text}"
-    if isinstance(op, Collective):
-        return op.label()
-    if isinstance(op, Scale):
-        return f"scale {op.target.label()} by {op.factor.text}"
-    if isinstance(op, Clip):
-        group = f" over {op.group.label()}" if op.group.axes else ""
-        once = "" if op.replicated_once else ", replicated = every"
-        return f"clip(max_norm = {op.max_norm}{once}) {op.target.label()}{group}"
-    if isinstance(op, Free):
-        return f"free {op.target.label()}"
-    return "update params"
-
-
 def _where(op: Op, written: bool) -> str:
     span = op.span
     if written and span is not None:
@@ -141,7 +125,7 @@ class StepEmitter:
     # ---- helpers ----
 
     def refuse(self, op: Op, why: str) -> EmitRefused:
-        return EmitRefused(f"{_where(op, self.written)}'{label(op)}': {why}")
+        return EmitRefused(f"{_where(op, self.written)}'{op_label(op)}': {why}")
 
     def axes(self, op: Op, group_axes: tuple[str, ...], ends: frozenset[str]) -> tuple[str, ...]:
         if ends:
@@ -209,7 +193,7 @@ class StepEmitter:
             op = event.op
             where = _where(op, self.written)
             loop = f" (micro-batch {event.k})" if event.phase is Phase.LOOP else ""
-            self.emit(f"# {where}{label(op)}{loop}")
+            self.emit(f"# {where}{op_label(op)}{loop}")
             emitter = EMITTERS.get(type(op))
             if emitter is None:
                 raise self.refuse(op, "this statement kind is not emitted")
