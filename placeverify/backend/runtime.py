@@ -58,7 +58,11 @@ MEASURE_WORKER = "placeverify.measure.worker"  # python -m MODULE JOB RANK STORE
 POLL_SECONDS = 0.05
 STDERR_TAIL = 2000
 PARENT_POLL_SECONDS = 0.2  # how often a rank looks for its parent
-ORPHAN_GRACE_SECONDS = 2.0  # how long an orphaned rank waits for its main process to be gone
+# How long an orphaned rank waits for its main process to be gone. Tearing down a killed process
+# that holds torch can take seconds on a loaded machine; a rank that gives up first leaves the
+# run's folders behind (seen once at 2 s in a full test run). Waiting longer costs nothing when
+# the main process lives: it kills its ranks' process groups itself.
+ORPHAN_GRACE_SECONDS = 10.0
 GRACE_SECONDS = 30.0  # a rank outlives the run's deadline by at most this (the parent kills it first)
 WATCH_ENV = "PLACEVERIFY_RANK_WATCH"  # a measure rank's watch_parent arguments, as JSON
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
