@@ -19,8 +19,10 @@ rank calls ``setsid``). Every failure is one :class:`BackendFailure` whose :clas
 says what happened. The run's folder is removed and its ranks killed on every way out of the
 parent that runs Python: an answer, a failure, Ctrl-C, and SIGTERM or SIGHUP (which the command
 turns into an exception, :func:`placeverify.console.stop_cleanly_on_signals`). A parent killed
-outright (SIGKILL) runs nothing, so each rank watches it (:func:`watch_parent`): when it is gone
-the rank removes the run's folders and exits; and no rank outlives its own deadline.
+outright (SIGKILL) runs nothing: a janitor process (:mod:`placeverify.backend.janitor`) removes
+the run's folders when the parent's end closes its pipe, and each rank watches the parent
+(:func:`watch_parent`): when it is gone the rank removes the run's folders too, and exits; no rank
+outlives its own deadline.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import placeverify
+from placeverify.backend import janitor
 from placeverify.backend.available import torch_available
 from placeverify.errors import PlaceverifyError
 
@@ -151,30 +154,35 @@ class Pool:
         conns: dict[int, Connection] = {}
         results: dict[int, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
-        with tempfile.TemporaryDirectory(prefix="placeverify-replay-") as folder:
-            store = os.path.join(folder, "store")
-            try:
-                # Who removes what if this process is killed outright: the run's folder, and
-                # the folder of the forkserver's socket (multiprocessing removes it at exit).
-                leave = [folder, multiprocessing.util.get_temp_dir()]
-                for rank in range(world):
-                    receive, send = self.context.Pipe(duplex=False)
-                    proc = self.context.Process(
-                        target=worker_entry,
-                        args=(REPLAY_WORKER, job, rank, world, store, send, os.getpid(), timeout,
-                              leave),
-                        name=f"placeverify-replay-rank-{rank}", daemon=True)
-                    proc.start()
-                    send.close()
-                    procs.append(proc)
-                    conns[rank] = receive
-                self.last_pids = [p.pid for p in procs]
-                self.runs += 1
-                self._collect(procs, conns, results, deadline, timeout, progress)
-            finally:
-                self._stop(procs)
-                for c in conns.values():
-                    c.close()
+        janitor.start()
+        folder = tempfile.mkdtemp(prefix="placeverify-replay-")
+        # Who removes what if this process is killed outright: the run's folder, and the
+        # folder of the forkserver's socket (multiprocessing removes it at exit).
+        leave = [folder, multiprocessing.util.get_temp_dir()]
+        for path in leave:
+            janitor.register(path)
+        store = os.path.join(folder, "store")
+        try:
+            for rank in range(world):
+                receive, send = self.context.Pipe(duplex=False)
+                proc = self.context.Process(
+                    target=worker_entry,
+                    args=(REPLAY_WORKER, job, rank, world, store, send, os.getpid(), timeout,
+                          leave),
+                    name=f"placeverify-replay-rank-{rank}", daemon=True)
+                proc.start()
+                send.close()
+                procs.append(proc)
+                conns[rank] = receive
+            self.last_pids = [p.pid for p in procs]
+            self.runs += 1
+            self._collect(procs, conns, results, deadline, timeout, progress)
+        finally:
+            self._stop(procs)
+            for c in conns.values():
+                c.close()
+            shutil.rmtree(folder, ignore_errors=True)
+            janitor.release(folder)
         return [results[r] for r in range(world)]
 
     def _collect(self, procs: list[Any], conns: dict[int, Connection],
@@ -393,7 +401,9 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
     if not torch_available():
         raise BackendFailure(FailureKind.NO_TORCH, "torch is not installed; install placeverify "
                              "with the 'torch' extra (pip install 'placeverify[torch]')")
+    janitor.start()
     folder = Path(tempfile.mkdtemp(prefix="placeverify-measure-"))
+    janitor.register(folder)
     processes: list[subprocess.Popen[bytes]] = []
     try:
         spec_path = folder / "job.json"
@@ -451,3 +461,4 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
     finally:
         _stop_processes(processes)
         shutil.rmtree(folder, ignore_errors=True)
+        janitor.release(folder)

@@ -1,0 +1,124 @@
+"""Remove a run's temporary folders even when the placeverify process is killed outright.
+
+A process killed with SIGKILL runs none of its cleanup, and its ranks can only partly stand in
+for it: a rank that the kill catches while it is still being started (forked, but not yet
+running its first line of placeverify code) knows nothing of the run's folders. So the first
+backend run of a placeverify process starts one small janitor process (``python -m
+placeverify.backend.janitor``) in its own session, out of reach of the terminal's Ctrl-C and
+hang-up, and tells it on a pipe which folders are live:
+
+- ``+PATH`` a folder the run made; ``-PATH`` one the run removed itself; ``.`` the process is
+  ending through its own exit handlers, which remove what is left (multiprocessing's among them:
+  the janitor must not remove the forkserver's folder under it).
+
+The pipe's only writer is the placeverify process, and the kernel closes it when that process
+ends, however it ends, only once the process can no longer run code. At end of file the janitor
+removes every folder still registered and exits. The janitor imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+MODULE = "placeverify.backend.janitor"
+
+
+def serve(stream: IO[str]) -> set[str]:
+    """Read registrations until end of file; the folders still registered then."""
+    live: set[str] = set()
+    for line in stream:
+        command, path = line[:1], line[1:].rstrip("\n")
+        if command == "+" and path:
+            live.add(path)
+        elif command == "-":
+            live.discard(path)
+        elif command == ".":
+            live.clear()
+    return live
+
+
+def main() -> int:
+    for path in sorted(serve(sys.stdin)):
+        shutil.rmtree(path, ignore_errors=True)
+    return 0
+
+
+class Janitor:
+    """The placeverify side: starts the janitor on first use and registers folders with it."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the janitor now (before the folders it is to watch exist)."""
+        self._send("")
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                root = str(Path(__file__).resolve().parents[2])
+                env = dict(os.environ)
+                env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", MODULE], stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, text=True,
+                    start_new_session=True)
+                atexit.register(self.close)
+            stdin = self._process.stdin
+            assert stdin is not None
+            if line:
+                with contextlib.suppress(OSError):
+                    stdin.write(line + "\n")
+                    stdin.flush()
+
+    def close(self) -> None:
+        """At exit: end the janitor's input, so that it checks and exits now."""
+        with self._lock:
+            process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            if process.stdin is not None:
+                process.stdin.write(".\n")
+                process.stdin.close()
+            process.wait(timeout=5)
+
+    def register(self, folder: str | os.PathLike[str]) -> None:
+        """Have ``folder`` removed if this process ends without removing it."""
+        path = os.path.abspath(folder)
+        if "\n" not in path:
+            self._send("+" + path)
+
+    def release(self, folder: str | os.PathLike[str]) -> None:
+        """``folder`` was removed (or handed on): forget it."""
+        path = os.path.abspath(folder)
+        if "\n" not in path and self._process is not None:
+            self._send("-" + path)
+
+
+_JANITOR = Janitor()
+
+
+def start() -> None:
+    _JANITOR.start()
+
+
+def register(folder: str | os.PathLike[str]) -> None:
+    _JANITOR.register(folder)
+
+
+def release(folder: str | os.PathLike[str]) -> None:
+    _JANITOR.release(folder)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
