@@ -1,7 +1,9 @@
-"""Verification time per example, and the same strategies at dp = 8 vs dp = 4096.
+"""Verification time per example, the same strategies at dp = 8 vs dp = 4096, and sharded
+data parallelism under a pipeline at 8 to 512 micro-batches.
 
 The Z3 encoding reasons about classes of ranks rather than ranks, so checking must not grow with
-the mesh. Run: python benchmarks/verify_scaling.py
+the mesh; a micro-batch loop whose micro-batches reach a steady state is summarised, so it must
+not grow with the micro-batch count either. Run: python benchmarks/verify_scaling.py
 """
 
 from __future__ import annotations
@@ -15,9 +17,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from placeverify.api import resize, verify  # noqa: E402
-from placeverify.lower import load  # noqa: E402
+from placeverify.lower import load, load_text  # noqa: E402
 
 REPEATS = 5
+
+# Sharded data parallelism under a 1F1B pipeline: the canonical step reduce-scatters in every
+# micro-batch (issue 16's slow shapes: 79 s for FSDP at 128 micro-batches before the summary).
+UNDER_PIPELINE = {
+    "fsdp": ("dp = 2", "place fsdp over dp"),
+    "zero2": ("dp = 2", "place zero2 over dp"),
+    "hsdp": ("replica = 2\n    shard = 2", "place hsdp over replica * shard"),
+}
+
+
+def under_pipeline(preset: str, microbatches: int) -> str:
+    axes, place = UNDER_PIPELINE[preset]
+    return (f'strategy "{preset} under 1f1b"\nmodel llama3_8b {{ micro_batch = 1 }}\n'
+            f"mesh {{\n    {axes}\n    pp = 4\n}}\n{place}\n"
+            f"place pipeline(1f1b, microbatches = {microbatches}) over pp\nloss microbatch_mean\n")
 
 
 def timed(strategy) -> float:  # type: ignore[no-untyped-def]
@@ -53,6 +70,15 @@ def main() -> None:
             resized = resize(strategy, {axis: size})
             cells.append(f"{axis}={size}: {timed(resized) * 1000:7.1f} ms")
         print(f"  {case}\n    " + "   ".join(cells))
+    print()
+    print("sharded data parallelism under a 1F1B pipeline (pp = 4) at growing micro-batch count "
+          "(median of 5)")
+    for preset in UNDER_PIPELINE:
+        cells = []
+        for m in (8, 32, 128, 512):
+            strategy = load_text(under_pipeline(preset, m), f"{preset}-{m}.place")
+            cells.append(f"m={m}: {timed(strategy) * 1000:7.1f} ms")
+        print(f"  {preset:6}" + "   ".join(cells))
 
 
 if __name__ == "__main__":

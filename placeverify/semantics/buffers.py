@@ -28,7 +28,7 @@ no backend ever skips a statement silently.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -154,11 +154,16 @@ class GradMachine(Generic[V]):
     # ---- driving -----------------------------------------------------------------------------
 
     def run(self, step: Step, microbatches: int, *, generic: bool = False,
-            fixpoint: Callable[[GradMachine[V]], Hashable] | None = None) -> GradMachine[V]:
+            fixpoint: Callable[[GradMachine[V]], Hashable] | None = None,
+            indices: Sequence[int] | None = None,
+            after_microbatch: Callable[[GradMachine[V], MicroBatch], None] | None = None
+            ) -> GradMachine[V]:
         """Run the whole step. With ``fixpoint`` (a key of the machine's state), the loop stops
         once a micro-batch past every indexed one leaves the key unchanged: the same body then
-        maps the state to itself, so later micro-batches change nothing the key describes."""
-        schedule = list(events(step, microbatches, generic=generic))
+        maps the state to itself, so later micro-batches change nothing the key describes.
+        With ``indices`` only those micro-batches run (:func:`events`); ``after_microbatch`` is
+        called at the end of each one that runs."""
+        schedule = list(events(step, microbatches, generic=generic, indices=indices))
         self._backwards_left = sum(isinstance(e.op, Backward) for e in schedule)
         indexed = last_indexed(step)
         previous: Hashable | None = None
@@ -168,11 +173,15 @@ class GradMachine(Generic[V]):
                 continue
             self.phase = event.phase
             self.apply(event.op, event.k)
-            if fixpoint is None or event.phase is not Phase.LOOP:
+            if event.phase is not Phase.LOOP:
                 continue
             after = schedule[i + 1] if i + 1 < len(schedule) else None
             if after is not None and after.phase is Phase.LOOP and after.k == event.k:
                 continue  # the micro-batch is not over
+            if after_microbatch is not None:
+                after_microbatch(self, event.k)
+            if fixpoint is None:
+                continue
             key = fixpoint(self)
             if isinstance(event.k, int) and event.k > indexed and key == previous:
                 converged = True

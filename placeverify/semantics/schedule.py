@@ -12,13 +12,13 @@ alike and a symbolic backend may run the body once for a *generic* micro-batch (
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from placeverify.diagnostics import Span
 from placeverify.errors import PlaceverifyError
-from placeverify.ir.step import Backward, Op, Step
+from placeverify.ir.step import Backward, Clip, Op, Step, Update
 
 GENERIC = "g"  # the micro-batch index of a generic micro-batch (every one alike)
 MicroBatch = int | str
@@ -62,10 +62,13 @@ def last_indexed(step: Step) -> int:
     return max((lo.microbatch for lo in step.loop if lo.microbatch is not None), default=-1)
 
 
-def events(step: Step, microbatches: int, *, generic: bool = False) -> Iterator[Event]:
+def events(step: Step, microbatches: int, *, generic: bool = False,
+           indices: Sequence[int] | None = None) -> Iterator[Event]:
     """Every statement of the step in execution order, with the micro-batch current when it runs.
 
-    With ``generic`` (only for a uniform loop) the body runs once for the generic micro-batch."""
+    With ``generic`` (only for a uniform loop) the body runs once for the generic micro-batch.
+    With ``indices`` the loop runs only those micro-batches, in that order (a summarised loop,
+    :func:`summary_indices`: the ones left out behave as the one before the last)."""
     if generic and not is_uniform(step):
         raise ValueError("a generic micro-batch stands for all only when the loop is uniform")
     first: MicroBatch = GENERIC if generic else 0
@@ -75,9 +78,26 @@ def events(step: Step, microbatches: int, *, generic: bool = False) -> Iterator[
         for lo in step.loop:
             yield Event(Phase.LOOP, GENERIC, lo.op)
     else:
-        for k in range(microbatches):
+        for k in range(microbatches) if indices is None else indices:
             for op in microbatch_ops(step, k):
                 yield Event(Phase.LOOP, k, op)
     last: MicroBatch = GENERIC if generic else microbatches - 1
     for op in step.post:
         yield Event(Phase.POST, last, op)
+
+
+# Micro-batches run before the loop may be summarised: those up to the last indexed one, and then
+# enough alike ones to see the steady state twice (placeverify.verify.z3.integrity).
+STEADY_WINDOW = 4
+
+
+def summary_indices(step: Step, microbatches: int) -> list[int] | None:
+    """The micro-batches a summarised loop runs: 0 .. last indexed + STEADY_WINDOW, then the last
+    one; None when that would leave none out (or the loop reads the gradient: a clip or update
+    inside the loop sees a buffer that grows with every micro-batch)."""
+    if any(isinstance(lo.op, Clip | Update) for lo in step.loop):
+        return None
+    middle = last_indexed(step) + 1 + STEADY_WINDOW
+    if microbatches <= middle + 1:
+        return None
+    return [*range(middle), microbatches - 1]

@@ -16,7 +16,11 @@ is asked for a class and counts where they differ.
 
 Sizes are constants, so the formula is the same size at dp = 8 and dp = 4096. The micro-batch
 loop is unrolled only when it contains collectives or scales (otherwise every micro-batch is
-alike and one generic micro-batch stands for all).
+alike and one generic micro-batch stands for all), and then only up to a steady state: when the
+micro-batches after the indexed ones leave every earlier micro-batch's coefficients as they were
+and end in the same buffer layout, the ones after them are renamings of the one before the last
+and are not encoded (:func:`encode`, :func:`_steady`), so an FSDP step that reduce-scatters in
+each of 128 or 512 micro-batches encodes five.
 """
 
 from __future__ import annotations
@@ -44,7 +48,13 @@ from placeverify.ir.step import (
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
 from placeverify.semantics.groups import GroupView, ends_match
-from placeverify.semantics.schedule import GENERIC, MicroBatch, Unmodelled, is_uniform
+from placeverify.semantics.schedule import (
+    GENERIC,
+    MicroBatch,
+    Unmodelled,
+    is_uniform,
+    summary_indices,
+)
 from placeverify.verify.budget import TooLarge, checkpoint
 from placeverify.verify.z3.counts import CountVars, KSpec, Label, Size, more_than_one, product
 
@@ -84,7 +94,7 @@ class _Coefficients:
     """The coefficient domain (:class:`placeverify.semantics.buffers.GradDomain`)."""
 
     def __init__(self, strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size,
-                 counts: CountVars) -> None:
+                 counts: CountVars, indices: list[int] | None = None) -> None:
         self.s = strategy
         self.view = view
         self.sizes = sizes
@@ -95,12 +105,14 @@ class _Coefficients:
         if not self.generic and not isinstance(m, int):
             raise Unmodelled("the micro-batch loop has collectives, so it is unrolled, which needs "
                              "a concrete micro-batch count")
-        if not self.generic and m > MAX_UNROLL:
-            raise Unmodelled(f"the micro-batch loop has collectives and {m} micro-batches; "
-                             f"the encoding unrolls at most {MAX_UNROLL}")
+        if not self.generic and indices is None and m > MAX_UNROLL:
+            raise Unmodelled(f"the micro-batch loop has collectives and {m} micro-batches, and "
+                             "its micro-batches do not reach a steady state that can be "
+                             f"summarised; the encoding unrolls at most {MAX_UNROLL}")
         self.axes = view.coordinates
         choices = [(SAME, DIFF) if more_than_one(self.size(a)) else (SAME,) for a in self.axes]
-        ks: list[int | str] = [GENERIC] if self.generic else list(range(m))
+        ks: list[int | str] = ([GENERIC] if self.generic
+                               else list(range(m)) if indices is None else list(indices))
         classes = 1
         for c in choices:
             classes *= len(c)
@@ -197,7 +209,7 @@ class _Coefficients:
             n = self.size(axis)
             divisor = divisor * n
             if kind == "copies":
-                out = {key: v * _real(n) for key, v in out.items()}
+                out = {key: v if _is_zero(v) else v * _real(n) for key, v in out.items()}
                 continue
             if not more_than_one(n):
                 continue
@@ -223,7 +235,7 @@ class _Coefficients:
                                 + others * out[diff])
             out = new
         if op.op is ReduceOp.MEAN and not (isinstance(divisor, int) and divisor == 1):
-            out = {key: v / _real(divisor) for key, v in out.items()}
+            out = {key: v if _is_zero(v) else v / _real(divisor) for key, v in out.items()}
         return Coeffs(out, buffer.vary)
 
     def accumulate(self, shard: Coeffs, value: Coeffs) -> Coeffs:
@@ -234,7 +246,7 @@ class _Coefficients:
     def scale(self, buffer: Coeffs, op: Scale, k: MicroBatch) -> Coeffs:
         checkpoint()
         k_now: KSpec = k if isinstance(k, int) else None
-        return Coeffs({key: v * self.factor(op.factor, key, False, k_now)
+        return Coeffs({key: v if _is_zero(v) else v * self.factor(op.factor, key, False, k_now)
                        for key, v in buffer.values.items()}, buffer.vary | self.varying(op.factor))
 
     # ---- the reference -----------------------------------------------------------------------
@@ -256,11 +268,89 @@ class _Coefficients:
 
 def encode(strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size, prefix: str,
            integer: bool) -> Encoded:
+    """The coefficients the update consumes, per relation class and micro-batch.
+
+    A loop with collectives is unrolled; past its indexed micro-batches, it is summarised when
+    its micro-batches reach a steady state (:func:`_steady`): then only the first ones and the
+    last are encoded, and every micro-batch left out is a renaming of the one before the last."""
+    indices = None
+    if isinstance(m, int) and not loop_is_uniform(strategy):
+        indices = summary_indices(strategy.step, m)
+    if indices is not None:
+        snapshots: list[_Snapshot] = []
+        encoded = _encode(strategy, view, sizes, m, prefix, integer, indices, snapshots)
+        if _steady(snapshots):
+            return encoded
+    return _encode(strategy, view, sizes, m, prefix, integer, None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The machine at the end of one micro-batch: what does not depend on coefficients, and the
+    coefficients of the full buffer and the shard."""
+
+    k: MicroBatch
+    flags: tuple[Any, ...]
+    full: dict[Key, Any]
+    shard: dict[Key, Any] | None
+
+
+def _snapshot(machine: GradMachine[Coeffs], k: MicroBatch) -> _Snapshot:
+    shard = machine.shard
+    flags = (machine.sharded, machine.scattered, machine.scatter_group, machine.full.vary,
+             None if shard is None else shard.vary, len(machine.mixes), len(machine.clips),
+             machine.update is None)
+    return _Snapshot(k, flags, dict(machine.full.values),
+                     None if shard is None else dict(shard.values))
+
+
+def _steady(snapshots: list[_Snapshot]) -> bool:
+    """Do the last three alike micro-batches before the last one show a steady state?
+
+    Steady: the same flags at the end of each (so the micro-batches after them start alike), and
+    the last two leave the coefficients of every earlier micro-batch's atoms untouched (the same
+    solver terms). Each micro-batch's atoms evolve apart from the others' (a reduction relabels
+    relation classes, never micro-batches), and a statement maps a term and the fresh count
+    variables of the running micro-batch to a term without looking at which variables they are;
+    so by renaming micro-batches every later one also leaves the earlier atoms untouched, and its
+    own atoms end as the renaming of the previous one's. The counts' constraints are symmetric in
+    the micro-batches, so a mismatch at a micro-batch left out is one at the one encoded, and the
+    constraints stated between the encoded ones are a subset of the full set: an unsatisfiable
+    summarised query proves the unrolled one."""
+    middle = snapshots[:-1]  # the last snapshot is the last micro-batch
+    if len(middle) < 3:
+        return False
+    a, b, c = middle[-3:]
+    if not (a.flags == b.flags == c.flags):
+        return False
+    return _untouched(a, b) and _untouched(b, c)
+
+
+def _untouched(before: _Snapshot, after: _Snapshot) -> bool:
+    """Every atom of a micro-batch before ``after.k`` has the same terms in both snapshots."""
+    for old, new in ((before.full, after.full), (before.shard, after.shard)):
+        if (old is None) != (new is None):
+            return False
+        if old is None or new is None:
+            continue
+        for key, term in new.items():
+            if isinstance(key.k, int) and isinstance(after.k, int) and key.k < after.k:
+                checkpoint()
+                if not term.eq(old[key]):
+                    return False
+    return True
+
+
+def _encode(strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size, prefix: str,
+            integer: bool, indices: list[int] | None,
+            snapshots: list[_Snapshot] | None) -> Encoded:
     equal_samples = not strategy.loss.uneven_samples
     counts = CountVars(view, sizes, m, prefix, integer, equal_samples)
-    domain = _Coefficients(strategy, view, sizes, m, counts)
+    domain = _Coefficients(strategy, view, sizes, m, counts, indices)
     machine = GradMachine(domain, view.group, domain.live)
-    machine.run(strategy.step, m if isinstance(m, int) else 1, generic=domain.generic)
+    record = None if snapshots is None else (lambda mach, k: snapshots.append(_snapshot(mach, k)))
+    machine.run(strategy.step, m if isinstance(m, int) else 1, generic=domain.generic,
+                indices=indices, after_microbatch=record)
     if machine.update is None:
         raise Unmodelled("the step never updates the parameters")
     reference = {key: domain.reference(key) for key in domain.keys}
