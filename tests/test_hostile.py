@@ -237,3 +237,31 @@ def test_a_malformed_trace_key_is_pointed_at(tmp_path: Path, trace: object, key:
     (diagnostic,) = err.value.diagnostics
     assert diagnostic.span is not None
     assert (diagnostic.span.line, diagnostic.span.column) == _key_at(path, key)
+
+
+@pytest.mark.parametrize(("edit", "key", "words"), [
+    (_equal_tokens, "tokens", "token counts are all equal (2 each)"),
+    (_source_fixed, "source", "the trace is no counterexample of its source"),
+    (_source_with_fewer_microbatches, "microbatches",
+     "the trace has 2 micro-batches but its source's step has 1"),
+])
+def test_emit_refuses_what_replay_refuses(tmp_path: Path, edit: Callable[[dict[str, Any]], None],
+                                          key: str, words: str) -> None:
+    # `replay --emit` writes a reproducer of the trace: one the trace does not witness would
+    # reproduce nothing, so it is the same positioned input error, and no script is written
+    path = _edited_trace(tmp_path, "ga-token-normalisation.place", edit)
+    out = tmp_path / "repro.py"
+    done = cli("replay", str(path), "--emit", str(out))
+    assert done.returncode == ExitCode.INPUT_ERROR, done.stdout + done.stderr
+    line, column = _key_at(path, key)
+    first = done.stderr.splitlines()[0]
+    assert first.startswith(f"{path}:{line}:{column}: error: ") and words in first, done.stderr
+    assert not out.exists() and "Traceback" not in done.stderr
+
+
+def test_emit_writes_the_reproducer_of_an_unedited_trace(tmp_path: Path) -> None:
+    path = _edited_trace(tmp_path, "ga-token-normalisation.place", lambda doc: None)
+    out = tmp_path / "repro.py"
+    done = cli("replay", str(path), "--emit", str(out))
+    assert done.returncode == ExitCode.OK, done.stdout + done.stderr
+    assert out.read_text().startswith("#")

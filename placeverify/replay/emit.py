@@ -46,8 +46,7 @@ from placeverify.ir.step import (
     Clip,
 )
 from placeverify.ir.strategy import RecomputeKind, Strategy
-from placeverify.lower import canonical, load_text
-from placeverify.lower.resize import resize
+from placeverify.lower import canonical
 from placeverify.replay.counts import AtomCounts, pick_counts, trace_counts
 from placeverify.replay.emit_oracle import ORACLE
 from placeverify.replay.emit_runtime import PROCESSES
@@ -61,8 +60,7 @@ from placeverify.replay.emit_step import (
     model_shapes,
 )
 from placeverify.replay.layout import optimizer_axes
-from placeverify.replay.plan import DEFAULT_SEED, DEFAULT_STEPS
-from placeverify.replay.sizes import replayed_sizes
+from placeverify.replay.plan import DEFAULT_SEED, DEFAULT_STEPS, trace_case
 from placeverify.roles.relations import batch_axes
 from placeverify.trace import Trace, load
 from placeverify.verdicts import ObligationKind
@@ -101,12 +99,10 @@ def _counts_literal(counts: AtomCounts) -> str:
 def emit_script(trace: Trace, *, trace_path: str, script: str = "repro.py",
                 world: int | None = None, steps: int = DEFAULT_STEPS) -> str:
     """The reproducer's text, or :class:`EmitRefused`."""
-    path = trace.file or "<trace>"
-    declared = load_text(trace.source, path)
-    keep = {a: trace.mesh.get(a, 1) for a in declared.mesh.names}
-    sizes, resized_because = replayed_sizes(declared, keep, world, "trace's mesh")
+    case = trace_case(trace, world=world)  # the checks replay makes: exit 2 where it refuses
+    sizes, keep, resized_because = case.sizes, case.keep, case.reason
     m = trace.microbatches
-    strategy = resize(declared, sizes)
+    strategy = case.strategy
     check_layout(strategy)
     if trace.kind in UNEMITTED_KINDS:
         where = f"line {trace.line}: " if trace.line else ""

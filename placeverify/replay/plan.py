@@ -193,32 +193,51 @@ def _trace_sizes(trace: Trace, strategy: Strategy) -> dict[str, int]:
     return {a: trace.mesh.get(a, 1) for a in strategy.mesh.names}
 
 
-def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
-                    timeout_ms: int = 10_000) -> Plan:
-    """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`) on the
-    trace's mesh, or on ``world`` processes. A trace that is no counterexample of its own source
+@dataclass(frozen=True)
+class TraceCase:
+    """A trace checked against its own source, and where it is replayed."""
+
+    strategy: Strategy  # the source, resized to ``sizes``
+    sizes: dict[str, int]  # the replayed mesh
+    keep: dict[str, int]  # the trace's own mesh
+    reason: str | None  # why the mesh was resized (None when it was not)
+    expect: Expectation  # Z3's verdict at the replayed mesh
+
+
+def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> TraceCase:
+    """The checks every use of a trace makes before it runs anything (``replay`` and ``replay
+    --emit`` alike): a trace that is no counterexample of its own source
     (:mod:`placeverify.replay.consistency`) raises an input error."""
     path = trace.file or "<trace>"
     strategy = load_text(trace.source, path)
     check_mesh(trace, strategy)
     check_microbatches(trace, strategy)
     keep = _trace_sizes(trace, strategy)
-    notes: list[str] = []
     sizes, reason = replayed_sizes(strategy, keep, world, "trace's mesh")
-    m = trace.microbatches
-    spec_base = RunSpec("trace", trace.source, path, sizes, m, False, [], [], steps)
-    resized = strategy_of(spec_base)
+    resized = resize(strategy, sizes)
     if sizes == keep:  # the trace's own mesh: its counts are replayed, so they must fit
         check_counts(trace, resized, sizes)
     expect = verify(resized, timeout_ms)
     if sizes == keep and trace.kind not in UNWITNESSED:
         check_claim(trace, resized, sizes, expect.verdict)
-    counts = trace_counts(trace, resized, sizes, m) if sizes == keep else None
-    tokens, samples = _counts(resized, sizes, m, expect, counts, notes)
+    return TraceCase(resized, sizes, keep, reason, expect)
+
+
+def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
+                    timeout_ms: int = 10_000) -> Plan:
+    """Replay a counterexample trace (already validated by :func:`placeverify.trace.load`) on the
+    trace's mesh, or on ``world`` processes (:func:`trace_case` checks it first)."""
+    path = trace.file or "<trace>"
+    case = trace_case(trace, world=world, timeout_ms=timeout_ms)
+    sizes, keep, m, expect = case.sizes, case.keep, trace.microbatches, case.expect
+    notes: list[str] = []
+    spec_base = RunSpec("trace", trace.source, path, sizes, m, False, [], [], steps)
+    counts = trace_counts(trace, case.strategy, sizes, m) if sizes == keep else None
+    tokens, samples = _counts(case.strategy, sizes, m, expect, counts, notes)
     main = replace(spec_base, tokens=tokens, samples=samples)
     control, control_expect, origin = _control(path, main, timeout_ms)
     return Plan(main, expect, Claim(Verdict.REFUTED, keep, "trace"), control, control_expect,
-                origin, reason, tuple(notes))
+                origin, case.reason, tuple(notes))
 
 
 def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
