@@ -23,6 +23,14 @@ float32 (REFERENCE §5 saw 1e-8 to 1e-6), while the bugs the verifier reports mo
 by more than 1e-3 after one step. Float64 is the default because it separates the two by more
 than nine orders of magnitude.
 
+**Stability.** The rule above assumes the training damps rounding differences (or lets them
+grow no faster than the steps add up). Over many steps a replay model's own training can
+diverge — the states grow without bound and rounding differences grow with them — and then no
+tolerance separates a bug from rounding. Rank 0 therefore trains the reference a second time with
+every gradient disturbed by one rounding unit per step (:func:`placeverify.replay.reference.
+sensitivity`); when that moves a state by more than the tolerance, or a state overflows, the
+comparison decides nothing and the replay's verdict is *unknown* (exit 3), never "not confirmed".
+
 **Across ranks** there is no tolerance: state consistency is about bitwise identical replicas
 (the same collective gives every rank the same bits), so any difference between two ranks that
 hold copies of one state — the same key in :meth:`placeverify.replay.buffers.RankState.states` —
@@ -60,6 +68,16 @@ class Outcome:
     seconds: float
     scale: float
     notes: list[str] = field(default_factory=list)
+    # how far one rounding unit per step moves the reference (reference.sensitivity); nan when a
+    # reference state overflowed
+    sensitivity: float = 0.0
+
+    @property
+    def unstable(self) -> bool:
+        """Do the training's own dynamics amplify rounding past the tolerance (or overflow)? Then
+        a correct run may differ from the reference by more than the tolerance and a wrong one
+        by no more than rounding: the comparison decides nothing."""
+        return not (self.sensitivity <= self.tolerance)
 
     @property
     def max_vs_reference(self) -> float:
@@ -126,5 +144,8 @@ def outcome(results: list[dict[str, Any]], sizes: dict[str, int], steps: int,
                 largest = d
                 worst["across_ranks"] = f"{key} (rank {held[0][0]} vs rank {rank})"
     skipped = sorted({s for r in results for s in r.get("skipped", [])})
+    sensitivities = [float(r.get("reference_sensitivity", 0.0)) for r in results]
+    sensitivity = math.nan if any(x != x for x in sensitivities) else max(sensitivities)
     return Outcome(len(results), dict(sizes), vs, across, tolerance(dtype, steps, scale), worst,
-                   skipped, str(results[0].get("backend", "gloo")), seconds, scale)
+                   skipped, str(results[0].get("backend", "gloo")), seconds, scale,
+                   sensitivity=sensitivity)

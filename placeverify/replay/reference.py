@@ -20,6 +20,7 @@ optimizer, the clipping and the skipped step of dynamic loss scaling are those o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -156,9 +157,17 @@ def _norm(grads: dict[str, torch.Tensor]) -> float:
     return float(torch.sqrt(torch.stack([(g * g).sum() for g in grads.values()]).sum()))
 
 
-def train(setup: Setup, steps: int) -> ReferenceResult:
+def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
+    """The single-device run. With ``jitter`` every gradient element is multiplied by
+    ``1 ± jitter`` (a fixed sign pattern) in every step: a rounding-sized disturbance, to measure
+    how much the training's own dynamics amplify one (:func:`sensitivity`)."""
     params = {n: v.clone().requires_grad_(True)
               for n, v in init_params(setup.specs, setup.seed, setup.dtype).items()}
+    signs: dict[str, torch.Tensor] = {}
+    if jitter:
+        generator = torch.Generator().manual_seed(setup.seed + 1)
+        signs = {n: 1.0 + jitter * (torch.randint(0, 2, v.shape, generator=generator) * 2 - 1)
+                 .to(setup.dtype) for n, v in params.items()}
     momentum = {n: torch.zeros_like(v) for n, v in params.items()}
     alpha = 1.0
     skipped = []
@@ -168,6 +177,8 @@ def train(setup: Setup, steps: int) -> ReferenceResult:
                                   reference_masks(setup, step, rows))
         (losses * weights).sum().backward()
         grads = {n: (v.grad if v.grad is not None else torch.zeros_like(v)) for n, v in params.items()}
+        if signs:
+            grads = {n: g * signs[n] for n, g in grads.items()}
         for v in params.values():
             v.grad = None
         max_norm = setup.max_norm
@@ -188,3 +199,21 @@ def train(setup: Setup, steps: int) -> ReferenceResult:
                 momentum[n].mul_(MOMENTUM).add_(grads[n])
                 v.sub_(LEARNING_RATE * momentum[n])
     return ReferenceResult({n: v.detach() for n, v in params.items()}, momentum, alpha, skipped)
+
+
+def sensitivity(setup: Setup, steps: int, reference: ReferenceResult, unit: float) -> float:
+    """How far the reference moves when every gradient is disturbed by one rounding unit
+    (``unit``) in every step: the largest difference of a parameter or momentum element. A
+    correct distributed run differs from the reference by such disturbances (sums associated
+    differently), so where the dynamics amplify them past the replay's tolerance, or overflow,
+    the comparison cannot tell a bug from rounding (nan when a state is not finite)."""
+    disturbed = train(setup, steps, jitter=unit)
+    worst = 0.0
+    for mine, theirs in ((reference.params, disturbed.params),
+                         (reference.momentum, disturbed.momentum)):
+        for name, value in mine.items():
+            if not (bool(torch.isfinite(value).all()) and bool(torch.isfinite(theirs[name]).all())):
+                return math.nan
+            if value.numel():
+                worst = max(worst, float((value - theirs[name]).abs().max()))
+    return worst

@@ -57,6 +57,8 @@ class Report:
     def verdict(self) -> str:
         if self.error is not None or self.main is None:
             return "error"
+        if self.unstable:
+            return "unknown"
         if self.main.agrees is False or (self.control is not None and self.control.agrees is False):
             return "not_confirmed"
         if self.main.agrees is None:
@@ -64,6 +66,11 @@ class Report:
         if not self.plan.same_verdict:
             return "unconfirmed"
         return "confirmed"
+
+    @property
+    def unstable(self) -> bool:
+        """Does a run's reference amplify rounding past the tolerance (compare.Outcome.unstable)?"""
+        return any(run is not None and run.outcome.unstable for run in (self.main, self.control))
 
     @property
     def exit_code(self) -> ExitCode:
@@ -90,6 +97,8 @@ def _run_doc(run: RunReport) -> dict[str, Any]:
         "max_abs_diff_vs_reference": _num(o.max_vs_reference),
         "max_abs_diff_across_ranks": _num(o.max_across_ranks),
         "tolerance": o.tolerance,
+        "reference_sensitivity": _num(o.sensitivity),
+        "unstable": o.unstable,
         "states": {kind: {"vs_reference": _num(o.vs_reference.get(kind, 0.0)),
                           "across_ranks": _num(o.across_ranks.get(kind, 0.0))}
                    for kind in ("params", "optimizer")},
@@ -126,6 +135,8 @@ def document(report: Report) -> dict[str, Any]:
         "max_abs_diff_vs_reference": _num(main.outcome.max_vs_reference) if main else None,
         "max_abs_diff_across_ranks": _num(main.outcome.max_across_ranks) if main else None,
         "tolerance": main.outcome.tolerance if main else None,
+        "reference_sensitivity": _num(main.outcome.sensitivity) if main else None,
+        "unstable": report.unstable,
         "states": _run_doc(main)["states"] if main else None,
         "worst": main.outcome.worst if main else None,
         "skipped_steps": main.outcome.skipped if main else None,
@@ -223,7 +234,16 @@ def render(report: Report, console: Console) -> None:
 
 def _judge(run: RunReport, what: str, console: Console, resized: bool) -> None:
     at = " at the replayed mesh" if resized else ""
-    if run.agrees is None:
+    if run.outcome.unstable:
+        o = run.outcome
+        console.print(
+            f"  {what}: inconclusive: the single-device reference is numerically unstable over "
+            f"{run.spec.steps} steps ("
+            + (f"one rounding unit per step moves a state by {_g(o.sensitivity)}, against a "
+               f"tolerance of {_g(o.tolerance)}" if o.sensitivity == o.sensitivity
+               else "its states overflow")
+            + "), so rounding and a bug look alike; replay fewer steps (--steps)", markup=False)
+    elif run.agrees is None:
         console.print(f"  {what}: Z3 said unknown at this mesh, so there is nothing to confirm",
                       markup=False)
     elif run.agrees:

@@ -37,11 +37,12 @@ import torch.distributed as dist
 import torch.nn.functional
 import torch.utils.checkpoint
 
+from placeverify.replay.compare import UNIT_ROUNDOFF
 from placeverify.replay.data import Dropout
 from placeverify.replay.distributed import ProcessGroups, RankGrid
 from placeverify.replay.layout import global_specs, layout_of, model_config, param_specs
 from placeverify.replay.plan import RunSpec, strategy_of
-from placeverify.replay.reference import Setup, train
+from placeverify.replay.reference import Setup, sensitivity, train
 from placeverify.replay.step import RankRun, groups_needed
 
 torch.set_num_threads(1)
@@ -134,11 +135,13 @@ def run_rank(spec: RunSpec, rank: int, world: int, timeout: float,
         _fault(spec, rank, "start")
         specs = global_specs(setup.specs)
         reference_seconds = 0.0
+        reference_sensitivity = 0.0
         if rank == 0:
             progress("single-device reference")
             t0 = time.perf_counter()
             ref = train(setup, spec.steps)
             reference_seconds = time.perf_counter() - t0
+            reference_sensitivity = sensitivity(setup, spec.steps, ref, UNIT_ROUNDOFF[spec.dtype])
             flat = torch.cat([torch.tensor([ref.alpha], dtype=setup.dtype)]
                              + [ref.params[s.name].reshape(-1) for s in specs]
                              + [ref.momentum[s.name].reshape(-1) for s in specs])
@@ -176,7 +179,8 @@ def run_rank(spec: RunSpec, rank: int, world: int, timeout: float,
         if world > 1:
             dist.barrier()
         return {"ok": True, "rank": rank, "coords": grid.coords, "vs_reference": vs,
-                "worst": worst, "reference_scale": scale, "dtype": spec.dtype, "skipped": run.skipped,
+                "worst": worst, "reference_scale": scale,
+                "reference_sensitivity": reference_sensitivity, "dtype": spec.dtype, "skipped": run.skipped,
                 "states": {k: [kind, _encode(v)] for k, (kind, v) in states.items()},
                 "seconds": time.perf_counter() - started, "reference_seconds": reference_seconds,
                 "backend": backend}
