@@ -914,3 +914,42 @@ def test_a_run_is_unstable_when_rounding_grows_past_the_tolerance(sensitivity: f
     outcome = Outcome(2, {"dp": 2}, {"params": 0.0}, {"params": 0.0}, 1e-12, {}, [], "gloo", 0.1,
                       1.0, sensitivity=sensitivity)
     assert outcome.unstable is unstable
+
+
+def test_a_forkserver_lost_while_ranks_start_is_a_backend_failure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # multiprocessing reads the new rank's pid from the forkserver; a server that died (killed,
+    # out of memory) answers with end of file. That is a failed run (exit 5), not a crash (70).
+    from placeverify.backend import runtime
+    from placeverify.backend.runtime import BackendFailure, FailureKind
+
+    class LostServer:
+        def Pipe(self, duplex: bool) -> tuple[object, object]:
+            import multiprocessing
+
+            return multiprocessing.Pipe(duplex)
+
+        def Process(self, **kwargs: object) -> object:
+            class Never:
+                pid = None
+
+                def start(self) -> None:
+                    raise EOFError("unexpected EOF")
+
+                def is_alive(self) -> bool:
+                    return False
+
+            return Never()
+
+    class Spec:
+        world = 2
+
+        def to_json(self) -> str:
+            return "{}"
+
+    pool = runtime.Pool(context=LostServer())
+    monkeypatch.setattr(runtime.Pool, "start", lambda self: None)
+    with pytest.raises(BackendFailure) as err:
+        pool.run(Spec(), timeout=5)
+    assert err.value.kind is FailureKind.CRASH
+    assert "was lost while rank 0 started (EOFError: unexpected EOF)" in err.value.message

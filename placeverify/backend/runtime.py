@@ -170,7 +170,13 @@ class Pool:
                     args=(REPLAY_WORKER, job, rank, world, store, send, os.getpid(), timeout,
                           leave),
                     name=f"placeverify-replay-rank-{rank}", daemon=True)
-                proc.start()
+                try:
+                    proc.start()
+                except (OSError, EOFError) as err:  # the forkserver died or was killed
+                    raise BackendFailure(FailureKind.CRASH, f"the process that starts the ranks "
+                                         f"(a multiprocessing forkserver) was lost while rank "
+                                         f"{rank} started ({type(err).__name__}: {err}); the "
+                                         "next replay starts a new one") from None
                 send.close()
                 procs.append(proc)
                 conns[rank] = receive
