@@ -395,6 +395,72 @@ def measure(file: str, as_json: bool, timeout: float, quiet: bool) -> None:
     guarded(run)
 
 
+@main.command(epilog=EXIT_CODES)
+@click.argument("file", required=False, type=click.Path())
+@click.option("--device", default=None,
+              help="Device profile (a100_80gb_sxm, h100_sxm, h200, mi300x, b200); default: the "
+                   "FILE's mesh device.")
+@click.option("--devices", type=click.IntRange(1, 10**7), default=None,
+              help="Number of devices; default: the FILE's mesh.")
+@click.option("--global-batch", type=click.IntRange(1, 10**9), default=None,
+              help="Sequences per optimizer step; default: the FILE's (micro-batch x "
+                   "micro-batches x data-parallel replicas).")
+@click.option("--batch-tokens", type=click.IntRange(1, 10**13), default=None,
+              help="Tokens per optimizer step (instead of --global-batch).")
+@click.option("--seq", type=click.IntRange(1, 10**7), default=None, help="Sequence length.")
+@click.option("--top", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Fastest layouts to show (each proved).")
+@click.option("--max-tp", type=click.IntRange(1, 1024), default=None,
+              help="Largest tensor-parallel degree (default: GPUs per node).")
+@click.option("--no-offload", is_flag=True, help="Do not try optimizer offload.")
+@click.option("--frontier-slack", type=click.FloatRange(1.0, 1000.0), default=1.5,
+              show_default=True,
+              help="Show the frontier's layouts up to this many times the fastest step time.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (placeverify.search/1).")
+@click.option("-o", "--output-dir", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write every layout shown as a .place file into this folder.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw the frontier (peak memory vs step time) to a .png or .svg file "
+                   "(needs the plot extra: pip install 'placeverify[plot]').")
+@click.option("--width", type=click.IntRange(20, 10_000), default=None,
+              help="Columns the tables may use (default: COLUMNS, else the terminal's, else 120).")
+@budget_option
+@import_options
+@set_option
+@quiet_option
+def search(file: str | None, device: str | None, devices: int | None,
+           global_batch: int | None, batch_tokens: int | None, seq: int | None, top: int,
+           max_tp: int | None, no_offload: bool, frontier_slack: float, as_json: bool, out_dir: str | None,
+           plot: str | None, width: int | None, timeout: float, model: str | None,
+           world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
+    """Search layouts: the fastest proved ones, and the frontier of peak memory vs step time.
+
+    FILE (a .place file or a framework configuration, with --model config.json as for
+    import) gives the model, precision, device and batch; flags replace them, or give them all
+    without a FILE (--model naming a bundled model, --device, --devices, --global-batch or
+    --batch-tokens). Every layout shown fits at its predicted peak and is
+    proved on all three conditions; exit 6 when none fits, 3 when none that fits is proved.
+    """
+
+    def run() -> ExitCode:
+        from placeverify.search.cli import run_search
+        from placeverify.search.space import Space
+
+        if global_batch is not None and batch_tokens is not None:
+            raise click.UsageError("give --global-batch or --batch-tokens, not both")
+        space = Space(max_tp=max_tp, offload=not no_offload)
+        model_name = model if file is None else None
+        return run_search(file, model=model_name, device=device, devices=devices,
+                          global_batch=global_batch, batch_tokens=batch_tokens, seq=seq, top=top,
+                          space=space, slack=frontier_slack, out_dir=out_dir, plot=plot,
+                          as_json=as_json,
+                          budget_s=timeout, imports=import_settings(model, world, fmt),
+                          settings=override_settings(overrides), console=console(),
+                          width=output_width(width), progress=Progress(quiet))
+
+    guarded(run)
+
+
 @main.command("import", epilog=EXIT_CODES)
 @click.argument("file", type=click.Path())
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default=None,

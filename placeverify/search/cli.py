@@ -1,0 +1,133 @@
+"""``placeverify search``: read the problem, run the search, print or write what it found.
+
+Exit codes: 0 when at least one layout fits and is proved (every layout shown is both); 6 when
+no layout fits the device at its predicted peak; 3 when layouts fit but none could be proved
+(each was refuted or left unknown; they are named, never shown as results); 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
+from placeverify.ir.devices import devices as bundled_devices
+from placeverify.ir.model import ARCHITECTURES
+from placeverify.ir.strategy import Strategy
+from placeverify.search.problem import problem_from
+from placeverify.search.run import SearchResult, search
+from placeverify.search.space import Space
+
+
+def base_strategy(file: str | None, model: str | None, devices: int | None,
+                  device: str | None, imports: Any, settings: Any) -> Strategy:
+    """The strategy the problem is read from: the file (a .place or a framework
+    configuration), or one written from the flags."""
+    from placeverify.api import load, load_text
+    from placeverify.importers import is_importable
+
+    if file is not None:
+        if is_importable(file):
+            from placeverify.importers.cli import load_strategy
+
+            return load_strategy(file, imports, settings)
+        return load(file, settings)
+    if model is None or devices is None or device is None:
+        raise click.UsageError("without a FILE, search needs --model, --device and --devices")
+    if model not in ARCHITECTURES:
+        raise click.UsageError(f"unknown model '{model}' (bundled: {', '.join(ARCHITECTURES)}); "
+                               "give a .place or configuration FILE for another model")
+    text = (f'strategy "search"\nmodel {model}\nprecision megatron\n'
+            f"mesh {{\n    dp = {devices}\n    device = {device}\n}}\nplace ddp over dp\n")
+    return load_text(text, "<search flags>", settings)
+
+
+def run_search(file: str | None, *, model: str | None, device: str | None,
+               devices: int | None, global_batch: int | None, batch_tokens: int | None,
+               seq: int | None, top: int, space: Space, slack: float, out_dir: str | None,
+               plot: str | None, as_json: bool, budget_s: float, imports: Any, settings: Any,
+               console: Console, width: int, progress: Any) -> ExitCode:
+    from placeverify.api import parse
+    from placeverify.report.search_text import render_search, search_document
+
+    profile = None
+    if device is not None:
+        profile = bundled_devices().get(device)
+        if profile is None:
+            raise click.UsageError(f"unknown device '{device}' (bundled: "
+                                   f"{', '.join(bundled_devices())})")
+    strategy = base_strategy(file, model, devices, device, imports, settings)
+    problem = problem_from(strategy, parse(strategy.source), devices=devices, device=profile,
+                           global_batch=global_batch, batch_tokens=batch_tokens, seq=seq)
+    if plot is not None:
+        _check_plot_target(plot)
+    with progress.task(f"search: {problem.model_name} on {problem.devices} devices") as say:
+        result = search(problem, space, top=top, budget_s=budget_s, slack=slack, report=say)
+    code = exit_code(result)
+    written = write_layouts(result, out_dir) if out_dir is not None else {}
+    if plot is not None and result.frontier:
+        _plot(result, plot)
+    if as_json:
+        click.echo(json.dumps(search_document(result, int(code), written), indent=2,
+                              ensure_ascii=False))
+    else:
+        render_search(result, console, width, written)
+        if plot is not None and result.frontier:
+            console.print(f"frontier plot written to {plot}", markup=False, highlight=False)
+    return code
+
+
+def exit_code(result: SearchResult) -> ExitCode:
+    if result.top:
+        return ExitCode.OK
+    if not result.evaluated:
+        return ExitCode.DOES_NOT_FIT
+    return ExitCode.UNKNOWN
+
+
+def write_layouts(result: SearchResult, out_dir: str) -> dict[str, str]:
+    """Write every layout shown (the top and the frontier) as ``.place`` files in ``out_dir``
+    (created if needed), each atomically; returns label -> path."""
+    folder = Path(out_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PlaceError([Diagnostic(Severity.ERROR, f"cannot create {out_dir}: {err.strerror}",
+                                     Code.READ)], Source(out_dir, ""), ExitCode.READ_ERROR) from None
+    written: dict[str, str] = {}
+    shown = [*result.top, *(e for e in result.frontier if e not in result.top)]
+    for rank, e in enumerate(shown, 1):
+        kind = "top" if e in result.top else "frontier"
+        name = f"{rank:02d}-{kind}-" + e.label.replace(" ", "_") + ".place"
+        path = folder / name
+        handle, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=str(folder))
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                stream.write(e.text)
+            os.replace(temp, path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+        written[e.label] = str(path)
+    return written
+
+
+def _check_plot_target(plot: str) -> None:
+    if Path(plot).suffix.lower() not in (".png", ".svg"):
+        raise click.UsageError(f"--plot writes .png or .svg files, not '{Path(plot).suffix or plot}'")
+
+
+def _plot(result: SearchResult, path: str) -> None:
+    from placeverify.report.plot import FrontierPoint, frontier_chart
+
+    shown = {id(e) for e in result.frontier}
+    points = [FrontierPoint(e.label, e.needed_bytes, e.step_seconds, id(e) in shown)
+              for e in [*result.evaluated]]
+    chosen = result.top[0].label if result.top else None
+    frontier_chart(points, chosen, path)

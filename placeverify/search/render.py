@@ -1,0 +1,81 @@
+"""A layout as a ``.place`` file: what ``search`` evaluates with the full model and ``-o`` writes.
+
+The text is an ordinary strategy (no ``step`` block: the canonical step of the presets is what
+is verified), so that ``placeverify check`` on a written file gives exactly the figures and
+verdicts ``search`` printed for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from placeverify.ir.model import ARCHITECTURES, Transformer
+from placeverify.search.problem import Problem
+from placeverify.search.screen import axis_order
+from placeverify.search.space import Layout, Recompute, Sharding
+
+# Transformer field -> (model key, how its value is written)
+_WORDS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "gated": ("mlp", lambda v: "gated" if v else "plain"),
+    "tied_embeddings": ("embeddings", lambda v: "tied" if v else "untied"),
+    "bias": ("bias", lambda v: "true" if v else "false"),
+    "dropout": ("dropout", lambda v: "true" if v else "false"),
+}
+
+
+def model_text(name: str, arch: Transformer) -> str:
+    """``model NAME { ... }`` giving exactly ``arch``: a bundled model with the fields that
+    differ from it, or ``transformer`` with every field."""
+    base = ARCHITECTURES.get(name)
+    entries = []
+    for f in fields(Transformer):
+        value = getattr(arch, f.name)
+        if base is not None and getattr(base, f.name) == value and f.name not in ("seq",
+                                                                                    "micro_batch"):
+            continue
+        key, write = _WORDS.get(f.name, (f.name, str))
+        entries.append(f"{key} = {write(value)}")
+    head = name if base is not None else "transformer"
+    return f"model {head} {{ " + ", ".join(entries) + " }"
+
+
+def place_text(problem: Problem, lay: Layout) -> str:
+    """The ``.place`` text of one layout of a problem."""
+    arch = problem.arch_for(lay.b)
+    lines = [f"# placeverify search: {problem.title} on {lay.devices} x {problem.device.key}, "
+             f"global batch {problem.global_batch} x {arch.seq} tokens",
+             f'strategy "{lay.label()}"', "", model_text(problem.model_name, arch),
+             problem.precision_text, "", "mesh {"]
+    lines += [f"    {name} = {size}" for name, size in axis_order(lay)]
+    if lay.devices == 1:
+        lines.append("    world = 1")
+    lines.append(f"    device = {problem.device.key}")
+    lines += [f"    {line}" for line in problem.mesh_lines(lay.offload)]
+    lines += ["}", ""]
+    if lay.tp > 1:
+        lines.append("place megatron(sequence_parallel) over tp" if lay.sp
+                     else "place megatron over tp")
+    if lay.cp > 1:
+        lines.append("place context over cp")
+    if lay.ep > 1:
+        lines.append("place expert over ep")
+    if lay.pp > 1:
+        options = (["interleaved", f"chunks = {lay.v}"] if lay.v > 1 else ["1f1b"])
+        options.append(f"microbatches = {lay.m}")
+        if lay.stages is not None:
+            options.append("layers = [" + ", ".join(str(n) for n in lay.stages) + "]")
+        lines.append(f"place pipeline({', '.join(options)}) over pp")
+    elif lay.m > 1:
+        lines.append(f"microbatches = {lay.m}")
+    if lay.sharding is Sharding.HSDP:
+        lines.append("place hsdp over shard * replica")
+    elif lay.sharding is not Sharding.NONE:
+        lines.append(f"place {lay.sharding.value} over dp")
+    if lay.offload:
+        lines.append("offload optimizer, gradients to cpu")
+    lines.append(f"recompute {lay.recompute.value}" if lay.recompute is not Recompute.NONE
+                 else "recompute none")
+    lines += problem.tail
+    return "\n".join(lines) + "\n"

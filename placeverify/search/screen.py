@@ -1,0 +1,324 @@
+"""The screen: a layout's peak memory and step time in closed form, in floats, in microseconds.
+
+It follows the cost model (:mod:`placeverify.cost`) term by term, in the megatron memory profile
+and for the canonical step of each layout, but without building a strategy: no parsing, no step,
+no exact rationals. The layer's saved tensors (:func:`placeverify.cost.activations.saved_tensors`)
+and FLOPs (:func:`placeverify.cost.time.layer_flops`) are the cost model's own functions, called
+with floats; what is restated here is the bookkeeping (which state is split by which axis, which
+collective runs how often). The screen only chooses which layouts reach the full model
+(:mod:`placeverify.search.run`); ``tests/test_search.py`` holds it within a stated tolerance of
+the full model on random layouts, and ``benchmarks/search.py`` prints the largest deviation
+among the finalists of each search.
+
+Deliberately left out (small next to what is kept, and counted by the full model): the scalar
+all-reduces of token counts and norms, the vocab-parallel cross-entropy's all-reduces, the
+embedding group's gradient all-reduce, and the implementation profiles' extras (DDP buckets,
+optimizer temporaries) of other memory profiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from placeverify.cost.activations import LayerShape, per_layer_bytes, saved_tensors
+from placeverify.cost.time import CALIBRATION, Calibration, layer_flops, output_flops
+from placeverify.ir.devices import Device, intra_node, ranks_per_node
+from placeverify.ir.model import ParamGroup, Transformer
+from placeverify.ir.precision import Precision
+from placeverify.search.space import Layout, Recompute, Sharding
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    peak_bytes: float  # the fullest rank at its peak (megatron profile), before the reserve
+    step_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What every layout of one search shares."""
+
+    arch: Transformer
+    precision: Precision
+    device: Device
+    matmul: str
+    pcie_bandwidth: float  # host <-> device bytes per second (offload)
+    cal: Calibration = CALIBRATION
+
+
+class Screen:
+    """Estimates for the layouts of one setting; sub-results shared by many layouts are cached."""
+
+    def __init__(self, setting: Setting) -> None:
+        self.s = setting
+        arch = setting.arch
+        prec = setting.precision
+        self.P, self.G = float(prec.params), float(prec.grads)
+        self.O, self.E = float(prec.optimizer), float(prec.activations)
+        self.layer = arch.layer_params()
+        peak = setting.device.peak(setting.matmul)
+        if peak is None:
+            raise ValueError(f"device '{setting.device.key}' has no {setting.matmul} matmuls")
+        self.rate = float(peak) * setting.cal.eta_max(setting.device.key, setting.matmul)
+        self.hbm = float(setting.device.memory_bandwidth)
+        self._per_layer = lru_cache(maxsize=None)(self._activation_per_layer)
+        self._flops = lru_cache(maxsize=None)(self._microbatch_flops)
+
+    # ---- memory ---------------------------------------------------------------------------
+
+    def _activation_per_layer(self, b: int, t: int, sp: bool, c: int, rc: Recompute
+                              ) -> tuple[float, float]:
+        """(bytes kept per layer per micro-batch, the recompute working set)."""
+        arch = self.s.arch
+        shape = LayerShape(s=float(arch.seq), b=float(b), h=float(arch.hidden),
+                           a=float(arch.heads), kv=float(arch.kv_heads),
+                           f=float(arch.expert_ffn or arch.ffn), e=self.E,
+                           k=float(arch.top_k) if arch.moe else 1.0)
+        saved = saved_tensors(arch, shape)
+        full = float(per_layer_bytes(saved, float(t), sp, float(c), drop_core=False))
+        if rc is Recompute.FULL:
+            return self.E * arch.seq * b * arch.hidden / ((t if sp else 1) * c), full
+        return float(per_layer_bytes(saved, float(t), sp, float(c),
+                                     drop_core=rc is Recompute.SELECTIVE)), 0.0
+
+    def _stage_elements(self, lay: Layout, layers: int, first: bool, last: bool) -> float:
+        """Parameter elements a device of this stage holds before data-parallel sharding."""
+        arch, t = self.s.arch, lay.tp
+        per = self.layer
+        dense = per[ParamGroup.DENSE] * layers / t
+        norms = per[ParamGroup.NORMS] * layers
+        experts = per[ParamGroup.EXPERTS] * layers / (t * lay.ep)
+        word = arch.padded_vocab(t) * arch.hidden / t
+        extra = 0.0
+        if first:
+            extra += word + arch.position_rows * arch.hidden
+        if last:  # the final norm, and the output layer (or the tied embedding's copy)
+            extra += arch.norm_params() + (0.0 if first and arch.tied_embeddings else word)
+        return dense + norms + experts + extra
+
+    def memory(self, lay: Layout) -> float:
+        arch = self.s.arch
+        kinds = self._stage_kinds(lay)
+        shard = lay.shard if lay.sharding is Sharding.HSDP else lay.dp
+        split_p = shard if lay.sharding in (Sharding.ZERO3, Sharding.HSDP) else 1
+        split_g = shard if lay.sharding in (Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP) else 1
+        split_o = 1 if lay.sharding in (Sharding.NONE, Sharding.DDP) else shard
+        per_layer, working = self._per_layer(lay.b, lay.tp, lay.sp, lay.cp, lay.recompute)
+        first_layers = kinds[0][0]
+        in_flight = self._in_flight(lay)
+        acts = per_layer * first_layers * in_flight
+        tokens = arch.seq * lay.b / lay.cp
+        hshard = lay.tp if lay.sp else 1
+        vocab = arch.padded_vocab(lay.tp)
+        buffers = working
+        if lay.sharding in (Sharding.ZERO3, Sharding.HSDP):
+            buffers += arch.largest_unit_params() * self.P / lay.tp
+        best = 0.0
+        for layers, first, last in kinds:
+            n = self._stage_elements(lay, layers, first, last)
+            states = n * self.P / split_p
+            if not lay.offload:
+                states += n * self.G / split_g + n * self.O / split_o
+            outside = 0.0
+            if first and arch.dropout:
+                outside += tokens * arch.hidden / hshard * in_flight
+            if last:
+                outside += 2 * self.E * tokens * arch.hidden / hshard
+                outside += (self.E * tokens * vocab / lay.tp if self.E != 4 else 0.0)
+                outside += 4 * tokens * vocab / lay.tp
+            best = max(best, states + acts + outside + buffers)
+        return best
+
+    @staticmethod
+    def _in_flight(lay: Layout) -> float:
+        p = lay.pp
+        if p == 1:
+            return 1.0
+        if lay.v > 1:
+            return p * (1 + (p - 1) / (p * lay.v))
+        return float(min(lay.m, p))
+
+    def _stage_kinds(self, lay: Layout) -> list[tuple[int, bool, bool]]:
+        """(layers, first, last) per distinct stage; the activations follow the first stage."""
+        layers = self.s.arch.layers
+        if lay.pp == 1:
+            return [(layers, True, True)]
+        if lay.stages is None:
+            each = layers // lay.pp
+            kinds = [(each, True, False), (each, False, True)]
+            return kinds + ([(each, False, False)] if lay.pp > 2 else [])
+        st = lay.stages
+        return [(st[0], True, False), (st[-1], False, True), (max(st[1:-1]), False, False)]
+
+    # ---- time -----------------------------------------------------------------------------
+
+    def _microbatch_flops(self, b: int, t: int, c: int, layers: int, rc: Recompute
+                          ) -> tuple[float, float]:
+        """(forward FLOPs, extra recompute FLOPs) of one micro-batch on the slowest stage, with
+        fused attention's slow FLOPs folded in as the step-time model counts them."""
+        arch, cal = self.s.arch, self.s.cal
+        tokens = b * arch.seq / c
+        flash = arch.attention == "flash"
+        layer, core = layer_flops(arch, tokens, arch.seq, t, flash)
+        forward = layers * layer + output_flops(arch, tokens, t)
+        extra = layers * layer if rc is Recompute.FULL else (
+            layers * core if rc is Recompute.SELECTIVE and not flash else 0.0)
+        slow = layers * core * (1 / cal.attention_efficiency - 1) if flash else 0.0
+        return forward + slow, extra + (slow if rc is Recompute.FULL else 0.0)
+
+    def _links(self, lay: Layout) -> dict[str, tuple[float, float]]:
+        """(bandwidth, latency) per axis, as the mesh's device profile gives them."""
+        dev = self.s.device
+        axes = axis_order(lay)
+        sizes = tuple(n for _, n in axes)
+        out = {}
+        for i, (name, _n) in enumerate(axes):
+            inside = intra_node(sizes, i, dev.gpus_per_node)
+            share = ranks_per_node(sizes, i, dev.gpus_per_node)
+            bw = float(dev.intra_node_bandwidth) if inside else min(
+                float(dev.intra_node_bandwidth), share * float(dev.network_bandwidth))
+            lat = float(dev.intra_node_latency if inside else dev.network_latency)
+            out[name] = (bw * self.s.cal.link_efficiency, lat)
+        return out
+
+    def time(self, lay: Layout) -> float:
+        arch, cal = self.s.arch, self.s.cal
+        layers = max(lay.stages) if lay.stages else arch.layers // lay.pp
+        fwd_flops, extra = self._flops(lay.b, lay.tp, lay.cp, layers, lay.recompute)
+        tokens = lay.b * arch.seq / lay.cp
+        flash = arch.attention == "flash"
+        scores = 0.0 if flash else (cal.score_passes * lay.b * arch.heads * (arch.seq / lay.cp)
+                                    * arch.seq / lay.tp)
+        hidden = cal.hidden_passes * tokens * arch.hidden / (lay.tp if lay.sp else 1)
+        mem_layer = (scores + hidden) * self.E / self.hbm
+        mem_extra = layers * mem_layer if lay.recompute is Recompute.FULL else (
+            layers * scores * self.E / self.hbm if lay.recompute is Recompute.SELECTIVE else 0.0)
+        t_fwd = fwd_flops / self.rate + layers * mem_layer
+        t_bwd = (2 * fwd_flops + extra) / self.rate + 2 * layers * mem_layer + mem_extra
+        links = self._links(lay)
+        m = lay.m
+        refwd = 1 if lay.recompute is Recompute.FULL else 0
+        bsh = lay.b * arch.seq * arch.hidden * self.E / lay.cp
+        exposed_mb = 0.0  # per micro-batch, exposed
+        if lay.tp > 1:
+            bw, lat = links["tp"]
+            n = lay.tp
+            if lay.sp:
+                count = (6 + 2 * refwd) + (4 + 2 * refwd)
+                exposed_mb += layers * count * (bsh * (n - 1) / n / bw + lat * (n - 1))
+            else:
+                count = 4 + 2 * refwd
+                exposed_mb += layers * count * (2 * bsh * (n - 1) / n / bw + lat * 2 * (n - 1))
+        if lay.cp > 1:
+            bw, lat = links["cp"]
+            n = lay.cp
+            kv = 2 * lay.b * arch.seq * arch.hidden * (arch.kv_heads / arch.heads) * self.E / lay.tp
+            exposed_mb += layers * (3 + refwd) * (kv * (n - 1) / n / bw + lat * (n - 1))
+        if lay.ep > 1 and arch.moe:
+            bw, lat = links["ep"]
+            n = lay.ep
+            moved = bsh * arch.top_k / (lay.tp if lay.sp else 1)
+            exposed_mb += layers * (4 + 2 * refwd) * (moved * (n - 1) / n / bw + lat * (n - 1))
+        if lay.pp > 1:
+            bw, lat = links["pp"]
+            exposed_mb += 2 * lay.v * (bsh / (lay.tp if lay.sp else 1) / bw + lat)
+        t_mb = t_fwd + t_bwd + exposed_mb
+        bubble = 0.0 if lay.pp <= 1 else (lay.pp - 1) / lay.v * t_mb
+        data = self._data_seconds(lay, links, layers, t_fwd, t_bwd)
+        return m * t_mb + bubble + data + self._optimizer_seconds(lay, layers)
+
+    def _local_elements(self, lay: Layout, layers: int) -> float:
+        """Parameter elements of the slowest stage's device before data sharding."""
+        kinds = self._stage_kinds(lay)
+        return max(self._stage_elements(lay, n, f, la) for n, f, la in kinds)
+
+    def _model_share(self, lay: Layout) -> float:
+        """Parameter elements per device as the communication model counts them: the whole
+        model split by the tensor, pipeline and expert axes (unpadded vocabulary)."""
+        groups = self.s.arch.group_params()
+        t, p = lay.tp, lay.pp
+        return (groups[ParamGroup.DENSE] / (t * p) + groups[ParamGroup.NORMS] / p
+                + groups[ParamGroup.EMBEDDING] / (t * p)
+                + groups[ParamGroup.EXPERTS] / (t * p * lay.ep))
+
+    def _data_seconds(self, lay: Layout, links: dict[str, tuple[float, float]], layers: int,
+                      t_fwd: float, t_bwd: float) -> float:
+        """Exposed data-parallel traffic of the canonical step, in the step-time model's overlap
+        classes: gathers for forward behind each micro-batch's forward; reductions in the loop
+        and gathers for backward behind its backward; reductions after the loop behind the last
+        backward; the all-gather after a sharded update behind the next forward; the token-count
+        all-reduce and host transfers exposed."""
+        local = self._model_share(lay)
+        grads, params = local * self.G, local * self.P
+        m = lay.m
+
+        def ring(axes: list[str], payload: float, all_reduce: bool) -> float:
+            axes = [a for a in axes if a in links]
+            if not axes or payload == 0:
+                return 0.0
+            n = 1
+            for a in axes:
+                n *= dict(axis_order(lay))[a]
+            bw = min(links[a][0] for a in axes)
+            lat = max(links[a][1] for a in axes)
+            steps = 2 * (n - 1) if all_reduce else n - 1
+            return steps / n * payload / bw + lat * steps
+
+        data = ["replica", "shard"] if lay.sharding is Sharding.HSDP else ["dp"]
+        counts = ring([*data, "ep", "cp"], 16.0, True)  # the global token count
+        loop_fwd = loop_bwd = scatter = post = following = 0.0
+        kind = lay.sharding
+        if kind in (Sharding.NONE, Sharding.DDP):
+            post = ring(["dp", "cp"], grads, True)
+        elif kind is Sharding.ZERO1:
+            post = ring(["dp"], grads, False) + ring(["cp"], grads / lay.dp, True)
+            following = ring(["dp"], params, False)
+        elif kind is Sharding.ZERO2:
+            scatter = ring(["dp"], grads, False)
+            post = ring(["cp"], grads / lay.dp, True)
+            following = ring(["dp"], params, False)
+        elif kind in (Sharding.ZERO3, Sharding.HSDP):
+            shard = "dp" if kind is Sharding.ZERO3 else "shard"
+            gather = ring([shard], params, False)
+            loop_fwd = gather
+            scatter = ring([shard], grads, False)
+            loop_bwd = gather
+            rest = ["cp"] if kind is Sharding.ZERO3 else ["replica", "cp"]
+            post = ring(rest, grads / lay.shard, True)
+        if m == 1:  # one micro-batch: the loop's reductions count as the step's
+            post += scatter
+        else:
+            loop_bwd += scatter
+        exposed = (m * max(0.0, loop_fwd - t_fwd) + m * max(0.0, loop_bwd - t_bwd)
+                   + max(0.0, post - t_bwd) + max(0.0, following - t_fwd) + counts)
+        if lay.offload:
+            split = lay.shard if kind is Sharding.HSDP else lay.dp
+            exposed += (grads / split * m + params / split) / self.s.pcie_bandwidth
+        return exposed
+
+    def _optimizer_seconds(self, lay: Layout, layers: int) -> float:
+        if self.O == 0 or lay.offload:
+            return 0.0
+        split = 1 if lay.sharding in (Sharding.NONE, Sharding.DDP) else (
+            lay.shard if lay.sharding is Sharding.HSDP else lay.dp)
+        elements = self._local_elements(lay, layers) / split
+        touched = elements * (2 * self.O + self.G + self.P)
+        return touched / (self.hbm * self.s.cal.memory_efficiency)
+
+    def estimate(self, lay: Layout) -> Estimate:
+        return Estimate(self.memory(lay), self.time(lay))
+
+
+def axis_order(lay: Layout) -> list[tuple[str, int]]:
+    """The mesh axes of a layout, outermost first (the last varies fastest, so tensor
+    parallelism is inside a node): Megatron-LM's default rank order tp-cp-ep-dp-pp, innermost
+    first (``megatron/core/parallel_state.py``, ``order="tp-cp-ep-dp-pp"``). Axes of size 1 are
+    left out."""
+    axes: list[tuple[str, int]] = [("pp", lay.pp)]
+    if lay.sharding is Sharding.HSDP:
+        axes += [("replica", lay.dp // lay.shard), ("shard", lay.shard)]
+    else:
+        axes.append(("dp", lay.dp))
+    axes += [("ep", lay.ep), ("cp", lay.cp), ("tp", lay.tp)]
+    return [(n, k) for n, k in axes if k > 1]

@@ -1,0 +1,209 @@
+"""The layouts ``search`` enumerates, and the legality rules that prune them.
+
+A :class:`Layout` fixes every choice a launch makes: the degrees of tensor (t), context (cp),
+pipeline (p, with v model chunks per stage), expert (ep) and data (d) parallelism, whose product
+is the number of devices; how the data axis shards the model states (DDP, ZeRO-1/2, ZeRO-3/FSDP,
+HSDP with a shard group of some size); sequence parallelism; recomputation; optimizer offload;
+the micro-batch size b and the micro-batch count m, with b · m · d · ep the global batch in
+sequences.
+
+Legality (the rules the frameworks enforce at start-up, cited where they are checked):
+
+- t divides the attention heads, the KV heads and the MLP width (Megatron-LM
+  ``megatron/training/arguments.py``: ``num_attention_heads % tensor_model_parallel_size``,
+  ``num_query_groups % tensor_model_parallel_size``), and stays inside a node
+  (``t <= gpus_per_node``: tensor-parallel collectives run on every layer);
+- cp divides the sequence in 2 · cp chunks (Megatron-core's load-balanced causal context
+  parallelism splits the sequence into 2 · cp pieces);
+- ep divides the experts (MoE models only);
+- p divides the layers into p · v equal chunks; otherwise, with ``uneven`` stages allowed, the
+  first and last stages take the remainder (as Llama 3 405B's 126 layers on 16 stages);
+  interleaving (v > 1) needs p > 2 and m a multiple of p (``arguments.py``:
+  "number of microbatches must be divisible by pipeline-model-parallel size when using
+  interleaved schedule");
+- the global batch is a whole number of micro-batches per data-parallel replica.
+
+GPipe is not enumerated: 1F1B runs the same work in the same time with fewer activations in
+flight, so it is never on the frontier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+from placeverify.ir.model import Transformer
+
+
+class Sharding(StrEnum):
+    """How the data axis places the model states (the presets of ``place ... over dp``)."""
+
+    NONE = "none"  # no data parallelism (d = 1)
+    DDP = "ddp"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"  # FSDP FULL_SHARD
+    HSDP = "hsdp"  # shard within groups of ``shard`` ranks, replicate across them
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    tp: int
+    cp: int
+    pp: int
+    v: int  # model chunks per pipeline stage (1: plain 1F1B)
+    ep: int
+    dp: int  # data-parallel ranks (the replica x shard product under HSDP)
+    sharding: Sharding
+    shard: int  # HSDP shard-group size (dp otherwise)
+    sp: bool  # Megatron sequence parallelism on the tensor axis
+    recompute: Recompute
+    offload: bool  # optimizer states and gradients offloaded to the host (ZeRO-Offload)
+    b: int  # micro-batch size (sequences)
+    m: int  # micro-batches per step
+    stages: tuple[int, ...] | None = None  # layers per pipeline stage when uneven, else None
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.cp * self.pp * self.ep * self.dp
+
+    def label(self) -> str:
+        """A short name: ``t8 cp1 p16v4 d128 zero1 sp none b1 m16``."""
+        parts = [f"t{self.tp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.pp > 1:
+            parts.append(f"p{self.pp}" + (f"v{self.v}" if self.v > 1 else ""))
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        parts.append(f"d{self.dp}")
+        if self.sharding is Sharding.HSDP:
+            parts.append(f"hsdp{self.shard}")
+        elif self.sharding is not Sharding.NONE:
+            parts.append(self.sharding.value)
+        if self.sp:
+            parts.append("sp")
+        parts.append(f"rc-{self.recompute.value}")
+        if self.offload:
+            parts.append("offload")
+        parts.append(f"b{self.b}")
+        parts.append(f"m{self.m}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    """What ``search`` may choose; the defaults are every option the language has."""
+
+    max_tp: int | None = None  # default: the device's GPUs per node
+    max_cp: int = 32
+    max_pp: int = 128
+    max_v: int = 8
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)  # micro-batch sizes tried
+    shardings: tuple[Sharding, ...] = (Sharding.DDP, Sharding.ZERO1, Sharding.ZERO2,
+                                       Sharding.ZERO3, Sharding.HSDP)
+    recomputes: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+    offload: bool = True  # also try ZeRO-Offload of the optimizer
+    sequence_parallel: tuple[bool, ...] = (True, False)
+    uneven: bool = True  # allow first/last stages with fewer layers
+
+
+def powers_of_two(limit: int) -> list[int]:
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    small = [k for k in range(1, int(n ** 0.5) + 1) if n % k == 0]
+    return sorted({*small, *(n // k for k in small)})
+
+
+def stage_layers(layers: int, pp: int, v: int, uneven: bool) -> tuple[int, ...] | bool | None:
+    """Layers per stage: None when they split evenly, the per-stage list when the first and last
+    stages take the remainder, False when neither works.
+
+    Uneven stages follow Llama 3 405B (126 layers on 16 stages: 7, 8 × 14, 7): every middle
+    stage holds ceil(L / p) layers and the two end stages share what is left, as evenly as
+    possible, each at least one layer. Only plain 1F1B (v = 1) is split unevenly."""
+    if layers % (pp * v) == 0:
+        return None
+    if not uneven or v > 1 or pp < 3:
+        return False
+    middle = -(-layers // pp)
+    rest = layers - middle * (pp - 2)
+    if rest < 2 or rest > 2 * middle:
+        return False
+    first = rest // 2
+    return (first, *([middle] * (pp - 2)), rest - first)
+
+
+def layouts(arch: Transformer, devices: int, global_batch: int, gpus_per_node: int,
+            space: Space) -> Iterator[Layout]:
+    """Every legal layout of ``devices`` devices for a global batch of ``global_batch``
+    sequences of ``arch.seq`` tokens (module docstring: the rules)."""
+    max_tp = space.max_tp or gpus_per_node
+    tps = [t for t in powers_of_two(min(max_tp, gpus_per_node))
+           if arch.heads % t == 0 and arch.kv_heads % t == 0 and (arch.expert_ffn or arch.ffn) % t == 0
+           and devices % t == 0]
+    cps = [c for c in powers_of_two(space.max_cp)
+           if c == 1 or arch.seq % (2 * c) == 0]
+    eps = [e for e in (divisors(arch.experts) if arch.moe else [1])]
+    for t in tps:
+        for c in cps:
+            if devices % (t * c):
+                continue
+            for p in divisors(devices // (t * c)):
+                if p > min(space.max_pp, arch.layers):
+                    continue
+                for e in eps:
+                    rest = devices // (t * c)
+                    if rest % (p * e):
+                        continue
+                    d = rest // (p * e)
+                    yield from _with_data(arch, t, c, p, e, d, global_batch, space)
+
+
+def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global_batch: int,
+               space: Space) -> Iterator[Layout]:
+    replicas = d * e
+    for b in space.micro_batches:
+        if global_batch % (b * replicas):
+            continue
+        m = global_batch // (b * replicas)
+        chunks = [1] + ([v for v in range(2, space.max_v + 1)
+                         if p > 2 and m % p == 0 and arch.layers % (p * v) == 0]
+                        if p > 1 else [])
+        for v in chunks:
+            stages = stage_layers(arch.layers, p, v, space.uneven) if p > 1 else None
+            if stages is False:
+                continue
+            for sharding, shard in _shardings(d, space):
+                for sp in (space.sequence_parallel if t > 1 else (False,)):
+                    for rc in space.recomputes:
+                        for off in ((False, True) if space.offload and sharding in (
+                                Sharding.ZERO2, Sharding.ZERO3) else (False,)):
+                            yield Layout(t, c, p, v, e, d, sharding, shard, sp, rc, off, b, m,
+                                         stages if isinstance(stages, tuple) else None)
+
+
+def _shardings(d: int, space: Space) -> Iterator[tuple[Sharding, int]]:
+    if d == 1:
+        yield Sharding.NONE, 1
+        return
+    for sharding in space.shardings:
+        if sharding is Sharding.HSDP:
+            for shard in powers_of_two(d // 2):
+                if shard > 1 and d % shard == 0:
+                    yield sharding, shard
+        else:
+            yield sharding, d

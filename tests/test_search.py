@@ -1,0 +1,213 @@
+"""``placeverify search``: legality of the layouts, the screen against the full model, the
+rendered ``.place`` text, and the command end to end (JSON against its shipped schema, every
+layout shown proved and fitting, ``-o`` files that ``check`` reads to the same figures).
+
+Expected values come from the rules the frameworks state (cited in placeverify/search/space.py)
+and from Llama 3's published stage split, or from the full model (``check``'s), which the screen
+must track; never from the screen itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from placeverify.api import costs, load_text
+from placeverify.cost.time import step_time
+from placeverify.ir.devices import device
+from placeverify.ir.model import ARCHITECTURES, LLAMA3_8B, Transformer
+from placeverify.search.problem import problem_from
+from placeverify.search.render import place_text
+from placeverify.search.screen import Screen, Setting
+from placeverify.search.space import Layout, Recompute, Sharding, Space, layouts, stage_layers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def problem(model: str, dev: str, devices: int, batch: int, seq: int, memory: str = "") -> Any:
+    text = (f'strategy "base"\nmodel {model} {{ seq = {seq}, micro_batch = 1 }}\nprecision megatron\n'
+            f"mesh {{\n    dp = {devices}\n    device = {dev}\n{memory}}}\nplace ddp over dp\n"
+            f"microbatches = {batch // devices}\n")
+    from placeverify.api import parse
+    from placeverify.diagnostics import Source
+
+    strategy = load_text(text, "<base>")
+    return problem_from(strategy, parse(Source("<base>", text)), global_batch=batch)
+
+
+# ---- legality ---------------------------------------------------------------------------------
+
+
+def test_llama3_405b_stages_split_as_published() -> None:
+    # Llama 3 (arXiv 2407.21783) §3.3.2: 126 layers on 16 stages, one layer fewer on the
+    # first and the last stage
+    assert stage_layers(126, 16, 1, uneven=True) == (7, *[8] * 14, 7)
+    assert stage_layers(128, 16, 1, uneven=True) is None  # even
+    assert stage_layers(126, 16, 1, uneven=False) is False
+    assert stage_layers(126, 16, 2, uneven=True) is False  # interleaving needs equal chunks
+
+
+def test_every_layout_obeys_the_frameworks_rules() -> None:
+    arch = LLAMA3_8B  # 32 heads, 8 KV heads, 32 layers, seq 8192
+    seen = list(layouts(arch, 64, 128, 8, Space()))
+    assert seen
+    for lay in seen:
+        assert lay.tp * lay.cp * lay.pp * lay.ep * lay.dp == 64
+        assert arch.heads % lay.tp == 0 and arch.kv_heads % lay.tp == 0 and lay.tp <= 8
+        assert lay.cp == 1 or arch.seq % (2 * lay.cp) == 0
+        assert lay.b * lay.m * lay.dp * lay.ep == 128
+        if lay.v > 1:
+            assert lay.pp > 2 and lay.m % lay.pp == 0 and arch.layers % (lay.pp * lay.v) == 0
+        if lay.stages is None:
+            assert arch.layers % (lay.pp * lay.v) == 0
+        else:
+            assert sum(lay.stages) == arch.layers and len(lay.stages) == lay.pp
+        assert (lay.sharding is Sharding.NONE) == (lay.dp == 1)
+        assert not lay.offload or lay.sharding in (Sharding.ZERO2, Sharding.ZERO3)
+        assert not lay.sp or lay.tp > 1
+    # Megatron-LM's GPT-3-style 3D layout is among them: t = 8, p = 4, d = 2, ZeRO-1
+    assert any(lay.tp == 8 and lay.pp == 4 and lay.dp == 2 and lay.sharding is Sharding.ZERO1
+               and lay.sp and lay.recompute is Recompute.SELECTIVE for lay in seen)
+    assert len(seen) == len(set(seen))
+
+
+def test_tensor_parallelism_that_splits_kv_heads_is_not_enumerated() -> None:
+    arch = LLAMA3_8B  # 8 KV heads: t = 16 would split a KV head
+    assert all(lay.tp <= 8 for lay in layouts(arch, 64, 64, 16, Space()))
+
+
+# ---- the screen tracks the full model ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, dev, devices, batch, seq", [
+    ("llama3_8b", "h100_sxm", 64, 256, 8192),
+    ("gpt3_175b", "a100_80gb_sxm", 512, 1024, 2048),
+    ("mixtral_8x7b", "h100_sxm", 64, 256, 4096),
+])
+def test_screen_agrees_with_the_full_model(model: str, dev: str, devices: int, batch: int,
+                                           seq: int) -> None:
+    pb = problem(model, dev, devices, batch, seq)
+    screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
+                            float(pb.pcie_bandwidth)))
+    every = list(layouts(pb.arch, pb.devices, pb.global_batch, pb.device.gpus_per_node, Space()))
+    rng = random.Random(7)
+    for lay in rng.sample(every, 40):
+        strategy = load_text(place_text(pb, lay), "<layout>")
+        full = costs(strategy)
+        st = step_time(strategy, full)
+        assert st is not None and st.step_seconds is not None and full.peak is not None
+        est = screen.estimate(lay)
+        assert est.peak_bytes == pytest.approx(float(full.peak.bytes), rel=0.03), lay.label()
+        assert est.step_seconds == pytest.approx(st.step_seconds, rel=0.03), lay.label()
+
+
+# ---- the rendered text ------------------------------------------------------------------------
+
+
+def test_rendered_text_is_the_layout() -> None:
+    pb = problem("llama3_70b", "h100_sxm", 256, 512, 8192)
+    lay = Layout(tp=8, cp=2, pp=4, v=5, ep=1, dp=4, sharding=Sharding.HSDP, shard=2, sp=True,
+                 recompute=Recompute.SELECTIVE, offload=False, b=2, m=64)
+    strategy = load_text(place_text(pb, lay), "<layout>")
+    assert strategy.model.arch == pb.arch_for(2)
+    assert {a.name: a.size for a in strategy.mesh.axes} == {
+        "pp": 4, "replica": 2, "shard": 2, "cp": 2, "tp": 8}
+    assert strategy.mesh.names[-1] == "tp"  # innermost: inside a node
+    presets = {p.axis: p.preset for p in strategy.placements}
+    assert presets == {"pp": "pipeline", "replica": "hsdp", "shard": "hsdp", "cp": "context",
+                       "tp": "megatron"}
+    pipe = strategy.pipeline
+    assert pipe is not None and pipe.chunks == 5 and strategy.microbatches == 64
+    assert strategy.placement("tp").sequence_parallel
+    assert strategy.recompute.kind.value == "selective"
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_model_text_gives_back_every_bundled_model(name: str) -> None:
+    from placeverify.search.render import model_text
+
+    arch: Transformer = ARCHITECTURES[name]
+    changed = arch.__class__(**{**{f: getattr(arch, f) for f in arch.__dataclass_fields__},
+                                "micro_batch": 4, "seq": 1024, "dropout": not arch.dropout})
+    for a in (arch, changed):
+        text = f"{model_text(name, a)}\nmesh {{ dp = 2 }}\nplace ddp over dp\n"
+        assert load_text(text).model.arch == a
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PLACEVERIFY_DEBUG"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-m", "placeverify", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, encoding="utf-8", timeout=600,
+                          check=False)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def test_search_end_to_end(tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    out = tmp_path / "layouts"
+    done = run("search", "--model", "llama3_8b", "--device", "h100_sxm", "--devices", "16",
+               "--global-batch", "64", "--top", "3", "--json", "-q", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    schema = json.loads((resources.files("placeverify") / "schemas" / "search.schema.json")
+                        .read_text("utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+    assert not errors, errors
+    assert len(doc["top"]) == 3
+    capacity = device("h100_sxm").memory_bytes  # type: ignore[union-attr]
+    shown = doc["top"] + doc["frontier"]
+    for entry in shown:
+        assert entry["verdict"] == "proved" and entry["needed_bytes"] <= capacity
+        lay = entry["layout"]
+        assert lay["tp"] * lay["cp"] * lay["pp"] * lay["ep"] * lay["dp"] == 16
+        assert lay["micro_batch"] * lay["microbatches"] * lay["dp"] * lay["ep"] == 64
+    times = [e["step_seconds"] for e in doc["top"]]
+    assert times == sorted(times)
+    front = doc["frontier"]
+    for a, b in zip(front, front[1:], strict=False):  # by memory up, time strictly down
+        assert a["needed_bytes"] <= b["needed_bytes"] and a["step_seconds"] > b["step_seconds"]
+    # the fastest shown is as fast as the frontier's fastest: both are the best that fits
+    assert doc["top"][0]["step_seconds"] == pytest.approx(front[-1]["step_seconds"])
+    # a written layout checked on its own gives what search printed for it
+    first = doc["top"][0]
+    checked = run("check", "--json", first["file"])
+    assert checked.returncode == 0, checked.stderr
+    report = json.loads(checked.stdout)
+    assert report["time"]["step_seconds"] == pytest.approx(first["step_seconds"], rel=1e-9)
+    assert report["memory"]["peak_bytes"] == first["peak_bytes"]
+
+
+def test_search_says_when_nothing_fits(tmp_path: Path) -> None:
+    base = tmp_path / "tiny.place"
+    base.write_text('strategy "405B on 8 GPUs"\nmodel llama3_405b { seq = 8192, micro_batch = 1 }\n'
+                    "precision megatron\nmesh {\n    dp = 8\n    device = h100_sxm\n"
+                    "    device_memory = 80 GB\n}\nplace ddp over dp\n", encoding="utf-8")
+    done = run("search", str(base), "-q", "--no-offload")
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert "no layout fits" in done.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "llama3_8b", "--device", "h999", "--devices", "8", "--global-batch", "8"],
+     "unknown device 'h999'"),
+    (["--model", "llama3_8b", "--device", "h100_sxm"], "needs --model, --device and --devices"),
+    (["--model", "llama3_8b", "--device", "h100_sxm", "--devices", "8", "--global-batch", "8",
+      "--plot", "frontier.txt"], "--plot writes .png or .svg"),
+])
+def test_search_bad_input(args: list[str], message: str) -> None:
+    done = run("search", *args, "-q")
+    assert done.returncode == 2
+    assert message in done.stderr
