@@ -562,6 +562,59 @@ def llama3_405b_4d() -> Expected:
         ))
 
 
+def llama3_405b_uneven() -> Expected:
+    """Llama 3 405B over 16 stages of 7, 8 x 14, 7 layers (Megatron-LM's
+    --decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7: the first and last
+    stages hold the given counts, the 14 others (126 - 14) / 14 = 8 each).
+
+    Per stage, before the data-parallel split: its layers' dense matrices / t and norms, plus the
+    word embedding / t on the first stage, the output layer / t and the final norm on the last.
+    A middle stage (8 layers) holds the most: 8 · (dense layer / t + norms layer), and with
+    full recomputation its activations (8 layers of e·s·h / (t·cp), p = 16 micro-batches in
+    flight) are the most too, while the last stage adds only its outside-the-layers tensors to
+    7 layers: the middle stage is the fullest. Traffic per device follows the stage with the
+    most layers: the layers' groups scaled by L_max / L = 8 / 126 (the even model's 1/p share
+    scaled to that stage), the embedding by 1/(t·p) as with even stages."""
+    g = LLAMA3_405B
+    t, cp, p, dp, m, L, h, vocab, s, e = 8, 2, 16, 8, 32, 126, 16384, 128256, 8192, 2
+    dense_layer = 2 * h * h + 2 * h * 8 * 128 + 3 * h * 53248  # q, o, k, v, SwiGLU
+    norms_layer = 2 * h
+    stage = {"first": F(7 * dense_layer + vocab * h, t) + 7 * norms_layer,
+             "middle": F(8 * dense_layer, t) + 8 * norms_layer,
+             "last": F(7 * dense_layer + vocab * h, t) + 7 * norms_layer + h}
+    kept = F(e * s * h, t * cp)  # full recompute, SP and CP split the kept layer input
+    outside = outside_last(s, 1, h, vocab, e, t=t, sp=True, cp=cp)
+    states = {k: (2 + 4 + F(12, dp)) * n for k, n in stage.items()}
+    totals = {"first": states["first"] + kept * 7 * p, "middle": states["middle"] + kept * 8 * p,
+              "last": states["last"] + kept * 7 * p + outside}
+    assert max(totals, key=lambda k: totals[k]) == "middle"
+    fullest = stage["middle"]
+    local = F((g["dense"]) * 8, t * L) + F(g["norms"] * 8, L) + F(g["embedding"], t * p)
+    bshe = F(1 * s * h * e, cp)
+    kv_bytes = 2 * 1 * s * h * F(8, 128) * e / t
+    layers = 8
+    return Expected(
+        params=2 * fullest, optimizer=12 * fullest / dp, gradients=4 * fullest,
+        activations=kept * layers * p,
+        buffers=llama_layer_bytes(s, h, 128, 8, 53248) / (t * cp),
+        host=F(0), per_layer=kept, bubble=F(p - 1, m), outside=F(0),
+        collectives=(
+            C("all_reduce", ("cp", "dp"), TOKENS.format("cp, dp"), 8, 1, cp * dp, "scalar"),
+            C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"] * 8, L), 1, t, "gradients"),
+            C("reduce_scatter", "dp", "grads", 4 * local, 1, dp, "gradients"),
+            C("all_reduce", "cp", "grads", 4 * local / dp, 1, cp, "gradients"),
+            C("all_gather", "dp", "params", 2 * local, 1, dp, "params"),
+            C("all_gather", "tp", SP_AG_FULL, bshe, 8 * layers * m, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS_FULL, bshe, 6 * layers * m, t, "activations"),
+            C("reduce_scatter", "tp", EMB_OUT, bshe, m, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, bshe, m, t, "activations"),
+            C("send", "pp", P2P, bshe / t, 2 * m, p, "activations"),
+            C("all_gather", "cp", KV_FULL, kv_bytes, 3 * layers * m, cp, "activations"),
+            C("reduce_scatter", "cp", "K and V gradients (context parallel, per layer)", kv_bytes,
+              layers * m, cp, "activations"),
+        ))
+
+
 def mixtral_ep() -> Expected:
     g = MIXTRAL
     ep, dp = 8, 4
@@ -603,6 +656,7 @@ EXPECTED: dict[str, Expected] = {
     "strategies/llama3-70b-hsdp.place": _llama3_70b_fsdp(64, 8),
     "strategies/llama3-70b-1f1b.place": llama3_70b_1f1b(),
     "strategies/llama3-405b-4d.place": llama3_405b_4d(),
+    "strategies/llama3-405b-uneven.place": llama3_405b_uneven(),
     "strategies/mixtral-8x7b-ep.place": mixtral_ep(),
     "strategies/gpt3-175b-tp.place": _gpt3_tp(sp=False),
     "strategies/gpt3-175b-tp-sp.place": _gpt3_tp(sp=True),

@@ -45,7 +45,7 @@ def closed(expr: Any, domain: Symbolic) -> Fraction:
 
 
 def test_there_are_examples() -> None:
-    assert len(EXAMPLES) == 20
+    assert len(EXAMPLES) == 21
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

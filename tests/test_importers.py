@@ -436,3 +436,37 @@ def test_accelerate_leftover_keys(tmp_path: Path) -> None:
     assert (IGNORED + "compute_environment fsdp_config.fsdp_state_dict_type"
             in imported.text.splitlines())
     assert 'strategy "acc.yaml: accelerate FSDP, dp = 8"' in imported.text.splitlines()
+
+
+def test_megatron_uneven_first_and_last_stages(tmp_path: Path) -> None:
+    # transformer_block.py get_num_layers_to_build: first and last stages hold the given counts,
+    # the 14 others (126 - 7 - 7) / 14 = 8 each (Llama 3 405B's 16-stage split)
+    args = Path(fixture("llama3-405b-megatron.args")).read_text().replace(
+        "--pipeline-model-parallel-size 14", "--pipeline-model-parallel-size 16\n"
+        "--decoder-first-pipeline-num-layers 7\n--decoder-last-pipeline-num-layers 7")
+    path = tmp_path / "uneven.args"
+    path.write_text(args)
+    strategy, imported = load(str(path), Options(world=2048))
+    assert strategy.pipeline.layers == (7, *[8] * 14, 7)
+    assert not _not_modelled(imported)
+    same_costs(strategy, """
+strategy "hand"
+model llama3_405b { seq = 8192, micro_batch = 1 }
+precision megatron
+mesh { tp = 8, cp = 2, dp = 8, pp = 16 }
+place megatron(sequence_parallel) over tp
+place context(R, S, R, S) over cp
+place zero1 over dp
+place pipeline(1f1b, microbatches = 28, layers = [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]) over pp
+loss microbatch_mean
+clip max_norm = 1.0
+recompute full
+""")
+    # only the first given: the other 15 stages share 119 layers (not a multiple of 15)
+    path.write_text(args.replace("--decoder-last-pipeline-num-layers 7\n", ""))
+    with pytest.raises(PlaceError) as error:
+        load(str(path), Options(world=2048))
+    [d] = [d for d in error.value.diagnostics if "leaves" in d.message]
+    assert d.message.startswith("--num-layers 126 leaves 119 layers for the other 15 pipeline "
+                                "stages, not a positive multiple of 15")
+    assert d.span is not None and d.span.line == 3

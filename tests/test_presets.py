@@ -82,6 +82,8 @@ def test_a_preset_is_what_the_readme_says(row: Row) -> None:
             assert option.kind is OptionKind.BOOL
         elif len(words) == 1 and len(words[0]) == 1:  # a letter: `microbatches = m`
             assert option.kind is OptionKind.INT
+        elif len(words) == 1 and words[0].startswith("["):  # a list: `layers = [l, ...]`
+            assert option.kind is OptionKind.INTS
         else:
             assert option.kind is OptionKind.CHOICE
             assert set(option.choices) == set(words)

@@ -30,6 +30,7 @@ from placeverify.cost.domain import Domain, Num
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Role, Schedule
 from placeverify.ir.strategy import RecomputeKind, Strategy
+from placeverify.roles.pipeline import stage_layers
 
 
 class Split(StrEnum):
@@ -224,21 +225,42 @@ def outside_layers(d: Domain, strategy: Strategy, activation_bytes: Num, first: 
     return parts
 
 
-def _pipeline_factors(d: Domain, strategy: Strategy, arch: Transformer) -> tuple[Num, Num, str]:
-    """Layers held and micro-batches in flight on the first pipeline stage (the fullest)."""
+def stage_layer_count(d: Domain, strategy: Strategy, layers: int) -> Num:
+    """The symbol of a listed stage layer count: ``L_s<i>``, after the first stage i that holds
+    that many layers."""
+    listed = stage_layers(strategy)
+    assert listed is not None
+    return d.sym(f"L_s{listed.index(layers)}", layers)
+
+
+def stage_share(d: Domain, strategy: Strategy, arch: Transformer) -> Num:
+    """Layers of the pipeline stage holding the most: L / p, or the largest listed count."""
+    pipeline = strategy.pipeline
+    listed = stage_layers(strategy)
+    if listed is not None:
+        return stage_layer_count(d, strategy, max(listed))
     L = d.sym("L", arch.layers)
+    if pipeline is None or strategy.size(pipeline.axis) == 1:
+        return L
+    return L / d.sym(pipeline.axis, strategy.size(pipeline.axis))
+
+
+def _pipeline_factors(d: Domain, strategy: Strategy, arch: Transformer) -> tuple[Num, Num, str]:
+    """Layers held by the fullest pipeline stage (L / p, or the most listed) and micro-batches in
+    flight on the first stage (an upper bound for every stage)."""
+    layers = stage_share(d, strategy, arch)
     pipeline = strategy.pipeline
     if pipeline is None or strategy.size(pipeline.axis) == 1:
-        return L, d.const(1), "one micro-batch at a time"
+        return layers, d.const(1), "one micro-batch at a time"
     p_value = strategy.size(pipeline.axis)
     p = d.sym(pipeline.axis, p_value)
     m_value = strategy.microbatches
     m = d.sym("m", m_value)
     if pipeline.schedule is Schedule.GPIPE:
-        return L / p, m, "GPipe: all m micro-batches in flight"
+        return layers, m, "GPipe: all m micro-batches in flight"
     if pipeline.schedule is Schedule.INTERLEAVED:
         v = d.sym("v", pipeline.chunks)
-        return L / p, p * (1 + (p - 1) / (p * v)), "interleaved 1F1B: p(1 + (p-1)/(pv)) in flight"
+        return layers, p * (1 + (p - 1) / (p * v)), "interleaved 1F1B: p(1 + (p-1)/(pv)) in flight"
     if m_value < p_value:
-        return L / p, m, "1F1B with m < p: m micro-batches in flight"
-    return L / p, p, "1F1B: p micro-batches in flight on the first stage"
+        return layers, m, "1F1B with m < p: m micro-batches in flight"
+    return layers, p, "1F1B: p micro-batches in flight on the first stage"

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from placeverify.cost.activations import ActivationCost, parallel_sizes
+from placeverify.cost.activations import ActivationCost, parallel_sizes, stage_share
 from placeverify.cost.domain import Domain, Num
 from placeverify.cost.memory import bytes_per_element, local_params
 from placeverify.diagnostics import Span
@@ -221,10 +221,9 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
     e = bytes_per_element(d, strategy, State.ACTIVATIONS)
     s, b, h = d.sym("s", arch.seq), d.sym("b", arch.micro_batch), d.sym("h", arch.hidden)
     t, sp, c = parallel_sizes(d, strategy)
-    L = d.sym("L", arch.layers)
     pipeline = strategy.pipeline
     p_size = strategy.size(pipeline.axis) if pipeline else 1
-    layers = L / d.sym(pipeline.axis, p_size) if pipeline and p_size > 1 else L
+    layers = stage_share(d, strategy, arch)  # the stage with the most layers: the most traffic
     bsh = b * s * h * e / c  # one micro-batch's hidden states on this device (cp splits s)
     # Full recomputation runs each layer's forward again in backward, collectives included
     # (Megatron-LM's recompute granularity "full"); selective recomputation only redoes the

@@ -27,6 +27,8 @@ from placeverify.cost.activations import (
     ActivationCost,
     activation_cost,
     outside_layers,
+    stage_layer_count,
+    stage_share,
     tensor_size,
 )
 from placeverify.cost.domain import Domain, Exact, Num
@@ -35,6 +37,7 @@ from placeverify.ir.placement import Role, State
 from placeverify.ir.step import Collective, CollectiveKind, Free, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.roles import ROLES
+from placeverify.roles.pipeline import stage_layers
 from placeverify.roles.queries import gathered_axes, offloaded, partitions
 
 MODEL_STATES = (State.PARAMS, State.OPTIMIZER, State.GRADIENTS)
@@ -69,13 +72,20 @@ def bytes_per_element(d: Domain, strategy: Strategy, state: State) -> Num:
 def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State,
                 pipeline: bool = True) -> Num:
     """The divisor from splitting the model itself: tensor, pipeline and expert axes (the
-    pipeline axis left out with ``pipeline = False``, when the stage's own counts are used)."""
+    pipeline axis left out with ``pipeline = False``, when the stage's own counts are used).
+    A pipeline whose stages list their layers divides the layers' groups by L / L_max: the
+    share of the stage with the most layers."""
     divisor: Num = d.const(1)
+    arch = strategy.model.arch
     for p in strategy.placements:
         if not p.mode(state).sharded or (not pipeline and p.role is Role.PIPELINE):
             continue
         if ROLES[p.role].splits_model(group):
-            divisor = divisor * d.sym(p.axis, strategy.size(p.axis))
+            if (p.role is Role.PIPELINE and arch is not None and group is not ParamGroup.EMBEDDING
+                    and stage_layers(strategy) is not None):
+                divisor = divisor * d.sym("L", arch.layers) / stage_share(d, strategy, arch)
+            else:
+                divisor = divisor * d.sym(p.axis, strategy.size(p.axis))
     return divisor
 
 
@@ -103,6 +113,7 @@ class StageKind:
     stages: tuple[int, ...]
     first: bool  # holds the word embedding (and learned positions)
     last: bool  # holds the output layer and the final norm (or the tied embedding's copy)
+    layers: int | None = None  # its layers when the pipeline lists them; None: L / p
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +129,28 @@ def stage_kinds(strategy: Strategy) -> tuple[StageKind, ...]:
     p = 1 if pipe is None else strategy.size(pipe.axis)
     if p == 1 or strategy.model.arch is None:
         return (StageKind("only" if p == 1 else "every", tuple(range(p)), True, True),)
+    listed = stage_layers(strategy)
+    if listed is not None:
+        return uneven_kinds(listed)
     kinds = [StageKind("first", (0,), True, False)]
     if p > 2:
         kinds.append(StageKind("middle", tuple(range(1, p - 1)), False, False))
     kinds.append(StageKind("last", (p - 1,), False, True))
+    return tuple(kinds)
+
+
+def uneven_kinds(layers: tuple[int, ...]) -> tuple[StageKind, ...]:
+    """Stage kinds of a pipeline whose stages list their layers: the first, the last, and the
+    middle stages grouped by their layer count (named by it when they differ)."""
+    p = len(layers)
+    middle: dict[int, list[int]] = {}
+    for stage in range(1, p - 1):
+        middle.setdefault(layers[stage], []).append(stage)
+    kinds = [StageKind("first", (0,), True, False, layers[0])]
+    for count, stages in middle.items():
+        name = "middle" if len(middle) == 1 else f"middle ({count} layers)"
+        kinds.append(StageKind(name, tuple(stages), False, False, count))
+    kinds.append(StageKind("last", (p - 1,), False, True, layers[-1]))
     return tuple(kinds)
 
 
@@ -149,11 +178,14 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind) -> dict[ParamGr
         return {g: d.sym(GROUP_SYMBOLS[g] + ("" if n == whole_model[g] else "_padded"), n)
                 for g, n in counts.items() if n > 0}
     pp = d.sym(pipe.axis, p) if pipe is not None else d.const(1)
+    # the stage's share of the layers: 1/p, or its listed count over the model's L
+    share = pp if kind.layers is None else \
+        d.sym("L", arch.layers) / stage_layer_count(d, strategy, kind.layers)
     out: dict[ParamGroup, Num] = {}
     for group, name in ((ParamGroup.DENSE, "Ψ_dense_layers"), (ParamGroup.NORMS, "Ψ_norms_layers"),
                         (ParamGroup.EXPERTS, "Ψ_exp")):
         if layers[group]:
-            out[group] = d.sym(name, layers[group]) / pp
+            out[group] = d.sym(name, layers[group]) / share
     if kind.first:
         out[ParamGroup.EMBEDDING] = d.sym("Ψ_emb_first", word + positions)
     if kind.last:
@@ -185,30 +217,39 @@ def fullest(strategy: Strategy, ranks: tuple[RankMemory, ...]) -> int:
 def memory_by_rank(d: Domain, strategy: Strategy) -> tuple[tuple[RankMemory, ...],
                                                            ActivationCost | None]:
     activations = activation_cost(d, strategy, bytes_per_element(d, strategy, State.ACTIVATIONS))
-    shared: list[MemoryItem] = []
-    if activations is not None:
-        if offloaded(strategy, State.ACTIVATIONS):
-            shared.append(MemoryItem("activations", "A activations (offloaded)", activations.kept,
-                                     host=True))
-            shared.append(MemoryItem("activations", "A activations", d.const(0)))
-            shared.append(MemoryItem("buffers", "activation staging (one layer)",
-                                     activations.per_layer))
-        else:
-            shared.append(MemoryItem("activations", "A activations", activations.kept))
-        if activations.working_set != 0:
-            shared.append(MemoryItem("buffers", "recompute working set (one layer)",
-                                     activations.working_set))
-    buffer = gather_buffer(d, strategy)
-    if buffer is not None:
-        shared.append(buffer)
     activation_bytes = bytes_per_element(d, strategy, State.ACTIVATIONS)
+    buffer = gather_buffer(d, strategy)
     ranks = tuple(RankMemory(kind, (
         *state_items(d, strategy, kind),
         *step_items(d, strategy, kind),
         *(MemoryItem("outside_layers", label, amount) for label, amount in
           outside_layers(d, strategy, activation_bytes, kind.first, kind.last)),
-        *shared)) for kind in stage_kinds(strategy))
+        *activation_items(d, strategy, kind, activations, buffer))) for kind in stage_kinds(strategy))
     return ranks, activations
+
+
+def activation_items(d: Domain, strategy: Strategy, kind: StageKind,
+                     activations: ActivationCost | None, buffer: MemoryItem | None) -> list[MemoryItem]:
+    """The layers' activations of one stage kind and the buffers beside them. A stage with a
+    listed layer count keeps that many layers' activations (the micro-batches in flight stay
+    the first stage's, an upper bound for every stage, as with even stages)."""
+    items: list[MemoryItem] = []
+    if activations is not None:
+        kept = activations.kept if kind.layers is None else \
+            activations.per_layer * stage_layer_count(d, strategy, kind.layers) * activations.in_flight
+        if offloaded(strategy, State.ACTIVATIONS):
+            items.append(MemoryItem("activations", "A activations (offloaded)", kept, host=True))
+            items.append(MemoryItem("activations", "A activations", d.const(0)))
+            items.append(MemoryItem("buffers", "activation staging (one layer)",
+                                    activations.per_layer))
+        else:
+            items.append(MemoryItem("activations", "A activations", kept))
+        if activations.working_set != 0:
+            items.append(MemoryItem("buffers", "recompute working set (one layer)",
+                                    activations.working_set))
+    if buffer is not None:
+        items.append(buffer)
+    return items
 
 
 def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryItem]:

@@ -45,6 +45,7 @@ from placeverify.ir.devices import Device
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Role, Schedule, State
 from placeverify.ir.strategy import Strategy
+from placeverify.roles.pipeline import stage_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,11 +208,13 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     tokens = b * s / c
     flash = arch.attention == "flash"
     layer, core = layer_flops(arch, tokens, s, t, flash)
-    layers = arch.layers / pp
-    forward = layers * layer + output_flops(arch, tokens, t)
     recompute = strategy.recompute.kind.value
-    extra = layers * layer if recompute == "full" else (
-        layers * core if recompute == "selective" and not flash else 0.0)
+    per_layer_extra = layer if recompute == "full" else (
+        core if recompute == "selective" and not flash else 0.0)
+    layers, output = slowest_stage(strategy, arch, pp, layer, per_layer_extra,
+                                   output_flops(arch, tokens, t))
+    forward = layers * layer + output
+    extra = layers * per_layer_extra
     per_mb = 3 * forward + extra
 
     replicas = mesh.world // (t * pp * c)
@@ -306,6 +309,22 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     return StepTime(device.key if device else None, matmul, float(peak) if peak else None, eta, m,
                     per_mb, model_flops, step_tokens, compute, bubble, optimizer,
                     tuple(sorted(exposed.items())), step, tuple(notes), mesh.world)
+
+
+def slowest_stage(strategy: Strategy, arch: Transformer, pp: int, layer: float, extra: float,
+                  output: float) -> tuple[float, float]:
+    """Layers and output-layer FLOPs of the pipeline stage with the most work per micro-batch,
+    the one that sets the pipeline's pace: L / p layers and the output layer (the last stage)
+    when the layers split evenly; the largest of L_i · layer + [i last] · output when the stages
+    list their layers (the last stage's fewer layers may make room for the output layer)."""
+    listed = stage_layers(strategy)
+    if listed is None:
+        return arch.layers / pp, output
+    # forward, backward (twice forward) and the recomputation of one micro-batch
+    work = [(n * (3 * layer + extra) + (3 * output if i == len(listed) - 1 else 0.0), i)
+            for i, n in enumerate(listed)]
+    _, slowest = max(work)
+    return float(listed[slowest]), output if slowest == len(listed) - 1 else 0.0
 
 
 def _bubble(pp: int, v: int, m: int) -> float:

@@ -55,8 +55,6 @@ NOT_MODELLED = {
     "--recompute-num-layers": "partial recomputation; every layer is recomputed as modelled",
     "--tp-comm-overlap": "overlap of tensor-parallel communication with GEMMs",
     "--fp8-format": "FP8 GEMMs (parameters, gradients and optimizer keep the --bf16/--fp16 sizes)",
-    "--decoder-first-pipeline-num-layers": "uneven pipeline stages (layers split evenly)",
-    "--decoder-last-pipeline-num-layers": "uneven pipeline stages (layers split evenly)",
     "--account-for-embedding-in-pipeline-split": "uneven pipeline stages (layers split evenly)",
     "--num-distributed-optimizer-instances": "several distributed-optimizer instances",
 }
@@ -222,12 +220,18 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         plan.body.append(Line("place ddp over dp", "no --use-distributed-optimizer"))
     vpp = _virtual_stages(args, reader, p)
     where = glob.origin if glob is not None else (micro.origin if micro else None)
+    uneven = _uneven_stages(args, reader, p, vpp)
     if p > 1:
         if vpp is not None:
             plan.body.append(Line(f"place pipeline(interleaved, chunks = {vpp.value}, "
                                   f"microbatches = {m}) over pp",
                                   f"{vpp.origin.key}; micro-batches = global / (micro x dp)",
                                   vpp.origin))
+        elif uneven is not None:
+            plan.body.append(Line(f"place pipeline(1f1b, microbatches = {m}, layers = "
+                                  f"[{', '.join(str(n) for n in uneven.value)}]) over pp",
+                                  f"{uneven.origin.key}; micro-batches = global / (micro x dp)",
+                                  uneven.origin))
         else:
             plan.body.append(Line(f"place pipeline(1f1b, microbatches = {m}) over pp",
                                   f"{pp.origin.key}; micro-batches = global / (micro x dp)",
@@ -261,6 +265,45 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     plan.title = f"{Path(source.path).name}: Megatron-LM, " + ", ".join(parts)
     _leftovers(args, runner, reader, plan)
     return plan
+
+
+def _uneven_stages(args: Arguments, reader: Reader, p: int, vpp: Value | None) -> Value | None:
+    """Layers per stage from --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers:
+    the given end stages hold those counts, the other stages the remaining layers evenly
+    (megatron/core/transformer/transformer_block.py, ``get_num_layers_to_build``, which asserts
+    that the rest divides evenly over the remaining stages)."""
+    first = args.integer("--decoder-first-pipeline-num-layers")
+    last = args.integer("--decoder-last-pipeline-num-layers")
+    given = first or last
+    if given is None:
+        return None
+    if vpp is not None or p < 2:
+        why = "with a virtual pipeline" if vpp is not None else "without pipeline stages"
+        reader.error(f"not modelled: uneven pipeline stages {why}", given.origin,
+                     code=Code.NOT_MODELLED)
+        return None
+    layers = args.integer("--num-layers")
+    if layers is None:
+        reader.error(f"{given.origin.key} needs --num-layers to split the other stages",
+                     given.origin, code=Code.MISSING)
+        return None
+    rest, left = int(str(layers.value)), p
+    for end in (first, last):
+        if end is not None:
+            rest, left = rest - int(str(end.value)), left - 1
+    if (left == 0 and rest != 0) or (left > 0 and (rest <= 0 or rest % left)):
+        reader.error(f"--num-layers {layers.value} leaves {rest} layers for the other {left} "
+                     f"pipeline stages, not a positive multiple of {left} (Megatron-LM asserts "
+                     "that the remaining layers split evenly)", given.origin,
+                     code=Code.NOT_DIVISIBLE)
+        return None
+    middle = rest // left if left else 0
+    stages = [middle] * p
+    if first is not None:
+        stages[0] = int(str(first.value))
+    if last is not None:
+        stages[-1] = int(str(last.value))
+    return Value(tuple(stages), given.origin)
 
 
 def _virtual_stages(args: Arguments, reader: Reader, p: int) -> Value | None:

@@ -76,6 +76,10 @@ class AxisPlacement:
     schedule: Schedule | None = None  # pipeline axes
     chunks: int = 1  # interleaved pipeline: model chunks per stage
     microbatches: int | None = None  # pipeline axes
+    # pipeline axes: layers per virtual stage when written (``layers = [7, 8, ..., 7]``), virtual
+    # stage k = chunk * stages + stage; None splits the layers evenly
+    layers: tuple[int, ...] | None = None
+    layers_span: Span | None = None  # where the list is written
 
     def mode(self, state: State) -> Mode:
         return self.modes[STATES.index(state)]

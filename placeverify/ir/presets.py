@@ -26,6 +26,7 @@ class OptionKind(StrEnum):
     BOOL = "bool"  # true or false
     INT = "int"  # a whole number within bounds
     CHOICE = "choice"  # one of the words of ``choices``
+    INTS = "ints"  # a bracketed list of whole numbers within bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ RESHARD = OptionSpec(OptionKind.BOOL)
 SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
 MICROBATCHES = OptionSpec(OptionKind.INT)
 CHUNKS = OptionSpec(OptionKind.INT)
+STAGE_LAYERS = OptionSpec(OptionKind.INTS)  # layers per (virtual) pipeline stage
 
 # PyTorch FSDP ShardingStrategy names (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD) and short forms
 FSDP_STRATEGIES: Mapping[str, str] = {
@@ -103,12 +105,13 @@ TABLE: tuple[PresetSpec, ...] = (
     PresetSpec("pipeline", Role.PIPELINE, (S, S, S, S),
                options={"schedule": OptionSpec(OptionKind.CHOICE, Schedule.ONE_F_ONE_B,
                                                choices=SCHEDULES, what="pipeline schedule"),
-                        "microbatches": MICROBATCHES, "chunks": CHUNKS},
+                        "microbatches": MICROBATCHES, "chunks": CHUNKS, "layers": STAGE_LAYERS},
                positional={word: ("schedule", value) for word, value in SCHEDULES.items()}),
-    PresetSpec("gpipe", Role.PIPELINE, (S, S, S, S), options={"microbatches": MICROBATCHES},
+    PresetSpec("gpipe", Role.PIPELINE, (S, S, S, S), options={"microbatches": MICROBATCHES,
+                                                              "layers": STAGE_LAYERS},
                implied={"schedule": Schedule.GPIPE}),
     PresetSpec("interleaved", Role.PIPELINE, (S, S, S, S),
-               options={"microbatches": MICROBATCHES, "chunks": CHUNKS},
+               options={"microbatches": MICROBATCHES, "chunks": CHUNKS, "layers": STAGE_LAYERS},
                implied={"schedule": Schedule.INTERLEAVED}),
     PresetSpec("context", Role.CONTEXT, (R, R, R, S), aliases=("cp",)),
     PresetSpec("expert", Role.EXPERT, (S, S, S, R), aliases=("ep",)),

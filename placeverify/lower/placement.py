@@ -152,11 +152,25 @@ def read_options(ctx: Context, name: str, preset: PresetSpec,
         elif option.kind is OptionKind.CHOICE:
             choice = ctx.word(arg.value, option.what, list(option.choices))
             out[key] = None if choice is None else option.choices[choice]
+        elif option.kind is OptionKind.INTS:
+            out[key] = read_ints(ctx, arg.value, key, option.bounds)
+            out[f"{key}_span"] = arg.value.span
         else:
             out[key] = ctx.integer(arg.value, key, *option.bounds)
     if not ok or any(v is None for v in out.values()):
         return None
     return out
+
+
+def read_ints(ctx: Context, value: ast.Value, what: str,
+              bounds: tuple[int, int]) -> tuple[int, ...] | None:
+    """A bracketed list of whole numbers, each within bounds (``layers = [7, 8, 8, 7]``)."""
+    if not isinstance(value, ast.ListValue):
+        ctx.error(f"{what} is a list of whole numbers in brackets, e.g. '{what} = [7, 8, 8, 7]'",
+                  Code.BAD_VALUE, value.span)
+        return None
+    items = [ctx.integer(item, f"each entry of {what}", *bounds) for item in value.items]
+    return None if any(n is None for n in items) else tuple(n for n in items if n is not None)
 
 
 def tuple_placement(ctx: Context, role: Role, preset: str, args: Sequence[ast.Arg], group: Group,

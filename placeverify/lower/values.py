@@ -151,6 +151,8 @@ def value_text(value: ast.Value) -> str:
         return value.value
     if isinstance(value, ast.QuantityValue):
         return value.text
+    if isinstance(value, ast.ListValue):
+        return "[" + ", ".join(value_text(v) for v in value.items) + "]"
     return value.text
 
 

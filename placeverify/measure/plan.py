@@ -90,6 +90,9 @@ def plan(strategy: Strategy) -> Plan:
         if arch is not None and arch.tied_embeddings:
             raise _error(strategy, "tied embeddings across pipeline stages have no torch "
                          "implementation in measure", strategy.model_span)
+        if p.layers is not None:
+            raise _error(strategy, "uneven pipeline stages (a list of layers per stage) have no "
+                         "torch implementation in measure", p.layers_span or p.span)
         layers = arch.layers if arch is not None else MLP_DEPTH
         pp = strategy.size(p.axis)
         if layers < pp:

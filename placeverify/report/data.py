@@ -100,7 +100,8 @@ def check_document(result: CheckResult) -> dict[str, Any]:
         "placement": {
             p.axis: {"role": p.role.value, "preset": p.preset,
                      "modes": {st.value: p.mode(st).value for st in STATES},
-                     **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options}}
+                     **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options},
+                     **({"layers": list(p.layers)} if p.layers is not None else {})}
             for p in s.placements},
         "recompute": {"kind": s.recompute.kind.value, "restore_rng": s.recompute.restore_rng},
         "loss": s.loss.kind.value,
@@ -112,6 +113,7 @@ def check_document(result: CheckResult) -> dict[str, Any]:
             "items": [{"category": i.category, "label": i.label, "bytes": whole(i.bytes),
                        "host": i.host} for i in costs.memory],
             "ranks": [{"kind": r.kind.name, "stages": list(r.kind.stages),
+                       **({"layers": r.kind.layers} if r.kind.layers is not None else {}),
                        "fullest": r.items == costs.memory,
                        "device_bytes": {k: whole(v) for k, v in costs.rank_bytes(r).items()},
                        "host_bytes": whole(sum((i.bytes for i in r.items if i.host), 0))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 from typing import Any
 
@@ -113,7 +114,18 @@ def _preset_label(placement: Any) -> str:
         if placement.chunks > 1:
             label += f" v={placement.chunks}"
         label += f" m={placement.microbatches}"
+        if placement.layers is not None:
+            label += " layers=" + runs(placement.layers)
     return label
+
+
+def runs(counts: tuple[int, ...]) -> str:
+    """A list of counts with runs shortened: ``7,8x14,7``."""
+    parts: list[str] = []
+    for n, group in itertools.groupby(counts):
+        k = len(list(group))
+        parts.append(f"{n}x{k}" if k > 2 else ",".join([str(n)] * k))
+    return ",".join(parts)
 
 
 def _render_ranks(costs: Costs, console: Console) -> None:

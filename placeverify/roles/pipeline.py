@@ -28,6 +28,22 @@ def tied_across_stages(strategy: Layout, axis: str) -> bool:
             and strategy.size(axis) > 1)
 
 
+def stage_layers(strategy: Layout) -> tuple[int, ...] | None:
+    """Layers held by each stage of the pipeline (all of its model chunks), when the placement
+    lists them (``layers = [7, 8, ..., 8, 7]``); None when the layers split evenly.
+
+    Virtual stage k of an interleaved pipeline is chunk k // p of stage k % p, Megatron-LM's
+    layout (``get_transformer_layer_offset``: chunks round-robin over the stages)."""
+    pipe = strategy.pipeline
+    if pipe is None or pipe.layers is None:
+        return None
+    n = strategy.size(pipe.axis)
+    chunks = len(pipe.layers) // n if n and len(pipe.layers) % n == 0 else 0
+    if chunks == 0:
+        return None  # a mesh resized past the list (replay, counterexample search): layers unused
+    return tuple(sum(pipe.layers[c * n + s] for c in range(chunks)) for s in range(n))
+
+
 def pipeline_shapes(ctx: Reporter, arch: Transformer, by: list[tuple[str, int]],
                     role_placements: list[AxisPlacement], microbatches: int) -> None:
     """Layers split over the stages (and chunks); an interleaved schedule's stage count."""
@@ -37,7 +53,10 @@ def pipeline_shapes(ctx: Reporter, arch: Transformer, by: list[tuple[str, int]],
     # --num-layers-per-virtual-pipeline-stage (num_layers / pp) % layers_per_chunk == 0:
     # together, layers % (pp * chunks) == 0
     chunks = math.prod(q.chunks for q in role_placements)
-    if chunks > 1:
+    listed = [q for q in role_placements if q.layers is not None]
+    if listed:
+        check_stage_layers(ctx, arch, by, role_placements, listed[0], chunks)
+    elif chunks > 1:
         need(ctx, "layers", arch.layers, [*by, ("chunks", chunks)], p.span,
              f"{n} stages of {chunks} chunks each hold the same number of layers")
     else:
@@ -45,6 +64,33 @@ def pipeline_shapes(ctx: Reporter, arch: Transformer, by: list[tuple[str, int]],
              "each pipeline stage holds the same number of layers")
     if any(q.schedule is Schedule.INTERLEAVED for q in role_placements):
         check_interleaved(ctx, p, " x ".join(name for name, _ in by), n, microbatches)
+
+
+def check_stage_layers(ctx: Reporter, arch: Transformer, by: list[tuple[str, int]],
+                       role_placements: list[AxisPlacement], q: AxisPlacement, chunks: int) -> None:
+    """A written list of layers per stage: one positive entry per (virtual) stage, adding up to
+    the model's layers. Megatron-LM's ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers`` (``TransformerConfig.num_layers_in_first_pipeline_stage``,
+    ``..._last_...``) give the same uneven split with the other stages even."""
+    at = q.layers_span or q.span
+    layers = q.layers or ()
+    if len(role_placements) > 1:
+        ctx.error("a list of layers per stage is not modelled for a pipeline over several axes",
+                  Code.BAD_VALUE, at)
+        return
+    n = math.prod(size for _, size in by)
+    stages = f"{by[0][0]} ({n:,})" if chunks == 1 else \
+        f"{by[0][0]} x chunks ({n:,} x {chunks:,} = {n * chunks:,} virtual stages)"
+    if len(layers) != n * chunks:
+        ctx.error(f"layers lists {len(layers):,} stages, but {stages} has {n * chunks:,}",
+                  Code.BAD_VALUE, at,
+                  "one entry per stage in stage order" if chunks == 1 else
+                  "one entry per virtual stage: chunk 0 of every stage, then chunk 1, ...")
+        return
+    total = sum(layers)
+    if total != arch.layers:
+        ctx.error(f"layers per stage add up to {total:,}, but the model has {arch.layers:,} layers",
+                  Code.BAD_VALUE, at)
 
 
 def check_interleaved(ctx: Reporter, p: AxisPlacement, label: str, n: int, microbatches: int) -> None:

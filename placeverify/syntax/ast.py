@@ -63,7 +63,15 @@ class StarredValue:
     span: Span
 
 
-Value = NumberValue | QuantityValue | StringValue | NameValue | StarredValue
+@node
+class ListValue:
+    """``[7, 8, 8, 7]``: a bracketed list of values (a pipeline's layers per stage)."""
+
+    items: tuple[Value, ...]
+    span: Span
+
+
+Value = NumberValue | QuantityValue | StringValue | NameValue | StarredValue | ListValue
 
 
 # ---- blocks, calls, groups ------------------------------------------------------------------

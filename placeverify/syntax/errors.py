@@ -159,6 +159,8 @@ def _join(words: list[str]) -> str:
 def _expected(names: set[str]) -> str:
     """'expected X, Y or Z' for a set of terminal names, in an order a reader can scan."""
     names = {n for n in names if not n.startswith("__ANON")}
+    if "LSQB" in names and "NUMBER" in names:
+        names.discard("LSQB")  # a list is a value of one option only (layers = [...]): not offered
     tail: list[str] = []
     statements = _statement_starts()
     step_items = _step_item_starts()
