@@ -8,6 +8,7 @@ must track; never from the screen itself."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -177,7 +178,7 @@ def test_search_end_to_end(tmp_path: Path) -> None:
     times = [e["step_seconds"] for e in doc["top"]]
     assert times == sorted(times)
     front = doc["frontier"]
-    for a, b in zip(front, front[1:], strict=False):  # by memory up, time strictly down
+    for a, b in itertools.pairwise(front):  # by memory up, time strictly down
         assert a["needed_bytes"] <= b["needed_bytes"] and a["step_seconds"] > b["step_seconds"]
     # the fastest shown is as fast as the frontier's fastest: both are the best that fits
     assert doc["top"][0]["step_seconds"] == pytest.approx(front[-1]["step_seconds"])

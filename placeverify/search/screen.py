@@ -105,9 +105,7 @@ class Screen:
         split_g = shard if lay.sharding in (Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP) else 1
         split_o = 1 if lay.sharding in (Sharding.NONE, Sharding.DDP) else shard
         per_layer, working = self._per_layer(lay.b, lay.tp, lay.sp, lay.cp, lay.recompute)
-        first_layers = kinds[0][0]
-        in_flight = self._in_flight(lay)
-        acts = per_layer * first_layers * in_flight
+        in_flight = self._in_flight(lay)  # the first stage's, for every stage (an upper bound)
         tokens = arch.seq * lay.b / lay.cp
         hshard = lay.tp if lay.sp else 1
         vocab = arch.padded_vocab(lay.tp)
@@ -117,6 +115,7 @@ class Screen:
         best = 0.0
         for layers, first, last in kinds:
             n = self._stage_elements(lay, layers, first, last)
+            acts = per_layer * layers * in_flight
             states = n * self.P / split_p
             if not lay.offload:
                 states += n * self.G / split_g + n * self.O / split_o
@@ -140,7 +139,7 @@ class Screen:
         return float(min(lay.m, p))
 
     def _stage_kinds(self, lay: Layout) -> list[tuple[int, bool, bool]]:
-        """(layers, first, last) per distinct stage; the activations follow the first stage."""
+        """(layers, first, last) per distinct stage."""
         layers = self.s.arch.layers
         if lay.pp == 1:
             return [(layers, True, True)]
@@ -153,19 +152,30 @@ class Screen:
 
     # ---- time -----------------------------------------------------------------------------
 
-    def _microbatch_flops(self, b: int, t: int, c: int, layers: int, rc: Recompute
-                          ) -> tuple[float, float]:
-        """(forward FLOPs, extra recompute FLOPs) of one micro-batch on the slowest stage, with
-        fused attention's slow FLOPs folded in as the step-time model counts them."""
+    def _microbatch_flops(self, b: int, t: int, c: int, stages: tuple[int, ...] | int,
+                          rc: Recompute) -> tuple[float, float, int]:
+        """(forward FLOPs, extra recompute FLOPs, layers) of one micro-batch on the slowest
+        stage, with fused attention's slow FLOPs folded in as the step-time model counts them.
+        ``stages``: L / p for even stages (with the output layer, as the step-time model counts
+        them), else the listed layers, of which the stage with the most work sets the pace
+        (:func:`placeverify.cost.time.slowest_stage`)."""
         arch, cal = self.s.arch, self.s.cal
         tokens = b * arch.seq / c
         flash = arch.attention == "flash"
         layer, core = layer_flops(arch, tokens, arch.seq, t, flash)
-        forward = layers * layer + output_flops(arch, tokens, t)
-        extra = layers * layer if rc is Recompute.FULL else (
-            layers * core if rc is Recompute.SELECTIVE and not flash else 0.0)
+        per_extra = layer if rc is Recompute.FULL else (
+            core if rc is Recompute.SELECTIVE and not flash else 0.0)
+        output = output_flops(arch, tokens, t)
+        if isinstance(stages, int):
+            layers, out = stages, output
+        else:
+            work = [(n * (3 * layer + per_extra) + (3 * output if i == len(stages) - 1 else 0.0), i)
+                    for i, n in enumerate(stages)]
+            _, slowest = max(work)
+            layers, out = stages[slowest], (output if slowest == len(stages) - 1 else 0.0)
+        forward = layers * layer + out
         slow = layers * core * (1 / cal.attention_efficiency - 1) if flash else 0.0
-        return forward + slow, extra + (slow if rc is Recompute.FULL else 0.0)
+        return forward + slow, layers * per_extra + (slow if rc is Recompute.FULL else 0.0), layers
 
     def _links(self, lay: Layout) -> dict[str, tuple[float, float]]:
         """(bandwidth, latency) per axis, as the mesh's device profile gives them."""
@@ -184,8 +194,8 @@ class Screen:
 
     def time(self, lay: Layout) -> float:
         arch, cal = self.s.arch, self.s.cal
-        layers = max(lay.stages) if lay.stages else arch.layers // lay.pp
-        fwd_flops, extra = self._flops(lay.b, lay.tp, lay.cp, layers, lay.recompute)
+        fwd_flops, extra, layers = self._flops(lay.b, lay.tp, lay.cp,
+                                               lay.stages or arch.layers // lay.pp, lay.recompute)
         tokens = lay.b * arch.seq / lay.cp
         flash = arch.attention == "flash"
         scores = 0.0 if flash else (cal.score_passes * lay.b * arch.heads * (arch.seq / lay.cp)
@@ -238,9 +248,11 @@ class Screen:
         model split by the tensor, pipeline and expert axes (unpadded vocabulary)."""
         groups = self.s.arch.group_params()
         t, p = lay.tp, lay.pp
-        return (groups[ParamGroup.DENSE] / (t * p) + groups[ParamGroup.NORMS] / p
+        # listed stages: the layers' groups follow the stage with the most layers
+        share = self.s.arch.layers / max(lay.stages) if lay.stages else p
+        return (groups[ParamGroup.DENSE] / (t * share) + groups[ParamGroup.NORMS] / share
                 + groups[ParamGroup.EMBEDDING] / (t * p)
-                + groups[ParamGroup.EXPERTS] / (t * p * lay.ep))
+                + groups[ParamGroup.EXPERTS] / (t * share * lay.ep))
 
     def _data_seconds(self, lay: Layout, links: dict[str, tuple[float, float]], layers: int,
                       t_fwd: float, t_bwd: float) -> float:
