@@ -28,6 +28,7 @@ from placeverify.importers import Options
 from placeverify.importers.registry import import_file, load, load_text
 
 HERE = Path(__file__).parent / "importers"
+DEFAULT = Options()
 ROOT = Path(__file__).parent.parent
 
 
@@ -436,3 +437,136 @@ def test_accelerate_leftover_keys(tmp_path: Path) -> None:
     assert (IGNORED + "compute_environment fsdp_config.fsdp_state_dict_type"
             in imported.text.splitlines())
     assert 'strategy "acc.yaml: accelerate FSDP, dp = 8"' in imported.text.splitlines()
+
+
+# ---- consistency rules under --set overrides (judged on the final values) ----------------------
+
+def settings(*texts: str):  # type: ignore[no-untyped-def]
+    from placeverify.lower.overrides import parse_settings
+
+    return parse_settings(list(texts))
+
+
+def test_an_override_can_fix_a_batch_contradiction() -> None:
+    # llama3-8b-zero3.json at world 16: 64 != 1 x 8 x 16 = 128 (DeepSpeed's _batch_assertion);
+    # --set microbatches=4 gives 1 x 4 x 16 = 64, which DeepSpeed accepts.
+    options = Options(fixture("llama3-8b-config.json"), 16)
+    with pytest.raises(PlaceError) as error:
+        load(fixture("llama3-8b-zero3.json"), options)
+    [d] = error.value.diagnostics
+    assert "128" in d.message and d.span is not None and (d.span.line, d.span.column) == (2, 3)
+    strategy, imported = load(fixture("llama3-8b-zero3.json"), options, settings("microbatches=4"))
+    assert strategy.microbatches == 4 and not [w for w, _ in imported.warnings
+                                               if w.code.value == "conflict"]
+    same_costs(strategy, """
+strategy "hand"
+model llama3_8b { seq = 8192, micro_batch = 1 }
+precision bf16_adam
+mesh { dp = 16 }
+place zero3 over dp
+microbatches = 4
+loss microbatch_mean
+clip max_norm = 1.0
+""")
+
+
+def test_an_override_that_breaks_the_batch_rule_is_blamed() -> None:
+    # world 8 is consistent (64 = 1 x 8 x 8); --set mesh.dp=16 makes it 128: the error is at the
+    # override (--set:2:1, the second --set), with a note naming the key's position.
+    options = Options(fixture("llama3-8b-config.json"), 8)
+    with pytest.raises(PlaceError) as error:
+        load(fixture("llama3-8b-zero3.json"), options,
+             settings("clip.max_norm=0.5", "mesh.dp=16"))
+    [d] = error.value.diagnostics
+    assert d.source is not None and d.source.path == "--set"
+    assert d.span is not None and (d.span.line, d.span.column) == (2, 1)
+    assert "128" in d.message and "4 micro-batches" in d.message
+    assert d.notes == (f"train_batch_size is at {fixture('llama3-8b-zero3.json')}:2:3",)
+    # an override that does not touch the batch leaves the error at the key
+    with pytest.raises(PlaceError) as error:
+        load(fixture("llama3-8b-zero3.json"), Options(fixture("llama3-8b-config.json"), 16),
+             settings("clip.max_norm=0.5"))
+    [d] = error.value.diagnostics
+    assert d.span is not None and (d.span.line, d.span.column) == (2, 3)
+    assert d.notes == ("checked with --set clip.max_norm=0.5",)
+
+
+def test_megatron_global_batch_is_judged_on_the_overridden_mesh() -> None:
+    # gpt3-175b-megatron.sh: --global-batch-size 1024 (line 25, col 5) = 1 x 64 x 16.
+    # mesh.dp=32 alone: 1 x 64 x 32 = 2048 (an error at the override); with the pipeline's
+    # micro-batches set to 1024 / 32 = 32 as well, it holds again.
+    with pytest.raises(PlaceError) as error:
+        load(fixture("gpt3-175b-megatron.sh"), DEFAULT, settings("mesh.dp=32"))
+    [d] = error.value.diagnostics
+    assert "2048" in d.message and d.span is not None and d.span.line == 1
+    assert d.notes[0].endswith("gpt3-175b-megatron.sh:25:5")
+    strategy, _ = load(fixture("gpt3-175b-megatron.sh"), DEFAULT,
+                       settings("mesh.dp=32", "place.pp=pipeline(1f1b, microbatches = 32)"))
+    assert strategy.microbatches == 32 and strategy.mesh.size("dp") == 32
+
+
+def test_megatron_global_batch_not_divisible_is_an_error_at_the_flag(tmp_path: Path) -> None:
+    # 1000 is not a multiple of micro 1 x dp 16 (Megatron's calculator asserts it); setting
+    # dp = 8 and 1000 / 8 = 125 micro-batches fixes it.
+    script = tmp_path / "train.sh"
+    script.write_text(Path(fixture("gpt3-175b-megatron.sh")).read_text()
+                      .replace("--global-batch-size 1024", "--global-batch-size 1000"))
+    with pytest.raises(PlaceError) as error:
+        import_file(str(script))
+    [d] = error.value.diagnostics
+    assert "not a multiple" in d.message and "16" in d.message
+    assert d.span is not None and (d.span.line, d.span.column) == (25, 5)
+    strategy, _ = load(str(script), DEFAULT, settings(
+        "mesh.dp=8", "place.pp=pipeline(1f1b, microbatches = 125)"))
+    assert strategy.microbatches == 125
+
+
+def test_sequence_parallel_ignored_is_judged_on_the_final_tensor_size(tmp_path: Path) -> None:
+    # Megatron-LM's validate_args turns --sequence-parallel off when TP = 1, silently.
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py \\\n"
+                      "    --tensor-model-parallel-size 2 --sequence-parallel \\\n"
+                      "    --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\\n"
+                      "    --vocab-size 32000 --seq-length 4096 --global-batch-size 32 --bf16\n")
+    _, imported = load(str(script))
+    assert not [w for w, _ in imported.warnings if "--sequence-parallel" in w.message]
+    _, imported = load(str(script), DEFAULT, settings("mesh.tp=1"))
+    [(w, source)] = [(w, s) for w, s in imported.warnings if "--sequence-parallel" in w.message]
+    assert w.severity is Severity.WARNING and source.path == "--set"
+    assert w.span is not None and (w.span.line, w.span.column) == (1, 1)
+    assert w.notes == (f"--sequence-parallel is at {script}:2:36",)
+    # Mixtral's script has TP 1 and --sequence-parallel: warned at the flag; an override that
+    # gives it two tensor-parallel ranks makes the flag effective, and the warning goes. (dp 4 ->
+    # 2 keeps world 32; the global batch 256 = 1 x 16 x (ep 8 x dp 2) needs 16 micro-batches.)
+    mixtral = Options(model=fixture("mixtral-8x7b-config.json"))
+    _, imported = load(fixture("mixtral-8x7b-megatron.sh"), mixtral,
+                       settings("mesh.dp=2", "mesh.tp=2", "place.tp=megatron(sequence_parallel)",
+                                "microbatches=16"))
+    assert not [w for w, _ in imported.warnings if "--sequence-parallel" in w.message]
+    # without the micro-batches, the batch rule blames the resize, not the placement
+    with pytest.raises(PlaceError) as error:
+        load(fixture("mixtral-8x7b-megatron.sh"), mixtral,
+             settings("mesh.dp=2", "mesh.tp=2", "place.tp=megatron(sequence_parallel)"))
+    [d] = error.value.diagnostics
+    assert "128" in d.message and d.span is not None and d.span.line == 1  # mesh.dp=2
+
+
+def test_torchtitan_global_batch_rule_under_overrides() -> None:
+    # llama3-405b-hsdp-pp.toml: global 2048 = 16 local x 8 accumulation x (2 x 8); pipeline
+    # micro-batches of 1: 16 x 8 = 128. --set mesh.replica=4 (world 1792) breaks it: 4096.
+    with pytest.raises(PlaceError) as error:
+        load(fixture("llama3-405b-hsdp-pp.toml"), Options(world=896), settings("mesh.replica=4"))
+    [d] = error.value.diagnostics
+    assert "4096" in d.message and "64 micro-batches" in d.message
+    assert d.notes[0].endswith("llama3-405b-hsdp-pp.toml:8:1")
+
+
+def test_import_with_set_prints_the_judgement(tmp_path: Path) -> None:
+    done = run("import", fixture("llama3-8b-zero3.json"), "--world", "16", "--model",
+               fixture("llama3-8b-config.json"), "--set", "microbatches=4")
+    assert done.returncode == 0, done.stderr
+    assert "microbatches = 4" in done.stdout and "# --set microbatches=4" in done.stdout
+    done = run("import", fixture("llama3-8b-zero3.json"), "--world", "8", "--model",
+               fixture("llama3-8b-config.json"), "--set", "mesh.dp=16")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("--set:1:1: error: train_batch_size 64 != ")
