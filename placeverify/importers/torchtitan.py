@@ -193,9 +193,11 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     if reshard is None:
         reader.error(f"fsdp_reshard_after_forward is default, always or never, not "
                      f"{policy.value!r}", policy.origin)
-    if hsdp:
-        plan.body.append(Line("place hsdp over shard * replica", "replicate and shard degrees > 1",
-                              shard_v.origin))
+    if hsdp:  # parallelize.py's apply_fsdp: HSDP is fully_shard on the 2-D mesh, same policy
+        plan.body.append(Line("place hsdp over shard * replica" if reshard is not False else
+                              "place hsdp(reshard_after_forward = false) over shard * replica",
+                              f"replicate and shard degrees > 1; {policy.origin.key} "
+                              f"{policy.value}: reshard_after_forward = {reshard}", shard_v.origin))
     elif shard_dp > 1:
         plan.body.append(Line("place fsdp over dp" if reshard else "place fsdp(grad_op) over dp",
                               f"{policy.origin.key} {policy.value}: reshard_after_forward = "
