@@ -668,3 +668,14 @@ def test_import_with_set_prints_the_judgement(tmp_path: Path) -> None:
                fixture("llama3-8b-config.json"), "--set", "mesh.dp=16")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("--set:1:1: error: train_batch_size 64 != ")
+
+
+def test_import_lowers_what_it_prints(tmp_path: Path) -> None:
+    # 126 layers do not split over 8 pipeline stages: `import` refuses it at the TOML key (line
+    # 18, pipeline_parallel_degree) rather than print a .place file that check would refuse
+    config = tmp_path / "t.toml"
+    config.write_text(Path(fixture("llama3-405b-hsdp-pp.toml")).read_text()
+                      .replace("pipeline_parallel_degree = 7", "pipeline_parallel_degree = 8"))
+    done = run("import", str(config), "--world", "1024")
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"{config}:18:1: error:" in done.stderr and "126" in done.stderr

@@ -61,9 +61,10 @@ def _refuse(source: Source, message: str) -> PlaceError:
 def import_file(path: str, options: Options = DEFAULTS, *, judge: bool = True) -> Imported:
     """Read a configuration file and produce its .place text (raises PlaceError on errors).
 
-    With ``judge`` the text is lowered and the framework's consistency rules are decided on it
-    (:mod:`placeverify.importers.rules`): a broken rule is an error or a warning at its key.
-    Without, they are left to :func:`load`, which decides them on the overridden strategy."""
+    With ``judge`` the text is lowered (an error points at the key) and the framework's
+    consistency rules are decided on it (:mod:`placeverify.importers.rules`): a broken rule is an
+    error or a warning at its key. Without, both are left to :func:`load`, which decides them
+    on the overridden strategy."""
     source = read_source(path)
     fmt = options.fmt or detect(source)
     if fmt not in FORMATS:
@@ -73,7 +74,7 @@ def import_file(path: str, options: Options = DEFAULTS, *, judge: bool = True) -
     reader.raise_if_errors()
     text, origins = render(plan)
     imported = Imported(fmt, path, text, origins, reader.warnings(), list(plan.rules))
-    if judge and imported.rules:
+    if judge:
         _, imported = load(path, options, None, imported)
     return imported
 
