@@ -86,6 +86,14 @@ def quiet_option(command: Callable[..., None]) -> Callable[..., None]:
              "for CI logs).")(command)
 
 
+def width_option(command: Callable[..., None]) -> Callable[..., None]:
+    """--width N: the columns of the text output (README "CLI reference")."""
+    return click.option(
+        "--width", type=click.IntRange(20, 10_000), default=None,
+        help="Columns the text output may use (default: COLUMNS, also off a terminal, else the "
+             "terminal's, else 120); a table that does not fit is listed, never cut.")(command)
+
+
 def set_option(command: Callable[..., None]) -> Callable[..., None]:
     """--set KEY=VALUE (repeatable): override a value of every strategy (README "Overrides")."""
     return click.option(
@@ -197,11 +205,12 @@ def main() -> None:
 @output_options
 @import_options
 @set_option
+@width_option
 @quiet_option
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
           trace_path: str | None, replay: bool, timeout: float, output: str, require_fit: bool,
           model: str | None, world: int | None, fmt: str | None, overrides: tuple[str, ...],
-          quiet: bool) -> None:
+          width: int | None, quiet: bool) -> None:
     """Check strategies: costs, and proofs of the three correctness conditions."""
 
     def run() -> ExitCode:
@@ -216,7 +225,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
             raise click.UsageError("--trace takes exactly one file")
         codes: list[ExitCode] = []
         outcomes: list[Outcome] = []
-        out = console()
+        out = console(width)
         progress = Progress(quiet)
         for index, path in enumerate(paths):
             progress.item("check", index + 1, len(paths), path)
@@ -318,7 +327,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
         if fmt_out == "json":
             emit_json(document)
         elif fmt_out == "text":
-            render_compare(document, console(), output_width(width), units)
+            render_compare(document, console(width), output_width(width), units)
         else:
             emit_outcomes(fmt_out, outcomes, worst(codes), require_fit)
         return worst(codes)
@@ -333,14 +342,16 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
               callback=lambda _ctx, _param, value: finite(value),
               help="Seconds for each rule file, shared by its solver queries (each at most 30 s); "
                    "what is undecided when it runs out is unknown (exit 3).")
+@width_option
 @quiet_option
-def prove(paths: tuple[str, ...], as_json: bool, timeout: float, quiet: bool) -> None:
+def prove(paths: tuple[str, ...], as_json: bool, timeout: float, width: int | None,
+          quiet: bool) -> None:
     """Prove the composition rules in .rule files (folders are searched)."""
 
     def run() -> ExitCode:
         from placeverify.prove.cli import prove_paths
 
-        return prove_paths(paths, as_json=as_json, budget_s=timeout, console=console(),
+        return prove_paths(paths, as_json=as_json, budget_s=timeout, console=console(width),
                            progress=Progress(quiet))
 
     guarded(run)
@@ -358,20 +369,21 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float, quiet: bool) ->
               help="Seconds before a hung replay is stopped.")
 @click.option("--emit", type=click.Path(dir_okay=False), default=None,
               help="Write a standalone torchrun script (no placeverify import) instead of replaying.")
+@width_option
 @quiet_option
 def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: float,
-           emit: str | None, quiet: bool) -> None:
+           emit: str | None, width: int | None, quiet: bool) -> None:
     """Replay a counterexample trace on real torch.distributed processes."""
 
     def run() -> ExitCode:
         if emit is not None:
             from placeverify.replay.emit import emit_trace
 
-            return emit_trace(trace, emit, world=world, steps=steps, console=console())
+            return emit_trace(trace, emit, world=world, steps=steps, console=console(width))
         from placeverify.replay.cli import replay_trace
 
         return replay_trace(trace, as_json=as_json, steps=steps, world=world, timeout=timeout,
-                            console=console(), progress=Progress(quiet))
+                            console=console(width), progress=Progress(quiet))
 
     guarded(run)
 
@@ -382,14 +394,15 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600),
               callback=lambda _ctx, _param, value: finite(value),
               help="Seconds before a hung measurement is stopped (all ranks are killed).")
+@width_option
 @quiet_option
-def measure(file: str, as_json: bool, timeout: float, quiet: bool) -> None:
+def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: bool) -> None:
     """Measure the real torch implementation of a strategy against the predictions."""
 
     def run() -> ExitCode:
         from placeverify.measure.cli import measure_file
 
-        return measure_file(file, as_json=as_json, timeout=timeout, console=console(),
+        return measure_file(file, as_json=as_json, timeout=timeout, console=console(width),
                             progress=Progress(quiet))
 
     guarded(run)

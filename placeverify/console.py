@@ -19,6 +19,9 @@ from types import FrameType
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
 
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.verdicts import Verdict
@@ -61,10 +64,44 @@ def output_width(explicit: int | None = None) -> int:
     return DEFAULT_WIDTH
 
 
-def console() -> Console:
-    """Standard output: the terminal's width, or 120 columns when piped."""
-    width = None if sys.stdout.isatty() else 120
-    return Console(width=width, highlight=False, soft_wrap=False, markup=False)
+def console(width: int | None = None) -> Console:
+    """Standard output, :func:`output_width` columns wide (``--width``, else ``COLUMNS`` also
+    when piped, else the terminal's width, else 120)."""
+    return Console(width=output_width(width), highlight=False, soft_wrap=False, markup=False)
+
+
+def print_table(out: Console, table: Table) -> None:
+    """``table`` when it fits ``out``'s width without cutting a word, else the same cells as a
+    list: one block per row, one ``header: value`` line per cell (wrapped at the width). Rich
+    would otherwise shorten the cells that do not fit with an ellipsis, losing their value."""
+    for column in table.columns:
+        column.overflow = "ellipsis"  # measured so, a cell's minimum is its longest word
+        column.no_wrap = False
+    # measured at a width that clamps nothing (Measurement.get clamps the minimum to it)
+    fits = Measurement.get(out, out.options.update_width(10**6), table).minimum <= out.width
+    for column in table.columns:
+        column.overflow = "fold"  # never an ellipsis, whatever rich decides
+    if fits:
+        out.print(table)
+        return
+    headers = [_plain(column.header) or f"column {i + 1}" for i, column in enumerate(table.columns)]
+    cells = [[_plain(cell) for cell in column.cells] for column in table.columns]
+    for row in range(table.row_count):
+        values = [(headers[i], cells[i][row]) for i in range(len(headers))]
+        first = True
+        for header, value in values:
+            if not value.strip():
+                continue
+            bullet = "- " if first else "  "
+            first = False
+            out.print(Text(f"  {bullet}{header}: {' '.join(value.split())}"), overflow="fold")
+    out.print()
+
+
+def _plain(cell: object) -> str:
+    if isinstance(cell, Text):
+        return cell.plain
+    return cell if isinstance(cell, str) else str(cell)
 
 
 def error_console() -> Console:

@@ -17,3 +17,10 @@ def example_files(*folders: str) -> list[Path]:
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(autouse=True)
+def _no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text output follows COLUMNS (README "CLI reference"): tests that compare text set it
+    themselves, so the width of the shell that runs them changes nothing."""
+    monkeypatch.delenv("COLUMNS", raising=False)

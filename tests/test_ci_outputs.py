@@ -4,10 +4,11 @@ documents against their shipped schemas, and ``--require-fit``.
 Expectations come from outside the code under test: the SARIF 2.1.0 specification (OASIS) for the
 log's structure, GitHub's "Workflow commands for GitHub Actions" for the annotation syntax and
 escaping, and each example's own text for the line a result points at (found here by searching
-the file for the statement). The official SARIF schema is not shipped (see README, "In CI"); the
-compact schema below states the spec's requirements this output relies on, and
-``PLACEVERIFY_SARIF_SCHEMA=path/to/sarif-schema-2.1.0.json`` validates against the official one
-too.
+the file for the statement). Every SARIF log is validated against the official OASIS schema,
+``tests/schemas/sarif-schema-2.1.0.json`` (SARIF 2.1.0 Errata 01, OASIS Standard; the copy and its
+source are described in ``tests/schemas/NOTICE.md``), and against the compact schema below, which
+states the parts of the spec this output relies on that the official schema leaves optional
+(GitHub code scanning needs a location with a region, fingerprints, rule descriptions).
 """
 
 from __future__ import annotations
@@ -196,14 +197,26 @@ def sarif_of(*args: str, cwd: Path = ROOT) -> tuple[dict[str, Any], int]:
     return json.loads(done.stdout), done.returncode
 
 
-def check_sarif(log: dict[str, Any]) -> None:
+OFFICIAL_SARIF_SCHEMA = Path(__file__).parent / "schemas" / "sarif-schema-2.1.0.json"
+
+
+@pytest.fixture(scope="module")
+def official_sarif() -> Any:
+    """The OASIS SARIF 2.1.0 schema (JSON Schema draft-04, as the standard publishes it)."""
+    schema = json.loads(OFFICIAL_SARIF_SCHEMA.read_text("utf-8"))
+    assert schema["id"] == SARIF_SCHEMA_URI  # the schema the log names in "$schema"
+    jsonschema.Draft4Validator.check_schema(schema)
+    return jsonschema.Draft4Validator(schema, format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER)
+
+
+SARIF_SCHEMA_URI = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
+                    "sarif-schema-2.1.0.json")
+
+
+def check_sarif(log: dict[str, Any], official: Any) -> None:
+    assert log["$schema"] == SARIF_SCHEMA_URI
+    assert errors_of(official, log) == []
     assert errors_of(jsonschema.Draft202012Validator(SARIF_STRUCTURE), log) == []
-    official = os.environ.get("PLACEVERIFY_SARIF_SCHEMA")
-    if official:
-        schema = json.loads(Path(official).read_text("utf-8"))
-        validator = jsonschema.Draft7Validator(
-            schema, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
-        assert errors_of(validator, log) == []
     [run_] = log["runs"]
     rules = [r["id"] for r in run_["tool"]["driver"]["rules"]]
     assert len(set(rules)) == len(rules)
@@ -217,9 +230,32 @@ def line_of(path: str, statement: str) -> int:
     return next(i for i, text in enumerate(lines, 1) if statement in text.split("#")[0])
 
 
-def test_sarif_of_the_examples_is_valid() -> None:
+def test_the_official_schema_rejects_broken_logs(official_sarif: Any) -> None:
+    """The validation can fail: logs that break SARIF 2.1.0 in ways a writer could."""
+    log, _ = sarif_of(GA)
+    assert errors_of(official_sarif, log) == []
+    broken: list[dict[str, Any]] = []
+    for change in ("version", "level", "startLine", "extra", "runs"):
+        bad = json.loads(json.dumps(log))
+        result = bad["runs"][0]["results"][0]
+        if change == "version":
+            bad["version"] = "2.1"  # SARIF §3.13.2: exactly "2.1.0"
+        elif change == "level":
+            result["level"] = "fatal"  # §3.27.10: none, note, warning, error
+        elif change == "startLine":
+            result["locations"][0]["physicalLocation"]["region"]["startLine"] = 0  # 1-based
+        elif change == "extra":
+            bad["runs"][0]["tool"]["driver"]["colour"] = "red"  # no additional properties
+        else:
+            del bad["runs"]  # required
+        broken.append(bad)
+    for bad in broken:
+        assert errors_of(official_sarif, bad) != []
+
+
+def test_sarif_of_the_examples_is_valid(official_sarif: Any) -> None:
     log, code = sarif_of("examples", "tests/errors/unknown-preset.place", "missing.place")
-    check_sarif(log)
+    check_sarif(log, official_sarif)
     assert code == ExitCode.READ_ERROR
     assert log["runs"][0]["invocations"][0]["exitCode"] == code
     rules = {r["id"] for r in log["runs"][0]["tool"]["driver"]["rules"]}
@@ -233,9 +269,10 @@ def test_sarif_of_the_examples_is_valid() -> None:
     assert len(set(fingerprints)) == len(fingerprints)
 
 
-def test_a_refutation_points_at_its_statement_with_the_counterexample_as_code_flow() -> None:
+def test_a_refutation_points_at_its_statement_with_the_counterexample_as_code_flow(
+        official_sarif: Any) -> None:
     log, code = sarif_of(GA)
-    check_sarif(log)
+    check_sarif(log, official_sarif)
     assert code == ExitCode.REFUTED
     [result] = [r for r in log["runs"][0]["results"] if r["level"] == "error"]
     assert result["ruleId"] == "gradient_integrity"
@@ -275,10 +312,10 @@ def test_fingerprints_ignore_lines_and_runs(tmp_path: Path) -> None:
     assert refuted(tmp_path / "b") == (first, line + 2)
 
 
-def test_an_input_error_is_a_result_at_its_position() -> None:
+def test_an_input_error_is_a_result_at_its_position(official_sarif: Any) -> None:
     bad = "tests/errors/unknown-preset.place"
     log, code = sarif_of(bad)
-    check_sarif(log)
+    check_sarif(log, official_sarif)
     assert code == ExitCode.INPUT_ERROR
     [result] = log["runs"][0]["results"]
     assert (result["ruleId"], result["level"]) == ("input-error", "error")
@@ -365,14 +402,14 @@ def test_github_output_of_the_examples() -> None:
             assert int(props["line"]) >= 1
 
 
-def test_compare_verify_has_the_ci_formats() -> None:
+def test_compare_verify_has_the_ci_formats(official_sarif: Any) -> None:
     done = run("compare", "--verify", "--output-format", "github", "examples/zero-paper/ddp.place", GA)
     assert done.returncode == ExitCode.REFUTED
     [error] = [line for line in done.stdout.splitlines() if line.startswith("::error")]
     assert f"file={GA},line={line_of(GA, 'backward mean')}," in error
     done = run("compare", "--verify", "--output-format", "sarif", "examples/zero-paper/ddp.place", GA)
     log = json.loads(done.stdout)
-    check_sarif(log)
+    check_sarif(log, official_sarif)
     assert [r["ruleId"] for r in log["runs"][0]["results"]] == ["gradient_integrity"]
 
 

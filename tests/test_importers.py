@@ -10,6 +10,23 @@ Fixtures under tests/importers/ use the frameworks' own key names:
   (parallelism_config_*_size);
 - Hugging Face config.json: transformers models/llama/configuration_llama.py,
   models/mixtral/configuration_mixtral.py.
+JSON has no comments, so the DeepSpeed and config.json fixtures' keys are cited here: DeepSpeed's
+"Configuration JSON" documentation (docs/_pages/config-json.md) and runtime/zero/config.py,
+offload_config.py for train_batch_size, train_micro_batch_size_per_gpu,
+gradient_accumulation_steps, fp16.{enabled, loss_scale, initial_scale_power, loss_scale_window,
+hysteresis, min_loss_scale}, bf16.enabled, gradient_clipping, zero_optimization.{stage,
+offload_optimizer.{device, pin_memory}, allgather_partitions, allgather_bucket_size,
+reduce_scatter, reduce_bucket_size, overlap_comm, contiguous_gradients,
+stage3_prefetch_bucket_size}, steps_per_print, wall_clock_breakdown; the config.json files
+carry the keys and dimensions of the published configs of meta-llama/Meta-Llama-3-{8B,70B},
+Llama-3.1-405B and mistralai/Mixtral-8x7B-v0.1 (keys of LlamaConfig and MixtralConfig).
+
+Coverage: Llama 3 8B (DeepSpeed ZeRO-3, accelerate FSDP2 HSDP x TP), 70B (torchtitan FSDP x TP,
+DeepSpeed ZeRO-2 with CPU offload, a DeepSpeed file with a batch contradiction), 405B (Megatron-LM
+argument file TP x PP x CP, torchtitan HSDP x TP x PP, torchtitan's published FSDP x TP preset),
+GPT-3 175B (Megatron-LM launch script) and Mixtral 8x7B, a mixture of experts (Megatron-LM
+expert parallelism, accelerate FSDP). Each is checked against a .place file written by hand from
+the framework's semantics (same_costs: memory, traffic, bubble, parameters and verdicts).
 Expected values are derived by hand from the files in each test's comments.
 """
 
@@ -28,6 +45,7 @@ from placeverify.importers import Options
 from placeverify.importers.registry import import_file, load, load_text
 
 HERE = Path(__file__).parent / "importers"
+DEFAULT = Options()
 ROOT = Path(__file__).parent.parent
 
 
@@ -212,6 +230,28 @@ clip max_norm = 1.0
 """)
 
 
+def test_deepspeed_llama3_70b_zero2_cpu_offload() -> None:
+    # DeepSpeed docs (config-json): 512 = 2 x 4 x 64; fp16 with loss_scale 0 is dynamic loss
+    # scaling; stage 2 shards Ω and G; offload_optimizer.device cpu keeps Ω in host memory; no
+    # gradient_clipping key: no clipping (DeepSpeed's default 0.0).
+    strategy, imported = strategy_of("llama3-70b-zero2-offload.json", world=64,
+                                     model=fixture("llama3-70b-config.json"))
+    sizes, presets = summary(strategy)
+    assert sizes == {"dp": 64} and presets == {"dp": "zero2"}
+    assert strategy.model.params == 70_553_706_496
+    assert "clip" not in imported.text.split("loss microbatch_mean")[1]
+    same_costs(strategy, """
+strategy "hand"
+model llama3_70b { seq = 8192, micro_batch = 2 }
+precision mixed_adam
+mesh { dp = 64 }
+place zero2 over dp
+microbatches = 4
+loss microbatch_mean
+offload optimizer to cpu
+""")
+
+
 def test_deepspeed_batch_contradiction_at_the_key() -> None:
     # 1000 != 2 x 4 x 64 = 512
     with pytest.raises(PlaceError) as error:
@@ -276,7 +316,44 @@ def test_torchtitan_llama3_405b_hsdp_pipeline() -> None:
     sizes, _ = summary(strategy)
     assert sizes == {"tp": 8, "shard": 8, "replica": 2, "pp": 7}
     assert "place pipeline(1f1b, microbatches = 128) over pp" in imported.text
-    assert "place hsdp over shard * replica" in imported.text
+    # torchtitan's llama3 parallelize.py, apply_fsdp: fsdp_reshard_after_forward "default" is
+    # reshard_after_forward = not pp_enabled, for HSDP (fully_shard on the 2-D mesh) too
+    assert "place hsdp(reshard_after_forward = false) over shard * replica" in imported.text
+    same_costs(strategy, """
+strategy "hand"
+model llama3_405b { seq = 8192, micro_batch = 1 }
+precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+mesh { tp = 8, shard = 8, replica = 2, pp = 7 }
+place megatron(sequence_parallel) over tp
+place hsdp(reshard_after_forward = false) over shard * replica
+place pipeline(1f1b, microbatches = 128) over pp
+loss token_mean
+clip max_norm = 1.0
+recompute selective
+""")
+
+
+def test_torchtitan_llama3_405b_published_preset() -> None:
+    # llama3-405b-fsdp-tp.toml holds the values of torchtitan's llama3_405b.toml: local batch 2,
+    # seq 8192, TP 8, data_parallel_shard_degree -1 -> 512 / 8 = 64, no PP -> reshard after
+    # forward, full recomputation; float8 and async TP are warned as not modelled, at the key.
+    strategy, imported = strategy_of("llama3-405b-fsdp-tp.toml", world=512)
+    sizes, presets = summary(strategy)
+    assert sizes == {"tp": 8, "dp": 64} and presets["dp"] == "fsdp"
+    warned = {(w.message, w.span.line) for w, _ in imported.warnings if w.span is not None}
+    assert ("not modelled: [model] converters", 16) in warned
+    assert ("not modelled: [parallelism] enable_async_tensor_parallel", 34) in warned
+    same_costs(strategy, """
+strategy "hand"
+model llama3_405b { seq = 8192, micro_batch = 2 }
+precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+mesh { tp = 8, dp = 64 }
+place megatron(sequence_parallel) over tp
+place fsdp over dp
+loss token_mean
+clip max_norm = 1.0
+recompute full
+""")
 
 
 def test_lowering_errors_point_at_the_key(tmp_path: Path) -> None:
@@ -316,6 +393,28 @@ precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss
 mesh { tp = 2, shard = 2, replica = 2 }
 place megatron(sequence_parallel) over tp
 place hsdp over shard * replica
+loss microbatch_mean
+recompute full
+""")
+
+
+def test_accelerate_mixtral_moe_fsdp() -> None:
+    # num_processes 16 (2 machines x 8): FULL_SHARD over all 16 (FSDP's ShardingStrategy), the
+    # experts sharded like every other weight; bf16 compute over fp32 Θ/G/AdamW; activation
+    # checkpointing of every MixtralDecoderLayer. The model is Mixtral 8x7B's config.json
+    # (46.7B parameters: transformers' MixtralConfig), at its max_position_embeddings 32768.
+    strategy, imported = strategy_of("mixtral-8x7b-fsdp-accelerate.yaml",
+                                     model=fixture("mixtral-8x7b-config.json"))
+    sizes, presets = summary(strategy)
+    assert sizes == {"dp": 16} and presets == {"dp": "fsdp"}
+    assert "experts = 8" in imported.text and "top_k = 2" in imported.text
+    assert strategy.model.params == 46_702_792_704  # Mixtral's published count (tests/test_models.py)
+    same_costs(strategy, """
+strategy "hand"
+model mixtral_8x7b { seq = 32768, micro_batch = 1 }
+precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+mesh { dp = 16 }
+place fsdp over dp
 loss microbatch_mean
 recompute full
 """)
@@ -470,3 +569,147 @@ recompute full
     assert d.message.startswith("--num-layers 126 leaves 119 layers for the other 15 pipeline "
                                 "stages, not a positive multiple of 15")
     assert d.span is not None and d.span.line == 3
+
+
+# ---- consistency rules under --set overrides (judged on the final values) ----------------------
+
+def settings(*texts: str):  # type: ignore[no-untyped-def]
+    from placeverify.lower.overrides import parse_settings
+
+    return parse_settings(list(texts))
+
+
+def test_an_override_can_fix_a_batch_contradiction() -> None:
+    # llama3-8b-zero3.json at world 16: 64 != 1 x 8 x 16 = 128 (DeepSpeed's _batch_assertion);
+    # --set microbatches=4 gives 1 x 4 x 16 = 64, which DeepSpeed accepts.
+    options = Options(fixture("llama3-8b-config.json"), 16)
+    with pytest.raises(PlaceError) as error:
+        load(fixture("llama3-8b-zero3.json"), options)
+    [d] = error.value.diagnostics
+    assert "128" in d.message and d.span is not None and (d.span.line, d.span.column) == (2, 3)
+    strategy, imported = load(fixture("llama3-8b-zero3.json"), options, settings("microbatches=4"))
+    assert strategy.microbatches == 4 and not [w for w, _ in imported.warnings
+                                               if w.code.value == "conflict"]
+    same_costs(strategy, """
+strategy "hand"
+model llama3_8b { seq = 8192, micro_batch = 1 }
+precision bf16_adam
+mesh { dp = 16 }
+place zero3 over dp
+microbatches = 4
+loss microbatch_mean
+clip max_norm = 1.0
+""")
+
+
+def test_an_override_that_breaks_the_batch_rule_is_blamed() -> None:
+    # world 8 is consistent (64 = 1 x 8 x 8); --set mesh.dp=16 makes it 128: the error is at the
+    # override (--set:2:1, the second --set), with a note naming the key's position.
+    options = Options(fixture("llama3-8b-config.json"), 8)
+    with pytest.raises(PlaceError) as error:
+        load(fixture("llama3-8b-zero3.json"), options,
+             settings("clip.max_norm=0.5", "mesh.dp=16"))
+    [d] = error.value.diagnostics
+    assert d.source is not None and d.source.path == "--set"
+    assert d.span is not None and (d.span.line, d.span.column) == (2, 1)
+    assert "128" in d.message and "4 micro-batches" in d.message
+    assert d.notes == (f"train_batch_size is at {fixture('llama3-8b-zero3.json')}:2:3",)
+    # an override that does not touch the batch leaves the error at the key
+    with pytest.raises(PlaceError) as error:
+        load(fixture("llama3-8b-zero3.json"), Options(fixture("llama3-8b-config.json"), 16),
+             settings("clip.max_norm=0.5"))
+    [d] = error.value.diagnostics
+    assert d.span is not None and (d.span.line, d.span.column) == (2, 3)
+    assert d.notes == ("checked with --set clip.max_norm=0.5",)
+
+
+def test_megatron_global_batch_is_judged_on_the_overridden_mesh() -> None:
+    # gpt3-175b-megatron.sh: --global-batch-size 1024 (line 25, col 5) = 1 x 64 x 16.
+    # mesh.dp=32 alone: 1 x 64 x 32 = 2048 (an error at the override); with the pipeline's
+    # micro-batches set to 1024 / 32 = 32 as well, it holds again.
+    with pytest.raises(PlaceError) as error:
+        load(fixture("gpt3-175b-megatron.sh"), DEFAULT, settings("mesh.dp=32"))
+    [d] = error.value.diagnostics
+    assert "2048" in d.message and d.span is not None and d.span.line == 1
+    assert d.notes[0].endswith("gpt3-175b-megatron.sh:25:5")
+    strategy, _ = load(fixture("gpt3-175b-megatron.sh"), DEFAULT,
+                       settings("mesh.dp=32", "place.pp=pipeline(1f1b, microbatches = 32)"))
+    assert strategy.microbatches == 32 and strategy.mesh.size("dp") == 32
+
+
+def test_megatron_global_batch_not_divisible_is_an_error_at_the_flag(tmp_path: Path) -> None:
+    # 1000 is not a multiple of micro 1 x dp 16 (Megatron's calculator asserts it); setting
+    # dp = 8 and 1000 / 8 = 125 micro-batches fixes it.
+    script = tmp_path / "train.sh"
+    script.write_text(Path(fixture("gpt3-175b-megatron.sh")).read_text()
+                      .replace("--global-batch-size 1024", "--global-batch-size 1000"))
+    with pytest.raises(PlaceError) as error:
+        import_file(str(script))
+    [d] = error.value.diagnostics
+    assert "not a multiple" in d.message and "16" in d.message
+    assert d.span is not None and (d.span.line, d.span.column) == (25, 5)
+    strategy, _ = load(str(script), DEFAULT, settings(
+        "mesh.dp=8", "place.pp=pipeline(1f1b, microbatches = 125)"))
+    assert strategy.microbatches == 125
+
+
+def test_sequence_parallel_ignored_is_judged_on_the_final_tensor_size(tmp_path: Path) -> None:
+    # Megatron-LM's validate_args turns --sequence-parallel off when TP = 1, silently.
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py \\\n"
+                      "    --tensor-model-parallel-size 2 --sequence-parallel \\\n"
+                      "    --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\\n"
+                      "    --vocab-size 32000 --seq-length 4096 --global-batch-size 32 --bf16\n")
+    _, imported = load(str(script))
+    assert not [w for w, _ in imported.warnings if "--sequence-parallel" in w.message]
+    _, imported = load(str(script), DEFAULT, settings("mesh.tp=1"))
+    [(w, source)] = [(w, s) for w, s in imported.warnings if "--sequence-parallel" in w.message]
+    assert w.severity is Severity.WARNING and source.path == "--set"
+    assert w.span is not None and (w.span.line, w.span.column) == (1, 1)
+    assert w.notes == (f"--sequence-parallel is at {script}:2:36",)
+    # Mixtral's script has TP 1 and --sequence-parallel: warned at the flag; an override that
+    # gives it two tensor-parallel ranks makes the flag effective, and the warning goes. (dp 4 ->
+    # 2 keeps world 32; the global batch 256 = 1 x 16 x (ep 8 x dp 2) needs 16 micro-batches.)
+    mixtral = Options(model=fixture("mixtral-8x7b-config.json"))
+    _, imported = load(fixture("mixtral-8x7b-megatron.sh"), mixtral,
+                       settings("mesh.dp=2", "mesh.tp=2", "place.tp=megatron(sequence_parallel)",
+                                "microbatches=16"))
+    assert not [w for w, _ in imported.warnings if "--sequence-parallel" in w.message]
+    # without the micro-batches, the batch rule blames the resize, not the placement
+    with pytest.raises(PlaceError) as error:
+        load(fixture("mixtral-8x7b-megatron.sh"), mixtral,
+             settings("mesh.dp=2", "mesh.tp=2", "place.tp=megatron(sequence_parallel)"))
+    [d] = error.value.diagnostics
+    assert "128" in d.message and d.span is not None and d.span.line == 1  # mesh.dp=2
+
+
+def test_torchtitan_global_batch_rule_under_overrides() -> None:
+    # llama3-405b-hsdp-pp.toml: global 2048 = 16 local x 8 accumulation x (2 x 8); pipeline
+    # micro-batches of 1: 16 x 8 = 128. --set mesh.replica=4 (world 1792) breaks it: 4096.
+    with pytest.raises(PlaceError) as error:
+        load(fixture("llama3-405b-hsdp-pp.toml"), Options(world=896), settings("mesh.replica=4"))
+    [d] = error.value.diagnostics
+    assert "4096" in d.message and "64 micro-batches" in d.message
+    assert d.notes[0].endswith("llama3-405b-hsdp-pp.toml:8:1")
+
+
+def test_import_with_set_prints_the_judgement(tmp_path: Path) -> None:
+    done = run("import", fixture("llama3-8b-zero3.json"), "--world", "16", "--model",
+               fixture("llama3-8b-config.json"), "--set", "microbatches=4")
+    assert done.returncode == 0, done.stderr
+    assert "microbatches = 4" in done.stdout and "# --set microbatches=4" in done.stdout
+    done = run("import", fixture("llama3-8b-zero3.json"), "--world", "8", "--model",
+               fixture("llama3-8b-config.json"), "--set", "mesh.dp=16")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("--set:1:1: error: train_batch_size 64 != ")
+
+
+def test_import_lowers_what_it_prints(tmp_path: Path) -> None:
+    # 126 layers do not split over 8 pipeline stages: `import` refuses it at the TOML key (line
+    # 18, pipeline_parallel_degree) rather than print a .place file that check would refuse
+    config = tmp_path / "t.toml"
+    config.write_text(Path(fixture("llama3-405b-hsdp-pp.toml")).read_text()
+                      .replace("pipeline_parallel_degree = 7", "pipeline_parallel_degree = 8"))
+    done = run("import", str(config), "--world", "1024")
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"{config}:18:1: error:" in done.stderr and "126" in done.stderr

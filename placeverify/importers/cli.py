@@ -28,12 +28,13 @@ def import_command(path: str, options: Options, out: str | None,
                    settings: Settings | None = None) -> ExitCode:
     """Print (or write atomically to ``out``) the .place text of a configuration file; under
     ``settings`` the text as overridden, lowered first so that a bad override is an error."""
-    imported = import_file(path, options)
-    print_warnings(imported)
+    # The framework's consistency rules are judged on the values the overrides leave.
+    imported = import_file(path, options, judge=not settings)
     if settings:
-        load(path, options, settings, imported)  # every error of the overridden strategy
+        _, imported = load(path, options, settings, imported)  # every error of the overridden strategy
         edited = apply(Source(imported.path, imported.text), settings)
         imported = replace(imported, text=edited.annotated())
+    print_warnings(imported)
     if out is None:
         click.echo(imported.text, nl=False)
         return ExitCode.OK

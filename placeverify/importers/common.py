@@ -12,9 +12,12 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from placeverify.diagnostics import Code, Diagnostic, Diagnostics, PlaceError, Severity, Source, Span
+
+if TYPE_CHECKING:
+    from placeverify.importers.rules import Rule
 
 COMMENT_COLUMN = 44  # where the "# key" comments start, when the statement is shorter
 
@@ -59,6 +62,7 @@ class Plan:
     precision: Line | None = None
     mesh: list[Line] = field(default_factory=list)  # axes in rank order, then world
     body: list[Line] = field(default_factory=list)  # place, microbatches, loss, clip, ...
+    rules: list[Rule] = field(default_factory=list)  # consistency rules, judged on final values
 
 
 @dataclass
@@ -70,6 +74,7 @@ class Imported:
     text: str
     origins: dict[int, Origin]  # 1-based line of ``text`` -> the key it came from
     warnings: list[tuple[Diagnostic, Source]]
+    rules: list[Rule] = field(default_factory=list)  # judged on the strategy as lowered
 
 
 class Reader:

@@ -22,6 +22,7 @@ from placeverify.diagnostics import Code, Source
 from placeverify.importers.common import Keys, Line, Origin, Plan, Reader, Value, leftovers
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.positions import load_json
+from placeverify.importers.rules import Facts, batch_rule
 
 TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
        "zero_optimization", "bf16", "bfloat16", "fp16", "gradient_clipping", "optimizer",
@@ -96,34 +97,29 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     t = None if train is None else int(train.value)
     mb = None if micro is None else int(micro.value)
     ga = None if acc is None else int(acc.value)
-    if t is not None and mb is not None and ga is not None:
-        if t != mb * ga * world:
-            reader.error(f"train_batch_size {t} != train_micro_batch_size_per_gpu {mb} x "
-                         f"gradient_accumulation_steps {ga} x world {world} = {mb * ga * world} "
-                         "(DeepSpeed asserts it)", train.origin if train else None,
-                         code=Code.CONFLICT)
-    elif t is not None and mb is not None:
-        ga = t // mb // world
-        if ga < 1 or t != mb * ga * world:
-            reader.error(f"train_batch_size {t} is not train_micro_batch_size_per_gpu {mb} x "
-                         f"world {world} x a whole number of accumulation steps",
-                         train.origin if train else None, code=Code.NOT_DIVISIBLE)
-    elif t is not None and ga is not None:
-        mb = t // world // ga
-        if mb < 1 or t != mb * ga * world:
-            reader.error(f"train_batch_size {t} is not world {world} x gradient_accumulation_steps"
-                         f" {ga} x a whole micro-batch", train.origin if train else None,
-                         code=Code.NOT_DIVISIBLE)
-    elif t is not None:
-        mb, ga = t // world, 1
-        if mb < 1 or t % world:
-            reader.error(f"train_batch_size {t} is not divisible by world {world}",
-                         train.origin if train else None, code=Code.NOT_DIVISIBLE)
+    # A missing one is derived as _set_batch_related_parameters does (rounded down, at least 1);
+    # the rule train = micro x accumulation x world is judged on the final values (rules.py).
+    if t is not None and mb is not None and ga is None:
+        ga = max(1, t // (mb * world))
+    elif t is not None and mb is None:
+        ga = ga or 1
+        mb = max(1, t // (world * ga))
     elif mb is not None:
         ga = ga or 1
     else:
         reader.error("either train_batch_size or train_micro_batch_size_per_gpu is needed "
                      "(DeepSpeed asserts it)", None, code=Code.MISSING)
+    if train is not None and t is not None:
+        given = ("train_micro_batch_size_per_gpu" if micro is not None else "micro-batch",
+                 "gradient_accumulation_steps" if acc is not None else "accumulation steps")
+
+        def broken(facts: Facts, product: int, total: int = t,
+                   names: tuple[str, str] = given) -> str:
+            return (f"train_batch_size {total} != {names[0]} {facts.micro_batch} x {names[1]} "
+                    f"{facts.microbatches} x data-parallel size {facts.batch_degree} = {product} "
+                    "(DeepSpeed asserts train = micro x accumulation x world)")
+
+        plan.rules.append(batch_rule(train.origin, t, broken))
     micro_value = micro or (Value(mb, Origin("train_batch_size / world / accumulation", source))
                             if mb else None)
 

@@ -19,13 +19,15 @@ micro-batch's token mean is divided by the number of micro-batches (microbatch_m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from placeverify.diagnostics import Code, Source
+from placeverify.diagnostics import Code, Severity, Source
 from placeverify.importers.arguments import Arguments, split_launch
 from placeverify.importers.common import Line, Origin, Plan, Reader, Value, ignored_header
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.megatron_model import REFUSED, cross_check, model_lines
+from placeverify.importers.rules import Facts, Rule, batch_rule, reads_tensor
 from placeverify.importers.shell import Script
 
 # Flags with no effect on placement, memory or communication: listed once in the header.
@@ -119,11 +121,13 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                              "placeverify's ep axis is carved out of dp)", ep.origin,
                              code=Code.NOT_MODELLED)
     sp = args.flag("--sequence-parallel")
-    if sp is not None and t == 1:
-        reader.warning("--sequence-parallel with --tensor-model-parallel-size 1: Megatron-LM "
-                       "switches sequence parallelism off (validate_args)", sp.origin,
-                       code=Code.CONFLICT)
-        sp = None
+    if sp is not None:
+        # validate_args switches sequence parallelism off with one tensor-parallel rank, silently;
+        # judged on the final tensor-parallel size (an override may change it).
+        plan.rules.append(Rule(Severity.WARNING, Code.CONFLICT, sp.origin, _sp_ignored,
+                               reads_tensor))
+        if t == 1:
+            sp = None
 
     # ---- batch ----
     micro = args.integer("--micro-batch-size", 1)
@@ -132,13 +136,11 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     if micro is not None and world_value is not None and world_value % (t * p * c) == 0:
         per_step = int(str(micro.value)) * dp
         if glob is not None:
-            if int(str(glob.value)) % per_step:
-                reader.error(f"--global-batch-size {glob.value} is not divisible by "
-                             f"--micro-batch-size {micro.value} x data-parallel size {dp} = "
-                             f"{per_step} (Megatron-LM's micro-batch calculator asserts it)",
-                             glob.origin, code=Code.NOT_DIVISIBLE)
-            else:
-                m = int(str(glob.value)) // per_step
+            # num_microbatches_calculator.py: global / (micro x dp), which must be whole; the
+            # rule is judged on the final values (rounded down here, at least 1).
+            total = int(str(glob.value))
+            m = max(1, total // per_step)
+            plan.rules.append(batch_rule(glob.origin, total, _global_batch_broken(total)))
 
     # ---- model ----
     seq = args.integer("--seq-length")
@@ -304,6 +306,23 @@ def _uneven_stages(args: Arguments, reader: Reader, p: int, vpp: Value | None) -
     if last is not None:
         stages[-1] = int(str(last.value))
     return Value(tuple(stages), given.origin)
+
+
+def _sp_ignored(facts: Facts) -> str | None:
+    if facts.tensor > 1:
+        return None
+    return ("--sequence-parallel with one tensor-parallel rank: Megatron-LM switches sequence "
+            "parallelism off (validate_args)")
+
+
+def _global_batch_broken(total: int) -> Callable[[Facts, int], str]:
+    def message(facts: Facts, product: int) -> str:
+        return (f"--global-batch-size {total} != --micro-batch-size {facts.micro_batch} x "
+                f"micro-batches {facts.microbatches} x data-parallel size {facts.batch_degree} = "
+                f"{product} (Megatron-LM's micro-batch calculator derives the micro-batches from "
+                "it and asserts it divides)")
+
+    return message
 
 
 def _virtual_stages(args: Arguments, reader: Reader, p: int) -> Value | None:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.importers import Options, accelerate, deepspeed, megatron, torchtitan
 from placeverify.importers.common import Imported, Plan, Reader, render
+from placeverify.importers.rules import Facts
+from placeverify.importers.rules import judge as judge_rules
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import load_text
 from placeverify.lower.overrides import Settings
@@ -55,8 +58,13 @@ def _refuse(source: Source, message: str) -> PlaceError:
     return PlaceError([Diagnostic(Severity.ERROR, message, Code.BAD_VALUE)], source)
 
 
-def import_file(path: str, options: Options = DEFAULTS) -> Imported:
-    """Read a configuration file and produce its .place text (raises PlaceError on errors)."""
+def import_file(path: str, options: Options = DEFAULTS, *, judge: bool = True) -> Imported:
+    """Read a configuration file and produce its .place text (raises PlaceError on errors).
+
+    With ``judge`` the text is lowered (an error points at the key) and the framework's
+    consistency rules are decided on it (:mod:`placeverify.importers.rules`): a broken rule is an
+    error or a warning at its key. Without, both are left to :func:`load`, which decides them
+    on the overridden strategy."""
     source = read_source(path)
     fmt = options.fmt or detect(source)
     if fmt not in FORMATS:
@@ -65,18 +73,39 @@ def import_file(path: str, options: Options = DEFAULTS) -> Imported:
     plan = FORMATS[fmt](reader, source, options.model, options.world)
     reader.raise_if_errors()
     text, origins = render(plan)
-    return Imported(fmt, path, text, origins, reader.warnings())
+    imported = Imported(fmt, path, text, origins, reader.warnings(), list(plan.rules))
+    if judge:
+        _, imported = load(path, options, None, imported)
+    return imported
 
 
 def load(path: str, options: Options = DEFAULTS, settings: Settings | None = None,
          imported: Imported | None = None) -> tuple[Strategy, Imported]:
     """The Strategy an imported file means (under ``settings``, its ``--set`` overrides), and the
-    import; lowering errors point at the keys, or at the override they are in."""
+    import; lowering errors point at the keys, or at the override they are in. The framework's
+    consistency rules are decided on the strategy as lowered: a broken one is an error (raised)
+    or a warning (added to the import's), at its key, or at the override that broke it."""
     if imported is None:
-        imported = import_file(path, options)
-    generated = f"{path} (imported)"
+        imported = import_file(path, options, judge=False)
+    strategy = _lower(imported, settings)
+    if not imported.rules:
+        return strategy, imported
+    written: Facts | None = Facts.of(strategy)
+    if settings:
+        try:
+            written = Facts.of(_lower(imported, None))
+        except PlaceError:
+            written = None  # the file alone does not lower: nothing to tell the overrides by
+    found = judge_rules(imported.rules, Facts.of(strategy), written, settings)
+    errors = [(d, s) for d, s in found if d.severity is Severity.ERROR]
+    if errors:
+        raise PlaceError([d for d, _ in errors], errors[0][1])
+    return strategy, replace(imported, warnings=[*imported.warnings, *found], rules=[])
+
+
+def _lower(imported: Imported, settings: Settings | None) -> Strategy:
     try:
-        return load_text(imported.text, generated, settings), imported
+        return load_text(imported.text, f"{imported.path} (imported)", settings)
     except PlaceError as error:
         raise remap(error, imported) from None
 

@@ -32,6 +32,7 @@ from placeverify.importers.common import (
 )
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.positions import toml_key_spans
+from placeverify.importers.rules import Facts, batch_rule
 
 READ = {
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
@@ -118,12 +119,17 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     glob = get("training", "global_batch_size", -1)
     batch_degree = rep * shard
     g = int(glob.value) if isinstance(glob.value, int) and glob.value > 0 else int(local.value) * batch_degree
-    ga = 1
-    if g % (int(local.value) * batch_degree):
-        reader.error(f"global_batch_size {g} is not divisible by local_batch_size {local.value} x "
-                     f"data-parallel degree {batch_degree}", glob.origin, code=Code.NOT_DIVISIBLE)
-    else:
-        ga = g // (int(local.value) * batch_degree)
+    # train.py: accumulation = global / (local x dp degree), asserted whole; judged on the final
+    # values (rules.py), rounded down here (at least 1).
+    ga = max(1, g // (int(local.value) * batch_degree))
+    if isinstance(glob.value, int) and glob.value > 0:
+        def broken(facts: Facts, product: int, total: int = g) -> str:
+            return (f"global_batch_size {total} != micro-batch {facts.micro_batch} x micro-batches "
+                    f"{facts.microbatches} x data-parallel size {facts.batch_degree} = {product} "
+                    "(torchtitan asserts global_batch_size = local_batch_size x accumulation "
+                    "steps x data-parallel degree)")
+
+        plan.rules.append(batch_rule(glob.origin, g, broken))
     seq = get("training", "seq_len", 2048)
     pp_mb = get("parallelism", "pipeline_parallel_microbatch_size", 1)
     micro = pp_mb if pp > 1 else local
@@ -187,9 +193,11 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     if reshard is None:
         reader.error(f"fsdp_reshard_after_forward is default, always or never, not "
                      f"{policy.value!r}", policy.origin)
-    if hsdp:
-        plan.body.append(Line("place hsdp over shard * replica", "replicate and shard degrees > 1",
-                              shard_v.origin))
+    if hsdp:  # parallelize.py's apply_fsdp: HSDP is fully_shard on the 2-D mesh, same policy
+        plan.body.append(Line("place hsdp over shard * replica" if reshard is not False else
+                              "place hsdp(reshard_after_forward = false) over shard * replica",
+                              f"replicate and shard degrees > 1; {policy.origin.key} "
+                              f"{policy.value}: reshard_after_forward = {reshard}", shard_v.origin))
     elif shard_dp > 1:
         plan.body.append(Line("place fsdp over dp" if reshard else "place fsdp(grad_op) over dp",
                               f"{policy.origin.key} {policy.value}: reshard_after_forward = "

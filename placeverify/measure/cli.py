@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.backend.runtime import BackendFailure, run_workers
-from placeverify.console import Progress, stop_cleanly_on_signals
+from placeverify.console import Progress, print_table, stop_cleanly_on_signals
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.lower import load
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document, model_text
@@ -101,7 +101,7 @@ def render(comparison: Comparison, console: Console) -> None:
                       "" if row.placement is None else f"{row.placement:,}", mark)
         if row.section == "communication":
             details.setdefault(row.quantity, "; ".join(filter(None, [row.what, row.wire])))
-    console.print(table)
+    print_table(console, table)
     for quantity, text in details.items():
         console.print(f"  {quantity}: {text}", style="dim")
     exact = [r for r in comparison.rows if r.tolerance == 0]

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from placeverify.console import print_table
 from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES, Schedule
 from placeverify.report.data import formulas_document, overrides_text, step_lines
@@ -74,7 +75,7 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
                       *[placement.mode(state).value for placement in s.placements])
     table.add_row(Text("preset", style="dim"),
                   *[Text(_preset_label(placement), style="dim") for placement in s.placements])
-    console.print(table)
+    print_table(console, table)
     extras = []
     if s.recompute.kind.value != "none":
         extras.append(f"recompute {s.recompute.kind.value}"
@@ -143,7 +144,7 @@ def _render_ranks(costs: Costs, console: Console) -> None:
         mark = " (fullest)" if rank.items == costs.memory else ""
         table.add_row(rank.kind.name + mark, where,
                       *(human_bytes(device[c]) for c in (*CATEGORIES, "total")))
-    console.print(table)
+    print_table(console, table)
 
 
 def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None:
@@ -172,7 +173,7 @@ def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None
     host = costs.host_bytes()
     if Fraction(host):
         table.add_row("host (offloaded)", human_bytes(host), "")
-    console.print(table)
+    print_table(console, table)
     peak = costs.peak
     if peak is not None:
         console.print(f"peak       {human_bytes(peak.bytes)} at the {peak.peak.describe()} "
@@ -213,7 +214,7 @@ def _render_comm(costs: Costs, console: Console) -> None:
         table.add_row(*row)
     table.add_row(Text("total (network)", style="bold"), "", "", "",
                   Text(human_bytes(costs.network_bytes()), style="bold"))
-    console.print(table)
+    print_table(console, table)
     console.print(f"  gradient and parameter traffic: {human_bytes(costs.state_bytes())}"
                   + (f"; host <-> device: {human_bytes(costs.pcie_bytes())}"
                      if Fraction(costs.pcie_bytes()) else ""))

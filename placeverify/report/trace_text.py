@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from placeverify.console import print_table
 from placeverify.trace import Trace
 
 MAX_DEVICES = 4
@@ -65,7 +66,7 @@ def render_trace(trace: Trace, console: Console) -> None:
                       *[Text(_num(d.consumed), style="bold red"
                              if d.consumed != trace.reference else "bold") for d in shown])
         table.add_row("", "single-device gradient", "", *[_num(trace.reference) for _ in shown])
-        console.print(table)
+        print_table(console, table)
         if len(devices) > MAX_DEVICES:
             console.print(f"  ({len(devices) - MAX_DEVICES} more devices in the JSON trace)",
                           style="dim")
@@ -80,7 +81,7 @@ def render_trace(trace: Trace, console: Console) -> None:
         for row in rows:
             table.add_row(_coords(row["coords"]), *[str(row.get(k, "")) for k in keys],
                           row.get("note", ""))
-        console.print(table)
+        print_table(console, table)
     elif trace.values:
         for key, value in trace.values.items():
             console.print(f"  {key.replace('_', ' ')}: {value}")
