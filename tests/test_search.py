@@ -209,6 +209,7 @@ def test_search_says_when_nothing_fits(tmp_path: Path) -> None:
       "--plot", "frontier.txt"], "--plot writes .png or .svg"),
 ])
 def test_search_bad_input(args: list[str], message: str) -> None:
+    # the search is fast on this small problem: an error must come before any output
     done = run("search", *args, "-q")
     assert done.returncode == 2
     assert message in done.stderr

@@ -121,10 +121,18 @@ def write_layouts(result: SearchResult, out_dir: str) -> dict[str, str]:
 def _check_plot_target(plot: str) -> None:
     if Path(plot).suffix.lower() not in (".png", ".svg"):
         raise click.UsageError(f"--plot writes .png or .svg files, not '{Path(plot).suffix or plot}'")
+    import importlib.util
+
+    if importlib.util.find_spec("placeverify.report.plot") is None:
+        raise click.UsageError("--plot is not available in this version of placeverify "
+                               "(the frontier chart is not built yet); run without --plot")
 
 
 def _plot(result: SearchResult, path: str) -> None:
-    from placeverify.report.plot import FrontierPoint, frontier_chart
+    import importlib
+
+    charts: Any = importlib.import_module("placeverify.report.plot")
+    FrontierPoint, frontier_chart = charts.FrontierPoint, charts.frontier_chart
 
     shown = {id(e) for e in result.frontier}
     points = [FrontierPoint(e.label, e.needed_bytes, e.step_seconds, id(e) in shown)
