@@ -35,6 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(names) for names in (
     ("evidence", "trace", "verify"),
     ("result", "prove", "report", "console", "importers"),
     ("api",),
+    ("search",),
     ("cli", "compare_cli", "__main__"),
 ))
 BACKENDS = frozenset({"replay", "measure", "backend"})
@@ -53,8 +54,11 @@ DEFERRED: dict[str, tuple[frozenset[str], str]] = {
     "api": (frozenset({"verify", "importers", "cost"}),
             "z3 is loaded only by the commands that verify, the format readers only for "
             "configuration files, the step-time model only for meshes that name a device or links"),
+    "search": (frozenset({"api", "cost", "importers", "report"}),
+               "a search loads the full model, z3, the format readers and its report only when "
+               "it runs"),
     "cli": (frozenset({"api", "report", "prove", "trace", "replay", "measure", "backend",
-                       "importers", "compare_cli"}),
+                       "importers", "compare_cli", "search"}),
             "each command loads only what it runs: z3, sympy and torch stay out of start-up"),
 }
 

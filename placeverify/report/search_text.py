@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from placeverify.report.units import significant, size
-from placeverify.search.run import Evaluated, SearchResult
+
+if TYPE_CHECKING:
+    from placeverify.search.run import Evaluated, SearchResult
 
 SCHEMA = "placeverify.search/1"
 
