@@ -87,12 +87,15 @@ def mesh(device: str, axes: list[tuple[str, int]], extra: str = "") -> str:
     return "mesh {\n" + "\n".join(lines) + f"\n    device = {device}\n{extra}}}"
 
 
-def pipeline_line(p: int, m: int, chunks: int) -> str:
+def pipeline_line(p: int, m: int, chunks: int, scatter_gather: bool = False) -> str:
+    """``scatter_gather``: Megatron-LM's default of 2021-2022 (``--no-scatter-gather-tensors-in-
+    pipeline`` turns it off; Narayanan et al. 2021 §4.1), used by the runs of both papers."""
     if p == 1:
         return ""
+    sg = ", scatter_gather = true" if scatter_gather else ""
     if chunks > 1:
-        return f"place pipeline(interleaved, microbatches = {m}, chunks = {chunks}) over pp\n"
-    return f"place pipeline(1f1b, microbatches = {m}) over pp\n"
+        return f"place pipeline(interleaved, microbatches = {m}, chunks = {chunks}{sg}) over pp\n"
+    return f"place pipeline(1f1b, microbatches = {m}{sg}) over pp\n"
 
 
 def narayanan_rows() -> list[Row]:
@@ -108,8 +111,8 @@ def narayanan_rows() -> list[Row]:
                 "precision mixed_adam\n"
                 + mesh("a100_80gb_sxm", [("dp", d), ("pp", p), ("tp", t)]) + "\n"
                 + "place ddp over dp\n" + ("place megatron over tp\n" if t > 1 else "")
-                + pipeline_line(p, m, v) + ("" if p > 1 else f"microbatches = {m}\n")
-                + "recompute full\n")
+                + pipeline_line(p, m, v, scatter_gather=True)
+                + ("" if p > 1 else f"microbatches = {m}\n") + "recompute full\n")
         rows.append(Row("narayanan", f"{b}B t{t} p{p} d{d} m{m}" + (f" v{v}" if v > 1 else ""),
                         text, measured, i % 2 == 0))
     return rows
@@ -136,7 +139,7 @@ def korthikanti_rows() -> list[Row]:
             text = (f'strategy "Korthikanti 2022 Table 5: {name}, {kind}"\n'
                     f"{gpt_model(l, h, a, 2048, mb)}\nprecision megatron\n"
                     + mesh("a100_80gb_sxm", [("pp", p), ("tp", 8)]) + "\n"
-                    + f"place {tp} over tp\n" + pipeline_line(p, m, v)
+                    + f"place {tp} over tp\n" + pipeline_line(p, m, v, scatter_gather=True)
                     + ("" if p > 1 else f"microbatches = {m}\n") + f"recompute {kind}\n")
             rows.append(Row("korthikanti", f"{name} p{p} {kind}", text, measured,
                             (i + j) % 2 == 0))
@@ -261,9 +264,12 @@ def torchtitan_rows() -> list[Row]:
     for i, (name, mb, ac, wps) in enumerate(TORCHTITAN):
         s = 8192 if name.startswith("LLAMA3") else 4096
         model = MODELS[name].replace("micro_batch = 1", f"micro_batch = {mb}")
-        # torchtitan's selective (layer or op) checkpointing is mapped to 'selective': it
-        # recomputes no matmul of flash attention, as the op policy saves the matmuls.
-        recompute = {"no": "none", "full": "full"}.get(ac, "selective")
+        # torchtitan's activation_checkpoint.mode = "selective" (parallelize_llama.py at the
+        # commit of the table, 0413364): selective_ac_option "op" is `selective_op` (every other
+        # matmul's output saved); a digit n wraps every n-th block in full checkpointing. The
+        # table does not say which n; config_manager.py's default, "2", is assumed.
+        recompute = {"no": "none", "full": "full", "selective layer": "full(every = 2)",
+                     "selective op": "selective_op"}[ac]
         text = (f'strategy "torchtitan FSDP2: {name}, local batch {mb}, AC {ac}"\n{model}\n'
                 "precision megatron\n" + mesh("a100_80gb_sxm", [("dp", 64)]) + "\n"
                 "place fsdp over dp\n" + f"recompute {recompute}\n")
@@ -303,12 +309,13 @@ def fit(rows: list[Loaded]) -> Calibration:
     rows); keep the point with the least median + worst/2 of |error|."""
     classes = sorted({_class(r) for r in rows})
     best: tuple[float, Calibration] | None = None
-    for score_passes, hidden_passes, link, attention in itertools.product(
-            [0, 4, 8, 12, 16], [0, 8, 16, 32, 48], [0.6, 0.8, 1.0], [0.3, 0.4, 0.5, 0.6, 0.8, 1.0]):
+    for score_passes, hidden_passes, link, attention, casts in itertools.product(
+            [0, 4, 8, 12, 16], [0, 8, 16, 32, 48], [0.6, 0.8, 1.0], [0.3, 0.4, 0.5, 0.6, 0.8, 1.0],
+            [0, 2, 4, 6, 8]):
         eff = {c: 0.6 for c in classes}
         cal = replace(CALIBRATION, score_passes=float(score_passes),
                       hidden_passes=float(hidden_passes), link_efficiency=link,
-                      attention_efficiency=attention)
+                      attention_efficiency=attention, fp8_cast_bytes=float(casts))
         for _ in range(4):
             cal = replace(cal, efficiency=(("default", 0.5), *sorted(eff.items())))
             for c in classes:
@@ -363,7 +370,8 @@ def main() -> int:
     print()
     print(f"constants: efficiency {dict(cal.efficiency)}, score_passes {cal.score_passes}, "
           f"hidden_passes {cal.hidden_passes}, attention_efficiency {cal.attention_efficiency}, "
-          f"link_efficiency {cal.link_efficiency}, memory_efficiency {cal.memory_efficiency}")
+          f"link_efficiency {cal.link_efficiency}, fp8_cast_bytes {cal.fp8_cast_bytes}, "
+          f"memory_efficiency {cal.memory_efficiency}")
     sources = sorted({r[0].source for r in loaded})
     print(f"{len(loaded)} rows from {len(sources)} sources ({', '.join(sources)}); "
           f"{len(calibration)} calibration, {len(held)} held out")

@@ -43,7 +43,8 @@ Exit codes:
      replay: unknown, or unconfirmed (run on a smaller mesh where Z3's verdict
      differs from the declared mesh's)
   4  a file is missing, unreadable or not a regular file
-  5  replay/measure could not run (torch missing, a rank crashed or hung)
+  5  replay/measure could not run (torch missing, a rank crashed or hung);
+     check --plot: matplotlib missing (the plot extra)
   6  with --require-fit: a strategy does not fit (predicted total above device_memory)
   70 internal error (a bug in placeverify; please report it)
   129 stopped by SIGHUP, after stopping rank processes and removing temporary files
@@ -201,6 +202,9 @@ def main() -> None:
 @click.option("--replay", is_flag=True,
               help="Replay the step on real torch.distributed processes at the declared mesh "
                    "(a smaller one, said so, above 8 devices; needs torch).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw the memory per rank kind to FILE.png or FILE.svg, and a pipeline's "
+                   "schedule to FILE-schedule.png/.svg (needs the plot extra: matplotlib).")
 @budget_option
 @output_options
 @import_options
@@ -208,9 +212,9 @@ def main() -> None:
 @width_option
 @quiet_option
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
-          trace_path: str | None, replay: bool, timeout: float, output: str, require_fit: bool,
-          model: str | None, world: int | None, fmt: str | None, overrides: tuple[str, ...],
-          width: int | None, quiet: bool) -> None:
+          trace_path: str | None, replay: bool, plot_path: str | None, timeout: float,
+          output: str, require_fit: bool, model: str | None, world: int | None, fmt: str | None,
+          overrides: tuple[str, ...], width: int | None, quiet: bool) -> None:
     """Check strategies: costs, and proofs of the three correctness conditions."""
 
     def run() -> ExitCode:
@@ -223,6 +227,19 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         paths = expand_paths(files)
         if trace_path is not None and len(paths) != 1:
             raise click.UsageError("--trace takes exactly one file")
+        if plot_path is not None:
+            from placeverify.report import plot
+
+            if len(paths) != 1:
+                raise click.UsageError("--plot takes exactly one file")
+            try:
+                plot.check_format(plot_path)
+            except ValueError as error:
+                raise click.UsageError(str(error)) from None
+            if not plot.available():
+                error_console().print("placeverify: --plot needs matplotlib, the plot extra: "
+                                      "pip install 'placeverify[plot]'", markup=False)
+                return ExitCode.BACKEND_ERROR
         codes: list[ExitCode] = []
         outcomes: list[Outcome] = []
         out = console(width)
@@ -245,6 +262,8 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
                 code = worst([code, ExitCode.DOES_NOT_FIT])
             if trace_path is not None and result.verification is not None:
                 write_trace(result, trace_path)
+            if plot_path is not None:
+                code = worst([code, write_plots(result, plot_path)])
             replayed = None
             if replay and result.verification is not None:
                 if fmt_out != "text":
@@ -282,6 +301,32 @@ def write_trace(result: Any, path: str) -> None:
         return
     write(verification.trace, path)
     error_console().print(f"trace written to {path}", markup=False)
+
+
+def write_plots(result: Any, path: str) -> ExitCode:
+    """``check --plot``: the memory chart at ``path``, and with a pipeline the schedule next to
+    it (``FILE-schedule.png``); a file that cannot be written is exit 4."""
+    from placeverify.report import plot
+
+    pipeline = result.strategy.pipeline
+    targets = [path]
+    if pipeline is not None and result.strategy.size(pipeline.axis) > 1:
+        targets.append(plot.schedule_path(path))
+    for target in targets:
+        try:
+            if target == path:
+                plot.memory_chart(result, target)
+            else:
+                plot.schedule_chart(result.strategy, target)
+        except plot.PlotUnavailable as err:
+            error_console().print(f"placeverify: {err}", markup=False)
+            return ExitCode.BACKEND_ERROR
+        except OSError as err:
+            error_console().print(f"placeverify: cannot write plot {target}: "
+                                  f"{err.strerror or err}", markup=False)
+            return ExitCode.READ_ERROR
+        error_console().print(f"plot written to {target}", markup=False)
+    return ExitCode.OK
 
 
 def replay_check(result: Any, as_json: bool, out: Console, progress: Progress) -> ExitCode:

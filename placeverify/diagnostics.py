@@ -25,7 +25,8 @@ class ExitCode(IntEnum):
     INPUT_ERROR = 2  # malformed or inconsistent input, or a usage error
     UNKNOWN = 3  # some condition neither proved nor refuted (solver limit, unmodelled case)
     READ_ERROR = 4  # a file is missing, unreadable or not a regular file
-    BACKEND_ERROR = 5  # replay/measure could not run (torch missing, a rank crashed or hung)
+    BACKEND_ERROR = 5  # replay/measure could not run (torch missing, a rank crashed or hung);
+    # check --plot: matplotlib missing
     DOES_NOT_FIT = 6  # with --require-fit: a strategy's predicted total exceeds device_memory
     INTERNAL_ERROR = 70  # a bug in placeverify itself
     HANGUP = 129  # stopped by SIGHUP (128 + 1), after cleaning up

@@ -329,8 +329,11 @@ place hsdp(reshard_after_forward = false) over shard * replica
 place pipeline(1f1b, microbatches = 128) over pp
 loss token_mean
 clip max_norm = 1.0
-recompute selective
+recompute selective_op
 """)
+    # [activation_checkpoint] mode "selective", selective_ac_option "op": the op-level policy
+    assert "recompute selective_op" in imported.text
+    assert strategy.recompute.kind.value == "selective_op"
 
 
 def test_torchtitan_llama3_405b_published_preset() -> None:
@@ -354,6 +357,30 @@ loss token_mean
 clip max_norm = 1.0
 recompute full
 """)
+
+
+@pytest.mark.parametrize(("option", "kind", "every"), [
+    ('selective_ac_option = "3"\n', "full", 3),  # every 3rd block (parallelize.py)
+    ("", "full", 2),  # job_config.py's default, "2"
+    ('selective_ac_option = "1"\n', "full", 1),
+    ('selective_ac_option = "op"\n', "selective_op", 1)])
+def test_torchtitan_selective_layer_checkpointing(tmp_path: Path, option: str, kind: str,
+                                                  every: int) -> None:
+    config = tmp_path / "t.toml"
+    config.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\n'
+                      'seq_len = 8192\n[activation_checkpoint]\nmode = "selective"\n' + option)
+    strategy, _ = load(str(config), Options(world=8))
+    assert (strategy.recompute.kind.value, strategy.recompute.every) == (kind, every)
+
+
+def test_torchtitan_unknown_selective_option_is_not_modelled(tmp_path: Path) -> None:
+    config = tmp_path / "t.toml"
+    config.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\n'
+                      'mode = "selective"\nselective_ac_option = "half"\n')
+    with pytest.raises(PlaceError) as error:
+        import_file(str(config), Options(world=8))
+    d = error.value.diagnostics[0]
+    assert "selective_ac_option 'half'" in d.message and d.span is not None and d.span.line == 6
 
 
 def test_lowering_errors_point_at_the_key(tmp_path: Path) -> None:

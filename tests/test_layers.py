@@ -187,3 +187,33 @@ def test_check_never_reaches_torch() -> None:
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n == "torch" or n.startswith("torch.") for n in names), path
+
+
+def test_check_never_reaches_matplotlib() -> None:
+    # The plot extra is imported only inside the functions of report/plot.py that draw, and the
+    # CLI reaches that module only for --plot: no module names matplotlib at module level.
+    # (tests/test_plot.py runs `check` with an unimportable matplotlib first on the path.)
+    drawing = 0
+    for path in MODULES:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "matplotlib" or n.startswith("matplotlib.") for n in names), path
+        drawing += sum(1 for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       and (node.module or "").startswith("matplotlib"))
+    assert drawing > 0  # the scan sees the deferred imports of report/plot.py
+
+
+def test_check_without_plot_does_not_import_matplotlib() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom placeverify.cli import main\n"
+            "try:\n    main(['check', 'examples/strategies/llama3-70b-1f1b.place', '--no-verify',"
+            " '-q'])\nexcept SystemExit as stop:\n    assert stop.code == 0, stop.code\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -140,10 +140,135 @@ def test_gqa_swiglu_flops_by_hand() -> None:
     assert result.flops_per_microbatch == pytest.approx(3 * per_token * T, rel=1e-12)
 
 
+# ---- recomputation as the sources ran it -------------------------------------------------------
+
+
+def _korthikanti_model_flops(b: int, l: int, h: int, sq: int = 2048, V: int = 51200) -> float:
+    """Korthikanti et al.'s model FLOPs of one micro-batch: 72·b·l·s·h²(1 + s/(6h) + V/(12hl))."""
+    return 72 * b * l * sq * h**2 * (1 + sq / (6 * h) + V / (12 * h * l))
+
+
+def _layer_forward(b: int, h: int, sq: int = 2048) -> float:
+    """One GPT layer's forward: Narayanan's 96 less Korthikanti's 72, per layer: 24·b·s·h²(1 +
+    s/(6h))."""
+    return 24 * b * sq * h**2 * (1 + sq / (6 * h))
+
+
+@pytest.mark.parametrize(("every", "recomputed"), [(1, 24), (2, 12), (5, 4), (30, 0)])
+def test_recompute_full_every_n_reruns_every_nth_layer(every: int, recomputed: int) -> None:
+    # torchtitan's selective layer checkpointing wraps the n-th, 2n-th, ... block: ⌊24 / n⌋
+    l, h, b = 24, 2304, 4
+    option = f"(every = {every})" if every > 1 else ""
+    s = load_text(_text("dp = 2\ndevice = a100_80gb_sxm",
+                        f"place ddp over dp\nrecompute full{option}",
+                        GPT.format(l=l, h=h, a=24, f=4 * h, b=b)))
+    result = step_time(s, costs(s))
+    assert result is not None
+    expected = _korthikanti_model_flops(b, l, h) + recomputed * _layer_forward(b, h)
+    assert result.flops_per_microbatch == pytest.approx(expected, rel=1e-12)
+
+
+def test_recompute_full_every_n_keeps_the_other_layers_activations() -> None:
+    # Korthikanti et al. Table 2: sbh(34 + 5as/h) per layer kept without recomputation, 2sbh
+    # (the layer's input) with full recomputation; every = 2 over 24 layers: 12 of each
+    l, h, a, b, sq = 24, 2304, 24, 4, 2048
+    model = GPT.format(l=l, h=h, a=a, f=4 * h, b=b).replace("bias = true", "bias = true, "
+                                                             "dropout = true")
+    s = load_text(_text("dp = 2", "place ddp over dp\nrecompute full(every = 2)", model))
+    act = costs(s).activations
+    assert act is not None
+    sbh = sq * b * h
+    kept = sbh * (34 + 5 * a * sq / h)
+    assert float(act.kept) == pytest.approx(12 * 2 * sbh + 12 * kept, rel=1e-12)
+
+
+LLAMA_FLASH = ("model transformer {{ layers = 4, hidden = 4096, heads = 32, kv_heads = 8, "
+               "ffn = 14336, mlp = gated, vocab = 128256, seq = 4096, micro_batch = {b}, "
+               "position = rotary, norm = rmsnorm, attention = flash }}")
+
+
+def test_selective_op_reruns_every_second_matmul() -> None:
+    # torchtitan's op policy (parallelize_llama.py, April 2024): of Q, K, V, O, gate, up, down
+    # the 2nd, 4th and 6th outputs are not kept: K (h x kv), O (h x h), up (h x f) run again
+    h, kv, f, L, V, T, b = 4096, 8 * 128, 14336, 4, 128256, 4096, 2
+    s = load_text(_text("dp = 8\ndevice = a100_80gb_sxm", "place fsdp over dp\n"
+                        "recompute selective_op", LLAMA_FLASH.format(b=b)))
+    result = step_time(s, costs(s))
+    assert result is not None
+    # forward per token: projections, gated MLP, causal flash core (half of 4·T·h), output
+    layer = 2 * h * (h + 2 * kv) + 2 * h * h + 3 * 2 * h * f + 4 * T * h / 2
+    forward = b * T * (L * layer + 2 * h * V)
+    rerun = b * T * L * 2 * (h * kv + h * h + h * f)
+    assert result.flops_per_microbatch == pytest.approx(3 * forward + rerun, rel=1e-12)
+
+
+def test_selective_op_keeps_the_saved_outputs() -> None:
+    # per layer, e = 2 bytes: the layer input, Q, V, the attention output, the gate output and
+    # the down projection's output, and flash attention's fp32 log-sum-exp per head and token
+    h, kv, f, a, T, b = 4096, 8 * 128, 14336, 32, 4096, 2
+    s = load_text(_text("dp = 8", "place fsdp over dp\nrecompute selective_op",
+                        LLAMA_FLASH.format(b=b)).replace("mixed_adam", "megatron"))
+    act = costs(s).activations
+    assert act is not None
+    per_token = 2 * (h + h + kv + h + f + h) + 4 * a
+    assert float(act.per_layer) == pytest.approx(b * T * per_token, rel=1e-12)
+
+
+def test_recompute_options_are_checked() -> None:
+    with pytest.raises(PlaceError, match="'every = N' is recompute full's"):
+        load_text(_text("dp = 2", "place ddp over dp\nrecompute selective(every = 2)"))
+    with pytest.raises(PlaceError, match="every must be at least 1"):
+        load_text(_text("dp = 2", "place ddp over dp\nrecompute full(every = 0)"))
+    with pytest.raises(PlaceError, match="not modelled: selective_op"):
+        load_text('strategy "t"\nmodel mixtral_8x7b { seq = 4096, micro_batch = 1 }\n'
+                  "precision megatron\nmesh {\ndp = 8\n}\nplace ddp over dp\n"
+                  "recompute selective_op\n")
+
+
+def test_pipeline_scatter_gather_sends_a_tensor_shard() -> None:
+    # Narayanan et al. 2021 §4.1: each of the t ranks sends b·s·h/t over the pipeline link and
+    # the receiving stage all-gathers the b·s·h over its tensor ranks
+    l, h, b, m, t = 24, 2304, 1, 8, 4
+    def comm(option: str) -> dict[tuple[str, str], float]:
+        s = load_text(_text(f"pp = 2\ntp = {t}",
+                            f"place pipeline(1f1b, microbatches = {m}{option}) over pp\n"
+                            "place megatron over tp\nrecompute none",
+                            GPT.format(l=l, h=h, a=24, f=4 * h, b=b)))
+        return {(i.op, ",".join(i.axes)): float(i.bytes) for i in costs(s).comm
+                if "boundary" in i.what or i.op == "send"}
+    bsh = b * 2048 * h * 2  # fp16 activations
+    assert comm("") == {("send", "pp"): 2 * m * bsh}
+    assert comm(", scatter_gather = true") == {("send", "pp"): 2 * m * bsh / t,
+                                               ("all_gather", "tp"): 2 * m * bsh * (t - 1) / t}
+
+
+def test_fp8_runs_attention_at_the_16_bit_rate_and_pays_for_casts() -> None:
+    # Transformer Engine leaves fp8 attention off (DelayedScaling fp8_dpa = False): the flash
+    # core at 989.4 TFLOP/s x η, the other matmuls at 1978.9; casts: bytes per GEMM input
+    # element (2h + h + f per token per layer forward), once forward, twice backward, at HBM rate
+    h, kv, f, L, V, T, b = 4096, 8 * 128, 14336, 4, 128256, 4096, 1
+    text = _text("dp = 8\ndevice = h100_sxm\nmatmul = fp8", "place ddp over dp\nrecompute none",
+                 LLAMA_FLASH.format(b=b)).replace("mixed_adam", "megatron")
+    s = load_text(text)
+    gemm = b * T * (L * (2 * h * (h + 2 * kv) + 2 * h * h + 3 * 2 * h * f) + 2 * h * V)
+    core = b * T * L * 4 * T * h / 2
+    r8, r16 = 1978.9e12 * 0.5, 989.4e12 * 0.5
+    result = step_time(s, costs(s), PLAIN)
+    assert result is not None
+    assert result.compute_seconds == pytest.approx(3 * gemm / r8 + 3 * core / r16, rel=1e-9)
+    casts = replace(PLAIN, fp8_cast_bytes=4.0)
+    result = step_time(s, costs(s), casts)
+    assert result is not None
+    cast_seconds = 3 * L * 4.0 * b * T * (2 * h + h + f) / 3350e9
+    assert result.compute_seconds == pytest.approx(3 * gemm / r8 + 3 * core / r16 + cast_seconds,
+                                                   rel=1e-9)
+
+
 # ---- the step-time model ----------------------------------------------------------------------------
 
 PLAIN = Calibration(efficiency=(("default", 0.5),), score_passes=0.0, hidden_passes=0.0,
-                    attention_efficiency=1.0, link_efficiency=1.0, memory_efficiency=1.0)
+                    attention_efficiency=1.0, link_efficiency=1.0, fp8_cast_bytes=0.0,
+                    memory_efficiency=1.0)
 
 
 @pytest.mark.parametrize("gbps", [1, 1000])

@@ -36,6 +36,7 @@ from placeverify.roles.pipeline import stage_layers
 class Split(StrEnum):
     REPLICATED = "replicated"  # replicated over tp; split by tp under sequence parallelism
     TENSOR = "tensor"  # split by tp (heads or ffn columns)
+    WHOLE = "whole"  # whole on every tensor-parallel rank (a row-parallel matmul's partial sum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,7 @@ def per_layer_bytes(saved: list[Saved], t: Num, sp: bool, c: Num, drop_core: boo
     for item in saved:
         if drop_core and item.core:
             continue
-        divisor = t if (item.split is Split.TENSOR or sp) else 1
+        divisor = 1 if item.split is Split.WHOLE else t if (item.split is Split.TENSOR or sp) else 1
         total = total + item.bytes / divisor
     return total / c
 
@@ -153,12 +154,63 @@ def activation_cost(d: Domain, strategy: Strategy, activation_bytes: Num) -> Act
     if recompute is RecomputeKind.FULL:
         per_layer = x.e * x.s * x.b * x.h / ((t if sp else 1) * c)
         working_set = full_layer
+        kept, held = recomputed_layers(strategy)
+        if kept < held:  # every n-th layer recomputed, the others keep everything
+            per_layer = (per_layer * kept + full_layer * (held - kept)) / held
+    elif recompute is RecomputeKind.SELECTIVE_OP:
+        per_layer = per_layer_bytes(op_policy_tensors(arch, x, sp), t, sp, c, drop_core=False)
+        working_set = full_layer
     else:
         per_layer = per_layer_bytes(saved, t, sp, c, drop_core=recompute is RecomputeKind.SELECTIVE)
         working_set = d.const(0)
     layers, in_flight, rule = _pipeline_factors(d, strategy, arch)
     return ActivationCost(per_layer, layers, in_flight, per_layer * layers * in_flight, working_set,
                           rule)
+
+
+def recomputed_layers(strategy: Strategy) -> tuple[int, int]:
+    """(layers recomputed, layers held) on a pipeline stage under ``recompute full``.
+
+    ``every = n`` recomputes every n-th layer, as torchtitan's selective layer checkpointing
+    (``selective_ac_option = "n"``: the n-th, 2n-th, ... transformer block is wrapped), so
+    ⌊layers / n⌋ of a stage's layers; ``every = 1`` all of them. The stage is the fullest: L / p
+    layers, or the most a listed stage holds."""
+    arch = strategy.model.arch
+    assert arch is not None
+    pipeline = strategy.pipeline
+    p = strategy.size(pipeline.axis) if pipeline else 1
+    listed = stage_layers(strategy)
+    held = max(1, max(listed) if listed is not None else arch.layers // p)
+    return held // max(1, strategy.recompute.every), held
+
+
+def op_policy_tensors(arch: Transformer, x: LayerShape, sp: bool) -> list[Saved]:
+    """What ``recompute selective_op`` keeps per layer: torchtitan's op-level policy
+    (``torchtitan/parallelisms/parallelize_llama.py``, ``checkpoint_wrapper``, commit 0413364 of
+    April 2024) saves the outputs of ``aten.mm`` except every second one counted through the
+    layer, of the fused attention kernels and of reduce-scatters; everything else is recomputed
+    from the layer's input. In the block's order the matmuls are Q, K, V, the output
+    projection, then gate, up, down (gated) or the two MLP matmuls (plain): Q, V and the gate /
+    first MLP matmul are kept, and the down projection's (the 7th) in a gated MLP. A row-parallel
+    matmul's output is a partial sum of the whole hidden state on every tensor-parallel rank; under
+    sequence parallelism its reduce-scatter's output (1/t of it) is kept too."""
+    sbh = x.s * x.b * x.h
+    rep, tp = Split.REPLICATED, Split.TENSOR
+    out = [
+        Saved("layer input", x.e * sbh, rep),
+        Saved("Q", x.e * sbh, tp),
+        Saved("V", x.e * sbh * x.kv / x.a, tp),
+    ]
+    if arch.attention == "flash":
+        out.append(Saved("attention output", x.e * sbh, tp))
+        out.append(Saved("softmax log-sum-exp (fp32)", 4 * x.a * x.s * x.b, tp))
+    sbf = x.s * x.b * x.f * x.k
+    out.append(Saved("MLP gate output" if arch.gated else "MLP first matmul output", x.e * sbf, tp))
+    if arch.gated:
+        out.append(Saved("MLP down-projection output (partial sum)", x.e * sbh, Split.WHOLE))
+    if sp:
+        out.append(Saved("reduce-scatter outputs (output projection, MLP)", 2 * x.e * sbh, rep))
+    return out
 
 
 def tensor_size(strategy: Strategy) -> int:

@@ -24,7 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from placeverify.cost.activations import ActivationCost, parallel_sizes, stage_share
+from placeverify.cost.activations import (
+    ActivationCost,
+    parallel_sizes,
+    recomputed_layers,
+    stage_share,
+)
 from placeverify.cost.domain import Domain, Num
 from placeverify.cost.memory import bytes_per_element, local_params
 from placeverify.diagnostics import Span
@@ -227,8 +232,12 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
     bsh = b * s * h * e / c  # one micro-batch's hidden states on this device (cp splits s)
     # Full recomputation runs each layer's forward again in backward, collectives included
     # (Megatron-LM's recompute granularity "full"); selective recomputation only redoes the
-    # attention core, which has none.
-    refwd = 1 if strategy.recompute.kind.value == "full" else 0
+    # attention core, which has none; ``every = n`` re-runs ⌊layers / n⌋ of a stage's layers.
+    # Not modelled: the all-gathers that ``selective_op`` recomputation re-runs (README).
+    refwd: Fraction | int = 0
+    if strategy.recompute.kind.value == "full":
+        kept, held = recomputed_layers(strategy)
+        refwd = 1 if kept == held else Fraction(kept, held)
 
     tensor_axes = strategy.axes(Role.TENSOR)
     if tensor_axes and strategy.mesh.group(*tensor_axes).size(mesh) > 1:
@@ -279,10 +288,16 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
 
     if pipeline is not None and p_size > 1:
         chunks = d.sym("v", pipeline.chunks) if pipeline.chunks > 1 else d.const(1)
-        boundary = bsh / (t if sp else 1)
+        split = sp or pipeline.scatter_gather  # scatter/gather: 1/t sent, then gathered
+        boundary = bsh / (t if split else 1)
         items.append(_item(d, strategy, "send", mesh.group(pipeline.axis),
                            "activations forward, gradients backward (middle stage)", boundary,
                            2 * m * chunks, "activations", "placement", pipeline.span))
+        if pipeline.scatter_gather and not sp and tensor_axes \
+                and mesh.group(*tensor_axes).size(mesh) > 1:
+            items.append(_item(d, strategy, "all_gather", mesh.group(*tensor_axes),
+                               "stage boundary (pipeline scatter/gather, received)", bsh,
+                               2 * m * chunks, "activations", "placement", pipeline.span))
 
     for p in strategy.placements:
         if p.role is Role.CONTEXT and strategy.size(p.axis) > 1:

@@ -8,16 +8,19 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
   half), the output projection ``2bsh²``, the MLP ``2·2bsh·f`` or ``3·2bsh·f`` gated (SwiGLU),
   MoE ``top_k`` expert MLPs plus the router, and the output layer ``2bsh·V`` on the last stage;
   divided by the tensor-parallel size and the context-parallel size (queries). Backward is twice
-  forward; ``recompute full`` runs each layer's forward again, ``selective`` its attention core
-  (Korthikanti et al. 2022 §4).
+  forward; ``recompute full`` runs each layer's forward again (``every = n``: ⌊layers / n⌋ of a
+  stage's layers), ``selective`` its attention core (Korthikanti et al. 2022 §4),
+  ``selective_op`` the matmuls torchtitan's op policy does not keep (:func:`op_policy_flops`).
 - **Achieved FLOP rate**: matmuls run at peak (the profile, in the ``matmul`` dtype) times
   ``η_max`` (per device and dtype kind); beside them, memory-bound work runs at HBM bandwidth:
   ``score_passes`` activation-sized passes over the ``b·a·s²/t`` attention scores of unfused
   (``standard``) attention (softmax, mask, dropout: Korthikanti's ``5as/h`` term) and
   ``hidden_passes`` over the ``b·s·h`` hidden states (÷ t under sequence parallelism: norms,
-  residuals, activations, dropout), forward once, backward twice. The constants are calibrated
-  by ``benchmarks/step_time.py``; fused (``flash``) attention's FLOPs run at
-  ``attention_efficiency`` of the GEMM rate on a named subset of published runs (CALIBRATION holds them).
+  residuals, activations, dropout), forward once, backward twice; with fp8 matmuls, the casts
+  of the GEMM inputs (``fp8_cast_bytes`` per element, :func:`gemm_inputs`). The attention core
+  runs in 16 bits (Transformer Engine's ``fp8_dpa`` is off by default) and, fused (``flash``),
+  at ``attention_efficiency`` of the 16-bit GEMM rate. The constants are calibrated by
+  ``benchmarks/step_time.py`` on its calibration rows (CALIBRATION holds them).
 - **Communication**, α-β per collective: ``bytes / (bandwidth · link efficiency) + latency ·
   ring steps`` over the slowest axis of the group. Overlap by kind: tensor, context, expert and
   pipeline traffic is exposed and lengthens every micro-batch (so the bubble scales it too);
@@ -40,6 +43,7 @@ from fractions import Fraction
 from typing import Any
 
 from placeverify.cost import Costs
+from placeverify.cost.activations import recomputed_layers
 from placeverify.cost.communication import CommItem
 from placeverify.ir.devices import Device
 from placeverify.ir.model import Transformer
@@ -59,6 +63,8 @@ class Calibration:
     # activations, dropout) per layer forward
     attention_efficiency: float  # fused (flash) attention kernels' rate relative to GEMMs
     link_efficiency: float  # achieved fraction of a link's bandwidth (NCCL bus bandwidth)
+    fp8_cast_bytes: float  # HBM bytes per element of a GEMM input cast to fp8 per layer
+    # forward (read, amax, write, transposed copy), twice in backward; matmul = fp8 only
     memory_efficiency: float  # achieved fraction of HBM bandwidth in the optimizer step
 
     def eta_max(self, device: str, dtype: str) -> float:
@@ -70,12 +76,13 @@ class Calibration:
 
 # Fitted by benchmarks/step_time.py on its calibration rows (printed there; held-out rows judge).
 CALIBRATION = Calibration(
-    efficiency=(("default", 0.5), ("a100_80gb_sxm:16bit", 0.691), ("h100_sxm:16bit", 0.837),
-                ("h100_sxm:fp8", 0.521)),
+    efficiency=(("default", 0.5), ("a100_80gb_sxm:16bit", 0.728), ("h100_sxm:16bit", 0.902),
+                ("h100_sxm:fp8", 0.632)),
     score_passes=8.0,
-    hidden_passes=16.0,
+    hidden_passes=32.0,
     attention_efficiency=0.3,
     link_efficiency=1.0,
+    fp8_cast_bytes=8.0,
     memory_efficiency=0.7,
 )
 
@@ -147,6 +154,25 @@ def layer_flops(arch: Transformer, tokens: float, keys: float, t: float, causal_
     return (dense + core) / t, core / t
 
 
+def op_policy_flops(arch: Transformer, tokens: float, t: float) -> float:
+    """Forward matmul FLOPs ``recompute selective_op`` runs again per layer on one device: the
+    matmuls torchtitan's op policy does not save (every second one, README "Step time"): K, the
+    output projection, and the up projection (gated) or the second MLP matmul (plain)."""
+    h = arch.hidden
+    kv = arch.kv_heads * arch.head_dim
+    f = (arch.expert_ffn or arch.ffn) * (arch.top_k if arch.moe else 1)
+    return 2 * tokens * (h * kv + h * h + h * f) / t
+
+
+def gemm_inputs(arch: Transformer, tokens: float, t: float, sp: bool) -> float:
+    """Elements a layer's forward casts to fp8 on one device: the inputs of the QKV projection
+    and the first MLP matmul (the hidden states; the sequence shard under sequence parallelism,
+    which casts before its all-gather), of the output projection and of the last MLP matmul."""
+    h = arch.hidden
+    f = (arch.expert_ffn or arch.ffn) * (arch.top_k if arch.moe else 1)
+    return tokens * (2 * h / (t if sp else 1) + (h + f) / t)
+
+
 def output_flops(arch: Transformer, tokens: float, t: int) -> float:
     return 2 * tokens * arch.hidden * arch.padded_vocab(t) / t
 
@@ -209,13 +235,23 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     flash = arch.attention == "flash"
     layer, core = layer_flops(arch, tokens, s, t, flash)
     recompute = strategy.recompute.kind.value
-    per_layer_extra = layer if recompute == "full" else (
-        core if recompute == "selective" and not flash else 0.0)
-    layers, output = slowest_stage(strategy, arch, pp, layer, per_layer_extra,
+    # the share of a stage's layers that full recomputation re-runs (every n-th with every = n)
+    share = 0.0
+    if recompute == "full":
+        kept, held = recomputed_layers(strategy)
+        share = kept / held
+    # recomputed forward FLOPs per layer in backward: (matmuls outside the attention core, core)
+    gemm_again, core_again = share * (layer - core), share * core
+    if recompute == "selective" and not flash:
+        core_again = core
+    elif recompute == "selective_op":
+        gemm_again = op_policy_flops(arch, tokens, t)
+        core_again = 0.0 if flash else core  # the fused kernels' outputs are kept
+    layers, output = slowest_stage(strategy, arch, pp, layer, gemm_again + core_again,
                                    output_flops(arch, tokens, t))
     forward = layers * layer + output
-    extra = layers * per_layer_extra
-    per_mb = 3 * forward + extra
+    extra_gemm, extra_core = layers * gemm_again, layers * core_again
+    per_mb = 3 * forward + extra_gemm + extra_core
 
     replicas = mesh.world // (t * pp * c)
     step_tokens = b * s * m * replicas
@@ -230,23 +266,36 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     rate = None if peak is None or eta is None else float(peak) * eta
     if device is None:
         notes.append("no device profile: name one ('device = h100_sxm') for compute time")
+    # The attention core (Q·Kᵀ, scores·V) runs in 16 bits when the matmuls are fp8: Transformer
+    # Engine's recipes leave fp8 attention off (DelayedScaling fp8_dpa = False); fused (flash)
+    # kernels at attention_efficiency of the 16-bit GEMM rate.
+    attention_rate = rate
+    if rate is not None and device is not None and matmul == "fp8":
+        peak16 = device.peak("bf16")
+        attention_rate = None if peak16 is None else float(peak16) * cal.eta_max(device.key, "bf16")
+    if attention_rate is not None and flash:
+        attention_rate *= cal.attention_efficiency
 
     # memory-bound work per layer forward (seconds), beside the matmuls
     sp = any(p.role is Role.TENSOR and p.sequence_parallel for p in strategy.placements)
     e = float(strategy.precision.activations)
     scores = 0.0 if flash else cal.score_passes * b * arch.heads * (s / c) * s / t
     hidden = cal.hidden_passes * tokens * arch.hidden / (t if sp else 1)
+    casts = cal.fp8_cast_bytes * gemm_inputs(arch, tokens, t, sp) if matmul == "fp8" else 0.0
     hbm = None if device is None else float(device.memory_bandwidth)
-    mem_layer = 0.0 if hbm is None else (scores + hidden) * e / hbm
-    mem_extra = layers * mem_layer if recompute == "full" else (
-        layers * scores * e / hbm if recompute == "selective" and hbm and not flash else 0.0)
+    mem_layer = 0.0 if hbm is None else ((scores + hidden) * e + casts) / hbm
+    mem_extra = share * layers * mem_layer
+    if hbm and recompute == "selective" and not flash:
+        mem_extra = layers * scores * e / hbm
+    elif recompute == "selective_op":  # every elementwise op runs again
+        mem_extra = layers * mem_layer
 
-    # fused attention runs below GEMM rate: its FLOPs count 1/attention_efficiency times
-    slow = layers * core * (1 / cal.attention_efficiency - 1) if flash else 0.0
-    slow_extra = slow if recompute == "full" else 0.0
-    t_fwd = None if rate is None else (forward + slow) / rate + layers * mem_layer
-    t_bwd = None if rate is None else (2 * (forward + slow) + extra + slow_extra) / rate \
-        + 2 * layers * mem_layer + mem_extra
+    t_fwd = t_bwd = None
+    if rate is not None and attention_rate is not None:
+        gemm, attention = forward - layers * core, layers * core
+        t_fwd = gemm / rate + attention / attention_rate + layers * mem_layer
+        t_bwd = (2 * gemm + extra_gemm) / rate + (2 * attention + extra_core) / attention_rate \
+            + 2 * layers * mem_layer + mem_extra
 
     exposed: dict[str, float] = {}
     per_mb_exposed = 0.0  # lengthens every micro-batch (tensor, context, expert, pipeline)

@@ -5,7 +5,8 @@ data_parallel_shard_degree -1, fsdp_reshard_after_forward default, tensor_parall
 pipeline_parallel_degree, pipeline_parallel_schedule 1F1B, pipeline_parallel_microbatch_size 1,
 context_parallel_degree, expert_parallel_degree, expert_tensor_parallel_degree; [training]
 local_batch_size 8, global_batch_size -1, seq_len 2048, max_norm 1.0, mixed_precision_param
-bfloat16, enable_cpu_offload; [activation_checkpoint] mode selective). Rules:
+bfloat16, enable_cpu_offload; [activation_checkpoint] mode selective, selective_ac_option "2").
+Rules:
 ``torchtitan/distributed/parallel_dims.py`` (dp_shard -1 = world / (replicate * cp * tp * pp);
 the product must equal the world), ``torchtitan/train.py`` (accumulation = global / (local x
 (replicate x shard)); loss = local sum / global valid tokens), ``models/llama3/infra/parallelize.py``
@@ -50,7 +51,7 @@ IGNORED_TABLES = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "c
                   "compile", "validation", "comm", "float8", "quantize", "memory_estimation",
                   "fault_tolerance", "experimental"}
 IGNORED_KEYS = {"steps", "dataset", "dataset_path", "seed", "deterministic", "gc_freq",
-                "warmup_steps", "selective_ac_option"}
+                "warmup_steps"}
 # Tables are read through ``inside`` (a table that is not one is not modelled); IGNORED_KEYS are
 # ignored in every table, before what the table reads.
 def _in_table(table: str) -> Callable[[str], str]:
@@ -223,8 +224,24 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     if isinstance(norm.value, (int, float)) and norm.value > 0:
         plan.body.append(Line(f"clip max_norm = {norm.value}", norm.origin.key, norm.origin))
     mode = get("activation_checkpoint", "mode", "selective")
-    if mode.value in ("full", "selective"):
-        plan.body.append(Line(f"recompute {mode.value}", mode.origin.key, mode.origin))
+    if mode.value == "full":
+        plan.body.append(Line("recompute full", mode.origin.key, mode.origin))
+    elif mode.value == "selective":
+        # activation_checkpoint.selective_ac_option (default "2"): "op" is the op-level policy,
+        # a whole number n wraps every n-th transformer block (0 and 1: every block)
+        option = get("activation_checkpoint", "selective_ac_option", "2")
+        word = str(option.value)
+        if word == "op":
+            plan.body.append(Line("recompute selective_op", f"{mode.origin.key} selective, "
+                                  f"{option.origin.key} op", option.origin))
+        elif word.isdigit():
+            n = int(word)
+            every = f"(every = {n})" if n > 1 else ""
+            plan.body.append(Line(f"recompute full{every}", f"{mode.origin.key} selective, "
+                                  f"{option.origin.key} {word}", option.origin))
+        else:
+            reader.error(f"not modelled: selective_ac_option {option.value!r} (op or a whole "
+                         "number are)", option.origin, code=Code.NOT_MODELLED)
     elif mode.value != "none":
         reader.error(f"not modelled: activation_checkpoint mode {mode.value!r}", mode.origin,
                      code=Code.NOT_MODELLED)

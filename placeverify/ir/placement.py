@@ -80,6 +80,9 @@ class AxisPlacement:
     # stage k = chunk * stages + stage; None splits the layers evenly
     layers: tuple[int, ...] | None = None
     layers_span: Span | None = None  # where the list is written
+    # pipeline axes: Megatron-LM's scatter/gather of the stage boundary (Narayanan et al. 2021
+    # §4.1): each tensor rank sends 1/t of it, the receivers all-gather it over the tensor axes
+    scatter_gather: bool = False
 
     def mode(self, state: State) -> Mode:
         return self.modes[STATES.index(state)]

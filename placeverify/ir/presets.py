@@ -73,6 +73,7 @@ SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
 MICROBATCHES = OptionSpec(OptionKind.INT)
 CHUNKS = OptionSpec(OptionKind.INT)
 STAGE_LAYERS = OptionSpec(OptionKind.INTS)  # layers per (virtual) pipeline stage
+SCATTER_GATHER = OptionSpec(OptionKind.BOOL)
 
 # PyTorch FSDP ShardingStrategy names (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD) and short forms
 FSDP_STRATEGIES: Mapping[str, str] = {
@@ -105,13 +106,16 @@ TABLE: tuple[PresetSpec, ...] = (
     PresetSpec("pipeline", Role.PIPELINE, (S, S, S, S),
                options={"schedule": OptionSpec(OptionKind.CHOICE, Schedule.ONE_F_ONE_B,
                                                choices=SCHEDULES, what="pipeline schedule"),
-                        "microbatches": MICROBATCHES, "chunks": CHUNKS, "layers": STAGE_LAYERS},
+                        "microbatches": MICROBATCHES, "chunks": CHUNKS, "layers": STAGE_LAYERS,
+                        "scatter_gather": SCATTER_GATHER},
                positional={word: ("schedule", value) for word, value in SCHEDULES.items()}),
-    PresetSpec("gpipe", Role.PIPELINE, (S, S, S, S), options={"microbatches": MICROBATCHES,
-                                                              "layers": STAGE_LAYERS},
+    PresetSpec("gpipe", Role.PIPELINE, (S, S, S, S),
+               options={"microbatches": MICROBATCHES, "layers": STAGE_LAYERS,
+                        "scatter_gather": SCATTER_GATHER},
                implied={"schedule": Schedule.GPIPE}),
     PresetSpec("interleaved", Role.PIPELINE, (S, S, S, S),
-               options={"microbatches": MICROBATCHES, "chunks": CHUNKS, "layers": STAGE_LAYERS},
+               options={"microbatches": MICROBATCHES, "chunks": CHUNKS, "layers": STAGE_LAYERS,
+                        "scatter_gather": SCATTER_GATHER},
                implied={"schedule": Schedule.INTERLEAVED}),
     PresetSpec("context", Role.CONTEXT, (R, R, R, S), aliases=("cp",)),
     PresetSpec("expert", Role.EXPERT, (S, S, S, R), aliases=("ep",)),

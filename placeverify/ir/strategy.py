@@ -34,6 +34,10 @@ class RecomputeKind(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"  # Korthikanti et al.: recompute the attention core only
     FULL = "full"  # keep each layer's input, recompute the layer in backward
+    # torchtitan's op-level policy (activation_checkpoint.selective_ac_option = "op"): keep each
+    # layer's input, the fused attention's output and every other matmul's output; recompute
+    # the rest (README "Step time")
+    SELECTIVE_OP = "selective_op"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,7 @@ class Recompute:
     kind: RecomputeKind
     restore_rng: bool
     span: Span | None
+    every: int = 1  # full: every n-th layer is recomputed (torchtitan's selective layer AC)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ KEYS: dict[str, str] = {
     "place": "place.GROUP=PLACEMENT (the group as the place statement writes it: dp, "
              "shard*replica)",
     "microbatches": "microbatches=N",
-    "recompute": "recompute=full|selective|none",
+    "recompute": "recompute=full|selective|selective_op|none",
     "loss": "loss=token_mean|sample_mean|microbatch_mean|sum",
     "loss_scale": "loss_scale=dynamic|static|none",
     "clip": "clip.max_norm=X",

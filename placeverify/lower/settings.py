@@ -54,16 +54,24 @@ def read_recompute(ctx: Context, stmt: ast.RecomputeStmt | None, model: Model) -
                   Code.UNKNOWN_NAME, stmt.call.name.span)
         return Recompute(RecomputeKind.NONE, True, stmt.span)
     restore = True
+    every = 1
     for arg in stmt.call.args:
         if isinstance(arg, ast.KeywordArg) and arg.key.text == "restore_rng":
             restore = bool(ctx.boolean(arg.value, "restore_rng"))
+        elif isinstance(arg, ast.KeywordArg) and arg.key.text == "every" and name == "full":
+            every = ctx.integer(arg.value, "every") or 1
         else:
-            ctx.error("recompute takes one option, 'restore_rng = true|false'",
-                      Code.UNKNOWN_NAME, arg.span)
+            ctx.error("recompute full takes 'restore_rng = true|false' and 'every = N'"
+                      if name == "full" else
+                      "recompute takes one option, 'restore_rng = true|false' ('every = N' "
+                      "is recompute full's)", Code.UNKNOWN_NAME, arg.span)
     if model.arch is None and name != "none":
         ctx.error("recomputation changes activation memory, which needs the architecture; "
                   "this model is a bare parameter count", Code.CONFLICT, stmt.span)
-    return Recompute(RecomputeKind(name), restore, stmt.span)
+    elif model.arch is not None and model.arch.moe and name == RecomputeKind.SELECTIVE_OP:
+        ctx.error("not modelled: selective_op recomputation of mixture-of-experts layers "
+                  "(its policy is modelled on a dense layer)", Code.NOT_MODELLED, stmt.span)
+    return Recompute(RecomputeKind(name), restore, stmt.span, every)
 
 
 def read_loss(ctx: Context, stmt: ast.LossStmt | None) -> Loss:

@@ -103,7 +103,8 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                      **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options},
                      **({"layers": list(p.layers)} if p.layers is not None else {})}
             for p in s.placements},
-        "recompute": {"kind": s.recompute.kind.value, "restore_rng": s.recompute.restore_rng},
+        "recompute": {"kind": s.recompute.kind.value, "restore_rng": s.recompute.restore_rng,
+                      **({"every": s.recompute.every} if s.recompute.every > 1 else {})},
         "loss": s.loss.kind.value,
         "step": {"canonical": s.step.canonical, "microbatches": s.step.microbatches,
                  "ops": step_lines(s)},

@@ -79,6 +79,7 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
     extras = []
     if s.recompute.kind.value != "none":
         extras.append(f"recompute {s.recompute.kind.value}"
+                      + (f" (every {s.recompute.every} layers)" if s.recompute.every > 1 else "")
                       + ("" if s.recompute.restore_rng else " (RNG state not restored)"))
     if s.offloaded:
         extras.append("offloaded: " + ", ".join(sorted(x.value for x in s.offloaded)))
