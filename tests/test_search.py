@@ -147,7 +147,7 @@ def test_model_text_gives_back_every_bundled_model(name: str) -> None:
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PLACEVERIFY_DEBUG"}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, "-m", "placeverify", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, encoding="utf-8", timeout=600,
                           check=False)
@@ -213,3 +213,16 @@ def test_search_bad_input(args: list[str], message: str) -> None:
     done = run("search", *args, "-q")
     assert done.returncode == 2
     assert message in done.stderr
+
+
+def test_search_draws_its_frontier(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    picture = tmp_path / "frontier.svg"
+    done = run("search", "--model", "llama3_8b", "--device", "h100_sxm", "--devices", "16",
+               "--global-batch", "64", "-q", "--plot", str(picture))
+    assert done.returncode == 0, done.stderr
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(picture.read_text("utf-8"))
+    assert root.tag.endswith("svg")
+    assert "step time" in picture.read_text("utf-8").lower()

@@ -123,19 +123,18 @@ def _check_plot_target(plot: str) -> None:
         raise click.UsageError(f"--plot writes .png or .svg files, not '{Path(plot).suffix or plot}'")
     import importlib.util
 
-    if importlib.util.find_spec("placeverify.report.plot") is None:
-        raise click.UsageError("--plot is not available in this version of placeverify "
-                               "(the frontier chart is not built yet); run without --plot")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise PlaceError([Diagnostic(Severity.ERROR, "--plot needs matplotlib: pip install "
+                                     "'placeverify[plot]'", Code.READ)], Source(plot, ""),
+                         ExitCode.BACKEND_ERROR)
 
 
 def _plot(result: SearchResult, path: str) -> None:
-    import importlib
-
-    charts: Any = importlib.import_module("placeverify.report.plot")
-    FrontierPoint, frontier_chart = charts.FrontierPoint, charts.frontier_chart
+    from placeverify.report.plot import FrontierPoint, frontier_chart
 
     shown = {id(e) for e in result.frontier}
     points = [FrontierPoint(e.label, e.needed_bytes, e.step_seconds, id(e) in shown)
               for e in [*result.evaluated]]
-    chosen = result.top[0].label if result.top else None
+    best = result.top[0] if result.top else None
+    chosen = next((q for q in points if best is not None and q.label == best.label), None)
     frontier_chart(points, chosen, path)
