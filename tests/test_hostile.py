@@ -278,5 +278,7 @@ def test_a_replay_whose_reference_training_blows_up_is_unknown_not_a_verifier_bu
     assert done.returncode == ExitCode.UNKNOWN, done.stdout + done.stderr
     text = " ".join(done.stdout.split())  # the report wraps at the console's width
     assert "VERIFIER BUG" not in text
-    assert "numerically unstable over 100 steps (its states overflow)" in text
+    # overflowing states, or (on some runs: torch's reductions are not bit-reproducible across
+    # thread counts) a measured sensitivity past the tolerance: either way unstable, not a bug
+    assert "numerically unstable over 100 steps" in text
     assert done.stdout.rstrip().splitlines()[-1].startswith("  unknown in ")
