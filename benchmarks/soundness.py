@@ -5,10 +5,11 @@ as written (when the file has a ``step`` block) and the canonical step placeveri
 the placement, written out explicitly (:func:`placeverify.ir.render.step_text`). It applies small
 named mutation operators to each base's step text (delete, duplicate, swap and move statements,
 move them into and out of the micro-batch loop and ``on microbatch last``, change reduce ops,
-groups, targets, scales, the loss, the clip, the RNG seeds, the overflow reduction, the parameter
-gather, ...), checks every mutant that still lowers with placeverify's Python API under a
-per-mutant time limit, and replays on real ``torch.distributed`` processes every mutant whose
-verdict differs from its base's, plus a sample of the rest stratified by base file and verdict.
+groups, targets, scales, the loss, the powers of sizes, split a division into square-root pre-
+and post-divides, the clip, the RNG seeds, the overflow reduction, the parameter gather, ...),
+checks every mutant that still lowers with placeverify's Python API under a per-mutant time limit,
+and replays on real ``torch.distributed`` processes every mutant whose verdict differs from its
+base's, plus a sample of the rest stratified by base file and verdict.
 
 A replay re-asks Z3 at the replayed mesh and runs the step: *proved-but-diverges* (Z3 proved it
 at that mesh but the real run diverges) is a soundness bug of the verifier or of the replay;
@@ -712,6 +713,73 @@ def change_loss(body: StepBody, ctx: Context) -> Iterator[StepBody]:
             yield f"backward {new}"
 
     yield from edited(body, lambda s: s.startswith("backward "), variants)
+
+
+SIZE = re.compile(r"\|(?P<group>[^|]+)\|(?: \^ (?P<power>-?[0-9.]+))?")
+POWERS = ("0.5", "1.5", "2")
+
+
+def power_variants(expr: str) -> Iterator[str]:
+    """An expression with one size factor raised to another power: ``|g|`` to ``|g| ^ 0.5``,
+    ``|g| ^ 1.5``, ``|g| ^ 2``; ``|g| ^ p`` to ``|g|`` and the other powers."""
+    for match in SIZE.finditer(expr):
+        now = match["power"]
+        for power in (None, *POWERS):
+            if power == now:
+                continue
+            factor = f"|{match['group']}|" + (f" ^ {power}" if power else "")
+            yield expr[:match.start()] + factor + expr[match.end():]
+
+
+@operator
+def change_power(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A size in a scale or the loss raised to another (whole or half-whole) power."""
+    def variants(statement: str) -> Iterator[str | None]:
+        scale, backward = SCALE.match(statement), BACKWARD.match(statement)
+        if scale is not None:
+            for new in power_variants(scale["expr"]):
+                yield f"scale {scale['target']} by {new}"
+        elif backward is not None:
+            for new in power_variants(backward["expr"]):
+                yield f"backward {new}"
+
+    yield from edited(body, lambda s: SCALE.match(s) is not None or s.startswith("backward "),
+                      variants)
+
+
+@operator
+def split_division(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A division by a size in a scale or the loss split into a pre- and a post-divide by its
+    square root (``/ |g|`` becomes ``/ |g| ^ 0.5`` there and ``scale grads by 1 / |g| ^ 0.5``
+    just before the update), and the same split with the post-divide over another group or
+    missing."""
+    for loc, statement in body.statements():
+        scale, backward = SCALE.match(statement), BACKWARD.match(statement)
+        match = scale or backward
+        if match is None:
+            continue
+        expr = match["expr"]
+        for size in SIZE.finditer(expr):
+            if size["power"] is not None or not expr[:size.start()].endswith("/ "):
+                continue
+            head = f"scale {scale['target']} by " if scale is not None else "backward "
+            half = head + expr[:size.start()] + f"|{size['group']}| ^ 0.5" + expr[size.end():]
+            split = body.replaced(loc, half)
+            posts = [size["group"], *(a for a in ctx.axes if a != size["group"])][:2]
+            for group in posts:
+                result = before_update(split, f"scale grads by 1 / |{group}| ^ 0.5")
+                if result is not None:
+                    yield result
+            yield split
+
+
+@operator
+def insert_root_scale(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A gradient scale by 1 / |axis| ^ 0.5 before the update."""
+    for axis in ctx.axes:
+        result = before_update(body, f"scale grads by 1 / |{axis}| ^ 0.5")
+        if result is not None:
+            yield result
 
 
 def is_clip(statement: str) -> bool:

@@ -24,7 +24,6 @@ import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +35,7 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.lower.values import MAX_AXIS
 from placeverify.semantics.groups import group_view
+from placeverify.semantics.surd import Real
 from placeverify.syntax.source import MAX_FILE_BYTES, decode_text
 from placeverify.verdicts import Condition, Obligation, ObligationKind
 
@@ -280,7 +280,8 @@ def _rows(doc: Mapping[str, Any], key: str, shape: str,
         raise TraceError(f"trace {key} must be a list of {shape}", at=key) from None
 
 
-def _fraction(value: Fraction | None) -> str | None:
+def _fraction(value: Real | None) -> str | None:
+    """``p/q``, or an exact sum of square roots (``1/2*sqrt(2)``) after ``|g| ^ 0.5`` factors."""
     return None if value is None else str(value)
 
 

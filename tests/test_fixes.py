@@ -40,6 +40,7 @@ CALLS_FOR: dict[str, str] = {
     "free-before-update": "free after 'update params'",
     "ga-token-normalisation": "normalise by the global token count",
     "hsdp-shard-group-of-one": "all_reduce(sum) grads over replica after the reduce-scatter",
+    "hsdp-divide-factor-replicas": "gradients are |replica|x too small",
     "missing-allreduce": "all_reduce(sum) grads over dp",
     "overflow-after-update": "all_reduce(max) overflow over world",
     "rank-dependent-order": "reduce in one fixed order on every rank",
@@ -61,6 +62,7 @@ UNCITED: dict[str, str] = {
     "Megatron-LM#906": "shard-mismatch fix is generic", "DeepSpeed#5618": "shard-mismatch fix",
     "DN-DETR#18": "free-before-update fix is generic",
     "DeepSpeed#994": "overflow fix is generic", "ColossalAI#1175": "overflow fix is generic",
+    "pytorch#155903": "double-division fix is generic",
     # Cited by the composition check's reason, not by a fix.
     "DeepSpeed#1629": "composition reason",
 }

@@ -27,6 +27,7 @@ from placeverify.diagnostics import PlaceError
 from placeverify.ir.render import step_text
 from placeverify.lower import load, load_text
 from placeverify.lower.edit import replace_step
+from placeverify.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [ROOT / "examples" / p for p in (
@@ -87,6 +88,19 @@ step {
 }
 """
 
+DIVIDED = """\
+model { params = 1e9 }
+precision megatron
+mesh { dp = 2 }
+place ddp over dp
+step {
+    backward sum / tokens(dp, step) * |dp|
+    all_reduce(sum) grads over dp
+    scale grads by 1 / |dp|
+    update params
+}
+"""
+
 
 def _harness() -> ModuleType:
     spec = importlib.util.spec_from_file_location("soundness", ROOT / "benchmarks" / "soundness.py")
@@ -138,7 +152,7 @@ def test_a_rendered_step_parses_back_to_the_same_text(path: Path) -> None:
 
 @pytest.mark.parametrize("name", list(soundness.OPERATORS))
 def test_every_operator_makes_a_mutant_that_lowers(name: str) -> None:
-    made = [(base, body) for base in (_base(RICH), _base(PLAIN))
+    made = [(base, body) for base in (_base(RICH), _base(PLAIN), _base(DIVIDED))
             for body in soundness.OPERATORS[name](base.body, base.context)]
     assert made, f"{name} made no mutant of a step with every construct, nor of a plain one"
     lowered = 0
@@ -180,6 +194,31 @@ def test_operators_edit_what_they_say() -> None:
     assert ["- all_reduce(max) overflow over tp * pp * dp"] in _diffs("delete_statement")
     assert ["+ all_reduce(max) overflow over cp"] in _diffs("insert_overflow", PLAIN)
     assert ["+ clip(max_norm = 1) grads over world"] in _diffs("insert_clip", PLAIN)
+
+
+def _mutants(name: str, text: str) -> list[list[str]]:
+    base = _base(text)
+    return [body.flat() for body in soundness.OPERATORS[name](base.body, base.context)]
+
+
+def test_the_power_operators_split_and_raise_sizes() -> None:
+    head = ["microbatches = 1", "each microbatch: backward sum / tokens(dp, step) * |dp|",
+            "all_reduce(sum) grads over dp"]
+    split = [*head, "scale grads by 1 / |dp| ^ 0.5", "scale grads by 1 / |dp| ^ 0.5",
+             "update params"]
+    assert _mutants("split_division", DIVIDED) == [split, [*split[:4], "update params"]]
+    raised = _mutants("change_power", DIVIDED)
+    assert ["microbatches = 1", "each microbatch: backward sum / tokens(dp, step) * |dp| ^ 0.5",
+            "all_reduce(sum) grads over dp", "scale grads by 1 / |dp|", "update params"] in raised
+    assert [*head, "scale grads by 1 / |dp| ^ 2", "update params"] in raised
+    assert [*head, "scale grads by 1 / |dp| ^ 0.5", "scale grads by 1 / |dp| ^ 0.5",
+            "update params"] not in raised
+    # the split keeps the verdict of its base: 1/√2 · 1/√2 = 1/2; half of it does not
+    verdicts = []
+    for body in soundness.OPERATORS["split_division"](_base(DIVIDED).body, _base(DIVIDED).context):
+        verification = verify(load_text(_base(DIVIDED).text(body)))
+        verdicts.append(verification.verdicts()["gradient_integrity"])
+    assert verdicts == ["proved", "refuted"]
 
 
 def test_the_sample_keeps_every_stratum_and_depends_only_on_the_seed() -> None:

@@ -50,6 +50,9 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "dropout-seed-sequence-parallel": ({"gradient_integrity"}, "rng"),
     # the update consumes a freed (zero) gradient: the coefficient is 0, at the free
     "free-before-update": ({"gradient_integrity"}, "coefficient"),
+    # a divide factor split between the shard and replica groups, divided again by the replicas'
+    # average (pytorch#155903); the fixed twin splits it as 1/sqrt(N) before and after
+    "hsdp-divide-factor-replicas": ({"gradient_integrity"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12

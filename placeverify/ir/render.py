@@ -165,6 +165,9 @@ def term_text(term: Term) -> str:
     if term.kind is TermKind.SIZE:
         assert term.group is not None
         return f"|{group_text(term.group)}|"
+    if term.kind is TermKind.SIZE_ROOT:
+        assert term.group is not None
+        return f"|{group_text(term.group)}| ^ 0.5"
     if term.kind is TermKind.COUNT:
         assert term.count is not None
         return term.count.label()

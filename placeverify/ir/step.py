@@ -52,6 +52,7 @@ class TermKind(StrEnum):
     LOSS_SUM = "sum"  # the sum of per-token (or per-sample) losses of this micro-batch here
     COUNT = "count"
     SIZE = "size"  # |group|
+    SIZE_ROOT = "size_root"  # the square root of |group|: |group| ^ 0.5
     MICROBATCHES = "microbatches"
     LOSS_SCALE = "loss_scale"  # the loss-scale factor of mixed-precision training (any S > 0)
 
@@ -72,12 +73,17 @@ class Term:
         if self.kind is TermKind.SIZE:
             assert self.group is not None
             return f"|{self.group.label()}|"
+        if self.kind is TermKind.SIZE_ROOT:
+            assert self.group is not None
+            return f"|{self.group.label()}| ^ 0.5"
         return self.kind.value
 
 
 @node
 class Monomial:
-    """A product of terms with integer exponents, e.g. ``sum * |cp| / tokens(dp, step)``."""
+    """A product of terms with integer exponents, e.g. ``sum * |cp| / tokens(dp, step)``; a
+    half-whole power of a size is a whole power of its square root (``|dp| ^ 1.5`` is
+    (SIZE_ROOT dp, 3))."""
 
     factors: tuple[tuple[Term, int], ...]
     text: str
@@ -85,9 +91,10 @@ class Monomial:
 
     def evaluate(self, *, one: Any, number: Callable[[Fraction], Any], microbatches: Any,
                  size: Callable[[Group], Any], count: Callable[[Count], Any],
-                 loss_scale: Any) -> Any:
+                 loss_scale: Any, root: Callable[[Group], Any]) -> Any:
         """The product of the terms other than the loss, in whatever number domain the
-        callbacks give (exact fractions, solver terms): ``one`` times each term to its power."""
+        callbacks give (exact numbers, solver terms): ``one`` times each term to its power;
+        ``root`` gives the square root of a group's size."""
         value = one
         for term, exponent in self.factors:
             if term.kind is TermKind.LOSS_SUM:
@@ -101,6 +108,9 @@ class Monomial:
             elif term.kind is TermKind.SIZE:
                 assert term.group is not None
                 x = size(term.group)
+            elif term.kind is TermKind.SIZE_ROOT:
+                assert term.group is not None
+                x = root(term.group)
             else:
                 assert term.count is not None
                 x = count(term.count)

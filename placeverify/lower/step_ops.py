@@ -39,6 +39,7 @@ from placeverify.syntax import ast
 OPS = (*(k.value for k in COLLECTIVES), "update", "free", "clip")
 TARGETS = {k.value: k for k in TargetKind}
 GROUP_NAMES = {g.value: g for g in ParamGroup}
+MAX_POWER = 16  # |g| ^ e with |e| above this is a typing mistake (and an unrolled product)
 
 
 class OpReader:
@@ -86,6 +87,25 @@ class OpReader:
             return None
         return Monomial(tuple(factors), expr_text(self.ctx.source, expr), expr.span)
 
+    def power(self, factor: ast.PowerFactor) -> list[tuple[Term, int]] | None:
+        """``|g| ^ e`` for a whole or half-whole e: |g| to the power e, or its square root to
+        the power 2e (a pre- or post-divide by the square root of a group's size)."""
+        group = read_group(self.ctx, factor.group, self.mesh)
+        exponent = factor.exponent.value
+        if (2 * exponent).denominator != 1:
+            self.error(f"a size is raised to a whole or half-whole power (|g| ^ 0.5, |g| ^ 2), "
+                       f"not {factor.exponent.text}", Code.BAD_VALUE, factor.exponent.span)
+            return None
+        if abs(exponent) > MAX_POWER:
+            self.error(f"the power {factor.exponent.text} is absurdly large (the limit is "
+                       f"{MAX_POWER})", Code.BAD_VALUE, factor.exponent.span)
+            return None
+        if group is None:
+            return None
+        if exponent.denominator == 1:
+            return [(Term(TermKind.SIZE, group=group), int(exponent))] if exponent else []
+        return [(Term(TermKind.SIZE_ROOT, group=group), int(2 * exponent))]
+
     def factor(self, factor: ast.Factor, allow_loss: bool) -> list[tuple[Term, int]] | None:
         loss_kind = self.config.loss.kind
         unit = CountKind.SAMPLES if loss_kind.value == "sample_mean" else CountKind.TOKENS
@@ -97,6 +117,8 @@ class OpReader:
         if isinstance(factor, ast.SizeFactor):
             group = read_group(self.ctx, factor.group, self.mesh)
             return None if group is None else [(Term(TermKind.SIZE, group=group), 1)]
+        if isinstance(factor, ast.PowerFactor):
+            return self.power(factor)
         if isinstance(factor, ast.NameFactor):
             name = factor.name.text
             if name in ("sum", "mean"):

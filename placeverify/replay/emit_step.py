@@ -174,6 +174,8 @@ class StepEmitter:
                 assert term.group is not None
                 group_axes = self.axes(op, term.group.axes, term.group.ends)
                 x = f"size({', '.join(repr(a) for a in group_axes)})"
+            elif term.kind is TermKind.SIZE_ROOT:
+                raise self.refuse(op, "a square root of a size (|g| ^ 0.5) is not emitted")
             else:
                 assert term.count is not None
                 x = f"{self.count_name(term.count)}[{k}]"

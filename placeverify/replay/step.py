@@ -64,6 +64,7 @@ from placeverify.replay.reference import LEARNING_RATE, MOMENTUM, NORM_EPS
 from placeverify.roles.relations import relation
 from placeverify.semantics.interpreter import LOSS_SCALE
 from placeverify.semantics.schedule import events
+from placeverify.semantics.surd import Real, sqrt_of
 
 
 class RankRun(RankCollectives):
@@ -139,11 +140,17 @@ class RankRun(RankCollectives):
                 out[(count, k)] = int(v)
         return out
 
-    def factor(self, monomial: Monomial, k: int) -> Fraction:
-        value: Fraction = monomial.evaluate(
+    def factor(self, monomial: Monomial, k: int) -> Real:
+        """A loss or scale factor, exactly (square roots of sizes as :mod:`semantics.surd`
+        numbers); the caller rounds it to the run's float once."""
+        def size(group: Group) -> int:
+            return group.size_of({a: self.grid.size(a) for a in group.axes})
+
+        value: Real = monomial.evaluate(
             one=Fraction(1), number=Fraction, microbatches=Fraction(self.s.microbatches),
-            size=lambda group: Fraction(group.size_of({a: self.grid.size(a) for a in group.axes})),
-            count=lambda c: Fraction(self.counts[(c, k)]), loss_scale=LOSS_SCALE)
+            size=lambda group: Fraction(size(group)),
+            count=lambda c: Fraction(self.counts[(c, k)]), loss_scale=LOSS_SCALE,
+            root=lambda group: sqrt_of(size(group)))
         return value
 
     # ---- backward: one micro-batch through the pipeline ----------------------------------------

@@ -166,7 +166,10 @@ def code_flow(trace: Trace, path: str, span: Span | None) -> list[dict[str, Any]
 def _num(text: str | None) -> str:
     if text is None:
         return "-"
-    value = Fraction(text)
+    try:
+        value = Fraction(text)
+    except ValueError:
+        return text  # an exact sum of square roots, written as the trace holds it
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 

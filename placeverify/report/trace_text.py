@@ -18,7 +18,10 @@ MAX_DEVICES = 4
 def _num(text: str | None) -> str:
     if text is None:
         return "-"
-    value = Fraction(text)
+    try:
+        value = Fraction(text)
+    except ValueError:
+        return text  # an exact sum of square roots, written as the trace holds it
     if value.denominator == 1:
         return str(value.numerator)
     return f"{value.numerator}/{value.denominator}"

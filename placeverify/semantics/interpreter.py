@@ -38,6 +38,7 @@ from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
 from placeverify.semantics.groups import GroupView, ends_match
 from placeverify.semantics.schedule import MicroBatch
+from placeverify.semantics.surd import Real, sqrt_of
 
 Coords = tuple[int, ...]
 AtomKey = tuple[Coords, int]  # (batch coordinates, micro-batch)
@@ -59,9 +60,9 @@ class Instance:
 @dataclass
 class DeviceTrace:
     coords: dict[str, int]
-    rows: list[tuple[str, int | None, int | None, Fraction, Fraction | None]] = field(
+    rows: list[tuple[str, int | None, int | None, Real, Real | None]] = field(
         default_factory=list)  # (statement, line, micro-batch, full buffer, shard)
-    consumed: Fraction | None = None
+    consumed: Real | None = None
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Run:
     reference: Fraction
     mixes_shards: list[Op]  # collectives over axes where the group holds different parameters
     consumed_at_line: int | None
-    clips: list[Seen[list[Fraction]]] = field(default_factory=list)  # what each clip saw
+    clips: list[Seen[list[Real]]] = field(default_factory=list)  # what each clip saw
 
     def mismatches(self, observe: int | None = None) -> list[tuple[int, DeviceTrace]]:
         """Devices (index, trace) whose consumed gradient, or with ``observe`` the gradient
@@ -94,7 +95,8 @@ def atoms(view: GroupView, sizes: dict[str, int], m: int) -> list[AtomKey]:
 
 
 class _Exact:
-    """The exact domain: one rational per device, each device's gradient buffer."""
+    """The exact domain: one exact number per device, each device's gradient buffer (a rational,
+    or with ``|g| ^ 0.5`` factors an exact sum of square roots, :mod:`placeverify.semantics.surd`)."""
 
     def __init__(self, strategy: Strategy, view: GroupView, instance: Instance) -> None:
         self.s = strategy
@@ -168,13 +170,13 @@ class _Exact:
         replicated = math.prod(self.sizes[a] for a in axes if a not in batch)
         return Fraction(total * replicated)
 
-    def factor(self, monomial: Monomial, home: Coords, k: MicroBatch) -> Fraction:
+    def factor(self, monomial: Monomial, home: Coords, k: MicroBatch) -> Real:
         assert isinstance(k, int)
-        value: Fraction = monomial.evaluate(
+        value: Real = monomial.evaluate(
             one=Fraction(1), number=Fraction, microbatches=Fraction(self.m),
             size=lambda group: Fraction(group.size_of(self.sizes)),
             count=lambda c: self.count(c.kind, c.axes, c.scope, home, k),
-            loss_scale=LOSS_SCALE)
+            loss_scale=LOSS_SCALE, root=lambda group: sqrt_of(group.size_of(self.sizes)))
         return value
 
     def reference_weight(self, b: Coords, k: int) -> Fraction:
@@ -206,10 +208,10 @@ class _Exact:
 
     # ---- the domain (placeverify.semantics.buffers.GradDomain) -------------------------------
 
-    def zero(self) -> list[Fraction]:
+    def zero(self) -> list[Real]:
         return [Fraction(0)] * len(self.devices)
 
-    def backward(self, buffer: list[Fraction], op: Backward, k: MicroBatch) -> list[Fraction]:
+    def backward(self, buffer: list[Real], op: Backward, k: MicroBatch) -> list[Real]:
         assert isinstance(k, int)
         view = self.view
         routed = [i for i, a in enumerate(view.batch) if a in view.routed]
@@ -217,7 +219,7 @@ class _Exact:
         for d in self.devices:
             mine = self.batch_of(d)
             chunk = self.extra_of(d)
-            add = Fraction(0)
+            add: Real = Fraction(0)
             for b in batch_coords(view, self.sizes):
                 if any(b[i] != mine[i] for i in range(len(b)) if i not in routed):
                     continue
@@ -225,26 +227,27 @@ class _Exact:
             out[self.index[d]] += add
         return out
 
-    def reduce(self, buffer: list[Fraction], op: Collective) -> list[Fraction] | None:
-        result: list[Fraction] = []
+    def reduce(self, buffer: list[Real], op: Collective) -> list[Real] | None:
+        result: list[Real] = []
         for d in self.devices:
             group = self.members(d, op.group)
             if group is None:
                 return None
             values = [buffer[self.index[y]] for y in group]
+            value: Real
             if op.op is ReduceOp.MAX:
                 value = max(values)
             else:
                 value = sum(values, Fraction(0))
                 if op.op is ReduceOp.MEAN:
-                    value /= len(group)
+                    value = value / len(group)
             result.append(value)
         return result
 
-    def accumulate(self, shard: list[Fraction], value: list[Fraction]) -> list[Fraction]:
+    def accumulate(self, shard: list[Real], value: list[Real]) -> list[Real]:
         return [a + b for a, b in zip(shard, value, strict=True)]
 
-    def scale(self, buffer: list[Fraction], op: Scale, k: MicroBatch) -> list[Fraction]:
+    def scale(self, buffer: list[Real], op: Scale, k: MicroBatch) -> list[Real]:
         return [v * self.factor(op.factor, self.batch_of(d), k)
                 for v, d in zip(buffer, self.devices, strict=True)]
 
@@ -254,7 +257,7 @@ def run(strategy: Strategy, view: GroupView, instance: Instance) -> Run:
     exact = _Exact(strategy, view, instance)
     traces = [DeviceTrace(dict(zip(exact.axes, d, strict=True))) for d in exact.devices]
 
-    def record(machine: GradMachine[list[Fraction]], op: Op, k: MicroBatch) -> None:
+    def record(machine: GradMachine[list[Real]], op: Op, k: MicroBatch) -> None:
         line = getattr(op, "span", None)
         shard = machine.shard if machine.sharded else None
         for i, trace in enumerate(traces):

@@ -201,12 +201,21 @@ class SizeFactor:
 
 
 @node
+class PowerFactor:
+    """``|dp| ^ 0.5``: a group's size raised to a power."""
+
+    group: Group
+    exponent: NumberValue
+    span: Span
+
+
+@node
 class ParenFactor:
     expr: Expr
     span: Span
 
 
-Factor = NumberFactor | NameFactor | CountFactor | SizeFactor | ParenFactor
+Factor = NumberFactor | NameFactor | CountFactor | SizeFactor | PowerFactor | ParenFactor
 
 
 @node

@@ -18,6 +18,7 @@ from placeverify.ir.step import Backward, Collective, CollectiveKind, Free, Scal
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.groups import GroupView
 from placeverify.semantics.interpreter import Instance, run, uniform_instance
+from placeverify.semantics.surd import Real, Surd
 
 
 def describe(strategy: Strategy, view: GroupView, found: Counterexample) -> str:
@@ -51,9 +52,11 @@ def token_text(view: GroupView, found: Counterexample) -> str:
     return "; ".join(parts)
 
 
-def show(value: Fraction | None) -> str:
+def show(value: Real | None) -> str:
     if value is None:
         return "nothing"
+    if isinstance(value, Surd):
+        return f"{value} (≈ {float(value):.6g})"
     if value.denominator == 1:
         return str(value.numerator)
     return f"{value.numerator}/{value.denominator} (≈ {float(value):.6g})"
@@ -89,7 +92,10 @@ def ratio_pattern(strategy: Strategy, view: GroupView, found: Counterexample) ->
         consumed = result.devices[0].consumed
         if consumed is None or result.reference == 0:
             return None
-        ratios.add(consumed / result.reference)
+        ratio = consumed / result.reference
+        if isinstance(ratio, Surd):
+            return None  # an irrational ratio: no fix pattern names one
+        ratios.add(ratio)
     return ratios.pop() if len(ratios) == 1 else None
 
 

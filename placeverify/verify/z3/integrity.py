@@ -26,6 +26,7 @@ each of 128 or 512 micro-batches encodes five.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,8 @@ class _Coefficients:
         self.m = m
         self.counts = counts
         self.loss_scale = z3.Real(f"{counts.prefix}loss_scale")
+        self.roots: dict[str, Any] = {}  # square roots of sizes, by size (|g| ^ 0.5)
+        self.root_facts: list[Any] = []
         self.generic = loop_is_uniform(strategy)
         if not self.generic and not isinstance(m, int):
             raise Unmodelled("the micro-batch loop has collectives, so it is unrolled, which needs "
@@ -152,7 +155,21 @@ class _Coefficients:
             size=lambda group: _real(_group_size(group, self.sizes)),
             count=lambda c: self.counts.get(c.kind, c.axes, c.scope is Scope.STEP, anchor,
                                             k),
-            loss_scale=self.loss_scale)
+            loss_scale=self.loss_scale, root=self.root)
+
+    def root(self, group: Group) -> Any:
+        """The square root of a group's size: a numeral when the size is a perfect square, else
+        a positive real r with r·r = size (one per size; nonlinear real arithmetic decides it
+        exactly)."""
+        n = _group_size(group, self.sizes)
+        if isinstance(n, int) and math.isqrt(n) ** 2 == n:
+            return z3.RealVal(math.isqrt(n))
+        key = str(n)
+        r = self.roots.get(key)
+        if r is None:
+            r = self.roots[key] = z3.Real(f"{self.counts.prefix}sqrt_{len(self.roots)}")
+            self.root_facts += [r * r == _real(n), r > 0]
+        return r
 
     def varying(self, monomial: Monomial) -> frozenset[str]:
         """Batch axes along which a factor evaluated on the holding device varies."""
@@ -357,7 +374,7 @@ def _encode(strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size
     update = machine.update
     return Encoded(update.value.values, reference, counts, machine.mixes,
                    update.op.span.line if isinstance(update.op, Update) else None,
-                   machine.clips, [domain.loss_scale > 0])
+                   machine.clips, [domain.loss_scale > 0, *domain.root_facts])
 
 
 def mismatch_formula(encoded: Encoded, observed: dict[Key, Any] | None = None) -> Any:
