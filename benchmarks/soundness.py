@@ -17,13 +17,13 @@ at that mesh but the real run diverges) is a soundness bug of the verifier or of
 that cannot see the difference. Mutants that no longer parse or lower are *rejected* and not
 counted; an exception other than placeverify's diagnostics is an *internal error*.
 
-    .venv/bin/python benchmarks/soundness.py                          # the full run (~12 min)
+    .venv/bin/python benchmarks/soundness.py                          # the full run (~14 min)
     .venv/bin/python benchmarks/soundness.py --limit-mutants 300 --replays 30 --json out.json
     .venv/bin/python benchmarks/soundness.py examples/ok/hsdp.place --replays 0
 
-The full run on this project's 2-core machine: 126 bases from the 88 example files, 6,710
-distinct mutants made by the operators, 1,700 checked in about 25 s (1,577 lower), 1,028
-replays at world 4 in about 11 minutes. The last line printed is always (one line)::
+The full run on this project's 2-core machine: 131 bases from the 91 example files, 7,379
+distinct mutants made by the operators, 1,700 checked in about 25 s (1,589 lower), 1,085
+replays at world 4 in about 14 minutes. The last line printed is always (one line)::
 
     soundness: N mutants, P proved, R refuted, U unknown;
     proved-but-diverges X, refuted-but-matches Y, internal errors Z
