@@ -12,9 +12,11 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -199,3 +201,18 @@ class Progress:
         else:
             with error_console().status(text) as status:
                 yield status.update
+
+
+def write_atomically(text: str, path: str | Path) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: a
+    reader never sees half a file, and the old one is never lost to a failed write."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 import click
 
-from placeverify.console import error_console
+from placeverify.console import error_console, write_atomically
 from placeverify.diagnostics import ExitCode, Source
 from placeverify.importers import Options
 from placeverify.importers.common import Imported
@@ -38,16 +35,7 @@ def import_command(path: str, options: Options, out: str | None,
     if out is None:
         click.echo(imported.text, nl=False)
         return ExitCode.OK
-    target = Path(out)
-    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                    dir=str(target.parent or Path(".")))
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(imported.text)
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_atomically(imported.text, out)
     error_console().print(f"written to {out}", markup=False)
     return ExitCode.OK
 

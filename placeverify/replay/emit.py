@@ -32,13 +32,12 @@ and anything else the replay itself would refuse.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
 from placeverify import __version__
+from placeverify.console import write_atomically
 from placeverify.diagnostics import ExitCode
 from placeverify.ir.placement import Role
 from placeverify.ir.precision import LossScale
@@ -230,19 +229,6 @@ def _header(trace: Trace, trace_path: str, script: str, sizes: dict[str, int], k
 
 
 # ---- the command ------------------------------------------------------------------------------------
-
-
-def write_atomically(text: str, path: str) -> None:
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, temporary = tempfile.mkstemp(prefix=".repro-", suffix=".py", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def emit_trace(path: str, out: str, *, world: int | None, steps: int,

@@ -8,14 +8,13 @@ no layout fits the device at its predicted peak; 3 when layouts fit but none cou
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
+from placeverify.console import write_atomically
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
 from placeverify.ir.devices import devices as bundled_devices
 from placeverify.ir.model import ARCHITECTURES
@@ -106,14 +105,7 @@ def write_layouts(result: SearchResult, out_dir: str) -> dict[str, str]:
         kind = "top" if e in result.top else "frontier"
         name = f"{rank:02d}-{kind}-" + e.label.replace(" ", "_") + ".place"
         path = folder / name
-        handle, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=str(folder))
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as stream:
-                stream.write(e.text)
-            os.replace(temp, path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+        write_atomically(e.text, path)
         written[e.label] = str(path)
     return written
 
