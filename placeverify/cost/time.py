@@ -258,7 +258,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     model_flops = model_flops_per_token(arch) * step_tokens
 
     device: Device | None = mesh.device
-    matmul = mesh.matmul or _default_matmul(strategy)
+    matmul = mesh.matmul or default_matmul(strategy)
     peak = None if device is None else device.peak(matmul)
     eta = None
     if peak is not None and device is not None:
@@ -381,7 +381,7 @@ def _bubble(pp: int, v: int, m: int) -> float:
     return 0.0 if pp <= 1 else (pp - 1) / v
 
 
-def _default_matmul(strategy: Strategy) -> str:
+def default_matmul(strategy: Strategy) -> str:
     dtype = strategy.precision.params_dtype
     return "tf32" if dtype == "fp32" else dtype if dtype in ("bf16", "fp16", "fp8") else "bf16"
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import NoReturn
 
-from placeverify.cost.time import _default_matmul as default_matmul
+from placeverify.cost.time import default_matmul
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
 from placeverify.ir.devices import Device
 from placeverify.ir.model import Transformer
+from placeverify.ir.placement import Role
 from placeverify.ir.precision import Precision
 from placeverify.ir.strategy import Strategy
 from placeverify.syntax import ast
@@ -80,12 +81,12 @@ def problem_from(strategy: Strategy, tree: ast.File | None, *, devices: int | No
         _fail(source, "search needs a device profile: 'device = h100_sxm' in the mesh, or "
               "--device", "bundled: a100_80gb_sxm, h100_sxm, h200, mi300x, b200")
     n = devices or mesh.world
-    replicas = strategy.mesh.world
+    # the file's global batch: micro-batch x micro-batches x the ranks that split the batch
+    replicas = mesh.world
     for p in strategy.placements:
-        if p.role.value in ("tensor", "pipeline", "context"):
+        if p.role in (Role.TENSOR, Role.PIPELINE, Role.CONTEXT):
             replicas //= strategy.size(p.axis)
-    file_batch = strategy.model.arch.micro_batch * strategy.microbatches * replicas \
-        if strategy.model.arch else 1
+    file_batch = arch.micro_batch * strategy.microbatches * replicas
     if batch_tokens is not None:
         if batch_tokens % arch.seq:
             _fail(source, f"--batch-tokens ({batch_tokens}) is not a whole number of sequences "
