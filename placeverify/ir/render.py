@@ -75,7 +75,7 @@ def _block_header(lo: LoopOp, microbatches: int) -> str:
 def op_text(op: Op) -> str:
     """One step statement, e.g. ``reduce_scatter(sum, accumulate) grads[dense] over dp``."""
     if isinstance(op, Backward):
-        return f"backward {monomial_text(op.loss)}"
+        return f"backward {op.term + ': ' if op.term else ''}{monomial_text(op.loss)}"
     if isinstance(op, Collective):
         return collective_text(op)
     if isinstance(op, Scale):
@@ -97,7 +97,7 @@ def op_label(op: Op) -> str:
     """One step statement in the short form of reports and traces (labels, ``max_norm`` as
     ``%g``), e.g. ``all_reduce(sum) grads over dp``; :func:`op_text` is the round-trip form."""
     if isinstance(op, Backward):
-        return f"backward {op.loss.text}"
+        return f"backward {op.term + ': ' if op.term else ''}{op.loss.text}"
     if isinstance(op, Collective):
         return op.label()
     if isinstance(op, Scale):

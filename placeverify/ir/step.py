@@ -174,8 +174,17 @@ class Region(StrEnum):
 
 @node
 class Backward:
+    """``backward L``: one micro-batch's loss back-propagated; ``term`` names the loss term it
+    computes ("" for the main loss), ``reaches`` the parameter groups that term's gradient reaches
+    (None: every group; a group outside it gets nothing from this backward)."""
+
     loss: Monomial
     span: Span
+    term: str = ""
+    reaches: frozenset[ParamGroup] | None = None
+
+    def adds_to(self, group: ParamGroup) -> bool:
+        return self.reaches is None or group in self.reaches
 
 
 @node

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 from placeverify.diagnostics import Diagnostic, Source, Span
 from placeverify.ir.mesh import Mesh
-from placeverify.ir.model import Model
+from placeverify.ir.model import Model, ParamGroup
 from placeverify.ir.placement import AxisPlacement, Mode, Role, State
 from placeverify.ir.precision import Precision
 from placeverify.ir.step import Step
@@ -28,6 +28,21 @@ class Loss:
     kind: LossKind
     span: Span | None
     uneven_samples: bool = False  # sample_mean: micro-batches may hold different sample counts
+
+
+MAIN_TERM = "main"  # how reports name the main loss; no named term may take the name
+
+
+@dataclass(frozen=True, slots=True)
+class LossTerm:
+    """A named loss term beside the main loss (``loss aux: token_mean reaches experts``): the
+    single-device loss is the sum of the main loss and every term, each normalised as its ``loss``
+    says and reaching the parameter groups ``reaches`` names (None: every group)."""
+
+    name: str
+    loss: Loss
+    reaches: frozenset[ParamGroup] | None
+    span: Span
 
 
 class RecomputeKind(StrEnum):
@@ -71,6 +86,7 @@ class Config:
     microbatches: int  # the micro-batches of one step (a written step may declare them)
     clip: ClipConfig | None
     loss_scale: str
+    terms: tuple[LossTerm, ...] = ()  # named loss terms beside the main loss (README "Loss terms")
 
     def placement(self, axis: str) -> AxisPlacement:
         for p in self.placements:
@@ -170,6 +186,10 @@ class Strategy:
     @property
     def microbatches(self) -> int:
         return self.config.microbatches
+
+    @property
+    def terms(self) -> tuple[LossTerm, ...]:
+        return self.config.terms
 
     @property
     def clip(self) -> ClipConfig | None:

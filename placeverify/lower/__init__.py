@@ -33,6 +33,7 @@ from placeverify.lower.settings import (
 )
 from placeverify.lower.shapes import check_shapes
 from placeverify.lower.step import lower_step
+from placeverify.lower.terms import read_terms
 from placeverify.lower.values import Context
 from placeverify.syntax import ast
 from placeverify.syntax.parser import parse_source, read_source
@@ -84,7 +85,7 @@ def lower(file: ast.File, source: Source) -> Strategy:
     precision_stmt = ctx.single(of(ast.PrecisionStmt), "precision")
     mesh_stmt = ctx.single(of(ast.MeshStmt), "mesh")
     recompute_stmt = ctx.single(of(ast.RecomputeStmt), "recompute")
-    loss_stmt = ctx.single(of(ast.LossStmt), "loss")
+    loss_stmt = ctx.single([s for s in of(ast.LossStmt) if s.term is None], "loss")
     microbatch_stmt = ctx.single(of(ast.MicrobatchesStmt), "microbatches")
     clip_stmt = ctx.single(of(ast.ClipStmt), "clip")
     scale_stmt = ctx.single(of(ast.LossScaleStmt), "loss_scale")
@@ -112,6 +113,11 @@ def lower(file: ast.File, source: Source) -> Strategy:
     recompute = read_recompute(ctx, recompute_stmt, model)
     placements = with_recompute(placements, recompute.kind)
     loss = read_loss(ctx, loss_stmt)
+    named = [s for s in of(ast.LossStmt) if s.term is not None]
+    terms = read_terms(ctx, named, model) if named else ()
+    if named and step_stmt is None:
+        ctx.error("a strategy with named loss terms writes its step: say how each term is "
+                  "back-propagated ('backward aux: ...')", Code.MISSING, named[0].span)
     microbatches = read_microbatches(ctx, microbatch_stmt, placements)
     clip = read_clip(ctx, clip_stmt)
     loss_scale = read_loss_scale(ctx, scale_stmt, precision.loss_scale)
@@ -124,7 +130,7 @@ def lower(file: ast.File, source: Source) -> Strategy:
         model_span=model_stmt.span, precision=precision,
         precision_span=precision_stmt.span if precision_stmt else None, mesh=mesh,
         placements=placements, recompute=recompute, loss=loss, microbatches=microbatches,
-        clip=clip, loss_scale=loss_scale)
+        clip=clip, loss_scale=loss_scale, terms=terms)
     step = lower_step(ctx, step_stmt, config) if step_stmt is not None else canonical.derive(config)
     ctx.diag.raise_if_errors()
     if step.microbatches != config.microbatches:  # the written step declares its own count

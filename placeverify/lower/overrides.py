@@ -464,7 +464,9 @@ def _parse(edited: Edited) -> ast.File:
 
 
 def _first(file: ast.File, kind: type) -> list[ast.Statement]:
-    return [s for s in file.statements if isinstance(s, kind)]
+    """The statements of one kind; for ``loss``, the main loss only (not a named term)."""
+    return [s for s in file.statements if isinstance(s, kind)
+            and not (isinstance(s, ast.LossStmt) and s.term is not None)]
 
 
 def _replace(edited: Edited, setting: Setting, span: Span, text: str, value_at: int = 0,

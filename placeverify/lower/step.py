@@ -6,7 +6,7 @@ needs. Its operations and expressions are read by :class:`placeverify.lower.step
 
 from __future__ import annotations
 
-from placeverify.diagnostics import Code, Span
+from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.presets import MAX_MICROBATCHES
 from placeverify.ir.step import Backward, Collective, LoopOp, Op, Scale, Scope, Seed, Step, TargetKind, Update
 from placeverify.ir.strategy import Config
@@ -36,26 +36,23 @@ class StepLowerer(OpReader):
         post: list[Op] = []
         seeds: list[Seed] = []
         backward_seen = False
+        terms_seen: set[str] = set()
         deferred_on: list[ast.OnMicrobatch] = []
         for item in stmt.items:
             if isinstance(item, ast.MicrobatchesStmt):
                 self.set_microbatches(item)
             elif isinstance(item, ast.BackwardStmt):
-                if backward_seen:
-                    self.error("a step has one 'backward'", Code.DUPLICATE, item.span)
                 backward_seen = True
-                loss = self.loss_expr(item.expr)
-                if loss is not None:
-                    loop.append(LoopOp(Backward(loss, item.span)))
+                backward = self.backward(item, terms_seen)
+                if backward is not None:
+                    loop.append(LoopOp(backward))
             elif isinstance(item, ast.EachMicrobatch):
                 for inner in item.items:
                     if isinstance(inner, ast.BackwardStmt):
-                        if backward_seen:
-                            self.error("a step has one 'backward'", Code.DUPLICATE, inner.span)
                         backward_seen = True
-                        loss = self.loss_expr(inner.expr)
-                        if loss is not None:
-                            loop.append(LoopOp(Backward(loss, inner.span)))
+                        backward = self.backward(inner, terms_seen)
+                        if backward is not None:
+                            loop.append(LoopOp(backward))
                     else:
                         op = self.inner_op(inner)
                         if op is not None:
@@ -108,6 +105,26 @@ class StepLowerer(OpReader):
             self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
         return Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
                     False, stmt.span)
+
+    def backward(self, item: ast.BackwardStmt, seen: set[str]) -> Backward | None:
+        """``backward L`` (the main loss) or ``backward name: L`` (a named loss term): one
+        each per step, the term declared by a ``loss name: ...`` statement."""
+        name = item.term.text if item.term is not None else ""
+        if name in seen:
+            self.error("a step has one 'backward'" if not name else
+                       f"a step has one 'backward {name}: ...'", Code.DUPLICATE, item.span)
+        seen.add(name)
+        if not name:
+            return self.term_loss(item, None)
+        declared = {t.name: t for t in self.config.terms}
+        term = declared.get(name)
+        if term is None:
+            assert item.term is not None
+            self.error(f"no loss term '{name}'{did_you_mean(name, list(declared))}",
+                       Code.UNKNOWN_NAME, item.term.span,
+                       f"declare it beside the main loss, e.g. 'loss {name}: token_mean'")
+            return None
+        return self.term_loss(item, term)
 
     def check_seed_conflict(self, seed: Seed, earlier: list[Seed]) -> None:
         """Two statements may not set opposite policies for one dropout region of one axis."""

@@ -11,6 +11,7 @@ from placeverify.ir.collectives import COLLECTIVES, REDUCE_OPS
 from placeverify.ir.mesh import Group, Mesh
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import (
+    Backward,
     Clip,
     Collective,
     CollectiveKind,
@@ -31,7 +32,7 @@ from placeverify.ir.step import (
     TermKind,
     Update,
 )
-from placeverify.ir.strategy import Config
+from placeverify.ir.strategy import Config, LossKind, LossTerm
 from placeverify.lower.mesh import read_group
 from placeverify.lower.values import Context, value_text
 from placeverify.syntax import ast
@@ -49,6 +50,7 @@ class OpReader:
         self.ctx = ctx
         self.config = config
         self.mesh: Mesh = config.mesh
+        self.loss_kind: LossKind | None = None  # a named term's while its backward is read
 
     def error(self, message: str, code: Code, span: Span | None, *notes: str) -> None:
         self.ctx.error(message, code, span, *notes)
@@ -64,6 +66,19 @@ class OpReader:
                        "divided)", Code.BAD_VALUE, expr.span)
             return None
         return monomial
+
+    def term_loss(self, item: ast.BackwardStmt, term: LossTerm | None) -> Backward | None:
+        """A backward's loss, ``mean`` counted in the unit of its term's normalisation."""
+        self.loss_kind = (term.loss if term is not None else self.config.loss).kind
+        try:
+            loss = self.loss_expr(item.expr)
+        finally:
+            self.loss_kind = None
+        if loss is None:
+            return None
+        if term is None:
+            return Backward(loss, item.span)
+        return Backward(loss, item.span, term.name, term.reaches)
 
     def monomial(self, expr: ast.Expr, allow_loss: bool) -> Monomial | None:
         factors: list[tuple[Term, int]] = []
@@ -107,7 +122,7 @@ class OpReader:
         return [(Term(TermKind.SIZE_ROOT, group=group), int(2 * exponent))]
 
     def factor(self, factor: ast.Factor, allow_loss: bool) -> list[tuple[Term, int]] | None:
-        loss_kind = self.config.loss.kind
+        loss_kind = self.loss_kind or self.config.loss.kind
         unit = CountKind.SAMPLES if loss_kind.value == "sample_mean" else CountKind.TOKENS
         if isinstance(factor, ast.NumberFactor):
             if factor.value.value <= 0:

@@ -73,6 +73,10 @@ def check_layout(strategy: Strategy) -> None:
                               f"{p.axis}' ({p.role.value} axis of {strategy.size(p.axis)} ranks): "
                               "only data-parallel axes are emitted (`placeverify replay` runs "
                               "this trace)")
+    for term in strategy.terms:
+        raise EmitRefused(f"line {term.span.line}: 'loss {term.name}: {term.loss.kind.value}': "
+                          "named loss terms are not emitted (the reproducer has one loss; "
+                          "`placeverify replay` runs this trace)")
     for seed in strategy.step.seeds:
         word = "same" if seed.same else "differ"
         raise EmitRefused(f"line {seed.span.line}: 'seed dropout({seed.region.value}) {word} over "

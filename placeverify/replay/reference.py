@@ -175,8 +175,14 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
         ids, labels, features, weights, rows = global_batch(setup, step)
         losses = reference_losses(params, setup.config, ids, labels, features,
                                   reference_masks(setup, step, rows))
-        (losses * weights).sum().backward()
-        grads = {n: (v.grad if v.grad is not None else torch.zeros_like(v)) for n, v in params.items()}
+        if setup.strategy.terms:  # several loss terms: their weighted sum (replay/terms.py)
+            from placeverify.replay.terms import reference_grads
+
+            grads = reference_grads(setup, step, params, losses)
+        else:
+            (losses * weights).sum().backward()
+            grads = {n: (v.grad if v.grad is not None else torch.zeros_like(v))
+                     for n, v in params.items()}
         if signs:
             grads = {n: g * signs[n] for n, g in grads.items()}
         for v in params.values():

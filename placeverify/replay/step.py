@@ -32,6 +32,7 @@ forward and backward; as statements they do nothing more.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 import torch
@@ -176,7 +177,15 @@ class RankRun(RankCollectives):
         h = model.layers(x, seed_layer)
         if model.last:
             losses = model.head(h, atom.labels)
-            weights = loss_weights(self.strategy, atom, s.config).to(self.device)
+            strategy = self.strategy
+            if op.term or strategy.terms:  # one of several loss terms (replay/terms.py)
+                from placeverify.replay.terms import index_of, term_index, term_loss
+
+                view = term_index(strategy, op.term)
+                assert view is not None
+                losses = term_loss(losses, index_of(strategy, op.term))
+                strategy = replace(strategy, config=replace(strategy.config, loss=view.loss))
+            weights = loss_weights(strategy, atom, s.config).to(self.device)
             total = (losses * weights).sum() * (float(self.factor(op.loss, k)) * self.alpha)
             total.backward()
         else:
@@ -188,7 +197,7 @@ class RankRun(RankCollectives):
             assert x.grad is not None
             dist.send(x.grad.contiguous(), dst=prev)
         for buf in self.buffers.values():
-            if buf.specs:
+            if buf.specs and op.adds_to(buf.group):  # a loss term reaching other groups adds 0
                 buf.full = buf.full + torch.cat([_grad(self.params[sp.name]) for sp in buf.specs])
             for sp in buf.specs:
                 self.params[sp.name].grad = None

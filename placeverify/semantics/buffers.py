@@ -5,7 +5,8 @@ denotes the full buffer until a reduce-scatter runs, and the shard from then unt
 ``backward`` (or an ``all_gather`` of it):
 
 - ``backward L`` adds the micro-batch's local gradient (weighted by L) into the full buffer and
-  makes ``grads`` denote it again;
+  makes ``grads`` denote it again (``backward t: L`` of a loss term that does not reach the group
+  adds nothing, :mod:`placeverify.semantics.terms`);
 - ``all_reduce(op) grads over G`` replaces the denoted buffer by its reduction over G; on a shard,
   a group that crosses an axis the shard was scattered over sums different elements (*mixes*);
 - ``reduce_scatter(op[, accumulate]) grads over G`` reduces the full buffer and keeps this
@@ -222,7 +223,8 @@ class GradMachine(Generic[V]):
     def _backward(self, op: Backward, k: MicroBatch) -> None:
         self._backwards_left -= 1
         self.sharded = False
-        self.full = self.domain.backward(self.full, op, k)
+        if op.adds_to(self.group):  # a loss term that does not reach the group adds nothing
+            self.full = self.domain.backward(self.full, op, k)
 
     def _collective(self, op: Collective, k: MicroBatch) -> None:
         pair = (op.kind, op.target.kind)

@@ -180,7 +180,19 @@ class _Exact:
         return value
 
     def reference_weight(self, b: Coords, k: int) -> Fraction:
-        kind = self.s.loss.kind
+        """The atom's weight in the single-device loss: the sum over the loss terms that reach
+        this group (one gradient value per atom stands for every term's, so the instance is one
+        where the terms' gradients are equal; judging terms apart is
+        :mod:`placeverify.semantics.terms`' projection)."""
+        if not self.s.terms:
+            return self._weight(self.s.loss.kind, b, k)
+        total = self._weight(self.s.loss.kind, b, k)
+        for term in self.s.terms:
+            if term.reaches is None or self.view.group in term.reaches:
+                total += self._weight(term.loss.kind, b, k)
+        return total
+
+    def _weight(self, kind: LossKind, b: Coords, k: int) -> Fraction:
         everything = tuple(self.view.batch)
         if kind is LossKind.TOKEN_MEAN:
             return 1 / self.count(CountKind.TOKENS, everything, Scope.STEP, b, k)

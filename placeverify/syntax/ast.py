@@ -245,6 +245,7 @@ class MicrobatchesStmt:
 
 @node
 class BackwardStmt:
+    term: Name | None  # ``backward aux: ...``: the named loss term it back-propagates
     expr: Expr
     span: Span
 
@@ -358,7 +359,19 @@ class OffloadStmt:
 
 @node
 class LossStmt:
+    """``loss token_mean``, or a named term beside it: ``loss aux: token_mean reaches experts``."""
+
+    term: Name | None
     call: Call
+    reaches: Reaches | None
+    span: Span
+
+
+@node
+class Reaches:
+    """``reaches experts, norms``: the parameter groups a loss term's gradient reaches."""
+
+    groups: tuple[Name, ...]
     span: Span
 
 

@@ -23,7 +23,7 @@ from placeverify.evidence import Cause, Counterexample, Divergence
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
 from placeverify.ir.presets import hybrid
-from placeverify.ir.step import CollectiveKind, Free
+from placeverify.ir.step import Backward, CollectiveKind, Free
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.roles.relations import batch_axes
 from placeverify.semantics.groups import GroupView, group_view
@@ -174,6 +174,21 @@ def _double_division(case: FixCase) -> Fields | None:
     return None
 
 
+def _loss_term_scale(case: FixCase) -> Fields | None:
+    """A named loss term (judged on its projection, :mod:`placeverify.semantics.terms`) whose
+    gradient is off by the size of some axes."""
+    ratio = case.ratio if _integrity(case) else None
+    if ratio is None or case.named is None:
+        return None
+    judged = [op for op in case.strategy.step.ops()
+              if isinstance(op, Backward) and op.term and op.reaches != frozenset()]
+    if not judged:
+        return None
+    small = ratio < 1
+    return {"term": judged[0].term, "axes": case.named, "how": "small" if small else "large",
+            "then": "multiply" if small else "divide"}
+
+
 def _cause(cause: Cause, *, elements: bool | None = None) -> Match:
     """A divergence of this cause; with ``elements``, only where the dropout check says the
     region's ranks hold different elements (True) or not (False)."""
@@ -252,6 +267,10 @@ FIXES: tuple[FixRule, ...] = (
     FixRule("free-before-update", _free_before_update,
             "'free {target}' (line {line}) drops the gradient before the update consumes it: "
             "free after 'update params', or reduce-scatter into the shard first"),
+    FixRule("loss-term-scale", _loss_term_scale,
+            "loss term {term}'s gradients are |{axes}|x too {how}: {then} its backward by "
+            "|{axes}| (a term scaled by a count or size local to the {axes} ranks, while the "
+            "step normalises every term alike; {reference[0]})", ("Megatron-LM#5047",)),
     FixRule("context-loss-scale", _context_loss_scale,
             "gradients are |{axes}|x too large: the loss is multiplied by |{axes}| while the "
             "reduction over the data and context axes is scaled by the data-parallel size only "

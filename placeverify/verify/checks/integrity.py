@@ -37,11 +37,17 @@ from placeverify.verify.z3.solve import SolverStatus
 
 
 def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
-    for obligation, found in integrity_obligations(strategy, ctx.timeout_ms):
+    if strategy.terms:  # several loss terms: judged term by term (semantics/terms.py)
+        from placeverify.verify.checks.loss_terms import term_obligations
+
+        judged = term_obligations(strategy, ctx.timeout_ms)
+    else:
+        judged = [(o, f, strategy) for o, f in integrity_obligations(strategy, ctx.timeout_ms)]
+    for obligation, found, seen_by in judged:
         if found is not None and found.observe is None:
             from placeverify.verify.fixes import FixCase, suggest
 
-            fix = suggest(FixCase(strategy, found))
+            fix = suggest(FixCase(seen_by, found))
             obligation = replace(obligation, fix=fix)
         yield Finding(obligation, found)
 

@@ -289,7 +289,12 @@ def encode(strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size,
 
     A loop with collectives is unrolled; past its indexed micro-batches, it is summarised when
     its micro-batches reach a steady state (:func:`_steady`): then only the first ones and the
-    last are encoded, and every micro-batch left out is a renaming of the one before the last."""
+    last are encoded, and every micro-batch left out is a renaming of the one before the last.
+    A strategy with named loss terms is encoded term by term, on each term's projection
+    (:mod:`placeverify.semantics.terms`): one coefficient per atom cannot tell the terms apart."""
+    if strategy.terms:
+        raise Unmodelled("several loss terms in one encoding (each is judged on its own "
+                         "projection)", strategy.step.span)
     indices = None
     if isinstance(m, int) and not loop_is_uniform(strategy):
         indices = summary_indices(strategy.step, m)
