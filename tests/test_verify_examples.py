@@ -53,6 +53,9 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # a divide factor split between the shard and replica groups, divided again by the replicas'
     # average (pytorch#155903); the fixed twin splits it as 1/sqrt(N) before and after
     "hsdp-divide-factor-replicas": ({"gradient_integrity"}, "coefficient"),
+    # a second loss term (the MoE load-balancing loss) scaled by the sequence-parallel rank's
+    # local token count: its gradient is |tp|x too small (Megatron-LM#5047)
+    "moe-aux-loss-local-tokens": ({"gradient_integrity"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12

@@ -115,9 +115,6 @@ def lower(file: ast.File, source: Source) -> Strategy:
     loss = read_loss(ctx, loss_stmt)
     named = [s for s in of(ast.LossStmt) if s.term is not None]
     terms = read_terms(ctx, named, model) if named else ()
-    if named and step_stmt is None:
-        ctx.error("a strategy with named loss terms writes its step: say how each term is "
-                  "back-propagated ('backward aux: ...')", Code.MISSING, named[0].span)
     microbatches = read_microbatches(ctx, microbatch_stmt, placements)
     clip = read_clip(ctx, clip_stmt)
     loss_scale = read_loss_scale(ctx, scale_stmt, precision.loss_scale)

@@ -84,6 +84,9 @@ def _render(factors: list[tuple[Term, int]]) -> list[str]:
 
 def derive(config: Config) -> Step:
     loop: list[LoopOp] = [LoopOp(Backward(canonical_loss(config), config.model_span))]
+    for term in config.terms:  # each named loss term normalised as its own loss says
+        own = canonical_loss(replace(config, loss=term.loss))
+        loop.append(LoopOp(Backward(own, term.span, term.name, term.reaches)))
     post = _post(config)
     if config.microbatches > 1:
         # Sharded gradients (ZeRO-2/3, FSDP) cannot hold the full accumulated gradient: reduce

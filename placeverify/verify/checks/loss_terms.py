@@ -14,6 +14,7 @@ from dataclasses import replace
 from placeverify.evidence import Counterexample
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.render import op_label
+from placeverify.ir.step import Backward
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.terms import nonlinear, projection, term_views
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
@@ -28,6 +29,7 @@ def term_obligations(strategy: Strategy, timeout_ms: int) -> list[Judged]:
     blocker = nonlinear(strategy)
     out: list[Judged] = []
     clips: list[tuple[ParamGroup, tuple[Obligation, Counterexample | None]]] = []
+    main_proved: dict[ParamGroup, bool] = {}
     for term in term_views(strategy):
         projected = projection(strategy, term)
         for group in strategy.model.groups_present():
@@ -45,6 +47,16 @@ def term_obligations(strategy: Strategy, timeout_ms: int) -> list[Judged]:
                             None, strategy))
                 continue
             obligation, found = group_obligation(projected, group, timeout_ms)
+            if not term.name:
+                main_proved[group] = obligation.verdict is Verdict.PROVED
+            elif (obligation.verdict is Verdict.REFUTED and main_proved.get(group)
+                  and obligation.kind is ObligationKind.COEFFICIENT):
+                # the statements around the backwards act on every term alike and the main
+                # loss passes them: the term's own backward is where it goes wrong
+                own = [op for op in strategy.step.ops()
+                       if isinstance(op, Backward) and op.term == term.name]
+                if own:
+                    obligation = replace(obligation, span=own[0].span)
             out.append((replace(obligation, claim=f"{obligation.claim}, loss term {term.label}"),
                         found, projected))
             for clip in clip_input_obligations(projected, group, timeout_ms):
