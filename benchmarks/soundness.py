@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -201,7 +202,7 @@ CALL = re.compile(r"^(?P<name>[a-z_]+)(?:\((?P<options>[^)]*)\))? (?P<target>[a-
                   r"(?: over (?P<group>.+))?$")
 SEED = re.compile(r"^seed dropout\((?P<region>[a-z_]+)\) (?P<policy>same|differ) over (?P<group>.+)$")
 SCALE = re.compile(r"^scale (?P<target>\S+) by (?P<expr>.+)$")
-BACKWARD = re.compile(r"^backward (?P<expr>.+)$")
+BACKWARD = re.compile(r"^backward (?:(?P<term>[A-Za-z_][A-Za-z0-9_]*): )?(?P<expr>.+)$")
 COUNT = re.compile(r"\b(?P<kind>tokens|samples)(?:\((?P<args>[^)]*)\))?")
 REDUCE_OPS = ("sum", "mean", "max")
 REDUCTIONS = ("all_reduce", "reduce_scatter")
@@ -286,6 +287,11 @@ def target_name(target: str) -> tuple[str, list[str]]:
 
 def with_selectors(name: str, selectors: Sequence[str]) -> str:
     return f"{name}[{', '.join(selectors)}]" if selectors else name
+
+
+def backward_head(match: re.Match[str]) -> str:
+    """``backward `` or, for a named loss term, ``backward aux: ``."""
+    return f"backward {match['term']}: " if match["term"] else "backward "
 
 
 def expr_factors(expr: str) -> list[str]:
@@ -710,7 +716,7 @@ def change_loss(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         if head in ("sum", "mean"):
             alternatives.append(("mean" if head == "sum" else "sum") + expr[len(head):])
         for new in alternatives:
-            yield f"backward {new}"
+            yield backward_head(match) + new
 
     yield from edited(body, lambda s: s.startswith("backward "), variants)
 
@@ -741,7 +747,7 @@ def change_power(body: StepBody, ctx: Context) -> Iterator[StepBody]:
                 yield f"scale {scale['target']} by {new}"
         elif backward is not None:
             for new in power_variants(backward["expr"]):
-                yield f"backward {new}"
+                yield backward_head(backward) + new
 
     yield from edited(body, lambda s: SCALE.match(s) is not None or s.startswith("backward "),
                       variants)
@@ -762,7 +768,7 @@ def split_division(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         for size in SIZE.finditer(expr):
             if size["power"] is not None or not expr[:size.start()].endswith("/ "):
                 continue
-            head = f"scale {scale['target']} by " if scale is not None else "backward "
+            head = f"scale {scale['target']} by " if scale is not None else backward_head(match)
             half = head + expr[:size.start()] + f"|{size['group']}| ^ 0.5" + expr[size.end():]
             split = body.replaced(loc, half)
             posts = [size["group"], *(a for a in ctx.axes if a != size["group"])][:2]
@@ -780,6 +786,48 @@ def insert_root_scale(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         result = before_update(body, f"scale grads by 1 / |{axis}| ^ 0.5")
         if result is not None:
             yield result
+
+
+def term_backwards(body: StepBody) -> list[tuple[Loc, re.Match[str]]]:
+    """Every backward of the step with its match (named loss terms have ``term``)."""
+    out = []
+    for loc, statement in body.statements():
+        match = BACKWARD.match(statement)
+        if match is not None:
+            out.append((loc, match))
+    return out
+
+
+@operator
+def swap_term_losses(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Two backwards of different loss terms exchange their expressions (each term normalised
+    as the other one is)."""
+    backwards = term_backwards(body)
+    for (loc_a, a), (loc_b, b) in itertools.combinations(backwards, 2):
+        if a["term"] == b["term"] or a["expr"] == b["expr"]:
+            continue
+        yield body.replaced(loc_a, backward_head(a) + b["expr"]).replaced(
+            loc_b, backward_head(b) + a["expr"])
+
+
+@operator
+def rescale_term(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A named loss term's backward multiplied or divided by an axis size or by the micro-batch
+    count (a term scaled by a local count or size, NVIDIA/Megatron-LM#5047)."""
+    for loc, match in term_backwards(body):
+        if not match["term"]:
+            continue
+        for factor in (*(f"{op} |{a}|" for a in ctx.axes for op in ("*", "/")),
+                       "* microbatches", "/ microbatches"):
+            yield body.replaced(loc, f"{backward_head(match)}{match['expr']} {factor}")
+
+
+@operator
+def drop_term_backward(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A named loss term never back-propagated (its backward deleted)."""
+    for loc, match in term_backwards(body):
+        if match["term"]:
+            yield body.removed(loc)
 
 
 def is_clip(statement: str) -> bool:

@@ -101,6 +101,23 @@ step {
 }
 """
 
+TERMS = """\
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }
+precision mixed_adam
+mesh { dp = 2, cp = 2 }
+place ddp over dp
+place context over cp
+loss token_mean
+loss aux: microbatch_mean
+step {
+    microbatches = 2
+    backward sum / tokens(dp, cp, step)
+    backward aux: sum / tokens(cp) / microbatches / |dp|
+    all_reduce(sum) grads over dp * cp
+    update params
+}
+"""
+
 
 def _harness() -> ModuleType:
     spec = importlib.util.spec_from_file_location("soundness", ROOT / "benchmarks" / "soundness.py")
@@ -152,7 +169,7 @@ def test_a_rendered_step_parses_back_to_the_same_text(path: Path) -> None:
 
 @pytest.mark.parametrize("name", list(soundness.OPERATORS))
 def test_every_operator_makes_a_mutant_that_lowers(name: str) -> None:
-    made = [(base, body) for base in (_base(RICH), _base(PLAIN), _base(DIVIDED))
+    made = [(base, body) for base in (_base(RICH), _base(PLAIN), _base(DIVIDED), _base(TERMS))
             for body in soundness.OPERATORS[name](base.body, base.context)]
     assert made, f"{name} made no mutant of a step with every construct, nor of a plain one"
     lowered = 0
@@ -219,6 +236,27 @@ def test_the_power_operators_split_and_raise_sizes() -> None:
         verification = verify(load_text(_base(DIVIDED).text(body)))
         verdicts.append(verification.verdicts()["gradient_integrity"])
     assert verdicts == ["proved", "refuted"]
+
+
+def test_the_loss_term_operators_break_one_term_each() -> None:
+    head = ["microbatches = 2", "each microbatch: backward sum / tokens(dp, cp, step)"]
+    aux = "each microbatch: backward aux: sum / tokens(cp) / microbatches / |dp|"
+    tail = ["all_reduce(sum) grads over dp * cp", "update params"]
+    swapped = _mutants("swap_term_losses", TERMS)
+    assert swapped == [["microbatches = 2",
+                        "each microbatch: backward sum / tokens(cp) / microbatches / |dp|",
+                        "each microbatch: backward aux: sum / tokens(dp, cp, step)", *tail]]
+    assert _mutants("drop_term_backward", TERMS) == [[*head, *tail]]
+    rescaled = _mutants("rescale_term", TERMS)
+    assert [*head, aux + " / |cp|", *tail] in rescaled
+    assert len(rescaled) == 2 * 2 + 2  # times and divided by each axis, and by microbatches
+    # the base is proved; every mutant of these operators mis-normalises a term: refuted
+    base = _base(TERMS)
+    assert verify(load_text(TERMS)).verdicts()["gradient_integrity"] == "proved"
+    for name in ("swap_term_losses", "drop_term_backward", "rescale_term"):
+        for body in soundness.OPERATORS[name](base.body, base.context):
+            verdict = verify(load_text(base.text(body))).verdicts()["gradient_integrity"]
+            assert verdict == "refuted", (name, body.flat())
 
 
 def test_the_sample_keeps_every_stratum_and_depends_only_on_the_seed() -> None:
