@@ -8,6 +8,7 @@ does not reach a parameter group adds nothing to it.
 
 from __future__ import annotations
 
+import importlib.util
 from fractions import Fraction
 
 import pytest
@@ -234,3 +235,62 @@ def test_files_without_terms_are_judged_as_before() -> None:
     claims = [o.claim for o in verify(s).obligations
               if o.condition is Condition.GRADIENT_INTEGRITY]
     assert claims and not any("loss term" in c for c in claims)
+
+
+# ---- the torch replay --------------------------------------------------------------------------
+
+REACH = """\
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }
+precision megatron
+mesh { dp = 2, cp = 2 }
+place ddp over dp
+place context over cp
+loss token_mean
+loss aux: microbatch_mean reaches norms
+step {
+    microbatches = 2
+    backward sum / tokens(dp, cp, step)
+    backward aux: AUX
+    all_reduce(sum) grads over dp * cp
+    update params
+}
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize(("aux", "verdict"), [
+    ("sum / tokens(cp) / microbatches / |dp|", Verdict.PROVED),  # the term's own normalisation
+    ("sum / tokens / microbatches / |dp|", Verdict.REFUTED),  # one context rank's tokens only
+])
+def test_the_replay_runs_a_term_that_reaches_one_group(aux: str, verdict: Verdict) -> None:
+    from placeverify.backend.runtime import pool
+    from placeverify.replay.cli import execute
+    from placeverify.replay.plan import plan_from_strategy
+
+    pool().prestart()
+    strategy = load_text(REACH.replace("AUX", aux))
+    plan = plan_from_strategy(strategy, steps=2)
+    assert plan.expect.verdict is verdict
+    report = execute(plan, timeout=120, source="<text>")
+    assert report.error is None and report.main is not None
+    assert report.main.outcome.diverges is (verdict is Verdict.REFUTED)
+    assert report.verdict == "confirmed"
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_the_replay_tells_terms_apart_where_their_errors_cancel_on_one_gradient() -> None:
+    # main x 3/2 and aux x 1/2: right on equal gradients, wrong on the replay's own per-term
+    # losses (L and L^2 / 2 have gradients in different directions)
+    from placeverify.backend.runtime import pool
+    from placeverify.replay.cli import execute
+    from placeverify.replay.plan import plan_from_strategy
+
+    pool().prestart()
+    plan = plan_from_strategy(strategy_of(*CANCEL), steps=2)  # type: ignore[arg-type]
+    assert plan.expect.verdict is Verdict.REFUTED
+    report = execute(plan, timeout=120, source="<text>")
+    assert report.error is None and report.main is not None
+    assert report.main.outcome.diverges
+    assert report.verdict == "confirmed"

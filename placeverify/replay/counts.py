@@ -12,10 +12,12 @@ import itertools
 import random
 from typing import Any
 
+from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.relations import batch_axes, sample_axes
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import run, uniform_instance
+from placeverify.semantics.terms import projection, term_views
 from placeverify.trace import AtomCount, Trace
 
 AtomCounts = list[tuple[tuple[int, ...], int, int]]  # (batch coordinates, micro-batch, count)
@@ -54,23 +56,34 @@ def pick_counts(strategy: Strategy, sizes: dict[str, int], m: int,
             tokens = {key: 1 + (i % 3) for i, key in enumerate(keys)}
         else:
             tokens = {key: rng.randint(1, 4) for key in keys}
-        uneven = strategy.loss.uneven_samples and attempt > 0
+        uneven = (strategy.loss.uneven_samples
+                  or any(t.loss.uneven_samples for t in strategy.terms)) and attempt > 0
         samples = unit_samples(strategy, keys, rng if uneven else None)
         if first is None:
             first = (tokens, samples)
         if not want_divergence:
             break
-        for group in strategy.model.groups_present():
-            view = group_view(strategy, group)
+        for judged, group in _judged(strategy):
+            view = group_view(judged, group)
             try:
-                result = run(strategy, view, uniform_instance(strategy, view, sizes, m, tokens,
-                                                              samples))
+                result = run(judged, view, uniform_instance(judged, view, sizes, m, tokens,
+                                                            samples))
             except (ArithmeticError, KeyError):
                 continue
             if result.mismatches():
                 return _listed(tokens), _listed(samples), True
     assert first is not None
     return _listed(first[0]), _listed(first[1]), not want_divergence
+
+
+def _judged(strategy: Strategy) -> list[tuple[Strategy, ParamGroup]]:
+    """(strategy, group) pairs the integrity check judges: each loss term's projection on the
+    groups it reaches (:mod:`placeverify.semantics.terms`), or the strategy on every group."""
+    groups = strategy.model.groups_present()
+    if not strategy.terms:
+        return [(strategy, g) for g in groups]
+    return [(projection(strategy, term), g) for term in term_views(strategy)
+            for g in groups if term.reaches_group(g)]
 
 
 def _listed(counts: dict[tuple[tuple[int, ...], int], int]) -> AtomCounts:

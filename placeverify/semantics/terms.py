@@ -52,7 +52,9 @@ def projection(strategy: Strategy, term: TermView) -> Strategy:
 
     step = strategy.step
     loop = tuple(LoopOp(mine(lo.op), lo.microbatch) for lo in step.loop)
-    config = replace(strategy.config, loss=term.loss, terms=())
+    # the sample counts are shared: uneven for every projection when any loss says so
+    uneven = any(t.loss.uneven_samples for t in term_views(strategy))
+    config = replace(strategy.config, loss=replace(term.loss, uneven_samples=uneven), terms=())
     return replace(strategy, config=config, step=replace(step, loop=loop))
 
 
