@@ -294,3 +294,23 @@ def test_the_replay_tells_terms_apart_where_their_errors_cancel_on_one_gradient(
     assert report.error is None and report.main is not None
     assert report.main.outcome.diverges
     assert report.verdict == "confirmed"
+
+
+def test_counterexamples_keep_counts_a_trace_can_hold() -> None:
+    # a constant factor 2 (any count shows it): the solver may pick any token count, but a shown
+    # counterexample uses counts a trace holds (1..4096); before, one group got 2^41 tokens and
+    # the soundness harness an internal error writing its trace
+    import re
+
+    from placeverify.trace import MAX_ATOM_COUNT
+
+    s = load_text(HEAD.replace("mesh { dp = 2 }", "mesh { tp = 2, dp = 2 }")
+                  .replace("place ddp over dp", "place megatron(sequence_parallel) over tp\n"
+                           "place ddp over dp")
+                  + "step {\n backward mean * tokens * 2\n all_reduce(sum) grads[norms] over tp\n"
+                    " all_reduce(sum) grads over dp\n scale grads by 1 / tokens(dp, step)\n"
+                    " update params\n}\n")
+    reasons = [o.reason or "" for o in verify(s).obligations if o.verdict is Verdict.REFUTED]
+    assert len(reasons) >= 3
+    counts = [int(n) for r in reasons for n in re.findall(r"(\d+) tokens?\b", r)]
+    assert counts and max(counts) <= MAX_ATOM_COUNT

@@ -19,6 +19,7 @@ from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import GroupView
 from placeverify.semantics.interpreter import AtomKey, atoms, extra_coords, run, uniform_instance
 from placeverify.semantics.schedule import GENERIC, Unmodelled
+from placeverify.trace import MAX_ATOM_COUNT
 from placeverify.verify.budget import checkpoint
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.counts import Label, SetDesc
@@ -97,8 +98,8 @@ def confirm(strategy: Strategy, view: GroupView, sizes: dict[str, int], m: int, 
                 if solve.truthy(model, values[k] != encoded.reference[k])), None)
     tokens, samples = realise(view, sizes, m, encoded, model, key)
     tries: list[tuple[dict[AtomKey, int], dict[AtomKey, int]]] = []
-    if tokens is not None:
-        tries.append((tokens, samples))
+    if tokens is not None and max(tokens.values(), default=1) <= MAX_ATOM_COUNT:
+        tries.append((tokens, samples))  # a solver's count past what a trace holds is not shown
     rng = random.Random(0)
     keys = atoms(view, sizes, m)
     for _ in range(64):
