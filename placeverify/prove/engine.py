@@ -28,6 +28,7 @@ import z3
 
 from placeverify.cost import analyse
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity
+from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, lower
 from placeverify.lower.resize import resize
@@ -236,10 +237,10 @@ def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m:
             if m_case == "many":
                 m_sym = z3.Real("microbatches")
                 assumptions.append(m_sym >= 2)
-            for group in case.model.groups_present():
-                view = group_view(case, group)
+            for judged, group in _judged(case):  # each loss term's projection, where it reaches
+                view = group_view(judged, group)
                 try:
-                    encoded = encode(case, view, symbolic, m_sym, f"{group.value}_", integer=False)
+                    encoded = encode(judged, view, symbolic, m_sym, f"{group.value}_", integer=False)
                 except Unmodelled as err:
                     return Verdict.UNKNOWN, "z3", f"not modelled: {err}", None
                 if encoded.mixing:
@@ -248,7 +249,7 @@ def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m:
                 outcome = solve.check(z3.And(*assumptions, mismatch_formula(encoded)), timeout_ms)
                 if outcome.status is SolverStatus.UNSAT:
                     continue
-                found = search(case, view, timeout_ms)
+                found = search(judged, view, timeout_ms)
                 if found is not None:
                     _, bad = found.run.mismatches()[0]
                     evidence = {"mesh": found.sizes, "microbatches": found.microbatches,
@@ -270,6 +271,20 @@ def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m:
     if unknown:
         return Verdict.UNKNOWN, method, unknown, None
     return Verdict.PROVED, method + ", token and sample counts unbounded", "", None
+
+
+def _judged(strategy: Strategy) -> list[tuple[Strategy, ParamGroup]]:
+    """(strategy, group) pairs to encode: with named loss terms, each term's projection on the
+    groups it reaches (:mod:`placeverify.semantics.terms`); otherwise every group."""
+    if not strategy.terms:
+        return [(strategy, g) for g in strategy.model.groups_present()]
+    from placeverify.semantics.terms import nonlinear, projection, term_views
+
+    blocker = nonlinear(strategy)
+    if blocker is not None:  # several terms under a max: one encoding refuses it (unknown)
+        return [(strategy, g) for g in strategy.model.groups_present()]
+    return [(projection(strategy, t), g) for t in term_views(strategy)
+            for g in strategy.model.groups_present() if t.reaches_group(g)]
 
 
 # ---- costs --------------------------------------------------------------------------------------
