@@ -314,3 +314,16 @@ def test_counterexamples_keep_counts_a_trace_can_hold() -> None:
     assert len(reasons) >= 3
     counts = [int(n) for r in reasons for n in re.findall(r"(\d+) tokens?\b", r)]
     assert counts and max(counts) <= MAX_ATOM_COUNT
+
+
+def test_a_backward_that_does_not_reach_a_group_leaves_its_replicas_identical() -> None:
+    # the aux backward runs after the reduction: the norms' replicas drift apart (its gradient is
+    # rank-local), the dense replicas do not (nothing of the aux term reaches them)
+    s = strategy_of("loss token_mean\nloss aux: token_mean reaches norms\n",
+                    "each microbatch {\n backward sum / tokens(dp, step)\n"
+                    " all_reduce(sum) grads over dp\n backward aux: sum / tokens(dp, step)\n}\n"
+                    "update params", HEAD.replace("mixed_adam", "megatron"))  # no skipped steps
+    consistency = {o.claim.split(" parameters")[0]: o.verdict for o in verify(s).obligations  # type: ignore[arg-type]
+                   if o.condition is Condition.STATE_CONSISTENCY and "across dp" in o.claim}
+    assert consistency == {"dense": Verdict.PROVED, "norms": Verdict.REFUTED,
+                           "embedding": Verdict.PROVED}
