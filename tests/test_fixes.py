@@ -41,7 +41,9 @@ CALLS_FOR: dict[str, str] = {
     "ga-token-normalisation": "normalise by the global token count",
     "hsdp-shard-group-of-one": "all_reduce(sum) grads over replica after the reduce-scatter",
     "hsdp-divide-factor-replicas": "gradients are |replica|x too small",
-    "moe-aux-loss-local-tokens": "loss term aux's gradients are |tp|x too small",
+    "moe-aux-loss-local-tokens": "loss term aux's gradients are too small by a factor |tp|",
+    "rl-aux-loss-accumulation-scale": "loss term aux's gradients are too large by a factor "
+                                      "microbatches: divide its backward by microbatches",
     "missing-allreduce": "all_reduce(sum) grads over dp",
     "overflow-after-update": "all_reduce(max) overflow over world",
     "rank-dependent-order": "reduce in one fixed order on every rank",

@@ -129,8 +129,8 @@ def test_the_megatron_aux_loss_bug_is_refuted_for_the_aux_term_only() -> None:
     # reference sum / T_global: half of it at |tp| = 2, where the counterexample is
     assert first.counterexample is not None
     assert "tp = 2" in first.reason and "consumes 1/2" in first.reason
-    assert first.fix is not None and first.fix.startswith("loss term aux's gradients are |tp|x "
-                                                          "too small")
+    assert first.fix is not None and first.fix.startswith(
+        "loss term aux's gradients are too small by a factor |tp|: multiply its backward by |tp|")
 
 
 def test_the_fixed_twin_is_proved() -> None:

@@ -56,6 +56,9 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # a second loss term (the MoE load-balancing loss) scaled by the sequence-parallel rank's
     # local token count: its gradient is |tp|x too small (Megatron-LM#5047)
     "moe-aux-loss-local-tokens": ({"gradient_integrity"}, "coefficient"),
+    # the accumulation steps multiplied into an auxiliary micro-batch-mean term too, undoing the
+    # Trainer's division for it (ms-swift#10116): m times too large
+    "rl-aux-loss-accumulation-scale": ({"gradient_integrity"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12

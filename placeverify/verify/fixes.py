@@ -178,14 +178,21 @@ def _loss_term_scale(case: FixCase) -> Fields | None:
     """A named loss term (judged on its projection, :mod:`placeverify.semantics.terms`) whose
     gradient is off by the size of some axes."""
     ratio = case.ratio if _integrity(case) else None
-    if ratio is None or case.named is None:
+    if ratio is None or ratio == 0 or ratio == 1:
         return None
     judged = [op for op in case.strategy.step.ops()
               if isinstance(op, Backward) and op.term and op.reaches != frozenset()]
     if not judged:
         return None
+    m = case.found.microbatches
+    if case.named is not None:
+        factor = f"|{case.named}|"
+    elif m > 1 and ratio in (m, Fraction(1, m)):
+        factor = "microbatches"
+    else:
+        return None
     small = ratio < 1
-    return {"term": judged[0].term, "axes": case.named, "how": "small" if small else "large",
+    return {"term": judged[0].term, "factor": factor, "how": "small" if small else "large",
             "then": "multiply" if small else "divide"}
 
 
@@ -268,9 +275,10 @@ FIXES: tuple[FixRule, ...] = (
             "'free {target}' (line {line}) drops the gradient before the update consumes it: "
             "free after 'update params', or reduce-scatter into the shard first"),
     FixRule("loss-term-scale", _loss_term_scale,
-            "loss term {term}'s gradients are |{axes}|x too {how}: {then} its backward by "
-            "|{axes}| (a term scaled by a count or size local to the {axes} ranks, while the "
-            "step normalises every term alike; {reference[0]})", ("Megatron-LM#5047",)),
+            "loss term {term}'s gradients are too {how} by a factor {factor}: {then} its "
+            "backward by {factor} (the statements after the backwards treat every term alike, and this "
+            "term's own scale is off: a rank-local count or size, or a factor meant for another "
+            "term; {reference[0]}, {reference[1]})", ("Megatron-LM#5047", "ms-swift#10116")),
     FixRule("context-loss-scale", _context_loss_scale,
             "gradients are |{axes}|x too large: the loss is multiplied by |{axes}| while the "
             "reduction over the data and context axes is scaled by the data-parallel size only "
