@@ -37,6 +37,7 @@ from placeverify.prove.syntax import Claim, Rule, TApp, TBin, TElem, Term, TName
 from placeverify.prove.tensor import prove_identity
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
+from placeverify.semantics.terms import nonlinear, projection, term_views
 from placeverify.syntax import ast
 from placeverify.verdicts import Condition, ObligationKind, Verdict
 from placeverify.verify import budget, verify
@@ -278,8 +279,6 @@ def _judged(strategy: Strategy) -> list[tuple[Strategy, ParamGroup]]:
     groups it reaches (:mod:`placeverify.semantics.terms`); otherwise every group."""
     if not strategy.terms:
         return [(strategy, g) for g in strategy.model.groups_present()]
-    from placeverify.semantics.terms import nonlinear, projection, term_views
-
     blocker = nonlinear(strategy)
     if blocker is not None:  # several terms under a max: one encoding refuses it (unknown)
         return [(strategy, g) for g in strategy.model.groups_present()]

@@ -221,6 +221,11 @@ def syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
     span = token_span(token)
     offset = token.start_pos if token.start_pos is not None else 0
     notes = _unclosed_note(text, offset)
+    if token.type == "COLON":  # ':' is a token only after a loss term's name: read as before
+        expected = _expected(accepted)
+        return Diagnostic(Severity.ERROR, "unexpected character ':'" +
+                          (f"; {expected}" if expected else ""), Code.SYNTAX, span,
+                          _hint_for_character(":", text, offset, accepted) + notes)
     shown = token.value if len(token.value) <= 40 else token.value[:37] + "..."
     keyword = _keyword(token.type)
     if token.type == "NAME" and _statement_starts() <= accepted and _starts_line(text, offset):
