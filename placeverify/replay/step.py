@@ -179,9 +179,9 @@ class RankRun(RankCollectives):
             losses = model.head(h, atom.labels)
             strategy = self.strategy
             if op.term or strategy.terms:  # one of several loss terms (replay/terms.py)
-                from placeverify.replay.terms import index_of, term_index, term_loss
+                from placeverify.replay.terms import index_of, term_loss, term_view
 
-                view = term_index(strategy, op.term)
+                view = term_view(strategy, op.term)
                 assert view is not None
                 losses = term_loss(losses, index_of(strategy, op.term))
                 strategy = replace(strategy, config=replace(strategy.config, loss=view.loss))

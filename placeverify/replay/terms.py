@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from placeverify.ir.strategy import LossKind, Strategy
+from placeverify.ir.strategy import Strategy
 from placeverify.semantics.terms import TermView, projection, term_views
 
 if TYPE_CHECKING:
     from placeverify.replay.reference import Setup
 
 
-def term_index(strategy: Strategy, name: str) -> TermView | None:
+def term_view(strategy: Strategy, name: str) -> TermView | None:
+    """The main loss (name "") or the named term."""
     for view in term_views(strategy):
         if view.name == name:
             return view
@@ -31,6 +32,7 @@ def term_index(strategy: Strategy, name: str) -> TermView | None:
 
 
 def index_of(strategy: Strategy, name: str) -> int:
+    """The term's position in :func:`term_views` (0: the main loss)."""
     return [v.name for v in term_views(strategy)].index(name)
 
 
@@ -39,12 +41,6 @@ def term_loss(losses: torch.Tensor, index: int) -> torch.Tensor:
     if index == 0:
         return losses
     return losses.pow(index + 1) / (index + 1)
-
-
-def kind_of(strategy: Strategy, name: str) -> LossKind:
-    view = term_index(strategy, name)
-    assert view is not None, name
-    return view.loss.kind
 
 
 def reference_grads(setup: Setup, step: int, params: dict[str, torch.Tensor],
