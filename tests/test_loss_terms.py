@@ -327,3 +327,12 @@ def test_a_backward_that_does_not_reach_a_group_leaves_its_replicas_identical() 
                    if o.condition is Condition.STATE_CONSISTENCY and "across dp" in o.claim}
     assert consistency == {"dense": Verdict.PROVED, "norms": Verdict.REFUTED,
                            "embedding": Verdict.PROVED}
+
+
+def test_set_loss_overrides_the_main_loss_only() -> None:
+    from placeverify.lower.overrides import parse_settings
+
+    text = HEAD + "loss aux: microbatch_mean\nloss token_mean\n"
+    s = load_text(text, "<text>", parse_settings(["loss=sum"]))
+    assert s.loss.kind is LossKind.SUM
+    assert [(t.name, t.loss.kind) for t in s.terms] == [("aux", LossKind.MICROBATCH_MEAN)]
