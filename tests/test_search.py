@@ -191,6 +191,24 @@ def test_search_end_to_end(tmp_path: Path) -> None:
     assert report["memory"]["peak_bytes"] == first["peak_bytes"]
 
 
+@pytest.mark.parametrize("width", [120, 60, 40])
+def test_search_text_fits_the_width_without_cutting_a_number(width: int) -> None:
+    # The tables follow --width like check and compare (report/layout.py): a narrow terminal
+    # gets them wrapped, transposed or listed, and every figure the JSON has for the fastest
+    # layout appears whole in the text.
+    args = ["--model", "llama3_8b", "--device", "h100_sxm", "--devices", "16",
+            "--global-batch", "64", "--top", "2", "-q"]
+    doc = json.loads(run("search", *args, "--json").stdout)
+    done = run("search", *args, "--width", str(width))
+    assert done.returncode == 0, done.stderr
+    tables = done.stdout.split("fastest layouts", 1)[1].split("not shown", 1)[0]
+    rows = [line for line in tables.splitlines()[1:] if not line.startswith("Pareto frontier")]
+    assert rows and max(len(line) for line in rows) <= width  # the titles are prose
+    first = doc["top"][0]
+    assert first["label"] in tables and f"{first['step_seconds']:.3g} s" in tables
+    assert f"{first['needed_bytes'] / 1e9:.3g} GB" in tables  # the last column, once cut
+
+
 def test_search_says_when_nothing_fits(tmp_path: Path) -> None:
     base = tmp_path / "tiny.place"
     base.write_text('strategy "405B on 8 GPUs"\nmodel llama3_405b { seq = 8192, micro_batch = 1 }\n'
