@@ -59,6 +59,7 @@ CALLS_FOR: dict[str, str] = {
     "dp-local-token-count": "normalise by the global count",
     "dropout-seed-whole-mesh": "seed dropout(sharded) differ over dp",
     "expert-grads-not-divided": "gradients are |ep|x too large",
+    "fsdp-gloo-avg-as-sum": "gradients are |dp|x too large",
     "ga-loss-not-divided": "never divided by their number",
     "local-mean-times-dp": "never divided by their number",
     "overflow-not-over-tp": "all_reduce(max) overflow over world",
@@ -68,6 +69,7 @@ CALLS_FOR: dict[str, str] = {
     "sequence-parallel-norm-grads-mean": "gradients are |tp|x too small",
     "tied-embedding-norm-twice": "count replicated parameters once",
     "zero2-accumulation-overwrite": "reduce_scatter(sum, accumulate) grads over dp",
+    "zero-reduce-every-microbatch": "once, after the last micro-batch",
 }
 
 # Issues a bug header names that its fix does not cite, and why.
@@ -93,6 +95,8 @@ UNCITED: dict[str, str] = {
     "prime-rl#2562": "local-count fix", "safe-rlhf#153": "local-count fix",
     "VeOmni#1115": "missing-reduction fix", "ColossalAI#18": "overflow fix",
     "Speech#3088": "overflow fix",
+    "pytorch#162338": "sum-without-average fix", "pytorch#162344": "sum-without-average fix",
+    "ColossalAI#247": "reduced-in-loop fix",
 }
 
 # Rules no bug example reaches, and why.

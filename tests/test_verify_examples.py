@@ -64,6 +64,8 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "pipeline-grads-wiped": ({"gradient_integrity"}, "coefficient"),
     "dp-local-token-count": ({"gradient_integrity"}, "coefficient"),
     "local-mean-times-dp": ({"gradient_integrity"}, "coefficient"),
+    "fsdp-gloo-avg-as-sum": ({"gradient_integrity"}, "coefficient"),
+    "zero-reduce-every-microbatch": ({"gradient_integrity"}, "coefficient"),
     # the sequence chunks never reduced: the cp ranks' replicas drift too
     "context-parallel-ddp-group": ({"gradient_integrity", "state_consistency"}, "coefficient"),
     # norms counted too often (the same wrong norm everywhere) or too rarely (a norm per rank,

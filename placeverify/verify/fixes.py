@@ -202,6 +202,12 @@ def _overwritten_shard(case: FixCase) -> Fields | None:
     return {"axes": scatters[0].group.label()} if scatters else None
 
 
+def _reduced_in_loop(case: FixCase) -> Fields | None:
+    reductions = [op for op in _loop_ops(case) if isinstance(op, Collective)
+                  and op.kind is CollectiveKind.ALL_REDUCE and op.target.applies_to(case.view.group)]
+    return {"axes": reductions[0].group.label()} if reductions else None
+
+
 def _loss_counts(case: FixCase) -> list[tuple[CountKind, tuple[str, ...]]]:
     """(kind, axes) of every count the loss divides by."""
     counts = []
@@ -347,6 +353,10 @@ FIXES: tuple[FixRule, ...] = (
             "reduce_scatter(sum, accumulate) grads over {axes}: without accumulate every "
             "micro-batch's reduce-scatter overwrites the shard, and the update sees the last "
             "micro-batch only"),
+    FixRule("reduced-in-loop", _reduced_in_loop,
+            "all_reduce(sum) grads over {axes} once, after the last micro-batch: a reduction "
+            "inside the loop reduces everything accumulated so far, so the earlier micro-batches "
+            "are reduced again with every later one"),
     FixRule("count-kind", _count_kind,
             "divide by a {want} count: the declared loss {loss} is normalised by {want}, not by "
             "{got}"),
