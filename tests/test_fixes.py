@@ -70,6 +70,9 @@ CALLS_FOR: dict[str, str] = {
     "tied-embedding-norm-twice": "count replicated parameters once",
     "zero2-accumulation-overwrite": "reduce_scatter(sum, accumulate) grads over dp",
     "zero-reduce-every-microbatch": "once, after the last micro-batch",
+    "zero-grad-every-microbatch": "inside the micro-batch loop drops what the earlier micro-batches",
+    "zero-grad-before-last-microbatch": "drops what the earlier micro-batches accumulated",
+    "clip-norm-pipeline-stages": "sum the squared norm over every axis where gradients are sharded",
 }
 
 # Issues a bug header names that its fix does not cite, and why.
@@ -97,6 +100,8 @@ UNCITED: dict[str, str] = {
     "Speech#3088": "overflow fix",
     "pytorch#162338": "sum-without-average fix", "pytorch#162344": "sum-without-average fix",
     "ColossalAI#247": "reduced-in-loop fix",
+    "modalities#313": "clip fix", "torchtitan#649": "clip fix", "RAE#67": "free-in-loop fix",
+    "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
 }
 
 # Rules no bug example reaches, and why.

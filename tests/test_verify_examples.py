@@ -66,6 +66,8 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "local-mean-times-dp": ({"gradient_integrity"}, "coefficient"),
     "fsdp-gloo-avg-as-sum": ({"gradient_integrity"}, "coefficient"),
     "zero-reduce-every-microbatch": ({"gradient_integrity"}, "coefficient"),
+    "zero-grad-every-microbatch": ({"gradient_integrity"}, "coefficient"),
+    "zero-grad-before-last-microbatch": ({"gradient_integrity"}, "coefficient"),
     # the sequence chunks never reduced: the cp ranks' replicas drift too
     "context-parallel-ddp-group": ({"gradient_integrity", "state_consistency"}, "coefficient"),
     # norms counted too often (the same wrong norm everywhere) or too rarely (a norm per rank,
@@ -73,6 +75,7 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "clip-replicated-every-rank": ({"gradient_integrity"}, "clip"),
     "clip-ddp-norm-summed-again": ({"gradient_integrity"}, "clip"),
     "tied-embedding-norm-twice": ({"gradient_integrity"}, "clip"),
+    "clip-norm-pipeline-stages": ({"gradient_integrity"}, "clip"),
     "clip-experts-not-summed": ({"gradient_integrity", "state_consistency"}, "clip"),
     "overflow-not-over-tp": ({"gradient_integrity", "state_consistency"}, "overflow"),
     "dropout-seed-whole-mesh": ({"gradient_integrity"}, "rng"),

@@ -27,7 +27,7 @@ from placeverify.ir.step import Backward, Collective, CollectiveKind, CountKind,
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.roles.relations import batch_axes
 from placeverify.semantics.groups import GroupView, group_view
-from placeverify.verify.explain import has_local_count, ratio_pattern, reductions_of
+from placeverify.verify.explain import has_local_count, ratio_pattern, reductions_of, wrong_count_kind
 
 Fields = Mapping[str, object]
 
@@ -220,15 +220,11 @@ def _loss_counts(case: FixCase) -> list[tuple[CountKind, tuple[str, ...]]]:
 
 
 def _count_kind(case: FixCase) -> Fields | None:
-    if not _integrity(case):
+    if not _integrity(case) or not wrong_count_kind(case.strategy):
         return None
-    wanted = {LossKind.TOKEN_MEAN: CountKind.TOKENS, LossKind.SAMPLE_MEAN: CountKind.SAMPLES}
-    kind = wanted.get(case.strategy.loss.kind)
-    counts = _loss_counts(case)
-    if kind is not None and counts and all(k is not kind for k, _ in counts):
-        return {"want": kind.value, "got": counts[0][0].value,
-                "loss": case.strategy.loss.kind.value}
-    return None
+    loss = case.strategy.loss.kind
+    want, got = ("tokens", "samples") if loss is LossKind.TOKEN_MEAN else ("samples", "tokens")
+    return {"want": want, "got": got, "loss": loss.value}
 
 
 def _local_count(case: FixCase) -> Fields | None:
