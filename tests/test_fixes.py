@@ -60,6 +60,7 @@ CALLS_FOR: dict[str, str] = {
     "dropout-seed-whole-mesh": "seed dropout(sharded) differ over dp",
     "expert-grads-not-divided": "gradients are |ep|x too large",
     "fsdp-gloo-avg-as-sum": "gradients are |dp|x too large",
+    "ddp-divide-by-processes": "gradients are |local|x too large",
     "ga-loss-not-divided": "never divided by their number",
     "local-mean-times-dp": "never divided by their number",
     "overflow-not-over-tp": "all_reduce(max) overflow over world",
@@ -102,6 +103,7 @@ UNCITED: dict[str, str] = {
     "ColossalAI#247": "reduced-in-loop fix",
     "modalities#313": "clip fix", "torchtitan#649": "clip fix", "RAE#67": "free-in-loop fix",
     "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
+    "pytorch#36516": "sum-without-average fix",
 }
 
 # Rules no bug example reaches, and why.

@@ -65,6 +65,7 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "dp-local-token-count": ({"gradient_integrity"}, "coefficient"),
     "local-mean-times-dp": ({"gradient_integrity"}, "coefficient"),
     "fsdp-gloo-avg-as-sum": ({"gradient_integrity"}, "coefficient"),
+    "ddp-divide-by-processes": ({"gradient_integrity"}, "coefficient"),
     "zero-reduce-every-microbatch": ({"gradient_integrity"}, "coefficient"),
     "zero-grad-every-microbatch": ({"gradient_integrity"}, "coefficient"),
     "zero-grad-before-last-microbatch": ({"gradient_integrity"}, "coefficient"),
