@@ -62,6 +62,7 @@ CALLS_FOR: dict[str, str] = {
     "fsdp-gloo-avg-as-sum": "gradients are |dp|x too large",
     "ddp-divide-by-processes": "gradients are |local|x too large",
     "ga-loss-not-divided": "never divided by their number",
+    "ga-tail-window": "by a constant factor",
     "local-mean-times-dp": "never divided by their number",
     "overflow-not-over-tp": "all_reduce(max) overflow over world",
     "pipeline-grads-wiped": "inside the micro-batch loop drops what the earlier micro-batches",
@@ -104,6 +105,7 @@ UNCITED: dict[str, str] = {
     "modalities#313": "clip fix", "torchtitan#649": "clip fix", "RAE#67": "free-in-loop fix",
     "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
     "pytorch#36516": "sum-without-average fix",
+    "transformers#38872": "constant-factor fix",
 }
 
 # Rules no bug example reaches, and why.

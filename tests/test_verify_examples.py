@@ -59,6 +59,7 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "zero2-accumulation-overwrite": ({"gradient_integrity"}, "coefficient"),
     "expert-grads-not-divided": ({"gradient_integrity"}, "coefficient"),
     "ga-loss-not-divided": ({"gradient_integrity"}, "coefficient"),
+    "ga-tail-window": ({"gradient_integrity"}, "coefficient"),
     "sample-count-for-token-loss": ({"gradient_integrity"}, "coefficient"),
     "pipeline-schedule-extra-division": ({"gradient_integrity"}, "coefficient"),
     "pipeline-grads-wiped": ({"gradient_integrity"}, "coefficient"),

@@ -252,6 +252,13 @@ def _microbatch_factor(case: FixCase) -> Fields | None:
     return None
 
 
+def _constant_factor(case: FixCase) -> Fields | None:
+    ratio = case.ratio if _integrity(case) else None
+    if ratio is None or ratio <= 0 or ratio == 1:
+        return None
+    return {"k": ratio if ratio > 1 else 1 / ratio, "how": "large" if ratio > 1 else "small"}
+
+
 def _cause(cause: Cause, *, elements: bool | None = None) -> Match:
     """A divergence of this cause; with ``elements``, only where the dropout check says the
     region's ranks hold different elements (True) or not (False)."""
@@ -361,6 +368,10 @@ FIXES: tuple[FixRule, ...] = (
             "the data axes, not by this rank's own {kind}"),
     FixRule("microbatch-factor", _microbatch_factor,
             "gradients are {m}x too {how} (the number of micro-batches): {why}"),
+    FixRule("constant-factor", _constant_factor,
+            "gradients are {k}x too {how} by a constant factor: compare the numbers in the loss and "
+            "the scales with the step's own counts (write 'microbatches' rather than a configured "
+            "number)"),
     # Consistency divergences (verify.checks.consistency, verify.dropout).
     FixRule("stale-shard", _cause(Cause.STALE_SHARD),
             "all_gather params over {axis} after the update: each rank updated only its "
