@@ -147,7 +147,8 @@ class Screen:
             each = layers // lay.pp
             kinds = [(each, True, False), (each, False, True)]
             return kinds + ([(each, False, False)] if lay.pp > 2 else [])
-        st = lay.stages
+        st = lay.physical_stages()
+        assert st is not None
         return [(st[0], True, False), (st[-1], False, True), (max(st[1:-1]), False, False)]
 
     # ---- time -----------------------------------------------------------------------------
@@ -195,7 +196,8 @@ class Screen:
     def time(self, lay: Layout) -> float:
         arch, cal = self.s.arch, self.s.cal
         fwd_flops, extra, layers = self._flops(lay.b, lay.tp, lay.cp,
-                                               lay.stages or arch.layers // lay.pp, lay.recompute)
+                                               lay.physical_stages() or arch.layers // lay.pp,
+                                               lay.recompute)
         tokens = lay.b * arch.seq / lay.cp
         flash = arch.attention == "flash"
         scores = 0.0 if flash else (cal.score_passes * lay.b * arch.heads * (arch.seq / lay.cp)
@@ -249,7 +251,8 @@ class Screen:
         groups = self.s.arch.group_params()
         t, p = lay.tp, lay.pp
         # listed stages: the layers' groups follow the stage with the most layers
-        share = self.s.arch.layers / max(lay.stages) if lay.stages else p
+        stages = lay.physical_stages()
+        share = self.s.arch.layers / max(stages) if stages else p
         return (groups[ParamGroup.DENSE] / (t * share) + groups[ParamGroup.NORMS] / share
                 + groups[ParamGroup.EMBEDDING] / (t * p)
                 + groups[ParamGroup.EXPERTS] / (t * share * lay.ep))
