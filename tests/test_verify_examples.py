@@ -59,6 +59,8 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # the accumulation steps multiplied into an auxiliary micro-batch-mean term too, undoing the
     # Trainer's division for it (ms-swift#10116): m times too large
     "rl-aux-loss-accumulation-scale": ({"gradient_integrity"}, "coefficient"),
+    # the MoE aux loss never divided by the accumulation micro-batches (Automodel#3359)
+    "moe-aux-loss-accumulation": ({"gradient_integrity"}, "coefficient"),
     # The corpus of examples/bugs/README.md (each header names its report): a normalisation
     # off by a factor, a reduction missing or averaging, an overwritten or wiped accumulation
     "sequence-parallel-norm-grads-mean": ({"gradient_integrity"}, "coefficient"),
