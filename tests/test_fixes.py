@@ -46,6 +46,8 @@ CALLS_FOR: dict[str, str] = {
                                       "microbatches: divide its backward by microbatches",
     "moe-aux-loss-accumulation": "loss term aux's gradients are too large by a factor "
                                  "microbatches: divide its backward by microbatches",
+    "moe-aux-loss-fsdp-average": "loss term aux's gradients are too small by a factor |dp|: "
+                                 "multiply its backward by |dp|",
     "missing-allreduce": "all_reduce(sum) grads over dp",
     "overflow-after-update": "all_reduce(max) overflow over world",
     "rank-dependent-order": "reduce in one fixed order on every rank",

@@ -61,6 +61,9 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "rl-aux-loss-accumulation-scale": ({"gradient_integrity"}, "coefficient"),
     # the MoE aux loss never divided by the accumulation micro-batches (Automodel#3359)
     "moe-aux-loss-accumulation": ({"gradient_integrity"}, "coefficient"),
+    # the MoE aux loss's gradient averaged over dp by FSDP, meant to count in full per rank
+    # (Automodel#1412)
+    "moe-aux-loss-fsdp-average": ({"gradient_integrity"}, "coefficient"),
     # The corpus of examples/bugs/README.md (each header names its report): a normalisation
     # off by a factor, a reduction missing or averaging, an overwritten or wiped accumulation
     "sequence-parallel-norm-grads-mean": ({"gradient_integrity"}, "coefficient"),

@@ -363,8 +363,8 @@ FIXES: tuple[FixRule, ...] = (
             "loss term {term}'s gradients are too {how} by a factor {factor}: {then} its "
             "backward by {factor} (the statements after the backwards treat every term alike, and this "
             "term's own scale is off: a rank-local count or size, or a factor meant for another "
-            "term; {reference[0]}, {reference[1]}, {reference[2]})",
-            ("Megatron-LM#5047", "ms-swift#10116", "Automodel#3359")),
+            "term; {reference[0]}, {reference[1]}, {reference[2]}, {reference[3]})",
+            ("Megatron-LM#5047", "ms-swift#10116", "Automodel#3359", "Automodel#1412")),
     FixRule("context-loss-scale", _context_loss_scale,
             "gradients are |{axes}|x too large: the loss is multiplied by |{axes}| while the "
             "reduction over the data and context axes is scaled by the data-parallel size only "
