@@ -336,3 +336,29 @@ def test_set_loss_overrides_the_main_loss_only() -> None:
     s = load_text(text, "<text>", parse_settings(["loss=sum"]))
     assert s.loss.kind is LossKind.SUM
     assert [(t.name, t.loss.kind) for t in s.terms] == [("aux", LossKind.MICROBATCH_MEAN)]
+
+
+def test_a_trace_replayed_on_another_mesh_is_judged_at_its_own_micro_batch_count() -> None:
+    # found by rescale_term: an aux term right only when |dp| equals the micro-batch count. The
+    # trace has 2 micro-batches (the file 4); replayed at dp = 4, Z3 was asked at the file's 4
+    # (proved: 4 = 4) while the run used the trace's 2, which diverges. Z3 now sees the 2.
+    from placeverify.api import check
+    from placeverify.replay.plan import plan_from_trace
+
+    text = (EXAMPLES / "bugs" / "moe-aux-loss-accumulation.place").read_text(encoding="utf-8")
+    s = load_text(text.replace("backward aux: mean                       # <-- no / microbatches",
+                               "backward aux: mean / |dp|"))
+    assert "backward aux: sum / tokens / |dp|" in step_text(s)  # mean = sum / tokens
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "mutant.place"
+        path.write_text(s.source.text, encoding="utf-8")
+        verification = check(str(path)).verification
+        assert verification is not None and verification.trace is not None
+        trace = verification.trace
+        assert trace.microbatches < s.step.microbatches  # the search's smaller count
+        plan = plan_from_trace(trace, world=4, steps=2)
+    assert (plan.main.sizes, plan.main.microbatches) == ({"dp": 4}, trace.microbatches)
+    assert plan.expect.verdict is Verdict.REFUTED  # |dp| = 4 != 2 micro-batches

@@ -146,9 +146,24 @@ class Plan:
 # ---- strategies ----------------------------------------------------------------------------------
 
 
+def at_microbatches(strategy: Strategy, m: int) -> Strategy:
+    """The strategy with the micro-batch count a run uses (a trace's may be below the file's):
+    Z3 is asked about the step the run executes, not the one the file declares."""
+    if m == strategy.step.microbatches:
+        return strategy
+    placements = tuple(replace(p, microbatches=m) if p.microbatches is not None else p
+                       for p in strategy.placements)
+    config = replace(strategy.config, placements=placements, microbatches=m)
+    step = canonical.derive(config) if strategy.step.canonical else \
+        replace(strategy.step, microbatches=m)
+    return replace(strategy, config=config, step=step)
+
+
 def strategy_of(spec: RunSpec) -> Strategy:
-    """Lower the spec's source and re-target it to the spec's mesh (worker and parent alike)."""
-    strategy = resize(load_text(spec.source, spec.path), spec.sizes)
+    """Lower the spec's source and re-target it to the spec's mesh and micro-batch count (worker
+    and parent alike)."""
+    strategy = at_microbatches(resize(load_text(spec.source, spec.path), spec.sizes),
+                               spec.microbatches)
     if spec.canonical:
         strategy = replace(strategy, step=canonical.derive(strategy.config), config=replace(
             strategy.config, recompute=replace(strategy.recompute, restore_rng=True)))
@@ -214,7 +229,7 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
     check_microbatches(trace, strategy)
     keep = _trace_sizes(trace, strategy)
     sizes, reason = replayed_sizes(strategy, keep, world, "trace's mesh")
-    resized = resize(strategy, sizes)
+    resized = at_microbatches(resize(strategy, sizes), trace.microbatches)
     if sizes == keep:  # the trace's own mesh: its counts are replayed, so they must fit
         check_counts(trace, resized, sizes)
     expect = verify(resized, timeout_ms)
