@@ -11,6 +11,7 @@ from placeverify.ir.collectives import COLLECTIVES, REDUCE_OPS
 from placeverify.ir.mesh import Group, Mesh
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import (
+    DEFAULT_NORM_REDUCE,
     Clip,
     Collective,
     CollectiveKind,
@@ -18,6 +19,7 @@ from placeverify.ir.step import (
     CountKind,
     Free,
     Monomial,
+    NormKind,
     Op,
     Order,
     ReduceOp,
@@ -33,6 +35,7 @@ from placeverify.ir.step import (
 )
 from placeverify.ir.strategy import Config
 from placeverify.lower.mesh import read_group
+from placeverify.lower.settings import read_norm
 from placeverify.lower.values import Context, value_text
 from placeverify.syntax import ast
 
@@ -291,14 +294,27 @@ class OpReader:
     def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:
         max_norm: Fraction | None = None
         once = True
+        norm = NormKind.L2
+        reduce: ReduceOp | None = None
         for arg in item.args:
             if isinstance(arg, ast.KeywordArg) and arg.key.text == "max_norm":
                 max_norm = self.ctx.number(arg.value, "max_norm")
             elif isinstance(arg, ast.KeywordArg) and arg.key.text == "replicated":
                 word = self.ctx.word(arg.value, "replicated counting", ["once", "every_rank"])
                 once = word != "every_rank"
+            elif isinstance(arg, ast.KeywordArg) and arg.key.text == "norm":
+                kind = read_norm(self.ctx, arg.value)
+                if kind is None:
+                    return None
+                norm = kind
+            elif isinstance(arg, ast.KeywordArg) and arg.key.text == "reduce":
+                word = self.ctx.word(arg.value, "norm reduction", [op.value for op in ReduceOp])
+                if word is None:
+                    return None
+                reduce = ReduceOp(word)
             else:
-                self.error("clip takes 'max_norm = x' and 'replicated = once|every_rank'",
+                self.error("clip takes 'max_norm = x', 'replicated = once|every_rank', "
+                           "'norm = 2|inf' and 'reduce = sum|mean|max'",
                            Code.UNKNOWN_NAME, arg.span)
                 return None
         if max_norm is None or max_norm <= 0:
@@ -308,7 +324,8 @@ class OpReader:
         target = self.target(item.target, [TargetKind.GRADS])
         if target is None:
             return None
-        return Clip(max_norm, group or Group(()), once, item.span, target)
+        return Clip(max_norm, group or Group(()), once, item.span, target, norm,
+                    DEFAULT_NORM_REDUCE[norm] if reduce is None else reduce)
 
     def seed(self, item: ast.SeedStmt) -> Seed | None:
         if item.call.name.text != "dropout":

@@ -27,7 +27,7 @@ from fractions import Fraction
 import torch
 
 from placeverify.ir.precision import LossScale
-from placeverify.ir.step import Clip
+from placeverify.ir.step import Clip, NormKind
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.replay.data import SITES, Dropout, make_atom, reference_nonces
 from placeverify.replay.layout import Layout, ModelConfig, ParamSpec
@@ -62,6 +62,15 @@ class Setup:
             return float(self.strategy.clip.max_norm)
         clips = [op for op in self.strategy.step.ops() if isinstance(op, Clip)]
         return float(clips[0].max_norm) if clips else None
+
+    @property
+    def norm(self) -> NormKind:
+        """The p of the norm single-device training clips by (the declared clip's, else the
+        step's first clip's)."""
+        if self.strategy.clip is not None:
+            return self.strategy.clip.norm
+        clips = [op for op in self.strategy.step.ops() if isinstance(op, Clip)]
+        return clips[0].norm if clips else NormKind.L2
 
     @property
     def dynamic(self) -> bool:
@@ -153,7 +162,10 @@ def reference_masks(setup: Setup, step: int,
     return ReferenceMasks(masks)
 
 
-def _norm(grads: dict[str, torch.Tensor]) -> float:
+def _norm(grads: dict[str, torch.Tensor], norm: NormKind = NormKind.L2) -> float:
+    if norm is NormKind.INF:
+        return float(torch.stack([g.abs().max() if g.numel() else g.new_zeros(())
+                                  for g in grads.values()]).max())
     return float(torch.sqrt(torch.stack([(g * g).sum() for g in grads.values()]).sum()))
 
 
@@ -183,7 +195,7 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
             v.grad = None
         max_norm = setup.max_norm
         if step == 0 and max_norm is not None:
-            norm = _norm(grads)
+            norm = _norm(grads, setup.norm)
             if norm > 0:
                 alpha = CLIP_HEADROOM * max_norm / norm
         grads = {n: g * alpha for n, g in grads.items()}
@@ -191,7 +203,7 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
             skipped.append(step)  # the ranks inject an overflow into this step's gradients
             continue
         if max_norm is not None:
-            norm = _norm(grads)
+            norm = _norm(grads, setup.norm)
             coef = min(1.0, max_norm / (norm + NORM_EPS))
             grads = {n: g * coef for n, g in grads.items()}
         with torch.no_grad():

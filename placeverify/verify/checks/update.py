@@ -28,7 +28,15 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import State
 from placeverify.ir.precision import LossScale
 from placeverify.ir.relations import Relation
-from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
+from placeverify.ir.step import (
+    Clip,
+    Collective,
+    CollectiveKind,
+    NormKind,
+    ReduceOp,
+    TargetKind,
+    Update,
+)
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.roles.queries import optimizer_axes, partitions
 from placeverify.semantics.buffers import Seen
@@ -75,14 +83,28 @@ def clip_policy(strategy: Strategy) -> Fraction | None:
     return clips[0].max_norm if clips else None
 
 
+def clip_policy_norm(strategy: Strategy) -> NormKind:
+    """The norm single-device training clips by: the declared ``clip``'s, else the step's."""
+    if strategy.clip is not None:
+        return strategy.clip.norm
+    clips = [op for op in strategy.step.ops() if isinstance(op, Clip)]
+    return clips[0].norm if clips else NormKind.L2
+
+
 def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     clips = [op for op in strategy.step.ops() if isinstance(op, Clip)]
     declared = strategy.clip
     max_norm = clip_policy(strategy)
     if max_norm is None:
         return []
-    claim = (f"clipping scales the update by min(1, {float(max_norm):g} / ||g||) with the "
-             "global norm of the single-device gradient")
+    policy = clip_policy_norm(strategy)
+    if policy is NormKind.L2:
+        claim = (f"clipping scales the update by min(1, {float(max_norm):g} / ||g||) with the "
+                 "global norm of the single-device gradient")
+    else:
+        from placeverify.verify.checks.clip_norms import claim as norm_claim
+
+        claim = norm_claim(max_norm, policy)
     if not clips:
         assert declared is not None
         from placeverify.verify.fixes import CLIP_MISSING
@@ -99,6 +121,10 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     out = []
     for clip in dict.fromkeys(clips):
         problems = _clip_position(strategy, clip, max_norm, groups, agreed)
+        if clip.norm is not policy:
+            problems.insert(0, f"it clips by the {'inf norm' if clip.norm is NormKind.INF else '2-norm'}"
+                               f" where the declared policy clips by the "
+                               f"{'inf norm' if policy is NormKind.INF else '2-norm'}")
         if problems:
             from placeverify.verify.fixes import CLIP_POSITION
 
@@ -106,7 +132,12 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
                                   ObligationKind.CLIP, reason="; ".join(problems), method=METHOD_RULES,
                                   fix=CLIP_POSITION.text()))
             continue
-        out.append(_clip_norm(strategy, clip, groups, views, agreed, timeout_ms))
+        if clip.norm is NormKind.L2 and clip.reduce is ReduceOp.SUM:
+            out.append(_clip_norm(strategy, clip, groups, views, agreed, timeout_ms))
+        else:  # another norm, or per-rank norms combined (placeverify.semantics.norms)
+            from placeverify.verify.checks.clip_norms import norm_obligation
+
+            out.append(norm_obligation(strategy, clip, policy, groups, views, agreed, timeout_ms))
     return out
 
 
