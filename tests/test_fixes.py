@@ -29,6 +29,10 @@ CALLS_FOR: dict[str, str] = {
     "clip-after-step": "clip once, after the last gradient reduction",
     "clip-before-allreduce": "clip after the last gradient reduction",
     "clip-every-microbatch": "clip once",
+    # DeepSpeed#8478: the squared norms summed over the expert ranks, each expert once
+    "clip-mean-of-rank-norms": "clip(max_norm = 1) grads over ep",
+    # torchtitan#649: the stages' inf norms all-reduced with max over the pipeline mesh
+    "clip-inf-norm-pipeline": "clip(max_norm = 1, norm = inf) grads over pp",
     "clip-norm-tensor-parallel": "sum the squared norm over every axis where gradients are sharded",
     "clip-per-group": "the gradients of every parameter group together",
     "clip-scaled-gradients": "any loss-scale unscaling",
@@ -59,6 +63,7 @@ UNCITED: dict[str, str] = {
     "graphstorm#1366": "clip fix", "accelerate#641": "clip fix", "diffusers#721": "clip fix",
     "lingua#59": "clip fix", "tt-metal#17568": "clip fix", "transformers#614": "clip fix",
     "waifu-diffusion#64": "clip fix",
+    "torchtitan#596": "clip-combine fix", "torchtitan#649": "clip-combine fix",
     "Megatron-LM#906": "shard-mismatch fix is generic", "DeepSpeed#5618": "shard-mismatch fix",
     "DN-DETR#18": "free-before-update fix is generic",
     "DeepSpeed#994": "overflow fix is generic", "ColossalAI#1175": "overflow fix is generic",

@@ -53,6 +53,12 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # a divide factor split between the shard and replica groups, divided again by the replicas'
     # average (pytorch#155903); the fixed twin splits it as 1/sqrt(N) before and after
     "hsdp-divide-factor-replicas": ({"gradient_integrity"}, "coefficient"),
+    # the per-rank 2-norms averaged over expert-parallel ranks that hold different experts
+    # (DeepSpeed#8475); the fixed twin sums the squares, the dense copies counted once
+    "clip-mean-of-rank-norms": ({"gradient_integrity"}, "clip"),
+    # each pipeline stage clips by its own largest element (torchtitan#596); the fixed twin
+    # all-reduces the inf norms with max over pp (torchtitan#649)
+    "clip-inf-norm-pipeline": ({"gradient_integrity"}, "clip"),
 }
 
 REFERENCE_BUGS = 12
