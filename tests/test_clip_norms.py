@@ -305,3 +305,48 @@ def test_emit_refuses_a_clip_by_another_norm(tmp_path: Path) -> None:
     assert "line 9: 'clip(max_norm = 1, reduce = mean) grads over dp'" in done.stderr, done.stderr
     assert "is not emitted" in done.stderr, done.stderr
     assert not out.exists()
+
+
+# ---- the torch replay agrees with Z3 on every combination ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replay_pool() -> object:
+    pytest.importorskip("torch")
+    from placeverify.backend.runtime import pool
+
+    pool().prestart()
+    return pool()
+
+
+# An inf-norm clip that misses an axis is wrong only when the largest element lies in a part the
+# rank does not hold. In the replay's model the largest gradient element is in the dense or norm
+# parameters (checked by printing each buffer's largest element: 4.0 in dense against 1.03 in
+# the experts in the first step), which every expert-parallel rank holds, so that run cannot
+# show the refutation (examples/bugs/clip-inf-norm-pipeline, whose stages hold different
+# layers, does).
+UNSEEN = {"ep-7": "the replay's largest gradient element is in copies every rank holds"}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("template", "clip", "policy", "expected"),
+                         [pytest.param(EXPERTS, c, p, v, id=f"ep-{i}", marks=[
+                             pytest.mark.xfail(strict=True, reason=UNSEEN[f"ep-{i}"])]
+                             if f"ep-{i}" in UNSEEN else [])
+                          for i, (c, p, v) in enumerate(EXPERT_CASES)]
+                         + [pytest.param(DDP, c, p, v, id=f"dp-{i}")
+                            for i, (c, p, v) in enumerate(DDP_CASES)])
+def test_the_real_run_agrees_with_the_verdict(replay_pool: object, template: str, clip: str,
+                                              policy: str, expected: Verdict) -> None:
+    from placeverify.replay.cli import execute
+    from placeverify.replay.plan import plan_from_strategy
+
+    strategy = load_text(template.format(clip=clip, policy=policy), "norms.place")
+    plan = plan_from_strategy(strategy, steps=3)
+    assert plan.expect.verdict is expected
+    report = execute(plan, timeout=120, source=plan.main.path)
+    assert report.error is None, report.error
+    assert report.main is not None
+    outcome = report.main.outcome
+    assert outcome.diverges is (expected is Verdict.REFUTED), (outcome.max_vs_reference,
+                                                               outcome.tolerance)
