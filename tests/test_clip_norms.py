@@ -222,6 +222,12 @@ def test_a_clip_by_another_norm_than_the_policy_is_refuted_where_it_stands() -> 
     verdict, reason = clip_verdict(DDP, "clip(max_norm = 1.0) grads over dp", INF)
     assert verdict is Verdict.REFUTED
     assert "it clips by the 2-norm where the declared policy clips by the inf norm" in reason
+    strategy = load_text(DDP.format(clip="clip(max_norm = 1.0, reduce = mean) grads over dp",
+                                    policy=INF))
+    [obligation] = [o for o in update_obligations(strategy, 10_000)
+                    if o.kind is ObligationKind.CLIP]
+    assert obligation.fix is not None
+    assert obligation.fix.startswith("clip(max_norm = 1, norm = inf) grads over dp")
     verdict, reason = clip_verdict(DDP, "clip(max_norm = 1.0, norm = inf) grads over dp")
     assert verdict is Verdict.REFUTED
     assert "it clips by the inf norm where the declared policy clips by the 2-norm" in reason

@@ -76,6 +76,8 @@ UNCITED: dict[str, str] = {
 UNUSED: dict[str, str] = {
     # A declared clip policy with no clip statement: the bug library's clip bugs all clip.
     "clip-missing": "no bug declares a clip without clipping",
+    # A clip by the 2-norm under a declared inf-norm policy (or back): tests/test_clip_norms.py.
+    "clip-policy-norm": "no bug clips by another norm than its policy",
     # A broadcast of the parameters from one rank under a sharded optimizer.
     "lost-update": "no bug broadcasts from a single rank",
     # Integrity's tied-embedding rule refutes the same bug first; consistency's divergence is a

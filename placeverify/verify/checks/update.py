@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -28,7 +29,9 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import State
 from placeverify.ir.precision import LossScale
 from placeverify.ir.relations import Relation
+from placeverify.ir.render import op_label
 from placeverify.ir.step import (
+    DEFAULT_NORM_REDUCE,
     Clip,
     Collective,
     CollectiveKind,
@@ -121,16 +124,23 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     out = []
     for clip in dict.fromkeys(clips):
         problems = _clip_position(strategy, clip, max_norm, groups, agreed)
-        if clip.norm is not policy:
-            problems.insert(0, f"it clips by the {'inf norm' if clip.norm is NormKind.INF else '2-norm'}"
-                               f" where the declared policy clips by the "
-                               f"{'inf norm' if policy is NormKind.INF else '2-norm'}")
         if problems:
             from placeverify.verify.fixes import CLIP_POSITION
 
             out.append(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span,
                                   ObligationKind.CLIP, reason="; ".join(problems), method=METHOD_RULES,
                                   fix=CLIP_POSITION.text()))
+            continue
+        if clip.norm is not policy:
+            from placeverify.verify.checks.clip_norms import norm_name
+            from placeverify.verify.fixes import CLIP_POLICY_NORM
+
+            right = replace(clip, norm=policy, reduce=DEFAULT_NORM_REDUCE[policy])
+            out.append(Obligation(
+                Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, ObligationKind.CLIP,
+                reason=f"it clips by the {norm_name(clip.norm)} where the declared policy clips by "
+                       f"the {norm_name(policy)}", method=METHOD_RULES,
+                fix=CLIP_POLICY_NORM.text(clip=op_label(right))))
             continue
         if clip.norm is NormKind.L2 and clip.reduce is ReduceOp.SUM:
             out.append(_clip_norm(strategy, clip, groups, views, agreed, timeout_ms))
