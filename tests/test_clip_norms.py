@@ -356,3 +356,26 @@ def test_the_real_run_agrees_with_the_verdict(replay_pool: object, template: str
     outcome = report.main.outcome
     assert outcome.diverges is (expected is Verdict.REFUTED), (outcome.max_vs_reference,
                                                                outcome.tolerance)
+
+
+# ---- the agreement domain: the factor is shared along the clip's group, whatever it combines ------
+
+
+@pytest.mark.parametrize(("template", "clip", "policy", "consistency"), [
+    # an all-reduce over ep gives both ranks one (wrong) norm: the dense copies stay identical
+    (EXPERTS, "clip(max_norm = 1.0, reduce = mean, replicated = every_rank) grads over ep", "",
+     Verdict.PROVED),
+    (EXPERTS, "clip(max_norm = 1.0, norm = inf, reduce = sum) grads over ep", INF, Verdict.PROVED),
+    # no group: each rank divides by its own experts' norm, so the dense copies drift apart
+    (EXPERTS, "clip(max_norm = 1.0, norm = inf) grads", INF, Verdict.REFUTED),
+    # plain DDP: every rank holds the same gradient, so even a local norm is shared
+    (DDP, "clip(max_norm = 1.0, norm = inf, reduce = mean) grads over dp", INF, Verdict.PROVED),
+])
+def test_the_clip_factor_is_shared_along_the_group(template: str, clip: str, policy: str,
+                                                   consistency: Verdict) -> None:
+    from placeverify.verdicts import Condition
+    from placeverify.verify import verify
+
+    verification = verify(load_text(template.format(clip=clip, policy=policy), "norms.place"))
+    assert verification.verdict(Condition.STATE_CONSISTENCY) is consistency
+    assert verification.verdict(Condition.GRADIENT_INTEGRITY) is Verdict.REFUTED
