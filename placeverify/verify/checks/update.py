@@ -4,7 +4,9 @@
   gradient. Per parameter group, the squared norm summed over the clip group counts each element
   once iff the group covers every axis where ranks hold different elements and, where ranks hold
   the same elements, they are counted once. Z3 (real arithmetic) is asked for squared norms where
-  the computed and the true norm differ;
+  the computed and the true norm differ. A clip by the inf norm or by per-rank norms combined
+  (``norm = inf``, ``reduce = mean | max``) is judged by :mod:`placeverify.verify.checks.clip_norms`,
+  and a clip by another norm than the declared policy's is refuted where it stands;
 - *recomputation*: a recomputed dropout mask must equal the forward one; the random stream is an
   uninterpreted function of (seed, offset), and without restoring the RNG state the recompute
   reads the stream at a later offset;
