@@ -834,12 +834,15 @@ NORM_OPTIONS = ("norm = inf", "reduce = sum", "reduce = mean", "reduce = max")
 
 @operator
 def change_clip_norm(body: StepBody, ctx: Context) -> Iterator[StepBody]:
-    """The clip by the inf norm (or back to the 2-norm), or with its ranks' norms combined
-    another way: their mean or maximum, or summed (DeepSpeed#8475 averaged them)."""
+    """The clip by the inf norm (or back to the 2-norm), with its ranks' norms combined another
+    way (their mean or maximum, or summed: DeepSpeed#8475 averaged them), or its norm computed
+    over the dense parameters only (DeepSpeed#8613 left the experts out)."""
     def variants(statement: str) -> Iterator[str | None]:
         call = Call.parse(statement)
         assert call is not None
         inf = "norm = inf" in call.options
+        if not any(o.startswith("norm_of") for o in call.options):
+            yield replace(call, options=(*call.options, "norm_of = [dense]")).text()
         kept = tuple(o for o in call.options if o not in NORM_OPTIONS)
         reduce = next((o for o in call.options if o.startswith("reduce = ")), None)
         yield replace(call, options=kept if inf else (*kept, "norm = inf")).text()

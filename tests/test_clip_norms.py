@@ -99,7 +99,28 @@ def test_the_rendered_step_reads_back_the_same() -> None:
     assert "clip(max_norm = 1) grads over dp" in plain
 
 
+def test_norm_of_lowers_to_the_measured_groups_and_reads_back() -> None:
+    text = EXPERTS.format(clip="clip(max_norm = 1.0, norm_of = [embedding, dense]) grads over ep",
+                          policy="")
+    strategy = load_text(text)
+    [clip] = [op for op in strategy.step.ops() if isinstance(op, Clip)]
+    assert clip.measured == {ParamGroup.DENSE, ParamGroup.EMBEDDING}
+    assert clip.measures(ParamGroup.DENSE) and not clip.measures(ParamGroup.EXPERTS)
+    rendered = step_text(strategy)
+    assert "clip(max_norm = 1, norm_of = [dense, embedding]) grads over ep" in rendered
+    assert step_text(load_text(text.split("step {")[0] + rendered)) == rendered
+    verdict, reason = clip_verdict(EXPERTS, "clip(max_norm = 1.0, norm_of = [dense, norms, "
+                                            "embedding]) grads over ep")
+    assert verdict is Verdict.REFUTED
+    assert ("its norm is computed over dense, norms, embedding only and leaves out experts, "
+            "whose gradients it scales") in reason
+
+
 @pytest.mark.parametrize(("clip", "policy", "line", "code", "message"), [
+    ("clip(max_norm = 1, norm_of = [dense, bias]) grads over dp", "", 9, Code.UNKNOWN_NAME,
+     "unknown parameter group 'bias'"),
+    ("clip(max_norm = 1, norm_of = [experts]) grads over dp", "", 9, Code.BAD_VALUE,
+     "this model has no 'experts' parameters"),
     ("clip(max_norm = 1, norm = 1) grads over dp", "", 9, Code.BAD_VALUE,
      "a clip's norm is 2 or inf, not '1'"),
     ("clip(max_norm = 1, reduce = avg) grads over dp", "", 9, Code.UNKNOWN_NAME,
@@ -186,6 +207,12 @@ EXPERT_CASES = [
     ("clip(max_norm = 1.0, norm = inf) grads", INF, Verdict.REFUTED),
     ("clip(max_norm = 1.0, norm = inf, reduce = sum) grads over ep", INF, Verdict.REFUTED),
     ("clip(max_norm = 1.0, norm = inf, reduce = mean) grads over ep", INF, Verdict.REFUTED),
+    # per-group norms: every group measured is the default; the shared groups only are not
+    ("clip(max_norm = 1.0, norm_of = [dense, norms, embedding, experts]) grads over ep", "",
+     Verdict.PROVED),
+    ("clip(max_norm = 1.0, norm_of = [dense, norms, embedding]) grads over ep", "",
+     Verdict.REFUTED),
+    ("clip(max_norm = 1.0, norm = inf, norm_of = [experts]) grads over ep", INF, Verdict.REFUTED),
 ]
 
 # Plain DDP: every rank holds the whole (reduced) gradient. A mean or maximum of identical norms
@@ -205,6 +232,7 @@ DDP_CASES = [
     ("clip(max_norm = 1.0, norm = inf, reduce = mean, replicated = every_rank) grads over dp",
      INF, Verdict.PROVED),
     ("clip(max_norm = 1.0, norm = inf, reduce = mean) grads over dp", INF, Verdict.REFUTED),
+    ("clip(max_norm = 1.0, norm_of = [dense]) grads over dp", "", Verdict.REFUTED),
 ]
 
 
@@ -282,11 +310,13 @@ def _mutated_clips(text: str) -> list[str]:
 def test_the_norm_operator_changes_the_norm_and_the_combination() -> None:
     assert _mutated_clips(DDP.format(clip="clip(max_norm = 1) grads over dp", policy="")) == [
         "clip(max_norm = 1, norm = inf) grads over dp",
+        "clip(max_norm = 1, norm_of = [dense]) grads over dp",
         "clip(max_norm = 1, reduce = max) grads over dp",
         "clip(max_norm = 1, reduce = mean) grads over dp"]
     assert _mutated_clips(DDP.format(clip="clip(max_norm = 1, norm = inf) grads over dp",
                                      policy=INF)) == [
         "clip(max_norm = 1) grads over dp",
+        "clip(max_norm = 1, norm = inf, norm_of = [dense]) grads over dp",
         "clip(max_norm = 1, norm = inf, reduce = mean) grads over dp",
         "clip(max_norm = 1, norm = inf, reduce = sum) grads over dp"]
 

@@ -33,6 +33,8 @@ CALLS_FOR: dict[str, str] = {
     "clip-mean-of-rank-norms": "clip(max_norm = 1) grads over ep",
     # torchtitan#649: the stages' inf norms all-reduced with max over the pipeline mesh
     "clip-inf-norm-pipeline": "clip(max_norm = 1, norm = inf) grads over pp",
+    # DeepSpeed#8613: the expert gradients folded into the one norm that scales them all
+    "clip-norm-without-experts": "the gradients of every parameter group together",
     "clip-norm-tensor-parallel": "sum the squared norm over every axis where gradients are sharded",
     "clip-per-group": "the gradients of every parameter group together",
     "clip-scaled-gradients": "any loss-scale unscaling",
@@ -64,6 +66,7 @@ UNCITED: dict[str, str] = {
     "lingua#59": "clip fix", "tt-metal#17568": "clip fix", "transformers#614": "clip fix",
     "waifu-diffusion#64": "clip fix",
     "torchtitan#596": "clip-combine fix", "torchtitan#649": "clip-combine fix",
+    "DeepSpeed#8613": "clip fix",
     "Megatron-LM#906": "shard-mismatch fix is generic", "DeepSpeed#5618": "shard-mismatch fix",
     "DN-DETR#18": "free-before-update fix is generic",
     "DeepSpeed#994": "overflow fix is generic", "ColossalAI#1175": "overflow fix is generic",

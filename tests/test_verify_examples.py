@@ -59,6 +59,8 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # each pipeline stage clips by its own largest element (torchtitan#596); the fixed twin
     # all-reduces the inf norms with max over pp (torchtitan#649)
     "clip-inf-norm-pipeline": ({"gradient_integrity"}, "clip"),
+    # the norm of the shared parameters only, applied to the expert gradients too (DeepSpeed#8613)
+    "clip-norm-without-experts": ({"gradient_integrity"}, "clip"),
 }
 
 REFERENCE_BUGS = 12

@@ -223,13 +223,14 @@ class RankRun(RankCollectives):
 
     def clip(self, op: Clip) -> None:
         """:mod:`placeverify.semantics.norms` on real gradients: this rank's squared 2-norm (or
-        inf norm) over the elements it counts, all-reduced over the clip's group as ``reduce``
-        says (the squares or inf norms summed; the per-rank norms averaged or maxed)."""
+        inf norm) over the elements of the measured groups it counts, all-reduced over the
+        clip's group as ``reduce`` says (the squares or inf norms summed; the per-rank norms
+        averaged or maxed); the targeted groups are scaled."""
         handle = self.handle(op.group)
         total = torch.zeros(1, dtype=self.dtype, device=self.device)
         clipped = self.targeted(op.target.applies_to)
         l2 = op.norm is NormKind.L2
-        for buf in clipped:
+        for buf in self.targeted(op.measures):
             counted = op.replicated_once is False or all(
                 self.coords[a] == 0 for a in op.group.axes
                 if self.grid.size(a) > 1 and self._replica(buf, a))

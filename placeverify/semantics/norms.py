@@ -6,9 +6,10 @@ where ranks hold different elements (owned parameters, a reduce-scattered shard)
 different; along the other axes of the clip's group they are copies. A clip
 ``clip(max_norm = c, norm = p, reduce = op, replicated = r) grads over G`` runs, on every rank:
 
-1. the rank's *local* value over the groups it clips: the sum of the parts' squared 2-norms
-   (p = 2) or the largest of their inf norms (p = inf); with ``replicated = once`` a part that
-   is a copy along an axis of G counts only on that axis's rank 0;
+1. the rank's *local* value over the groups it measures (those it scales, or ``norm_of``'s):
+   the sum of the parts' squared 2-norms (p = 2) or the largest of their inf norms (p = inf);
+   with ``replicated = once`` a part that is a copy along an axis of G counts only on that
+   axis's rank 0;
 2. an all-reduce of that value over G: ``reduce = sum`` sums the squared 2-norms (then the square
    root: ``torch.nn.utils.clip_grad_norm_``'s way) or the inf norms; ``reduce = max`` and
    ``reduce = mean`` take the largest or the mean of the per-rank *norms* (the square root of
@@ -63,7 +64,7 @@ class NormModel:
     clip: Clip
     axes: tuple[str, ...]  # the live axes that matter, two ranks each
     split: dict[ParamGroup, tuple[str, ...]]  # per group: axes where ranks hold different parts
-    clipped: tuple[ParamGroup, ...]  # the groups the clip reads
+    measured: tuple[ParamGroup, ...]  # the groups whose gradients the norm is computed over
     live_group: tuple[str, ...]  # the clip group's live axes
 
     @property
@@ -104,12 +105,12 @@ def norm_model(clip: Clip, split: dict[ParamGroup, set[str]], live: set[str]) ->
     live_group = tuple(a for a in clip.group.axes if a in live)
     axes = tuple(sorted({a for s in split.values() for a in s} | set(live_group)))
     return NormModel(clip, axes, {g: tuple(sorted(s)) for g, s in split.items()},
-                     tuple(g for g in split if clip.target.applies_to(g)), live_group)
+                     tuple(g for g in split if clip.measures(g)), live_group)
 
 
 def local(model: NormModel, domain: NormDomain[N], parts: dict[Part, N], rank: Rank) -> N:
     """Step 1: the rank's squared 2-norm, or its inf norm, over the parts it counts."""
-    mine = [parts[model.part_of(g, rank)] for g in model.clipped if model.counted(g, rank)]
+    mine = [parts[model.part_of(g, rank)] for g in model.measured if model.counted(g, rank)]
     if not mine:
         return domain.number(Fraction(0))
     return domain.total(mine) if model.clip.norm is NormKind.L2 else domain.largest(mine)

@@ -166,7 +166,7 @@ def fixed(strategy: Strategy, model: NormModel, policy: NormKind) -> Clip:
     axes = set(model.clip.group.axes) | {a for s in model.split.values() for a in s}
     group = Group(tuple(a for a in strategy.mesh.names if a in axes))
     return replace(model.clip, group=group, replicated_once=True, norm=policy,
-                   reduce=DEFAULT_NORM_REDUCE[policy])
+                   reduce=DEFAULT_NORM_REDUCE[policy], measured=None)
 
 
 def notes(model: NormModel, policy: NormKind) -> list[str]:
@@ -174,7 +174,7 @@ def notes(model: NormModel, policy: NormKind) -> list[str]:
     clip = model.clip
     group = clip.group.label() if clip.group.axes else "no group"
     out = []
-    for g in model.clipped:
+    for g in model.measured:
         split = model.split[g]
         missing = [a for a in split if a not in model.live_group]
         inside = [a for a in split if a in model.live_group]

@@ -137,7 +137,7 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
             from placeverify.verify.checks.clip_norms import norm_name
             from placeverify.verify.fixes import CLIP_POLICY_NORM
 
-            right = replace(clip, norm=policy, reduce=DEFAULT_NORM_REDUCE[policy])
+            right = replace(clip, norm=policy, reduce=DEFAULT_NORM_REDUCE[policy], measured=None)
             out.append(Obligation(
                 Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, ObligationKind.CLIP,
                 reason=f"it clips by the {norm_name(clip.norm)} where the declared policy clips by "
@@ -165,6 +165,16 @@ def _clip_position(strategy: Strategy, clip: Clip, max_norm: Fraction, groups: S
         problems.append(f"it clips {clip.target.label()} by their own norm and leaves out "
                         f"{', '.join(left_out)}: per-group clipping, where single-device training "
                         "clips by the global norm of all parameters")
+    if clip.measured is not None:
+        unmeasured = [g.value for g in groups if not clip.measures(g)]
+        if unmeasured:
+            scaled = [g for g in unmeasured if clip.target.applies_to(ParamGroup(g))]
+            measured = ", ".join(g.value for g in groups if clip.measures(g))
+            problems.append(f"its norm is computed over {measured} only "
+                            f"and leaves out {', '.join(unmeasured)}"
+                            + (", whose gradients it scales" if scaled else "")
+                            + ": per-group norms, where single-device training clips by the "
+                              "global norm of all parameters")
     seen = [s for g in groups for s in agreed[g].clips if s.op is clip]
     if any(s.after_update for s in seen):
         problems.append("it runs after 'update params', which already consumed the unclipped "
