@@ -409,3 +409,29 @@ def test_the_clip_factor_is_shared_along_the_group(template: str, clip: str, pol
     verification = verify(load_text(template.format(clip=clip, policy=policy), "norms.place"))
     assert verification.verdict(Condition.STATE_CONSISTENCY) is consistency
     assert verification.verdict(Condition.GRADIENT_INTEGRITY) is Verdict.REFUTED
+
+
+# ---- two ranks per axis: the verdict does not change with three -----------------------------------
+
+
+@pytest.mark.parametrize(("template", "clip", "policy", "expected"),
+                         [(EXPERTS, c, p, v) for c, p, v in EXPERT_CASES]
+                         + [(DDP, c, p, v) for c, p, v in DDP_CASES])
+def test_three_ranks_per_axis_give_the_same_verdict(template: str, clip: str, policy: str,
+                                                    expected: Verdict) -> None:
+    from placeverify.semantics.groups import group_view
+    from placeverify.verify.agreement import agreement
+    from placeverify.verify.checks.clip_norms import norm_obligation
+    from placeverify.verify.checks.update import clip_policy_norm
+
+    strategy = load_text(template.format(clip=clip, policy=policy), "norms.place")
+    [op] = [o for o in strategy.step.ops() if isinstance(o, Clip)]
+    groups = strategy.model.groups_present()
+    if op.norm is not clip_policy_norm(strategy) or not all(op.measures(g) for g in groups):
+        pytest.skip("refuted by rule where it stands, whatever the mesh")
+    views = {g: group_view(strategy, g) for g in groups}
+    agreed = {g: agreement(strategy, views[g]) for g in groups}
+    verdicts = {width: norm_obligation(strategy, op, clip_policy_norm(strategy), groups, views,
+                                       agreed, 10_000, width).verdict for width in (2, 3)}
+    # (the sum of squares has its own encoding in a check; this one agrees with it too)
+    assert verdicts == {2: expected, 3: expected}

@@ -62,19 +62,20 @@ class NormModel:
     """Which parts each rank holds and counts, for one clip statement."""
 
     clip: Clip
-    axes: tuple[str, ...]  # the live axes that matter, two ranks each
+    axes: tuple[str, ...]  # the live axes that matter, ``width`` ranks each
     split: dict[ParamGroup, tuple[str, ...]]  # per group: axes where ranks hold different parts
     measured: tuple[ParamGroup, ...]  # the groups whose gradients the norm is computed over
     live_group: tuple[str, ...]  # the clip group's live axes
+    width: int = 2  # ranks per axis (2; the tests compare with 3)
 
     @property
     def ranks(self) -> list[Rank]:
-        return [tuple(r) for r in itertools.product(*(range(2) for _ in self.axes))]
+        return [tuple(r) for r in itertools.product(*(range(self.width) for _ in self.axes))]
 
     def parts(self) -> list[Part]:
         """Every part of every group (the global gradient is their concatenation)."""
         return [(g, tuple(c)) for g, axes in self.split.items()
-                for c in itertools.product(*(range(2) for _ in axes))]
+                for c in itertools.product(*(range(self.width) for _ in axes))]
 
     def part_of(self, group: ParamGroup, rank: Rank) -> Part:
         return group, tuple(rank[self.axes.index(a)] for a in self.split[group])
@@ -91,7 +92,7 @@ class NormModel:
         """The ranks of ``rank``'s clip group (those that differ from it only along G)."""
         free = [self.axes.index(a) for a in self.live_group]
         out = []
-        for combo in itertools.product(*(range(2) for _ in free)):
+        for combo in itertools.product(*(range(self.width) for _ in free)):
             r = list(rank)
             for i, c in zip(free, combo, strict=True):
                 r[i] = c
@@ -99,13 +100,14 @@ class NormModel:
         return out
 
 
-def norm_model(clip: Clip, split: dict[ParamGroup, set[str]], live: set[str]) -> NormModel:
+def norm_model(clip: Clip, split: dict[ParamGroup, set[str]], live: set[str],
+               width: int = 2) -> NormModel:
     """``split``: per parameter group, the live axes where ranks hold different elements;
     ``live``: the mesh axes with more than one rank."""
     live_group = tuple(a for a in clip.group.axes if a in live)
     axes = tuple(sorted({a for s in split.values() for a in s} | set(live_group)))
     return NormModel(clip, axes, {g: tuple(sorted(s)) for g, s in split.items()},
-                     tuple(g for g in split if clip.measures(g)), live_group)
+                     tuple(g for g in split if clip.measures(g)), live_group, width)
 
 
 def local(model: NormModel, domain: NormDomain[N], parts: dict[Part, N], rank: Rank) -> N:

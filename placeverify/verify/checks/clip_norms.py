@@ -91,7 +91,8 @@ class _Z3:
 
 
 def model_of(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
-             views: dict[ParamGroup, GroupView], agreed: dict[ParamGroup, Agreement]) -> NormModel:
+             views: dict[ParamGroup, GroupView], agreed: dict[ParamGroup, Agreement],
+             width: int = 2) -> NormModel:
     """The clip's parts: per group, the live axes where ranks hold different elements (owned
     parameters, and the axes a shard the clip reads was scattered over)."""
     sizes = {a.name: a.size for a in strategy.mesh.axes}
@@ -102,14 +103,15 @@ def model_of(strategy: Strategy, clip: Clip, groups: Sequence[ParamGroup],
         if seen.sharded:
             axes |= {a for a in seen.scattered if sizes[a] > 1}
         split[group] = axes
-    return norm_model(clip, split, {a for a, n in sizes.items() if n > 1})
+    return norm_model(clip, split, {a for a, n in sizes.items() if n > 1}, width)
 
 
 def norm_obligation(strategy: Strategy, clip: Clip, policy: NormKind, groups: Sequence[ParamGroup],
                     views: dict[ParamGroup, GroupView], agreed: dict[ParamGroup, Agreement],
-                    timeout_ms: int) -> Obligation:
-    """Does every rank divide max_norm by the global ``policy`` norm of the gradient?"""
-    model = model_of(strategy, clip, groups, views, agreed)
+                    timeout_ms: int, width: int = 2) -> Obligation:
+    """Does every rank divide max_norm by the global ``policy`` norm of the gradient?
+    (``width``: ranks per axis of the model, 2; the tests compare with 3.)"""
+    model = model_of(strategy, clip, groups, views, agreed, width)
     said = claim(clip.max_norm, policy)
     domain = _Z3()
     parts: dict[Part, Any] = {p: z3.Real(f"part_{p[0].value}_{'_'.join(map(str, p[1]))}")
@@ -148,7 +150,7 @@ def norm_obligation(strategy: Strategy, clip: Clip, policy: NormKind, groups: Se
               f"{_text(true_value)} but rank ({where}) computes {_text(seen_value)}: the update "
               f"is scaled by {factor(seen_value):.4g} instead of {factor(true_value):.4g}"
               " whenever either exceeds max_norm")
-    values = {"mesh": {a: 2 for a in model.axes},
+    values = {"mesh": {a: model.width for a in model.axes},
               "true_norm": float(true_value), "computed_norm": float(seen_value),
               "true_norm_exact": _text(true_value), "computed_norm_exact": _text(seen_value),
               "rank": dict(zip(model.axes, rank, strict=True))}
