@@ -191,7 +191,9 @@ class RankRun(RankCollectives):
             dist.send(x.grad.contiguous(), dst=prev)
         for buf in self.buffers.values():
             if buf.specs:
-                buf.full = buf.full + torch.cat([_grad(self.params[sp.name]) for sp in buf.specs])
+                grad = torch.cat([_grad(self.params[sp.name]) for sp in buf.specs])
+                weight = s.grad_weights.get(buf.group)  # Setup.grad_weights: inf-norm clips
+                buf.full = buf.full + (grad if weight is None else grad * weight)
             for sp in buf.specs:
                 self.params[sp.name].grad = None
             buf.sharded = False
