@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 
-from placeverify.cost.domain import Domain, Num
+from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Role, Schedule
 from placeverify.ir.strategy import RecomputeKind, Strategy
@@ -259,7 +260,7 @@ def outside_layers(d: Domain, strategy: Strategy, activation_bytes: Num, first: 
     shard = t if sp else 1  # sequence parallelism splits the hidden states over tp
     parts: list[tuple[str, Num]] = []
     if first and arch.dropout:
-        _, in_flight, _ = _pipeline_factors(d, strategy, arch)
+        in_flight, _ = stage_in_flight(d, strategy, 0)
         parts.append(("embedding dropout mask", tokens * h / shard * in_flight))
     if last:
         padded = arch.padded_vocab(tensor_size(strategy))
@@ -297,22 +298,67 @@ def stage_share(d: Domain, strategy: Strategy, arch: Transformer) -> Num:
     return L / d.sym(pipeline.axis, strategy.size(pipeline.axis))
 
 
-def _pipeline_factors(d: Domain, strategy: Strategy, arch: Transformer) -> tuple[Num, Num, str]:
-    """Layers held by the fullest pipeline stage (L / p, or the most listed) and micro-batches in
-    flight on the first stage (an upper bound for every stage)."""
-    layers = stage_share(d, strategy, arch)
+def stage_in_flight(d: Domain, strategy: Strategy, stage: int) -> tuple[Num, str]:
+    """Micro-batches' worth of its layers' activations that pipeline stage ``stage`` (0-based)
+    holds at its peak, and the rule that gives it.
+
+    - GPipe: all m, on every stage (every forward runs before any backward).
+    - 1F1B (Narayanan et al. 2021, §2.2; Megatron-LM ``megatron/core/pipeline_parallel/
+      schedules.py``, ``forward_backward_pipelining_without_interleaving``:
+      ``num_warmup_microbatches = total_stages - current_stage - 1``, capped at m; each steady
+      step runs one forward before one backward): min(m, p − i).
+    - Interleaved 1F1B with v chunks (the same file, ``get_pp_rank_microbatches``:
+      ``num_warmup_microbatches = (p - rank - 1) * 2 + (v - 1) * microbatch_group_size_per_vp_stage``,
+      the group size defaulting to p, ``model_parallel_config.py``; capped at m·v, when every
+      virtual micro-batch is in warm-up): W + 1 virtual micro-batches in flight (the warm-up and
+      the steady step's forward), each one chunk of 1/v of the stage's layers, so
+      min(2(p − i − 1) + (v − 1)p + 1, m·v) / v = min((p(v + 1) − 2i − 1) / v, m). On stage 0
+      this is Korthikanti et al.'s p(1 + (p − 1)/(pv)) (arXiv 2205.05198, §4.2.3). The chunks of a
+      stage are taken as equal (with a written list of layers, each chunk 1/v of the stage's).
+    """
     pipeline = strategy.pipeline
     if pipeline is None or strategy.size(pipeline.axis) == 1:
-        return layers, d.const(1), "one micro-batch at a time"
+        return d.const(1), "one micro-batch at a time"
     p_value = strategy.size(pipeline.axis)
     p = d.sym(pipeline.axis, p_value)
     m_value = strategy.microbatches
     m = d.sym("m", m_value)
     if pipeline.schedule is Schedule.GPIPE:
-        return layers, m, "GPipe: all m micro-batches in flight"
+        return m, "GPipe: all m micro-batches in flight on every stage"
     if pipeline.schedule is Schedule.INTERLEAVED:
-        v = d.sym("v", pipeline.chunks)
-        return layers, p * (1 + (p - 1) / (p * v)), "interleaved 1F1B: p(1 + (p-1)/(pv)) in flight"
-    if m_value < p_value:
-        return layers, m, "1F1B with m < p: m micro-batches in flight"
-    return layers, p, "1F1B: p micro-batches in flight on the first stage"
+        v_value = pipeline.chunks
+        if p_value * (v_value + 1) - 2 * stage - 1 >= m_value * v_value:
+            return m, "interleaved 1F1B: every micro-batch in warm-up, m in flight"
+        v = d.sym("v", v_value)
+        return ((p * (v + 1) - 2 * stage - 1) / v,
+                "interleaved 1F1B: (p(v+1) - 2i - 1)/v micro-batches in flight on stage i")
+    if m_value < p_value - stage:
+        return m, "1F1B with m < p - i: m micro-batches in flight"
+    return p - stage, "1F1B: p - i micro-batches in flight on stage i"
+
+
+def stage_layer_counts(strategy: Strategy, arch: Transformer) -> tuple[int | None, ...]:
+    """Layers of each pipeline stage: the listed counts, or None for each of p even stages."""
+    listed = stage_layers(strategy)
+    if listed is not None:
+        return listed
+    pipeline = strategy.pipeline
+    return (None,) * (1 if pipeline is None else max(1, strategy.size(pipeline.axis)))
+
+
+def _pipeline_factors(d: Domain, strategy: Strategy, arch: Transformer) -> tuple[Num, Num, str]:
+    """Layers and micro-batches in flight of the stage holding the most layers' activations:
+    the largest layers_i × in_flight_i over the stages (the first of equals; stage 0 when the
+    stages are even, as in-flight counts never grow with the stage index)."""
+    counts = stage_layer_counts(strategy, arch)
+    exact = Exact()
+    best, best_value = 0, Fraction(-1)
+    for i, n in enumerate(counts):
+        value = Fraction(n if n is not None else 1) * Fraction(stage_in_flight(exact, strategy, i)[0])
+        if value > best_value:
+            best, best_value = i, value
+    in_flight, rule = stage_in_flight(d, strategy, best)
+    n = counts[best]
+    layers = stage_share(d, strategy, arch) if n is None else stage_layer_count(d, strategy, n)
+    where = f"; stage {best} holds the most" if len(counts) > 1 else ""
+    return layers, in_flight, rule + where

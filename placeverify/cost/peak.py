@@ -37,6 +37,7 @@ class Moment:
     name: str  # end of forward | end of backward | optimizer step
     rank: str  # the rank kind (only | first | middle | last | every)
     parts: tuple[tuple[str, Fraction], ...]
+    stage: int | None = None  # the stage whose figures these are, when the kind has several
 
     @property
     def total(self) -> Fraction:
@@ -44,6 +45,8 @@ class Moment:
 
     def describe(self) -> str:
         where = "" if self.rank in ("only", "every") else f", {self.rank} pipeline stage"
+        if self.stage is not None:
+            where += f" (stage {self.stage})"
         return f"{self.name}{where}"
 
 
@@ -113,15 +116,17 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         temporaries = 2 * 4 * _largest_tensor(strategy)
     states = (("Θ params", params), ("Ω optimizer", optimizer))
     kind = rank.kind.name
+    # a kind of several stages gives the figures of its first, the fullest (most in flight)
+    stage = rank.kind.stages[0] if len(rank.kind.stages) > 1 and kind != "every" else None
     return [
         Moment("end of forward", kind, (*states, ("G gradients", grads_forward),
                                         ("A activations in flight", activations),
                                         ("A outside the layers", outside),
-                                        ("buffers", buffers), *extras)),
+                                        ("buffers", buffers), *extras), stage),
         Moment("end of backward", kind, (*states, ("G gradients", grads), ("buffers", buffers),
-                                         *extras)),
+                                         *extras), stage),
         Moment("optimizer step", kind, (*states, ("G gradients", grads), *extras,
-                                        ("optimizer temporaries", temporaries))),
+                                        ("optimizer temporaries", temporaries)), stage),
     ]
 
 

@@ -105,7 +105,7 @@ class Screen:
         split_g = shard if lay.sharding in (Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP) else 1
         split_o = 1 if lay.sharding in (Sharding.NONE, Sharding.DDP) else shard
         per_layer, working = self._per_layer(lay.b, lay.tp, lay.sp, lay.cp, lay.recompute)
-        in_flight = self._in_flight(lay)  # the first stage's, for every stage (an upper bound)
+        first_in_flight = self._in_flight(lay, 0)
         tokens = arch.seq * lay.b / lay.cp
         hshard = lay.tp if lay.sp else 1
         vocab = arch.padded_vocab(lay.tp)
@@ -113,7 +113,8 @@ class Screen:
         if lay.sharding in (Sharding.ZERO3, Sharding.HSDP):
             buffers += arch.largest_unit_params() * self.P / lay.tp
         best = 0.0
-        for layers, first, last in kinds:
+        for layers, first, last, stage in kinds:
+            in_flight = self._in_flight(lay, stage)
             n = self._stage_elements(lay, layers, first, last)
             acts = per_layer * layers * in_flight
             states = n * self.P / split_p
@@ -121,7 +122,7 @@ class Screen:
                 states += n * self.G / split_g + n * self.O / split_o
             outside = 0.0
             if first and arch.dropout:
-                outside += tokens * arch.hidden / hshard * in_flight
+                outside += tokens * arch.hidden / hshard * first_in_flight
             if last:
                 outside += 2 * self.E * tokens * arch.hidden / hshard
                 outside += (self.E * tokens * vocab / lay.tp if self.E != 4 else 0.0)
@@ -130,25 +131,31 @@ class Screen:
         return best
 
     @staticmethod
-    def _in_flight(lay: Layout) -> float:
+    def _in_flight(lay: Layout, stage: int) -> float:
+        """Micro-batches in flight on ``stage``, as
+        :func:`placeverify.cost.activations.stage_in_flight` counts them."""
         p = lay.pp
         if p == 1:
             return 1.0
         if lay.v > 1:
-            return p * (1 + (p - 1) / (p * lay.v))
-        return float(min(lay.m, p))
+            return min((p * (lay.v + 1) - 2 * stage - 1) / lay.v, float(lay.m))
+        return float(min(lay.m, p - stage))
 
-    def _stage_kinds(self, lay: Layout) -> list[tuple[int, bool, bool]]:
-        """(layers, first, last) per distinct stage."""
+    def _stage_kinds(self, lay: Layout) -> list[tuple[int, bool, bool, int]]:
+        """(layers, first, last, stage) per distinct stage kind, each at its fullest stage (the
+        kind's first: in-flight counts never grow with the stage index). The space's uneven
+        stages give every middle stage the same layers."""
         layers = self.s.arch.layers
         if lay.pp == 1:
-            return [(layers, True, True)]
+            return [(layers, True, True, 0)]
         if lay.stages is None:
             each = layers // lay.pp
-            kinds = [(each, True, False), (each, False, True)]
-            return kinds + ([(each, False, False)] if lay.pp > 2 else [])
+            kinds = [(each, True, False, 0), (each, False, True, lay.pp - 1)]
+            return kinds + ([(each, False, False, 1)] if lay.pp > 2 else [])
         st = lay.stages
-        return [(st[0], True, False), (st[-1], False, True), (max(st[1:-1]), False, False)]
+        middle = max(range(1, len(st) - 1), key=lambda i: (st[i], -i))
+        return [(st[0], True, False, 0), (st[-1], False, True, len(st) - 1),
+                (st[middle], False, False, middle)]
 
     # ---- time -----------------------------------------------------------------------------
 
@@ -241,7 +248,7 @@ class Screen:
     def _local_elements(self, lay: Layout, layers: int) -> float:
         """Parameter elements of the slowest stage's device before data sharding."""
         kinds = self._stage_kinds(lay)
-        return max(self._stage_elements(lay, n, f, la) for n, f, la in kinds)
+        return max(self._stage_elements(lay, n, f, la) for n, f, la, _ in kinds)
 
     def _model_share(self, lay: Layout) -> float:
         """Parameter elements per device as the communication model counts them: the whole
