@@ -603,9 +603,10 @@ def llama3_405b_uneven() -> Expected:
     full recomputation its activations are the most too: under 1F1B stage i keeps p - i
     micro-batches (Megatron-LM's warm-up of p - i - 1 forwards, then one forward before each
     backward), so stage 0 holds 16 · 7 = 112 layer-micro-batches, stage 1 15 · 8 = 120, the last
-    1 · 7; the middle kind's fullest is stage 1, and it is the fullest stage. Traffic per device follows the stage with the
-    most layers: the layers' groups scaled by L_max / L = 8 / 126 (the even model's 1/p share
-    scaled to that stage), the embedding by 1/(t·p) as with even stages."""
+    1 · 7; the middle kind's fullest is stage 1, and it is the fullest stage. Traffic per device
+    follows the stage with the most layers: the layers' groups scaled by L_max / L = 8 / 126
+    (the even model's 1/p share scaled to that stage), the embedding by 1/(t·p) as with even
+    stages."""
     g = LLAMA3_405B
     t, cp, p, dp, m, L, h, vocab, s, e = 8, 2, 16, 8, 32, 126, 16384, 128256, 8192, 2
     dense_layer = 2 * h * h + 2 * h * 8 * 128 + 3 * h * 53248  # q, o, k, v, SwiGLU
