@@ -143,11 +143,15 @@ def llama_layer_bytes(s: int, h: int, a: int, kv: int, f: int, k: int = 1, b: in
       MLP input (6 tensors);
     - K and V: e·sbh·kv/a each (grouped-query attention);
     - flash attention keeps no s² scores, only the fp32 log-sum-exp per head and token: 4·a·s·b;
-    - SwiGLU: gate output, up output, activation output, down-projection input: 4 x e·s·b·f,
-      times top-k for a mixture of experts.
+    - SwiGLU as Megatron-core runs it (the default memory profile, ``megatron``): with --swiglu
+      ``bias_swiglu_fusion`` is on (training/arguments.py, ``--no-bias-swiglu-fusion`` is
+      store_false), and ``SwiGLUFunction.forward`` (core/fusions/fused_bias_swiglu.py)
+      ``ctx.save_for_backward(input)`` keeps the fc1 output, gate and up side by side, 2 x
+      e·s·b·f; linear_fc2 keeps its input, e·s·b·f: 3 x e·s·b·f, times top-k for a mixture of
+      experts. (Eager torch keeps 4: gate, SiLU output, up, product.)
     """
     sbh = F(s * b * h)
-    return e * sbh * (6 + F(2 * kv, a)) + 4 * a * s * b + 4 * e * s * b * f * k
+    return e * sbh * (6 + F(2 * kv, a)) + 4 * a * s * b + 3 * e * s * b * f * k
 
 
 def outside_first(s: int, b: int, h: int, t: int = 1, sp: bool = False, cp: int = 1,
@@ -181,9 +185,9 @@ LLAMA_70B_LAYER = llama_layer_bytes(8192, 8192, 64, 8, 28672)
 
 def test_activation_formulas_by_hand() -> None:
     # Independent arithmetic for the formulas above, at the points the examples use.
-    assert LLAMA_8B_LAYER == 13 * 8192 * 4096 + 4 * 32 * 8192 + 8 * 8192 * 14336 == 1_376_780_288
-    assert LLAMA_70B_LAYER == Fraction(25, 2) * 8192 * 8192 + 4 * 64 * 8192 + 8 * 8192 * 28672 \
-        == 2_720_006_144
+    assert LLAMA_8B_LAYER == 13 * 8192 * 4096 + 4 * 32 * 8192 + 6 * 8192 * 14336 == 1_141_899_264
+    assert LLAMA_70B_LAYER == Fraction(25, 2) * 8192 * 8192 + 4 * 64 * 8192 + 6 * 8192 * 28672 \
+        == 2_250_244_096
     assert gpt3_layer_bytes(8, False, False) == 23 * 2048 * 12288
     assert gpt3_layer_bytes(1, False, False) == 114 * 2048 * 12288  # sbh(34 + 5as/h), 5as/h = 80
 

@@ -11,10 +11,13 @@ per-layer formulas fall out exactly for a GPT layer with 16-bit activations and 
     full recompute        2sbh                     (the layer input)
 
 It generalises in the natural way: e bytes per element (masks stay 1 byte), grouped-query
-attention (K and V of kv_heads/heads the size of Q), gated MLPs (gate, up, activation and product
-of width ffn), no dropout (no masks, no dropout outputs), flash attention (no s^2 scores; the
-fp32 log-sum-exp per head and token), mixture of experts (MLP tensors times top_k), and context
-parallelism (every tensor divided by cp).
+attention (K and V of kv_heads/heads the size of Q), gated MLPs as the memory profile's
+implementation saves them (:data:`placeverify.ir.profiles.LAYER_KERNELS`: Megatron-core's fused
+SwiGLU, the default, keeps the fc1 output, gate and up, and the down projection's input, 3
+tensors of width ffn; eager torch the gate, up, activation and product outputs, 4), eager
+RMSNorms' fp32 copies (the eager profiles), no dropout (no masks, no dropout outputs), flash
+attention (no s^2 scores; the fp32 log-sum-exp per head and token), mixture of experts (MLP
+tensors times top_k), and context parallelism (every tensor divided by cp).
 
 Activations outside the layers (Korthikanti et al. §4.3, "input embeddings" and "output layer and
 cross entropy", and Megatron-core's vocab-parallel output layer and loss) are a separate list,
@@ -30,6 +33,7 @@ from fractions import Fraction
 from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Role, Schedule
+from placeverify.ir.profiles import LayerKernels, layer_kernels
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.roles.pipeline import stage_layers
 
@@ -72,19 +76,34 @@ def layer_shape(d: Domain, arch: Transformer, activation_bytes: Num) -> LayerSha
         e=activation_bytes, k=d.sym("k", arch.top_k) if arch.moe else d.const(1))
 
 
-def saved_tensors(arch: Transformer, x: LayerShape) -> list[Saved]:
-    """Korthikanti et al. §4.1, generalised (see the module docstring)."""
+def _norm(arch: Transformer, x: LayerShape, where: str, kernels: LayerKernels) -> list[Saved]:
+    """What a norm saves: its input (Korthikanti et al.); an eager RMSNorm
+    (:data:`placeverify.ir.profiles.LAYER_KERNELS`, transformers' ``LlamaRMSNorm``) its fp32 copy
+    instead, the normalised input in the activation dtype and the fp32 reciprocal RMS per token."""
+    sbh = x.s * x.b * x.h
+    rep = Split.REPLICATED
+    if not (kernels.eager_rmsnorm and arch.norm == "rmsnorm"):
+        return [Saved(f"{where} norm input", x.e * sbh, rep)]
+    return [Saved(f"{where} norm input (fp32 copy)", 4 * sbh, rep),
+            Saved(f"{where} norm normalised input", x.e * sbh, rep),
+            Saved(f"{where} norm reciprocal RMS (fp32)", 4 * x.s * x.b, rep)]
+
+
+def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> list[Saved]:
+    """Korthikanti et al. §4.1, generalised (see the module docstring), with the gated MLP and
+    the norms as ``kernels`` (the memory profile's, :func:`placeverify.ir.profiles.layer_kernels`)
+    save them."""
     sbh = x.s * x.b * x.h
     kv_ratio = x.kv / x.a
     rep, tp = Split.REPLICATED, Split.TENSOR
     out = [
-        Saved("attention norm input", x.e * sbh, rep),
+        *_norm(arch, x, "attention", kernels),
         Saved("QKV projection input", x.e * sbh, rep),
         Saved("Q", x.e * sbh, tp),
         Saved("K", x.e * sbh * kv_ratio, tp),
         Saved("V", x.e * sbh * kv_ratio, tp),
         Saved("output projection input", x.e * sbh, tp),
-        Saved("MLP norm input", x.e * sbh, rep),
+        *_norm(arch, x, "MLP", kernels),
         Saved("MLP input", x.e * sbh, rep),
     ]
     scores = x.a * x.s * x.s * x.b
@@ -96,7 +115,11 @@ def saved_tensors(arch: Transformer, x: LayerShape) -> list[Saved]:
             out.append(Saved("attention dropout mask", scores, tp, core=True))
             out.append(Saved("attention dropout output", x.e * scores, tp, core=True))
     sbf = x.s * x.b * x.f * x.k
-    if arch.gated:
+    if arch.gated and kernels.fused_swiglu:
+        out.extend([Saved("MLP fc1 output (gate and up, the fused SwiGLU's input)", 2 * x.e * sbf,
+                          tp),
+                    Saved("MLP down-projection input", x.e * sbf, tp)])
+    elif arch.gated:
         out.extend([Saved("MLP gate output", x.e * sbf, tp), Saved("MLP up output", x.e * sbf, tp),
                     Saved("MLP activation output", x.e * sbf, tp),
                     Saved("MLP down-projection input", x.e * sbf, tp)])
@@ -148,7 +171,7 @@ def activation_cost(d: Domain, strategy: Strategy, activation_bytes: Num) -> Act
     if arch is None:
         return None
     x = layer_shape(d, arch, activation_bytes)
-    saved = saved_tensors(arch, x)
+    saved = saved_tensors(arch, x, layer_kernels(strategy.mesh.memory_profile))
     t, sp, c = parallel_sizes(d, strategy)
     recompute = strategy.recompute.kind
     full_layer = per_layer_bytes(saved, t, sp, c, drop_core=False)

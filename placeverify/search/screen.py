@@ -26,6 +26,7 @@ from placeverify.cost.time import CALIBRATION, Calibration, layer_flops, output_
 from placeverify.ir.devices import Device, intra_node, ranks_per_node
 from placeverify.ir.model import ParamGroup, Transformer
 from placeverify.ir.precision import Precision
+from placeverify.ir.profiles import layer_kernels
 from placeverify.search.space import Layout, Recompute, Sharding
 
 
@@ -75,7 +76,7 @@ class Screen:
                            a=float(arch.heads), kv=float(arch.kv_heads),
                            f=float(arch.expert_ffn or arch.ffn), e=self.E,
                            k=float(arch.top_k) if arch.moe else 1.0)
-        saved = saved_tensors(arch, shape)
+        saved = saved_tensors(arch, shape, layer_kernels("megatron"))
         full = float(per_layer_bytes(saved, float(t), sp, float(c), drop_core=False))
         if rc is Recompute.FULL:
             return self.E * arch.seq * b * arch.hidden / ((t if sp else 1) * c), full
