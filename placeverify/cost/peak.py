@@ -23,18 +23,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from placeverify.cost.memory import RankMemory
+from placeverify.cost.memory import RankMemory, kept_parameter_axes
+from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
 from placeverify.ir.profiles import DEFAULT_MEMORY_PROFILE
 from placeverify.ir.strategy import Strategy
-from placeverify.roles.queries import partitions
+from placeverify.roles.queries import gathered_axes, partitions
 
 
 @dataclass(frozen=True, slots=True)
 class Moment:
     """What is alive at one moment of the step on one rank kind, part by part (bytes)."""
 
-    name: str  # end of forward | end of backward | optimizer step
+    name: str  # end of forward | start of backward (FSDP2) | end of backward | optimizer step
     rank: str  # the rank kind (only | first | middle | last | every)
     parts: tuple[tuple[str, Fraction], ...]
     stage: int | None = None  # the stage whose figures these are, when the kind has several
@@ -93,6 +94,73 @@ def _largest_tensor(strategy: Strategy) -> Fraction:
     return Fraction(largest, t)
 
 
+def _sizes(strategy: Strategy, role: Role) -> int:
+    size = 1
+    for p in strategy.placements:
+        if p.role is role:
+            size *= strategy.size(p.axis)
+    return size
+
+
+def fsdp2_resharding(strategy: Strategy, profile: str) -> bool:
+    """Whether the step runs FSDP2-style gathered units that reshard after forward under a torch
+    profile: a gathered (S*) axis of size > 1 whose parameters are not kept gathered."""
+    if profile not in ("torch", "torch_cpu") or strategy.model.arch is None:
+        return False
+    axes = [a for a in gathered_axes(strategy) if strategy.size(a) > 1]
+    return bool(axes) and all(strategy.placement(a).reshard_after_forward for a in axes) \
+        and not set(axes) <= set(kept_parameter_axes(strategy))
+
+
+def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
+                         ) -> list[tuple[str, Fraction]]:
+    """What FSDP2 adds at the start of the last layer's backward, its peak while every layer's
+    activations are still alive (``torch.distributed.fsdp.fully_shard``, PyTorch docs, and the
+    allocations of a real run, ``benchmarks/peak_memory.py``):
+
+    - the root unit (the embedding, the final norm and the output layer, ``fully_shard`` on the
+      model itself) stays gathered from forward to the end of backward: FSDP2 does not reshard
+      the root after forward (it would be gathered again at once);
+    - the root's unsharded gradients made so far (the output layer's and the final norm's; the
+      embedding's comes last), alive until the root's reduce-scatter at the end of backward;
+    - the gradient flowing back into the last layer, one hidden state (e·b·s·h);
+    - the last layer's unit, gathered again for backward, and the one before it, prefetched
+      (FSDP2 prefetches one unit in backward by default);
+    - ``torch_cpu``: gloo's all-gather stages the gathered unit once more while it runs (the
+      CPU trace shows the transient beside the output).
+
+    The unit's own unsharded gradients come as its activations go (each reduce-scatter runs
+    after the unit's parameters are resharded), so this moment is the backward's largest when a
+    layer's activations outweigh its gradients; a unit's gradients beyond its activations are
+    counted too."""
+    arch = strategy.model.arch
+    assert arch is not None
+    t, ep = _sizes(strategy, Role.TENSOR), _sizes(strategy, Role.EXPERT)
+    pb, gb, eb = (Fraction(strategy.precision.params), Fraction(strategy.precision.grads),
+                  Fraction(strategy.precision.activations))
+    layer = arch.layer_params()
+    unit = (Fraction(layer[ParamGroup.DENSE], t) + layer[ParamGroup.NORMS]
+            + Fraction(layer[ParamGroup.EXPERTS], t * ep))
+    word = Fraction(arch.padded_vocab(t) * arch.hidden, t)
+    positions = Fraction(arch.position_rows * arch.hidden, t)
+    output = Fraction(0) if arch.tied_embeddings else word
+    root = word + positions + output + arch.norm_params()
+    root_grads = (word if arch.tied_embeddings else output) + arch.norm_params()
+    sp = any(p.sequence_parallel for p in strategy.placements if p.role is Role.TENSOR)
+    hidden = eb * arch.micro_batch * arch.seq * arch.hidden / (t if sp else 1) \
+        / _sizes(strategy, Role.CONTEXT)
+    parts = [("root unit gathered (not resharded after forward)", root * pb),
+             ("root unit's unsharded gradients (output layer, final norm)", root_grads * gb),
+             ("activation gradient (one hidden state)", hidden),
+             ("last layer's unit gathered for backward, and the next prefetched", 2 * unit * pb)]
+    per_layer = _category(rank, "activations") / arch.layers if arch.layers else Fraction(0)
+    if unit * gb > per_layer:
+        parts.append(("a unit's unsharded gradients beyond its activations", unit * gb - per_layer))
+    if profile == "torch_cpu":
+        parts.append(("gloo all-gather staging (one unit)", unit * pb))
+    return parts
+
+
 def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Moment]:
     """The three moments of one rank kind under ``profile``."""
     params, optimizer = _category(rank, "params"), _category(rank, "optimizer")
@@ -118,7 +186,13 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     kind = rank.kind.name
     # a kind of several stages gives the figures of its first, the fullest (most in flight)
     stage = rank.kind.stages[0] if len(rank.kind.stages) > 1 and kind != "every" else None
+    backward: list[Moment] = []
+    if fsdp2_resharding(strategy, profile):
+        backward.append(Moment("start of backward", kind, (
+            *states, ("G gradients", grads_forward), ("A activations in flight", activations),
+            *fsdp2_backward_parts(strategy, rank, profile), *extras), stage))
     return [
+        *backward,
         Moment("end of forward", kind, (*states, ("G gradients", grads_forward),
                                         ("A activations in flight", activations),
                                         ("A outside the layers", outside),
