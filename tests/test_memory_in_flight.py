@@ -136,3 +136,24 @@ def check_document_json(path: Path) -> dict[str, object]:
 
     result = check(str(path), verify_conditions=False)
     return json.loads(json.dumps(check_document(result)))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("options", "with_grads"), [
+    # GPipe: every forward before any backward: no gradient exists when the activations peak
+    ("gpipe, microbatches = 4", {"first": False, "last": False}),
+    # 1F1B, p = 2, m = 2: stage 0 runs F0 F1 B0 B1 (peak after F1, before any backward);
+    # stage 1 runs F0 B0 F1 B1 (after F1 one micro-batch in flight and B0's gradients)
+    ("1f1b, microbatches = 2", {"first": False, "last": True}),
+    # m = 4: stage 0 runs F0 F1 B0 F2 ...: the peak after F2 meets B0's gradients
+    ("1f1b, microbatches = 4", {"first": True, "last": True}),
+])
+def test_torch_gradients_exist_at_the_peak_only_after_a_backward(options: str,
+                                                                  with_grads: dict[str, bool]) -> None:
+    source = text(options, 4, 2).replace("mesh {\n    pp = 2\n}",
+                                         "mesh {\n    pp = 2\n    memory_profile = torch\n}")
+    costs = analyse(load_text(source))
+    assert costs.peak is not None and costs.peak.profile == "torch"
+    for m in costs.peak.moments:
+        if m.name == "end of forward":
+            grads = dict(m.parts)["G gradients"]
+            assert (grads > 0) is with_grads[m.rank], (m.rank, grads)

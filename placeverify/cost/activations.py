@@ -82,6 +82,9 @@ def _norm(arch: Transformer, x: LayerShape, where: str, kernels: LayerKernels) -
     instead, the normalised input in the activation dtype and the fp32 reciprocal RMS per token."""
     sbh = x.s * x.b * x.h
     rep = Split.REPLICATED
+    if arch.norm == "layernorm" and kernels.layernorm_stats:
+        return [Saved(f"{where} norm input", x.e * sbh, rep),
+                Saved(f"{where} norm mean and rstd (fp32)", 2 * 4 * x.s * x.b, rep)]
     if not (kernels.eager_rmsnorm and arch.norm == "rmsnorm"):
         return [Saved(f"{where} norm input", x.e * sbh, rep)]
     return [Saved(f"{where} norm input (fp32 copy)", 4 * sbh, rep),
@@ -96,6 +99,7 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
     sbh = x.s * x.b * x.h
     kv_ratio = x.kv / x.a
     rep, tp = Split.REPLICATED, Split.TENSOR
+    mask = x.e if kernels.float_masks else 1  # bytes per element of a dropout mask
     out = [
         *_norm(arch, x, "attention", kernels),
         Saved("QKV projection input", x.e * sbh, rep),
@@ -112,7 +116,7 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
     else:
         out.append(Saved("softmax output", x.e * scores, tp, core=True))
         if arch.dropout:
-            out.append(Saved("attention dropout mask", scores, tp, core=True))
+            out.append(Saved("attention dropout mask", mask * scores, tp, core=True))
             out.append(Saved("attention dropout output", x.e * scores, tp, core=True))
     sbf = x.s * x.b * x.f * x.k
     if arch.gated and kernels.fused_swiglu:
@@ -127,8 +131,8 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
         out.extend([Saved("MLP activation input", x.e * sbf, tp),
                     Saved("MLP second linear input", x.e * sbf, tp)])
     if arch.dropout:
-        out.append(Saved("attention output dropout mask", sbh, rep))
-        out.append(Saved("MLP output dropout mask", sbh, rep))
+        out.append(Saved("attention output dropout mask", mask * sbh, rep))
+        out.append(Saved("MLP output dropout mask", mask * sbh, rep))
     return out
 
 
@@ -284,7 +288,8 @@ def outside_layers(d: Domain, strategy: Strategy, activation_bytes: Num, first: 
     parts: list[tuple[str, Num]] = []
     if first and arch.dropout:
         in_flight, _ = stage_in_flight(d, strategy, 0)
-        parts.append(("embedding dropout mask", tokens * h / shard * in_flight))
+        mask = activation_bytes if layer_kernels(strategy.mesh.memory_profile).float_masks else 1
+        parts.append(("embedding dropout mask", mask * tokens * h / shard * in_flight))
     if last:
         padded = arch.padded_vocab(tensor_size(strategy))
         v = d.sym("V" if padded == arch.vocab else "V_padded", padded)

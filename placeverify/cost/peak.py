@@ -25,7 +25,7 @@ from fractions import Fraction
 
 from placeverify.cost.memory import RankMemory, kept_parameter_axes
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Role, State
+from placeverify.ir.placement import Role, Schedule, State
 from placeverify.ir.profiles import DEFAULT_MEMORY_PROFILE
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.queries import gathered_axes, partitions
@@ -161,6 +161,26 @@ def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
     return parts
 
 
+def _backward_before_peak(strategy: Strategy, rank: RankMemory) -> bool:
+    """Whether some micro-batch's backward has made gradients on this rank kind (its first stage)
+    by the time its activations in flight peak again: never with one micro-batch or under GPipe
+    (every forward before any backward); under 1F1B when a steady step follows the first
+    (m − W ≥ 2, W = min(p − i − 1, m) the stage's warm-up forwards, Megatron-LM's and
+    torch.distributed.pipelining's schedule); interleaved likewise with W = min(2(p − i − 1) +
+    (v − 1)p, m·v) virtual micro-batches."""
+    m = strategy.microbatches
+    pipe = strategy.pipeline
+    if pipe is None or strategy.size(pipe.axis) == 1:
+        return m > 1
+    p, i = strategy.size(pipe.axis), (rank.kind.stages[0] if rank.kind.stages else 0)
+    if pipe.schedule is Schedule.GPIPE:
+        return False
+    if pipe.schedule is Schedule.INTERLEAVED:
+        v = pipe.chunks
+        return m * v - min(2 * (p - i - 1) + (v - 1) * p, m * v) >= 2
+    return m - min(p - i - 1, m) >= 2
+
+
 def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Moment]:
     """The three moments of one rank kind under ``profile``."""
     params, optimizer = _category(rank, "params"), _category(rank, "optimizer")
@@ -175,7 +195,8 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     if profile == "deepspeed" and strategy.precision.grads < 4 and _zero_1_or_2(strategy):
         extras.append(("fp32 gradient partition", 4 * elements))
     # torch frees the gradients between steps: they exist in forward only while accumulating
-    grads_forward = grads if (not torch_like or strategy.microbatches > 1) else Fraction(0)
+    grads_forward = grads if (not torch_like or _backward_before_peak(strategy, rank)) \
+        else Fraction(0)
     temporaries = Fraction(0)
     if profile == "torch":
         temporaries = 4 * elements  # foreach Adam: an fp32 sqrt of every exp_avg_sq

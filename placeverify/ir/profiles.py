@@ -35,6 +35,8 @@ class LayerKernels:
 
     fused_swiglu: bool  # a gated MLP saves the fc1 output (gate and up) and the fc2 input: 3 f-wide
     eager_rmsnorm: bool  # RMSNorm as written in eager torch: an fp32 copy, the normalised input
+    layernorm_stats: bool = False  # LayerNorm keeps its fp32 mean and rstd per token as well
+    float_masks: bool = False  # dropout masks in the activation dtype, not 1 byte
 
 
 # Korthikanti et al.'s list as placeverify generalises it (a gated MLP saves the gate, up,
@@ -57,10 +59,15 @@ LAYER_KERNELS: dict[str, LayerKernels] = {
     # 4 f-wide; LlamaRMSNorm ``hidden_states.to(torch.float32)``, ``.pow(2)`` (saves the fp32
     # copy), ``* torch.rsqrt(...)`` (saves the rstd), ``self.weight * hidden_states.to(input_dtype)``
     # (saves the normalised input in the activation dtype); the bf16 input itself is not saved.
-    "deepspeed": LayerKernels(fused_swiglu=False, eager_rmsnorm=True),
-    # torch-native training of the same eager model (FSDP2, DDP, DTensor TP).
-    "torch": LayerKernels(fused_swiglu=False, eager_rmsnorm=True),
-    "torch_cpu": LayerKernels(fused_swiglu=False, eager_rmsnorm=True),
+    "deepspeed": LayerKernels(fused_swiglu=False, eager_rmsnorm=True, layernorm_stats=True),
+    # torch-native training of the same eager model (FSDP2, DDP, DTensor TP); ``layer_norm``
+    # (``native_layer_norm``) saves its input, mean and rstd (fp32 per token), and CUDA's
+    # ``native_dropout`` a bool mask.
+    "torch": LayerKernels(fused_swiglu=False, eager_rmsnorm=True, layernorm_stats=True),
+    # on CPU dropout is ``input * mask`` with a mask of the input's dtype (aten ``dropout``'s
+    # non-fused path, ``_dropout_impl``: ``at::empty_like(input).bernoulli_(1 - p)``)
+    "torch_cpu": LayerKernels(fused_swiglu=False, eager_rmsnorm=True, layernorm_stats=True,
+                              float_masks=True),
 }
 
 
