@@ -168,3 +168,47 @@ def test_fsdp2_backward_on_cuda_has_no_gloo_staging_and_megatron_no_such_moment(
         == 2 * LLAMA_UNIT * 4
     for memory in (llama_memory("megatron"), llama_memory("torch_cpu", place="zero2")):
         assert "start of backward" not in {m["moment"] for m in memory["moments"]}
+
+
+# ---- torch.distributed.pipelining under the torch profiles ----------------------------------
+def pipeline_moments(schedule: str) -> dict[tuple[str, str], dict[str, int]]:
+    from placeverify.cost import analyse, whole
+    from placeverify.lower import load
+
+    source = (ROOT / "examples" / "measure" / f"pipeline-{schedule}.place").read_text("utf-8")
+    path = ROOT / "build" / f"peak-test-pipeline-{schedule}.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(source.replace("mesh { pp = 2 }", "mesh { pp = 2, memory_profile = torch_cpu }"),
+                    encoding="utf-8")
+    peak = analyse(load(str(path))).peak
+    assert peak is not None and peak.profile == "torch_cpu"
+    return {(m.rank, m.name): {label: whole(b) for label, b in m.parts if b} for m in peak.moments}
+
+
+def test_pipelining_buffers_and_the_accumulating_backward() -> None:
+    # the measure example: GPT, h = 64, ffn 256, vocab 96, seq 16, micro-batch 2, fp32, pp = 2,
+    # m = 4. A hidden state is 4·2·16·64 = 8,192 bytes; the logits 4·2·16·96 = 12,288.
+    moments = pipeline_moments("1f1b")
+    first = moments[("first", "backward, gradients accumulating")]
+    last = moments[("last", "backward, gradients accumulating")]
+    # stage.py: a gradient receive buffer per micro-batch on the first stage, an activation one
+    # on the last, and the last stage's outputs (logits) of every micro-batch
+    assert first["pipelining gradient receive buffers (one per micro-batch)"] == 4 * 8_192
+    assert "pipelining activation receive buffers (one per micro-batch)" not in first
+    assert last["pipelining activation receive buffers (one per micro-batch)"] == 4 * 8_192
+    assert last["pipelining stage outputs kept for the merged output"] == 4 * 12_288
+    # AccumulateGrad: the largest weight (64 x 256, fp32) made before it is added, beside the
+    # ffn-wide activation gradient 4·2·16·256
+    for parts in (first, last):
+        assert parts["a weight's gradient before it is accumulated"] == 64 * 256 * 4
+        assert parts["ffn-wide activation gradient"] == 4 * 2 * 16 * 256
+
+
+def test_gpipe_accumulating_backward_has_m_minus_1_micro_batches_left() -> None:
+    moments = pipeline_moments("gpipe")
+    for rank in ("first", "last"):
+        forward = moments[(rank, "end of forward")]
+        backward = moments[(rank, "backward, gradients accumulating")]
+        # the second of m = 4 backwards: 3 micro-batches' activations, the first's gradients
+        assert backward["A activations in flight"] * 4 == forward["A activations in flight"] * 3
+        assert "G gradients" not in forward and backward["G gradients"] > 0

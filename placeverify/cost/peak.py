@@ -181,6 +181,64 @@ def _backward_before_peak(strategy: Strategy, rank: RankMemory) -> bool:
     return m - min(p - i - 1, m) >= 2
 
 
+def _hidden_bytes(strategy: Strategy) -> Fraction:
+    """One micro-batch's hidden state on a device: e·b·s·h (÷ t under sequence parallelism,
+    ÷ cp)."""
+    arch = strategy.model.arch
+    assert arch is not None
+    sp = any(p.sequence_parallel for p in strategy.placements if p.role is Role.TENSOR)
+    return (Fraction(strategy.precision.activations) * arch.micro_batch * arch.seq * arch.hidden
+            / (_sizes(strategy, Role.TENSOR) if sp else 1) / _sizes(strategy, Role.CONTEXT))
+
+
+def torch_pipelining_buffers(strategy: Strategy, rank: RankMemory) -> list[tuple[str, Fraction]]:
+    """What ``torch.distributed.pipelining`` keeps on a stage for the whole step (torch 2.13,
+    ``pipelining/stage.py``): a receive buffer per micro-batch for the activations
+    (``_prepare_forward_infra``: ``args_recv_info[chunk] = self._create_act_recv_info()`` for
+    each of the m micro-batches, a ``_make_tensor_from_meta`` buffer) on every stage but the
+    first, and one for the gradients (``_prepare_backward_infra``, ``grad_recv_info[mb_index]``)
+    on every stage but the last; and on the last stage each micro-batch's output, the logits
+    (``if self.is_last and save_forward_output: self.output_chunks.append(output)``), kept for
+    the merged output until the next step clears them (``clear_runtime_states``). One of those
+    logits is the outside-the-layers "logits" item already (16-bit activations)."""
+    pipe = strategy.pipeline
+    arch = strategy.model.arch
+    if pipe is None or strategy.size(pipe.axis) == 1 or arch is None:
+        return []
+    m = strategy.microbatches
+    hidden = _hidden_bytes(strategy)
+    parts: list[tuple[str, Fraction]] = []
+    if not rank.kind.first:
+        parts.append(("pipelining activation receive buffers (one per micro-batch)", m * hidden))
+    if not rank.kind.last:
+        parts.append(("pipelining gradient receive buffers (one per micro-batch)", m * hidden))
+    if rank.kind.last:
+        e = Fraction(strategy.precision.activations)
+        t = _sizes(strategy, Role.TENSOR)
+        logits = e * arch.micro_batch * arch.seq * arch.padded_vocab(t) / t \
+            / _sizes(strategy, Role.CONTEXT)
+        kept = m if e == 4 else m - 1  # with 16-bit activations one is counted outside the layers
+        parts.append(("pipelining stage outputs kept for the merged output", kept * logits))
+    return parts
+
+
+def accumulation_temporaries(strategy: Strategy) -> list[tuple[str, Fraction]]:
+    """A backward that adds into existing gradients (eager torch's ``AccumulateGrad``) makes each
+    weight's gradient in a new tensor first: one weight of the layer's largest matrix (h × ffn,
+    ÷ t) in the gradient dtype, beside the ffn-wide activation gradient being propagated
+    (e·b·s·ffn, ÷ t, ÷ cp) at the MLP's backward."""
+    arch = strategy.model.arch
+    assert arch is not None
+    t = _sizes(strategy, Role.TENSOR)
+    ffn = arch.expert_ffn or arch.ffn
+    weight = Fraction(max(arch.hidden * arch.hidden, arch.hidden * ffn), t) \
+        * strategy.precision.grads
+    flowing = Fraction(strategy.precision.activations) * arch.micro_batch * arch.seq * ffn / t \
+        / _sizes(strategy, Role.CONTEXT)
+    return [("a weight's gradient before it is accumulated", weight),
+            ("ffn-wide activation gradient", flowing)]
+
+
 def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Moment]:
     """The three moments of one rank kind under ``profile``."""
     params, optimizer = _category(rank, "params"), _category(rank, "optimizer")
@@ -194,6 +252,8 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         extras.append(("DDP bucket buffers", grads))
     if profile == "deepspeed" and strategy.precision.grads < 4 and _zero_1_or_2(strategy):
         extras.append(("fp32 gradient partition", 4 * elements))
+    if torch_like:
+        extras.extend(torch_pipelining_buffers(strategy, rank))
     # torch frees the gradients between steps: they exist in forward only while accumulating
     grads_forward = grads if (not torch_like or _backward_before_peak(strategy, rank)) \
         else Fraction(0)
@@ -212,6 +272,16 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         backward.append(Moment("start of backward", kind, (
             *states, ("G gradients", grads_forward), ("A activations in flight", activations),
             *fsdp2_backward_parts(strategy, rank, profile), *extras), stage))
+    # GPipe: the second backward adds into the first's gradients with m - 1 micro-batches' of
+    # activations left; 1F1B: a steady backward with the stage's peak in flight
+    pipe = strategy.pipeline
+    gpipe = pipe is not None and strategy.size(pipe.axis) > 1 and pipe.schedule is Schedule.GPIPE
+    left = Fraction(strategy.microbatches - 1, strategy.microbatches) if gpipe else Fraction(1)
+    if torch_like and strategy.model.arch is not None and (grads_forward or (gpipe and left)):
+        backward.append(Moment("backward, gradients accumulating", kind, (
+            *states, ("G gradients", grads), ("A activations in flight", activations * left),
+            ("A outside the layers", outside * left), ("buffers", buffers), *extras,
+            *accumulation_temporaries(strategy)), stage))
     return [
         *backward,
         Moment("end of forward", kind, (*states, ("G gradients", grads_forward),
