@@ -12,10 +12,12 @@ Runs (the published layout as this project reads the source):
 
 - Llama 3 405B on 16,384 H100 SXM, 16M-token batches of sequence 8,192 (2,048 sequences):
   "The Llama 3 Herd of Models" (arXiv 2407.21783) Table 4: t = 8, cp = 1, p = 16, d = 128, 16
-  sequences per data-parallel group (b = 1, m = 16), bf16, no activation checkpointing; 126
-  layers with one fewer on the first and the last stage; "FSDP without resharding after forward"
-  written ``zero2`` (parameters gathered once per step, gradients sharded). The paper's
-  interleaving depth is not given; plain 1F1B here.
+  sequences per data-parallel group (b = 1, m = 16), bf16, no activation checkpointing; "FSDP
+  without resharding after forward" written ``zero2`` (parameters gathered once per step,
+  gradients sharded); an interleaved pipeline with one layer fewer on the first and the last
+  stage. The paper does not give the interleaving depth: v = 4 here, as
+  ``benchmarks/step_time.py`` assumes for the same rows, so the 126 layers are 1, 2 x 62, 1
+  over the 64 virtual stages.
 - GPT-3 175B on 1,024 A100 80GB, batch 1,536 sequences of 2,048: the Megatron-LM 3D layout of
   ``examples/strategies/gpt3-175b-3d.place`` (t = 8 in a node, p = 8, d = 16, the distributed
   optimizer, sequence parallelism, selective recomputation; Narayanan et al. 2021, arXiv
@@ -49,9 +51,9 @@ def problem(model: str, dev: str, devices: int, batch: int, seq: int) -> Problem
 
 def llama3_405b() -> tuple[str, Problem, Layout]:
     pb = problem("llama3_405b", "h100_sxm", 16384, 2048, 8192)
-    stages = stage_layers(126, 16, 1, uneven=True)
+    stages = stage_layers(126, 16, 4, uneven=True)
     assert isinstance(stages, tuple)
-    published = Layout(tp=8, cp=1, pp=16, v=1, ep=1, dp=128, sharding=Sharding.ZERO2, shard=128,
+    published = Layout(tp=8, cp=1, pp=16, v=4, ep=1, dp=128, sharding=Sharding.ZERO2, shard=128,
                        sp=True, recompute=Recompute.NONE, offload=False, b=1, m=16,
                        stages=stages)
     return "Llama 3 405B, 16,384 x H100, 16M tokens x 8192", pb, published

@@ -163,11 +163,12 @@ def llama3_rows() -> list[Row]:
         tokens = d * per_dp * s
         flops = tokens * (6 * LLAMA3_405B_PARAMS + 12 * 126 * 16384 * s)
         measured = flops / (tflops * 1e12 * n)
-        # 126 layers with one fewer on the first and last stages is not expressible: 128 layers
-        # split evenly (v = 4 chunks, 2 layers each, is this benchmark's assumption).
+        # 126 layers, one fewer on the first and last stages: over v = 4 chunks (this
+        # benchmark's assumption; the paper gives no depth) 1, 2 x 62, 1 per virtual stage.
         cp_axis = [("cp", cp)] if cp > 1 else []
+        layers = ", ".join(["1", *["2"] * (4 * p - 2), "1"])
         text = (f'strategy "Llama 3 Table 4: 405B on {n} GPUs, seq {s}"\n'
-                f"model llama3_405b {{ layers = 128, seq = {s}, micro_batch = 1 }}\n"
+                f"model llama3_405b {{ seq = {s}, micro_batch = 1 }}\n"
                 "precision megatron\n"
                 + mesh("h100_sxm", [("dp", d), ("pp", p), *cp_axis, ("tp", t)]) + "\n"
                 # FSDP without resharding after forward gathers the parameters once a step
@@ -175,7 +176,8 @@ def llama3_rows() -> list[Row]:
                 "place zero2 over dp\n"
                 "place megatron(sequence_parallel) over tp\n"
                 + ("place context over cp\n" if cp > 1 else "")
-                + f"place pipeline(interleaved, microbatches = {per_dp}, chunks = 4) over pp\n"
+                + f"place pipeline(interleaved, microbatches = {per_dp}, chunks = 4, "
+                f"layers = [{layers}]) over pp\n"
                 "recompute none\n")
         rows.append(Row("llama3", f"405B {n} GPUs cp{cp} seq {s}", text, measured, i == 0))
     return rows

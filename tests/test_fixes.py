@@ -51,6 +51,30 @@ CALLS_FOR: dict[str, str] = {
     "tp-dropout-seed": "seed dropout(replicated) same over tp",
     "zero1-no-allgather": "all_gather params over dp after the update",
     "zero2-pipeline": "reduce once after the last micro-batch",
+    # The corpus of examples/bugs/README.md.
+    "clip-ddp-norm-summed-again": "count replicated parameters once",
+    "clip-experts-not-summed": "sum the squared norm over every axis where gradients are sharded",
+    "clip-replicated-every-rank": "count replicated parameters once",
+    "context-parallel-ddp-group": "all_reduce(sum) grads over cp",
+    "dp-local-token-count": "normalise by the global count",
+    "dropout-seed-whole-mesh": "seed dropout(sharded) differ over dp",
+    "expert-grads-not-divided": "gradients are |ep|x too large",
+    "fsdp-gloo-avg-as-sum": "gradients are |dp|x too large",
+    "ddp-divide-by-processes": "gradients are |local|x too large",
+    "ga-loss-not-divided": "never divided by their number",
+    "ga-tail-window": "by a constant factor",
+    "local-mean-times-dp": "never divided by their number",
+    "overflow-not-over-tp": "all_reduce(max) overflow over world",
+    "pipeline-grads-wiped": "inside the micro-batch loop drops what the earlier micro-batches",
+    "pipeline-schedule-extra-division": "divided by the number of micro-batches on top of",
+    "sample-count-for-token-loss": "divide by a tokens count",
+    "sequence-parallel-norm-grads-mean": "gradients are |tp|x too small",
+    "tied-embedding-norm-twice": "count replicated parameters once",
+    "zero2-accumulation-overwrite": "reduce_scatter(sum, accumulate) grads over dp",
+    "zero-reduce-every-microbatch": "once, after the last micro-batch",
+    "zero-grad-every-microbatch": "inside the micro-batch loop drops what the earlier micro-batches",
+    "zero-grad-before-last-microbatch": "drops what the earlier micro-batches accumulated",
+    "clip-norm-pipeline-stages": "sum the squared norm over every axis where gradients are sharded",
 }
 
 # Issues a bug header names that its fix does not cite, and why.
@@ -65,6 +89,23 @@ UNCITED: dict[str, str] = {
     "pytorch#155903": "double-division fix is generic",
     # Cited by the composition check's reason, not by a fix.
     "DeepSpeed#1629": "composition reason",
+    # The corpus of examples/bugs/README.md: generic fixes, one repair for many reports.
+    "gpt-neox#1259": "double-division fix", "open-instruct#1498": "overwritten-shard fix",
+    "pytorch#160285": "sum-without-average fix", "torchtitan#1551": "sum-without-average fix",
+    "ColossalAI#2192": "clip fix", "Megatron-LM#5916": "clip fix", "RL#3788": "clip fix",
+    "TransformerEngine#715": "clip fix", "pytorch#88955": "clip fix", "twinkle#290": "clip fix",
+    "DeepSpeed#1252": "clip fix", "tt-metal#55947": "dropout fix", "verl#3332": "microbatch fix",
+    "Automodel#3830": "microbatch fix", "AReaL#1273": "microbatch fix",
+    "OpenNMT-py#526": "count-kind fix", "Automodel#3530": "free-in-loop fix",
+    "prime-rl#2562": "local-count fix", "safe-rlhf#153": "local-count fix",
+    "VeOmni#1115": "missing-reduction fix", "ColossalAI#18": "overflow fix",
+    "Speech#3088": "overflow fix",
+    "pytorch#162338": "sum-without-average fix", "pytorch#162344": "sum-without-average fix",
+    "ColossalAI#247": "reduced-in-loop fix",
+    "modalities#313": "clip fix", "torchtitan#649": "clip fix", "RAE#67": "free-in-loop fix",
+    "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
+    "pytorch#36516": "sum-without-average fix",
+    "transformers#38872": "constant-factor fix",
 }
 
 # Rules no bug example reaches, and why.

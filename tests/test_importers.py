@@ -32,6 +32,7 @@ Expected values are derived by hand from the files in each test's comments.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from placeverify.api import check_strategy
-from placeverify.diagnostics import PlaceError, Severity
+from placeverify.diagnostics import Diagnostic, PlaceError, Severity, Source
 from placeverify.importers import Options
 from placeverify.importers.registry import import_file, load, load_text
 
@@ -165,6 +166,41 @@ def test_megatron_world_not_divisible_points_at_the_flag(tmp_path: Path) -> None
         import_file(str(script))
     [d] = [d for d in error.value.diagnostics if "not divisible" in d.message]
     assert d.span is not None and (d.span.line, d.span.column) == (3, 5)
+
+
+def test_an_override_can_give_a_non_divisible_world_its_mesh(tmp_path: Path) -> None:
+    # The same script, TP 8 x PP 16 on 8 GPUs: --set mesh.pp=1 gives 8 x 1 = 8 devices, so
+    # Megatron-LM would derive DP = 8 / 8 = 1 and run it; global batch 16 / (micro 1 x dp 1) = 16
+    # micro-batches. An override that leaves the product at 4 x 16 = 64 stays an error, at
+    # the flag with the override noted, and says 8 is not divisible by 64.
+    script = tmp_path / "train.sh"
+    script.write_text("GPUS=8\ntorchrun --nproc_per_node $GPUS pretrain_gpt.py \\\n"
+                      "    --tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 \\\n"
+                      "    --num-layers 96 --hidden-size 12288 --num-attention-heads 96 \\\n"
+                      "    --vocab-size 50257 --seq-length 2048 --global-batch-size 16\n")
+    with pytest.raises(PlaceError) as error:
+        import_file(str(script))  # as written: at the flag
+    [d] = error.value.diagnostics
+    assert d.span is not None and (d.span.line, d.span.column) == (3, 5)
+    assert "8 processes" in d.message and "128 devices" in d.message
+    strategy, _ = load(str(script), DEFAULT, settings("mesh.pp=1"))
+    assert strategy.mesh.world == 8 and strategy.mesh.size("dp") == 1
+    assert strategy.microbatches == 16
+    assert strategy.name == "train.sh: Megatron-LM with overrides, tp = 8, dp = 1, pp = 1"
+    with pytest.raises(PlaceError) as error:
+        load(str(script), DEFAULT, settings("mesh.tp=4"))
+    [d] = error.value.diagnostics  # the file breaks it too: at the flag, the override noted
+    assert d.span is not None and (d.span.line, d.span.column) == (3, 5)
+    assert d.notes == ("checked with --set mesh.tp=4",)
+    assert "64 devices" in d.message and "8 is not divisible by" in d.message
+    # a mesh of the launcher's world with the sizes and dp set together holds too: tp 2 x pp 4
+    # = 8 leaves dp 1; tp 2 x pp 2 needs dp 2, which the hint gives
+    with pytest.raises(PlaceError) as error:
+        load(str(script), DEFAULT, settings("mesh.tp=2", "mesh.pp=2"))
+    assert "data-parallel size of 2" in error.value.diagnostics[0].message
+    strategy, _ = load(str(script), DEFAULT, settings("mesh.tp=2", "mesh.pp=2", "mesh.dp=2",
+                                                       "place.pp=pipeline(1f1b, microbatches = 8)"))
+    assert strategy.mesh.world == 8
 
 
 def test_megatron_missing_world_says_so(tmp_path: Path) -> None:
@@ -740,3 +776,30 @@ def test_import_lowers_what_it_prints(tmp_path: Path) -> None:
     done = run("import", str(config), "--world", "1024")
     assert done.returncode == 2 and done.stdout == ""
     assert f"{config}:18:1: error:" in done.stderr and "126" in done.stderr
+
+
+def test_offload_param_is_judged_on_the_overridden_stage(tmp_path: Path) -> None:
+    # deepspeed/runtime/zero/config.py: offload_param is honoured only at stage 3. The 70B
+    # ZeRO-2 fixture with an offload_param section: at stage 2 the import leaves it out and
+    # warns at the key (line 16, "device"); under --set place.dp=zero3 DeepSpeed would offload
+    # the parameters, so the warning (still at the key, the override noted) says what to add;
+    # with the offload set too, it goes.
+    config = json.loads(Path(fixture("llama3-70b-zero2-offload.json")).read_text())
+    config["zero_optimization"]["offload_param"] = {"device": "cpu"}
+    path = tmp_path / "ds.json"
+    text = json.dumps(config, indent=2)
+    path.write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if '"offload_param"' in t) + 1
+    options = Options(fixture("llama3-70b-config.json"), 64)
+
+    def offload_warnings(*overrides: str) -> list[tuple[Diagnostic, Source]]:
+        _, imported = load(str(path), options, settings(*overrides) if overrides else None)
+        return [(w, s) for w, s in imported.warnings if "offload_param" in w.message]
+
+    [(w, source)] = offload_warnings()
+    assert "DeepSpeed ignores it" in w.message and source.path == str(path)
+    assert w.span is not None and w.span.line == line
+    [(w, source)] = offload_warnings("place.dp=zero3")
+    assert "--set offload=params,optimizer" in w.message
+    assert source.path == str(path) and w.notes == ("checked with --set place.dp=zero3",)
+    assert offload_warnings("place.dp=zero3", "offload=params,optimizer") == []

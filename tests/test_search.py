@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def problem(model: str, dev: str, devices: int, batch: int, seq: int, memory: str = "") -> Any:
     text = (f'strategy "base"\nmodel {model} {{ seq = {seq}, micro_batch = 1 }}\nprecision megatron\n'
             f"mesh {{\n    dp = {devices}\n    device = {dev}\n{memory}}}\nplace ddp over dp\n"
-            f"microbatches = {batch // devices}\n")
+            f"microbatches = {max(1, batch // devices)}\n")
     from placeverify.api import parse
     from placeverify.diagnostics import Source
 
@@ -52,7 +52,16 @@ def test_llama3_405b_stages_split_as_published() -> None:
     assert stage_layers(126, 16, 1, uneven=True) == (7, *[8] * 14, 7)
     assert stage_layers(128, 16, 1, uneven=True) is None  # even
     assert stage_layers(126, 16, 1, uneven=False) is False
-    assert stage_layers(126, 16, 2, uneven=True) is False  # interleaving needs equal chunks
+    # interleaved (REFERENCE §9, Table 4 row: "interleaved pipeline with one layer fewer on the
+    # first and last stages"): 4 chunks of 2 layers, 64 virtual stages, the ends 1 layer each;
+    # physical stage i runs virtual stages i, i + 16, i + 32, i + 48: 7, 8 x 14, 7 again
+    assert stage_layers(126, 16, 4, uneven=True) == (1, *[2] * 62, 1)
+    lay = Layout(tp=8, cp=1, pp=16, v=4, ep=1, dp=128, sharding=Sharding.ZERO1, shard=128,
+                 sp=True, recompute=Recompute.NONE, offload=False, b=1, m=16,
+                 stages=(1, *[2] * 62, 1))
+    assert lay.physical_stages() == (7, *[8] * 14, 7)
+    assert stage_layers(126, 16, 4, uneven=False) is False
+    assert stage_layers(127, 2, 1, uneven=True) is False  # two stages have no middle to fill
 
 
 def test_every_layout_obeys_the_frameworks_rules() -> None:
@@ -65,11 +74,13 @@ def test_every_layout_obeys_the_frameworks_rules() -> None:
         assert lay.cp == 1 or arch.seq % (2 * lay.cp) == 0
         assert lay.b * lay.m * lay.dp * lay.ep == 128
         if lay.v > 1:
-            assert lay.pp > 2 and lay.m % lay.pp == 0 and arch.layers % (lay.pp * lay.v) == 0
+            assert lay.pp > 2 and lay.m % lay.pp == 0
         if lay.stages is None:
             assert arch.layers % (lay.pp * lay.v) == 0
-        else:
-            assert sum(lay.stages) == arch.layers and len(lay.stages) == lay.pp
+        else:  # uneven: only the first and last virtual stages differ, by at most the middle's
+            st = lay.stages
+            assert sum(st) == arch.layers and len(st) == lay.pp * lay.v
+            assert len(set(st[1:-1])) == 1 and 1 <= min(st[0], st[-1]) <= st[1]
         assert (lay.sharding is Sharding.NONE) == (lay.dp == 1)
         assert not lay.offload or lay.sharding in (Sharding.ZERO2, Sharding.ZERO3)
         assert not lay.sp or lay.tp > 1
@@ -107,6 +118,26 @@ def test_screen_agrees_with_the_full_model(model: str, dev: str, devices: int, b
         est = screen.estimate(lay)
         assert est.peak_bytes == pytest.approx(float(full.peak.bytes), rel=0.03), lay.label()
         assert est.step_seconds == pytest.approx(st.step_seconds, rel=0.03), lay.label()
+
+
+@pytest.mark.parametrize("v, stages", [(4, (1, *[2] * 62, 1)), (2, (3, *[4] * 30, 3))])
+def test_screen_agrees_on_uneven_interleaved_stages(v: int, stages: tuple[int, ...]) -> None:
+    # Llama 3 405B's 126 layers on 16 interleaved stages: the screen reads the physical stages
+    # (7, 8 x 14, 7 for v = 4; 3 + 4 = 7 ... for v = 2) as the full model does
+    pb = problem("llama3_405b", "h100_sxm", 16384, 2048, 8192)
+    screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
+                            float(pb.pcie_bandwidth)))
+    lay = Layout(tp=8, cp=1, pp=16, v=v, ep=1, dp=128, sharding=Sharding.ZERO1, shard=128,
+                 sp=True, recompute=Recompute.NONE, offload=False, b=1, m=16, stages=stages)
+    text = place_text(pb, lay)
+    assert f"chunks = {v}" in text and "layers = [" + ", ".join(map(str, stages)) + "]" in text
+    strategy = load_text(text, "<layout>")
+    full = costs(strategy)
+    st = step_time(strategy, full)
+    assert st is not None and st.step_seconds is not None and full.peak is not None
+    est = screen.estimate(lay)
+    assert est.peak_bytes == pytest.approx(float(full.peak.bytes), rel=0.03)
+    assert est.step_seconds == pytest.approx(st.step_seconds, rel=0.03)
 
 
 # ---- the rendered text ------------------------------------------------------------------------
@@ -189,6 +220,24 @@ def test_search_end_to_end(tmp_path: Path) -> None:
     report = json.loads(checked.stdout)
     assert report["time"]["step_seconds"] == pytest.approx(first["step_seconds"], rel=1e-9)
     assert report["memory"]["peak_bytes"] == first["peak_bytes"]
+
+
+@pytest.mark.parametrize("width", [120, 60, 40])
+def test_search_text_fits_the_width_without_cutting_a_number(width: int) -> None:
+    # The tables follow --width like check and compare (report/layout.py): a narrow terminal
+    # gets them wrapped, transposed or listed, and every figure the JSON has for the fastest
+    # layout appears whole in the text.
+    args = ["--model", "llama3_8b", "--device", "h100_sxm", "--devices", "16",
+            "--global-batch", "64", "--top", "2", "-q"]
+    doc = json.loads(run("search", *args, "--json").stdout)
+    done = run("search", *args, "--width", str(width))
+    assert done.returncode == 0, done.stderr
+    tables = done.stdout.split("fastest layouts", 1)[1].split("not shown", 1)[0]
+    rows = [line for line in tables.splitlines()[1:] if not line.startswith("Pareto frontier")]
+    assert rows and max(len(line) for line in rows) <= width  # the titles are prose
+    first = doc["top"][0]
+    assert first["label"] in tables and f"{first['step_seconds']:.3g} s" in tables
+    assert f"{first['needed_bytes'] / 1e9:.3g} GB" in tables  # the last column, once cut
 
 
 def test_search_says_when_nothing_fits(tmp_path: Path) -> None:

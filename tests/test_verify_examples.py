@@ -53,6 +53,34 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # a divide factor split between the shard and replica groups, divided again by the replicas'
     # average (pytorch#155903); the fixed twin splits it as 1/sqrt(N) before and after
     "hsdp-divide-factor-replicas": ({"gradient_integrity"}, "coefficient"),
+    # The corpus of examples/bugs/README.md (each header names its report): a normalisation
+    # off by a factor, a reduction missing or averaging, an overwritten or wiped accumulation
+    "sequence-parallel-norm-grads-mean": ({"gradient_integrity"}, "coefficient"),
+    "zero2-accumulation-overwrite": ({"gradient_integrity"}, "coefficient"),
+    "expert-grads-not-divided": ({"gradient_integrity"}, "coefficient"),
+    "ga-loss-not-divided": ({"gradient_integrity"}, "coefficient"),
+    "ga-tail-window": ({"gradient_integrity"}, "coefficient"),
+    "sample-count-for-token-loss": ({"gradient_integrity"}, "coefficient"),
+    "pipeline-schedule-extra-division": ({"gradient_integrity"}, "coefficient"),
+    "pipeline-grads-wiped": ({"gradient_integrity"}, "coefficient"),
+    "dp-local-token-count": ({"gradient_integrity"}, "coefficient"),
+    "local-mean-times-dp": ({"gradient_integrity"}, "coefficient"),
+    "fsdp-gloo-avg-as-sum": ({"gradient_integrity"}, "coefficient"),
+    "ddp-divide-by-processes": ({"gradient_integrity"}, "coefficient"),
+    "zero-reduce-every-microbatch": ({"gradient_integrity"}, "coefficient"),
+    "zero-grad-every-microbatch": ({"gradient_integrity"}, "coefficient"),
+    "zero-grad-before-last-microbatch": ({"gradient_integrity"}, "coefficient"),
+    # the sequence chunks never reduced: the cp ranks' replicas drift too
+    "context-parallel-ddp-group": ({"gradient_integrity", "state_consistency"}, "coefficient"),
+    # norms counted too often (the same wrong norm everywhere) or too rarely (a norm per rank,
+    # so the replicated dense parameters drift)
+    "clip-replicated-every-rank": ({"gradient_integrity"}, "clip"),
+    "clip-ddp-norm-summed-again": ({"gradient_integrity"}, "clip"),
+    "tied-embedding-norm-twice": ({"gradient_integrity"}, "clip"),
+    "clip-norm-pipeline-stages": ({"gradient_integrity"}, "clip"),
+    "clip-experts-not-summed": ({"gradient_integrity", "state_consistency"}, "clip"),
+    "overflow-not-over-tp": ({"gradient_integrity", "state_consistency"}, "overflow"),
+    "dropout-seed-whole-mesh": ({"gradient_integrity"}, "rng"),
 }
 
 REFERENCE_BUGS = 12

@@ -84,6 +84,7 @@ class Reader:
         self.source = source
         self.diags = Diagnostics(source)
         self.extra: list[tuple[Diagnostic, Source]] = []  # warnings about other files
+        self.pending: list[Diagnostic] = []  # rules judged after overrides, unless errors come first
 
     def error(self, message: str, origin: Origin | None, *notes: str,
               code: Code = Code.BAD_VALUE) -> None:
@@ -104,7 +105,15 @@ class Reader:
         else:
             self.diags.items.append(diagnostic)
 
+    def pending_error(self, message: str, origin: Origin, code: Code) -> None:
+        """An error that a rule judges on the final strategy (an override may fix it), reported
+        here only beside other errors of the file, which stop it from being lowered at all."""
+        self.pending.append(Diagnostic(Severity.ERROR, message, code, origin.span))
+
     def raise_if_errors(self) -> None:
+        if self.diags.errors:
+            self.diags.items.extend(self.pending)
+            self.pending = []
         self.diags.raise_if_errors()
 
     def warnings(self) -> list[tuple[Diagnostic, Source]]:

@@ -15,14 +15,15 @@ world is one data-parallel axis. The engine scales each micro-batch's loss by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from placeverify.diagnostics import Code, Source
+from placeverify.diagnostics import Code, Severity, Source
 from placeverify.importers.common import Keys, Line, Origin, Plan, Reader, Value, leftovers
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.positions import load_json
-from placeverify.importers.rules import Facts, batch_rule
+from placeverify.importers.rules import Facts, Rule, batch_rule, reads_placement
 
 TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
        "zero_optimization", "bf16", "bfloat16", "fp16", "gradient_clipping", "optimizer",
@@ -211,8 +212,11 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                          device.origin)
             continue
         if key == "offload_param" and stage != 3:
-            reader.warning("offload_param needs ZeRO stage 3; DeepSpeed ignores it here",
-                           device.origin, code=Code.CONFLICT)
+            # Left out of the text; judged on the final placement (rules.py), since an override
+            # to ZeRO-3 is where DeepSpeed would honour it.
+            offloads = "params" + (",optimizer" if _offloads_optimizer(doc) else "")
+            plan.rules.append(Rule(Severity.WARNING, Code.CONFLICT, device.origin,
+                                   _param_offload_ignored(stage, offloads), reads_placement))
             continue
         if device.value == "nvme":
             reader.warning("nvme offload is modelled as host memory", device.origin)
@@ -223,3 +227,25 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
               (("zero_optimization",), ZERO_KEYS))
     return plan
 
+
+def _offloads_optimizer(doc: _Doc) -> bool:
+    device = doc.get("zero_optimization", "offload_optimizer", "device")
+    return device is not None and device.value in ("cpu", "nvme")
+
+
+def _param_offload_ignored(stage: int, offloads: str) -> Callable[[Facts], str | None]:
+    """zero/config.py: ``offload_param`` is valid only for stage 3; below it DeepSpeed ignores it,
+    so the import leaves it out. Under an override that shards the parameters (``--set
+    place.dp=zero3``) DeepSpeed would honour it, and the strategy, still without it, would not
+    be what that configuration runs."""
+
+    def check(facts: Facts) -> str | None:
+        if facts.params_offloaded:
+            return None
+        if not facts.params_gathered:
+            return "offload_param needs ZeRO stage 3; DeepSpeed ignores it here"
+        return (f"offload_param is left out at the file's ZeRO stage {stage}, but at stage 3, "
+                f"as overridden, DeepSpeed offloads the parameters: add --set offload={offloads} "
+                "to check what that configuration runs")
+
+    return check

@@ -27,7 +27,7 @@ from placeverify.importers.arguments import Arguments, split_launch
 from placeverify.importers.common import Line, Origin, Plan, Reader, Value, ignored_header
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.megatron_model import REFUSED, cross_check, model_lines
-from placeverify.importers.rules import Facts, Rule, batch_rule, reads_tensor
+from placeverify.importers.rules import Facts, Rule, batch_rule, reads_tensor, world_rule
 from placeverify.importers.shell import Script
 
 # Flags with no effect on placement, memory or communication: listed once in the header.
@@ -107,19 +107,26 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         reader.error(f"not modelled: --expert-tensor-parallel-size {etp.value} differs from "
                      f"--tensor-model-parallel-size {t}", etp.origin, code=Code.NOT_MODELLED)
     dp = 1
-    if world_value is not None:
-        if world_value % (t * p * c):
-            reader.error(f"world size {world_value} is not divisible by TP * PP * CP = {t} * {p} "
-                         f"* {c} = {t * p * c} (Megatron-LM asserts it in validate_args)",
-                         tp.origin if tp.origin.span else (world_line.origin if world_line else None),
-                         code=Code.NOT_DIVISIBLE)
-        else:
-            dp = world_value // (t * p * c)
-            if e > 1 and dp % e:
-                reader.error(f"not modelled: --expert-model-parallel-size {e} does not divide the "
-                             f"data-parallel size {dp} (Megatron takes EP ranks from DP * CP; "
-                             "placeverify's ep axis is carved out of dp)", ep.origin,
-                             code=Code.NOT_MODELLED)
+    divisible = world_value is not None and world_value % (t * p * c) == 0
+    if world_value is not None and not divisible:
+        # validate_args asserts it; judged on the final mesh (rules.py), so that an override
+        # (--set mesh.pp=1, --set mesh.dp=...) can give a mesh the launcher's world makes. The
+        # text keeps dp = 1 and no world line until then.
+        origin = (tp.origin if tp.origin.span else world_line.origin
+                  if world_line is not None and world_line.origin is not None else tp.origin)
+        plan.rules.append(world_rule(origin, world_value, "Megatron-LM asserts world = "
+                                     "TP x PP x CP x DP in validate_args"))
+        reader.pending_error(f"world size {world_value} is not divisible by TP * PP * CP = {t} "
+                             f"* {p} * {c} = {t * p * c} (Megatron-LM asserts it in "
+                             "validate_args)", origin, Code.NOT_DIVISIBLE)
+        world_line = None
+    elif world_value is not None:
+        dp = world_value // (t * p * c)
+        if e > 1 and dp % e:
+            reader.error(f"not modelled: --expert-model-parallel-size {e} does not divide the "
+                         f"data-parallel size {dp} (Megatron takes EP ranks from DP * CP; "
+                         "placeverify's ep axis is carved out of dp)", ep.origin,
+                         code=Code.NOT_MODELLED)
     sp = args.flag("--sequence-parallel")
     if sp is not None:
         # validate_args switches sequence parallelism off with one tensor-parallel rank, silently;
@@ -133,7 +140,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     micro = args.integer("--micro-batch-size", 1)
     glob = args.integer("--global-batch-size")
     m = 1
-    if micro is not None and world_value is not None and world_value % (t * p * c) == 0:
+    if micro is not None and world_value is not None:
         per_step = int(str(micro.value)) * dp
         if glob is not None:
             # num_microbatches_calculator.py: global / (micro x dp), which must be whole; the
@@ -192,7 +199,10 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     if e > 1:
         plan.mesh.append(Line(f"ep = {e}", ep.origin.key, ep.origin))
     plan.mesh.append(Line(f"dp = {d}", f"world / (tp * pp * cp) = {dp}" + (f", / ep = {d}"
-                                                                          if e > 1 else "")))
+                                                                          if e > 1 else "")
+                          if world_line is not None or world_value is None else
+                          f"world {world_value} is not divisible by tp * pp * cp = {t * p * c}: "
+                          "dp 1 until an override gives a mesh of that world"))
     if p > 1:
         plan.mesh.append(Line(f"pp = {p}", pp.origin.key, pp.origin))
     if world_line is not None:

@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.importers import Options, accelerate, deepspeed, megatron, torchtitan
@@ -88,6 +89,8 @@ def load(path: str, options: Options = DEFAULTS, settings: Settings | None = Non
     if imported is None:
         imported = import_file(path, options, judge=False)
     strategy = _lower(imported, settings)
+    if settings and any(s.parts[0] in ("mesh", "place") for s in settings.items):
+        strategy = _retitled(strategy, imported)
     if not imported.rules:
         return strategy, imported
     written: Facts | None = Facts.of(strategy)
@@ -101,6 +104,19 @@ def load(path: str, options: Options = DEFAULTS, settings: Settings | None = Non
     if errors:
         raise PlaceError([d for d, _ in errors], errors[0][1])
     return strategy, replace(imported, warnings=[*imported.warnings, *found], rules=[])
+
+
+FRAMEWORKS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan",
+              "accelerate": "accelerate"}
+
+
+def _retitled(strategy: Strategy, imported: Imported) -> Strategy:
+    """The strategy titled with its mesh as overridden: the import's title names the file's own
+    sizes (and DeepSpeed's its ZeRO stage), which a ``mesh``/``place`` override may change."""
+    sizes = ", ".join(f"{axis.name} = {axis.size}" for axis in strategy.mesh.axes)
+    name = (f"{Path(imported.path).name}: {FRAMEWORKS.get(imported.fmt, imported.fmt)} "
+            f"with overrides, {sizes}")
+    return replace(strategy, config=replace(strategy.config, name=name))
 
 
 def _lower(imported: Imported, settings: Settings | None) -> Strategy:

@@ -18,9 +18,10 @@ from math import prod
 
 from placeverify.diagnostics import Code, Diagnostic, Severity, Source
 from placeverify.importers.common import Origin
-from placeverify.ir.placement import Role
+from placeverify.ir.placement import Role, State
 from placeverify.ir.strategy import Strategy
 from placeverify.lower.overrides import Setting, Settings
+from placeverify.roles.queries import gathered_axes, offloaded
 from placeverify.roles.relations import sample_axes
 
 
@@ -37,6 +38,9 @@ class Facts:
     pipeline: str | None
     batch_axes: tuple[str, ...] = ()
     tensor_axes: tuple[str, ...] = ()
+    world: int = 0  # devices in the mesh
+    params_gathered: bool = False  # Θ sharded over a data axis and gathered for use (ZeRO-3)
+    params_offloaded: bool = False  # Θ offloaded to host memory
 
     @staticmethod
     def of(strategy: Strategy) -> Facts:
@@ -46,7 +50,9 @@ class Facts:
         batch, tensor = sample_axes(config), config.axes(Role.TENSOR)
         return Facts(arch.micro_batch if arch is not None else None, config.microbatches,
                      prod(config.size(a) for a in batch), prod(config.size(a) for a in tensor),
-                     pipeline.axis if pipeline is not None else None, batch, tensor)
+                     pipeline.axis if pipeline is not None else None, batch, tensor,
+                     config.mesh.world, bool(gathered_axes(config)),
+                     offloaded(config, State.PARAMS))
 
     def set_microbatches(self, count: int) -> str:
         """How an override sets the micro-batch count to ``count`` for this strategy."""
@@ -88,6 +94,35 @@ def batch_rule(origin: Origin, total: int, message: Callable[[Facts, int], str])
         return message(facts, product) + hint
 
     return Rule(Severity.ERROR, Code.CONFLICT, origin, check, _reads_batch)
+
+
+def world_rule(origin: Origin, world: int, why: str) -> Rule:
+    """The launcher starts ``world`` processes and the mesh must have as many devices, for a file
+    whose model-parallel sizes do not divide its world (``why`` says who asserts it): its mesh is
+    written with a data-parallel size of 1, so the rule holds only once an override resizes the
+    mesh to ``world`` devices (``--set mesh.pp=1``), or the sizes and the world together."""
+
+    def check(facts: Facts) -> str | None:
+        if facts.world == world:
+            return None
+        model = facts.world // max(1, facts.batch_degree)
+        hint = (f"; with these model-parallel sizes it holds with a data-parallel size of "
+                f"{world // model}" if world % model == 0 else
+                f"; {world} is not divisible by the model-parallel sizes' product {model}")
+        return (f"the launcher starts {world} processes but the mesh has {facts.world} devices "
+                f"({why}){hint}")
+
+    def reads(setting: Setting, final: Facts) -> int:
+        head = setting.parts[0]
+        return 2 if head == "mesh" and len(setting.parts) == 2 else 1 if head == "place" else 0
+
+    return Rule(Severity.ERROR, Code.NOT_DIVISIBLE, origin, check, reads)
+
+
+def reads_placement(setting: Setting, final: Facts) -> int:
+    """What a rule about the placement reads: ``place.*`` and ``offload`` directly."""
+    head = setting.parts[0]
+    return 2 if head in ("place", "offload") else 0
 
 
 def _reads_batch(setting: Setting, final: Facts) -> int:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from placeverify.report.layout import Column, fit, print_lines
 from placeverify.report.units import significant, size
 
 if TYPE_CHECKING:
@@ -65,14 +66,13 @@ def _row(e: Evaluated) -> list[str]:
 
 
 def _table(console: Console, title: str, rows: list[list[str]], width: int) -> None:
+    """The rows as a table that fits ``width`` (wrapped, transposed or listed when it does not;
+    never a cut cell: :mod:`placeverify.report.layout`)."""
     console.print(title, markup=False, highlight=False)
-    head = ["layout", "step", "tokens/s", "MFU", "peak+reserve"]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    for r in [head, *rows]:
-        line = "  " + r[0].ljust(widths[0]) + "".join(
-            "  " + c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True))
-        console.print(line[:max(width, 40)] if len(line) > width else line, markup=False,
-                      highlight=False, soft_wrap=True)
+    label = Column("layout", tuple(r[0] for r in rows), "left")
+    columns = [Column(head, tuple(r[i] for r in rows), group=head)
+               for i, head in enumerate(("step", "tokens/s", "MFU", "peak+reserve"), 1)]
+    print_lines(console, fit(label, columns, width)[1])
 
 
 def render_search(result: SearchResult, console: Console, width: int,

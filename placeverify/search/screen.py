@@ -153,10 +153,13 @@ class Screen:
             each = layers // lay.pp
             kinds = [(each, True, False, 0), (each, False, True, lay.pp - 1)]
             return kinds + ([(each, False, False, 1)] if lay.pp > 2 else [])
-        st = lay.stages
-        middle = max(range(1, len(st) - 1), key=lambda i: (st[i], -i))
-        return [(st[0], True, False, 0), (st[-1], False, True, len(st) - 1),
-                (st[middle], False, False, middle)]
+        st = lay.physical_stages()
+        assert st is not None
+        kinds = [(st[0], True, False, 0), (st[-1], False, True, len(st) - 1)]
+        if len(st) > 2:
+            middle = max(range(1, len(st) - 1), key=lambda i: (st[i], -i))
+            kinds.append((st[middle], False, False, middle))
+        return kinds
 
     # ---- time -----------------------------------------------------------------------------
 
@@ -203,7 +206,8 @@ class Screen:
     def time(self, lay: Layout) -> float:
         arch, cal = self.s.arch, self.s.cal
         fwd_flops, extra, layers = self._flops(lay.b, lay.tp, lay.cp,
-                                               lay.stages or arch.layers // lay.pp, lay.recompute)
+                                               lay.physical_stages() or arch.layers // lay.pp,
+                                               lay.recompute)
         tokens = lay.b * arch.seq / lay.cp
         flash = arch.attention == "flash"
         scores = 0.0 if flash else (cal.score_passes * lay.b * arch.heads * (arch.seq / lay.cp)
@@ -257,7 +261,8 @@ class Screen:
         groups = self.s.arch.group_params()
         t, p = lay.tp, lay.pp
         # listed stages: the layers' groups follow the stage with the most layers
-        share = self.s.arch.layers / max(lay.stages) if lay.stages else p
+        stages = lay.physical_stages()
+        share = self.s.arch.layers / max(stages) if stages else p
         return (groups[ParamGroup.DENSE] / (t * share) + groups[ParamGroup.NORMS] / share
                 + groups[ParamGroup.EMBEDDING] / (t * p)
                 + groups[ParamGroup.EXPERTS] / (t * share * lay.ep))

@@ -17,7 +17,8 @@ Legality (the rules the frameworks enforce at start-up, cited where they are che
   parallelism splits the sequence into 2 · cp pieces);
 - ep divides the experts (MoE models only);
 - p divides the layers into p · v equal chunks; otherwise, with ``uneven`` stages allowed, the
-  first and last stages take the remainder (as Llama 3 405B's 126 layers on 16 stages);
+  first and last (virtual) stages take the remainder (as Llama 3 405B's 126 layers on 16
+  interleaved stages);
   interleaving (v > 1) needs p > 2 and m a multiple of p (``arguments.py``:
   "number of microbatches must be divisible by pipeline-model-parallel size when using
   interleaved schedule");
@@ -68,11 +69,21 @@ class Layout:
     offload: bool  # optimizer states and gradients offloaded to the host (ZeRO-Offload)
     b: int  # micro-batch size (sequences)
     m: int  # micro-batches per step
-    stages: tuple[int, ...] | None = None  # layers per pipeline stage when uneven, else None
+    # layers per virtual pipeline stage (p · v of them, chunk-major as ``layers = [...]`` writes
+    # them) when uneven, else None
+    stages: tuple[int, ...] | None = None
 
     @property
     def devices(self) -> int:
         return self.tp * self.cp * self.pp * self.ep * self.dp
+
+    def physical_stages(self) -> tuple[int, ...] | None:
+        """Layers per physical stage when uneven: stage i runs virtual stages i, i + p, ...,
+        i + (v - 1) p."""
+        if self.stages is None:
+            return None
+        return tuple(sum(self.stages[c * self.pp + i] for c in range(self.v))
+                     for i in range(self.pp))
 
     def label(self) -> str:
         """A short name: ``t8 cp1 p16v4 d128 zero1 sp none b1 m16``."""
@@ -129,22 +140,25 @@ def divisors(n: int) -> list[int]:
 
 
 def stage_layers(layers: int, pp: int, v: int, uneven: bool) -> tuple[int, ...] | bool | None:
-    """Layers per stage: None when they split evenly, the per-stage list when the first and last
-    stages take the remainder, False when neither works.
+    """Layers per virtual stage (p · v of them; p for plain 1F1B): None when they split evenly,
+    the list when the first and last take the remainder, False when neither works.
 
-    Uneven stages follow Llama 3 405B (126 layers on 16 stages: 7, 8 × 14, 7): every middle
-    stage holds ceil(L / p) layers and the two end stages share what is left, as evenly as
-    possible, each at least one layer. Only plain 1F1B (v = 1) is split unevenly."""
-    if layers % (pp * v) == 0:
+    Uneven stages follow Llama 3 405B (arXiv 2407.21783 §3.3.2: an interleaved pipeline with one
+    layer fewer on the first and the last stage; 126 layers): every middle virtual stage holds
+    ceil(L / (p v)) layers and the two end ones share what is left, as evenly as possible, each
+    at least one layer — 7, 8 × 14, 7 on 16 plain stages, or 1, 2 × 62, 1 on 16 stages of 4
+    chunks."""
+    n = pp * v
+    if layers % n == 0:
         return None
-    if not uneven or v > 1 or pp < 3:
+    if not uneven or n < 3:
         return False
-    middle = -(-layers // pp)
-    rest = layers - middle * (pp - 2)
+    middle = -(-layers // n)
+    rest = layers - middle * (n - 2)
     if rest < 2 or rest > 2 * middle:
         return False
     first = rest // 2
-    return (first, *([middle] * (pp - 2)), rest - first)
+    return (first, *([middle] * (n - 2)), rest - first)
 
 
 def layouts(arch: Transformer, devices: int, global_batch: int, gpus_per_node: int,
@@ -181,7 +195,7 @@ def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global
             continue
         m = global_batch // (b * replicas)
         chunks = [1] + ([v for v in range(2, space.max_v + 1)
-                         if p > 2 and m % p == 0 and arch.layers % (p * v) == 0]
+                         if p > 2 and m % p == 0 and (space.uneven or arch.layers % (p * v) == 0)]
                         if p > 1 else [])
         for v in chunks:
             stages = stage_layers(arch.layers, p, v, space.uneven) if p > 1 else None

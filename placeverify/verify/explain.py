@@ -14,7 +14,17 @@ from typing import Any
 
 from placeverify.evidence import Counterexample
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.step import Backward, Collective, CollectiveKind, Free, Scale, Scope, TargetKind, TermKind
+from placeverify.ir.step import (
+    Backward,
+    Collective,
+    CollectiveKind,
+    CountKind,
+    Free,
+    Scale,
+    Scope,
+    TargetKind,
+    TermKind,
+)
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.groups import GroupView
 from placeverify.semantics.interpreter import Instance, run, uniform_instance
@@ -110,6 +120,16 @@ def has_local_count(strategy: Strategy) -> bool:
     return False
 
 
+def wrong_count_kind(strategy: Strategy) -> bool:
+    """Does the loss divide only by counts of the other kind than the declared mean's?"""
+    wanted = {LossKind.TOKEN_MEAN: CountKind.TOKENS, LossKind.SAMPLE_MEAN: CountKind.SAMPLES}
+    kind = wanted.get(strategy.loss.kind)
+    kinds = [term.count.kind for op in strategy.step.ops() if isinstance(op, Backward)
+             for term, exponent in op.loss.factors
+             if term.kind is TermKind.COUNT and term.count is not None and exponent < 0]
+    return kind is not None and bool(kinds) and all(k is not kind for k in kinds)
+
+
 def reductions_of(strategy: Strategy, group: ParamGroup) -> list[Collective]:
     return [op for op in strategy.step.ops()
             if isinstance(op, Collective) and op.target.kind is TargetKind.GRADS
@@ -126,6 +146,8 @@ def cause_span(strategy: Strategy, view: GroupView, found: Counterexample) -> An
     if strategy.loss.kind is LossKind.TOKEN_MEAN and has_local_count(strategy) \
             and found.microbatches > 1:
         return strategy.step.backward().span
+    if wrong_count_kind(strategy):
+        return strategy.step.backward().span  # tokens for a sample loss or samples for a token one
     overwriting = [lo.op for lo in strategy.step.loop
                    if isinstance(lo.op, Collective) and lo.op.kind is CollectiveKind.REDUCE_SCATTER
                    and not lo.op.accumulate and lo.op.target.applies_to(view.group)]

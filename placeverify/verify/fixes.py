@@ -23,11 +23,11 @@ from placeverify.evidence import Cause, Counterexample, Divergence
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
 from placeverify.ir.presets import hybrid
-from placeverify.ir.step import CollectiveKind, Free
+from placeverify.ir.step import Backward, Collective, CollectiveKind, CountKind, Free, Op, TermKind
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.roles.relations import batch_axes
 from placeverify.semantics.groups import GroupView, group_view
-from placeverify.verify.explain import has_local_count, ratio_pattern, reductions_of
+from placeverify.verify.explain import has_local_count, ratio_pattern, reductions_of, wrong_count_kind
 
 Fields = Mapping[str, object]
 
@@ -174,6 +174,91 @@ def _double_division(case: FixCase) -> Fields | None:
     return None
 
 
+def _loop_ops(case: FixCase) -> list[Op]:
+    """The ops of the micro-batch loop, where the step accumulates over more than one."""
+    if not _integrity(case) or case.found.microbatches < 2:
+        return []
+    return [lo.op for lo in case.strategy.step.loop]
+
+
+def _free_in_loop(case: FixCase) -> Fields | None:
+    """A free in the loop with no reduce-scatter there to keep a shard (ZeRO-2 frees after it)."""
+    ops = [op for op in _loop_ops(case) if isinstance(op, Free | Collective)
+           and op.target.applies_to(case.view.group)]
+    freed = [op for op in ops if isinstance(op, Free)]
+    if freed and not any(isinstance(op, Collective) and op.kind is CollectiveKind.REDUCE_SCATTER
+                         for op in ops):
+        return {"target": freed[0].target.label(), "line": freed[0].span.line}
+    return None
+
+
+def _overwritten_shard(case: FixCase) -> Fields | None:
+    """Under a pipeline the composition check names the repair (reduce once, DeepSpeed#1629)."""
+    if case.strategy.axes(Role.PIPELINE):
+        return None
+    scatters = [op for op in _loop_ops(case) if isinstance(op, Collective)
+                and op.kind is CollectiveKind.REDUCE_SCATTER and not op.accumulate
+                and op.target.applies_to(case.view.group)]
+    return {"axes": scatters[0].group.label()} if scatters else None
+
+
+def _reduced_in_loop(case: FixCase) -> Fields | None:
+    reductions = [op for op in _loop_ops(case) if isinstance(op, Collective)
+                  and op.kind is CollectiveKind.ALL_REDUCE and op.target.applies_to(case.view.group)]
+    return {"axes": reductions[0].group.label()} if reductions else None
+
+
+def _loss_counts(case: FixCase) -> list[tuple[CountKind, tuple[str, ...]]]:
+    """(kind, axes) of every count the loss divides by."""
+    counts = []
+    for op in case.strategy.step.ops():
+        if isinstance(op, Backward):
+            for term, exponent in op.loss.factors:
+                if term.kind is TermKind.COUNT and term.count is not None and exponent < 0:
+                    counts.append((term.count.kind, term.count.axes))
+    return counts
+
+
+def _count_kind(case: FixCase) -> Fields | None:
+    if not _integrity(case) or not wrong_count_kind(case.strategy):
+        return None
+    loss = case.strategy.loss.kind
+    want, got = ("tokens", "samples") if loss is LossKind.TOKEN_MEAN else ("samples", "tokens")
+    return {"want": want, "got": got, "loss": loss.value}
+
+
+def _local_count(case: FixCase) -> Fields | None:
+    if not _integrity(case):
+        return None
+    data = [a for a in case.view.batch if case.view.size(a, case.found.sizes) > 1]
+    local = [k for k, axes in _loss_counts(case) if not axes]
+    if data and local:
+        return {"kind": local[0].value, "axes": ", ".join([*batch_axes(case.strategy), "step"])}
+    return None
+
+
+def _microbatch_factor(case: FixCase) -> Fields | None:
+    if not _integrity(case):
+        return None
+    ratio, m = case.ratio, case.found.microbatches
+    if ratio is None or m < 2:
+        return None
+    if ratio == m:
+        return {"m": m, "how": "large", "why": "the accumulated micro-batch losses are never "
+                "divided by their number ('microbatches')"}
+    if ratio == Fraction(1, m):
+        return {"m": m, "how": "small", "why": "the loss is divided by the number of "
+                "micro-batches on top of a normalisation that already covers the whole step"}
+    return None
+
+
+def _constant_factor(case: FixCase) -> Fields | None:
+    ratio = case.ratio if _integrity(case) else None
+    if ratio is None or ratio <= 0 or ratio == 1:
+        return None
+    return {"k": ratio if ratio > 1 else 1 / ratio, "how": "large" if ratio > 1 else "small"}
+
+
 def _cause(cause: Cause, *, elements: bool | None = None) -> Match:
     """A divergence of this cause; with ``elements``, only where the dropout check says the
     region's ranks hold different elements (True) or not (False)."""
@@ -263,6 +348,30 @@ FIXES: tuple[FixRule, ...] = (
             "gradients are |{axes}|x too small: the division by |{axes}| happens twice (the loss "
             "is already divided by the global count and the all-reduce averages); use "
             "all_reduce(sum) or drop one division"),
+    # Matched only where none of the rules above does (examples/bugs/README.md's corpus).
+    FixRule("free-in-loop", _free_in_loop,
+            "'free {target}' (line {line}) inside the micro-batch loop drops what the earlier "
+            "micro-batches accumulated: free after 'update params'"),
+    FixRule("overwritten-shard", _overwritten_shard,
+            "reduce_scatter(sum, accumulate) grads over {axes}: without accumulate every "
+            "micro-batch's reduce-scatter overwrites the shard, and the update sees the last "
+            "micro-batch only"),
+    FixRule("reduced-in-loop", _reduced_in_loop,
+            "all_reduce(sum) grads over {axes} once, after the last micro-batch: a reduction "
+            "inside the loop reduces everything accumulated so far, so the earlier micro-batches "
+            "are reduced again with every later one"),
+    FixRule("count-kind", _count_kind,
+            "divide by a {want} count: the declared loss {loss} is normalised by {want}, not by "
+            "{got}"),
+    FixRule("local-count", _local_count,
+            "normalise by the global count: 'backward sum / {kind}({axes})', all-reduced over "
+            "the data axes, not by this rank's own {kind}"),
+    FixRule("microbatch-factor", _microbatch_factor,
+            "gradients are {m}x too {how} (the number of micro-batches): {why}"),
+    FixRule("constant-factor", _constant_factor,
+            "gradients are {k}x too {how} by a constant factor: compare the numbers in the loss and "
+            "the scales with the step's own counts (write 'microbatches' rather than a configured "
+            "number)"),
     # Consistency divergences (verify.checks.consistency, verify.dropout).
     FixRule("stale-shard", _cause(Cause.STALE_SHARD),
             "all_gather params over {axis} after the update: each rank updated only its "
