@@ -110,7 +110,7 @@ UNCITED: dict[str, str] = {
     "Speech#3088": "overflow fix",
     "pytorch#162338": "sum-without-average fix", "pytorch#162344": "sum-without-average fix",
     "ColossalAI#247": "reduced-in-loop fix",
-    "modalities#313": "clip fix", "torchtitan#649": "clip fix", "RAE#67": "free-in-loop fix",
+    "modalities#313": "clip fix", "RAE#67": "free-in-loop fix",
     "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
     "pytorch#36516": "sum-without-average fix",
     "transformers#38872": "constant-factor fix",
