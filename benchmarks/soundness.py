@@ -6,8 +6,8 @@ the placement, written out explicitly (:func:`placeverify.ir.render.step_text`).
 named mutation operators to each base's step text (delete, duplicate, swap and move statements,
 move them into and out of the micro-batch loop and ``on microbatch last``, change reduce ops,
 groups, targets, scales, the loss, the powers of sizes, split a division into square-root pre-
-and post-divides, swap, rescale or drop named loss terms' backwards, the clip, the RNG seeds,
-the overflow reduction, the parameter gather, ...),
+and post-divides, swap, rescale or drop named loss terms' backwards, the clip and its norm, the
+RNG seeds, the overflow reduction, the parameter gather, ...),
 checks every mutant that still lowers with placeverify's Python API under a per-mutant time limit,
 and replays on real ``torch.distributed`` processes every mutant whose verdict differs from its
 base's, plus a sample of the rest stratified by base file and verdict.
@@ -874,6 +874,31 @@ def change_clip(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         yield replace(call, options=options if options != call.options else (*options, flag)).text()
         if call.group is not None:
             yield replace(call, group=None).text()
+
+    yield from edited(body, is_clip, variants)
+
+
+NORM_OPTIONS = ("norm = inf", "reduce = sum", "reduce = mean", "reduce = max")
+
+
+@operator
+def change_clip_norm(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The clip by the inf norm (or back to the 2-norm), with its ranks' norms combined another
+    way (their mean or maximum, or summed: DeepSpeed#8475 averaged them), or its norm computed
+    over the dense parameters only (DeepSpeed#8613 left the experts out)."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None
+        inf = "norm = inf" in call.options
+        if not any(o.startswith("norm_of") for o in call.options):
+            yield replace(call, options=(*call.options, "norm_of = [dense]")).text()
+        kept = tuple(o for o in call.options if o not in NORM_OPTIONS)
+        reduce = next((o for o in call.options if o.startswith("reduce = ")), None)
+        yield replace(call, options=kept if inf else (*kept, "norm = inf")).text()
+        norm = ("norm = inf",) if inf else ()
+        for other in ("reduce = sum", "reduce = mean", "reduce = max"):
+            if other != (reduce or ("reduce = max" if inf else "reduce = sum")):
+                yield replace(call, options=(*kept, *norm, other)).text()
 
     yield from edited(body, is_clip, variants)
 

@@ -471,6 +471,10 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
 @click.option("--max-tp", type=click.IntRange(1, 1024), default=None,
               help="Largest tensor-parallel degree (default: GPUs per node).")
 @click.option("--no-offload", is_flag=True, help="Do not try optimizer offload.")
+@click.option("--sharding", "shardings", multiple=True,
+              type=click.Choice(["ddp", "zero1", "zero2", "zero3", "hsdp"]),
+              help="Data-parallel sharding to try, repeatable (default: all); e.g. --sharding "
+                   "zero1 for what Megatron-LM's distributed optimizer runs.")
 @click.option("--frontier-slack", type=click.FloatRange(1.0, 1000.0), default=1.5,
               show_default=True,
               help="Show the frontier's layouts up to this many times the fastest step time.")
@@ -488,7 +492,8 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
 @quiet_option
 def search(file: str | None, device: str | None, devices: int | None,
            global_batch: int | None, batch_tokens: int | None, seq: int | None, top: int,
-           max_tp: int | None, no_offload: bool, frontier_slack: float, as_json: bool, out_dir: str | None,
+           max_tp: int | None, no_offload: bool, shardings: tuple[str, ...],
+           frontier_slack: float, as_json: bool, out_dir: str | None,
            plot: str | None, width: int | None, timeout: float, model: str | None,
            world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Search layouts: the fastest proved ones, and the frontier of peak memory vs step time.
@@ -502,11 +507,13 @@ def search(file: str | None, device: str | None, devices: int | None,
 
     def run() -> ExitCode:
         from placeverify.search.cli import run_search
-        from placeverify.search.space import Space
+        from placeverify.search.space import Sharding, Space
 
         if global_batch is not None and batch_tokens is not None:
             raise click.UsageError("give --global-batch or --batch-tokens, not both")
-        space = Space(max_tp=max_tp, offload=not no_offload)
+        chosen = tuple(Sharding(s) for s in dict.fromkeys(shardings))
+        space = (Space(max_tp=max_tp, offload=not no_offload, shardings=chosen) if chosen else
+                 Space(max_tp=max_tp, offload=not no_offload))
         model_name = model if file is None else None
         return run_search(file, model=model_name, device=device, devices=devices,
                           global_batch=global_batch, batch_tokens=batch_tokens, seq=seq, top=top,

@@ -143,11 +143,15 @@ def llama_layer_bytes(s: int, h: int, a: int, kv: int, f: int, k: int = 1, b: in
       MLP input (6 tensors);
     - K and V: e·sbh·kv/a each (grouped-query attention);
     - flash attention keeps no s² scores, only the fp32 log-sum-exp per head and token: 4·a·s·b;
-    - SwiGLU: gate output, up output, activation output, down-projection input: 4 x e·s·b·f,
-      times top-k for a mixture of experts.
+    - SwiGLU as Megatron-core runs it (the default memory profile, ``megatron``): with --swiglu
+      ``bias_swiglu_fusion`` is on (training/arguments.py, ``--no-bias-swiglu-fusion`` is
+      store_false), and ``SwiGLUFunction.forward`` (core/fusions/fused_bias_swiglu.py)
+      ``ctx.save_for_backward(input)`` keeps the fc1 output, gate and up side by side, 2 x
+      e·s·b·f; linear_fc2 keeps its input, e·s·b·f: 3 x e·s·b·f, times top-k for a mixture of
+      experts. (Eager torch keeps 4: gate, SiLU output, up, product.)
     """
     sbh = F(s * b * h)
-    return e * sbh * (6 + F(2 * kv, a)) + 4 * a * s * b + 4 * e * s * b * f * k
+    return e * sbh * (6 + F(2 * kv, a)) + 4 * a * s * b + 3 * e * s * b * f * k
 
 
 def outside_first(s: int, b: int, h: int, t: int = 1, sp: bool = False, cp: int = 1,
@@ -181,9 +185,9 @@ LLAMA_70B_LAYER = llama_layer_bytes(8192, 8192, 64, 8, 28672)
 
 def test_activation_formulas_by_hand() -> None:
     # Independent arithmetic for the formulas above, at the points the examples use.
-    assert LLAMA_8B_LAYER == 13 * 8192 * 4096 + 4 * 32 * 8192 + 8 * 8192 * 14336 == 1_376_780_288
-    assert LLAMA_70B_LAYER == Fraction(25, 2) * 8192 * 8192 + 4 * 64 * 8192 + 8 * 8192 * 28672 \
-        == 2_720_006_144
+    assert LLAMA_8B_LAYER == 13 * 8192 * 4096 + 4 * 32 * 8192 + 6 * 8192 * 14336 == 1_141_899_264
+    assert LLAMA_70B_LAYER == Fraction(25, 2) * 8192 * 8192 + 4 * 64 * 8192 + 6 * 8192 * 28672 \
+        == 2_250_244_096
     assert gpt3_layer_bytes(8, False, False) == 23 * 2048 * 12288
     assert gpt3_layer_bytes(1, False, False) == 114 * 2048 * 12288  # sbh(34 + 5as/h), 5as/h = 80
 
@@ -400,12 +404,19 @@ def llama3_70b_1f1b() -> Expected:
     t, p, m, L = 8, 8, 32, 80
     bshe = F(1 * 8192 * 8192 * 2)
     per_layer = LLAMA_70B_LAYER / t  # TP + SP: every saved tensor split by t
-    fullest = llama_last_stage(g, 128256, 8192, L, t, p)
+    # 1F1B: stage i holds p - i micro-batches of L/p layers (Megatron-LM's warm-up of p - i - 1
+    # forwards, then one forward before each backward). The first stage (embedding, p in flight)
+    # outweighs the last (output layer, final norm, logits, but 1 in flight)
+    first = llama_first_stage(g, 128256, 8192, L, t, p)
+    last = llama_last_stage(g, 128256, 8192, L, t, p)
+    out_last = outside_last(8192, 1, 8192, 128256, 2, t=t, sp=True)
+    assert 18 * first + per_layer * F(L, p) * p > 18 * last + per_layer * F(L, p) + out_last
+    fullest = first
     return Expected(
         params=2 * fullest, optimizer=12 * fullest, gradients=4 * fullest,
-        activations=per_layer * F(L, p) * p,  # 1F1B: p micro-batches of L/p layers
+        activations=per_layer * F(L, p) * p,  # the first stage: p micro-batches of L/p layers
         buffers=F(0), host=F(0), per_layer=per_layer, bubble=F(p - 1, m),
-        outside=outside_last(8192, 1, 8192, 128256, 2, t=t, sp=True),  # the last stage's
+        outside=F(0),  # the first stage's: no dropout, no mask
         collectives=(
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
             C("all_gather", "tp", SP_AG, bshe, 6 * (L // p) * m, t, "activations"),
@@ -423,6 +434,13 @@ GPT3_BSHE = F(B * S * H * 2)
 GPT3_PADDED_EMBEDDING = 51200 * _HG + 2048 * _HG  # word rows + learned positions
 GPT3_LAYERS_DENSE = 96 * (12 * _HG * _HG + 7 * _HG)
 GPT3_LAYERS_NORMS = 96 * 6 * _HG
+
+
+def llama_first_stage(g: dict[str, int], vocab: int, h: int, layers: int, t: int, p: int) -> Fraction:
+    """The first stage of an untied Llama: L/p layers and the word embedding (split over t)."""
+    layers_dense = g["dense"] - vocab * h
+    layers_norms = g["norms"] - h
+    return F(layers_dense, t * p) + F(layers_norms, p) + F(vocab * h, t)
 
 
 def llama_last_stage(g: dict[str, int], vocab: int, h: int, layers: int, t: int, p: int) -> Fraction:
@@ -481,19 +499,28 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
     else:
         per_layer = gpt3_layer_bytes(t, sp, selective=recompute == "selective")
         buffers = F(0)
+    # micro-batches in flight on the first and the last stage. 1F1B: Megatron-LM's
+    # forward_backward_pipelining_without_interleaving warms up with p - i - 1 forwards, then one
+    # forward before each backward: p - i (stage i). Interleaved: get_pp_rank_microbatches warms
+    # up with 2(p - i - 1) + (v - 1)·p virtual micro-batches (one chunk, 1/v of the stage's layers,
+    # each), then one more forward: the first stage p(1 + (p-1)/(pv)) (Korthikanti et al.), the
+    # last ((v - 1)·p + 1)/v
     in_flight = p * (1 + F(p - 1, p * chunks)) if chunks > 1 else F(min(p, m))
+    in_flight_last = F((chunks - 1) * p + 1, chunks) if chunks > 1 else F(1)
     # outside the layers: the embedding's dropout mask on the first stage, for the micro-batches
     # in flight there; the norm, output-layer inputs, logits and fp32 loss copy on the last
     # (1F1B and interleaved run each micro-batch's backward right after its forward there)
     out_first = outside_first(S, B, H, t, sp, in_flight=in_flight, dropout=True)
     out_last = outside_last(S, B, H, 51200, 2, t, sp)
     per_elem = 2 + F(12, dp) + 4
-    # the fullest stage decides: which one depends on the schedule (3d: the last; the rest: the
-    # first, where p micro-batches of dropout masks and the position table outweigh the logits)
-    if first * per_elem + out_first >= last * per_elem + out_last:
-        fullest, outside = first, out_first
+    # the fullest stage decides: the first, with the most micro-batches in flight (and the
+    # position table); the last keeps 1 (1F1B) or ((v-1)p + 1)/v (interleaved) micro-batches
+    acts_first = per_layer * F(L, p) * in_flight
+    acts_last = per_layer * F(L, p) * in_flight_last
+    if first * per_elem + out_first + acts_first >= last * per_elem + out_last + acts_last:
+        fullest, outside, acts = first, out_first, acts_first
     else:
-        fullest, outside = last, out_last
+        fullest, outside, acts = last, out_last, acts_last
     colls = [
         # tied embedding: the first and last stage each hold the whole vocab-parallel shard
         # (emb/t) and sum it over ends(pp), a group of 2 (Megatron's embedding group)
@@ -524,7 +551,7 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
         ]
     return Expected(
         params=2 * fullest, optimizer=12 * fullest / dp, gradients=4 * fullest,  # (6 + 12/d)
-        activations=per_layer * F(L, p) * in_flight, buffers=buffers, host=F(0),
+        activations=acts, buffers=buffers, host=F(0),
         per_layer=per_layer, bubble=F(p - 1, m * chunks), outside=outside,
         collectives=tuple(colls))
 
@@ -538,13 +565,20 @@ def llama3_405b_4d() -> Expected:
     kept = F(e * s * h, t * cp)  # full recompute, SP and CP split the kept layer input
     kv_bytes = 2 * 1 * s * h * F(8, 128) * e / t  # K and V, the full sequence, heads split by t
     layers = L // p
-    fullest = llama_last_stage(g, 128256, h, L, t, p)
+    # 1F1B: p - i micro-batches in flight on stage i; full recompute keeps e·s·h/(t·cp) per layer.
+    # The first stage (p in flight) outweighs the last (1 in flight, plus its logits)
+    first = llama_first_stage(g, 128256, h, L, t, p)
+    last = llama_last_stage(g, 128256, h, L, t, p)
+    out_last = outside_last(s, 1, h, 128256, e, t=t, sp=True, cp=cp)
+    per_elem = 2 + 4 + F(12, dp)
+    assert per_elem * first + kept * layers * p > per_elem * last + kept * layers + out_last
+    fullest = first
     return Expected(
         params=2 * fullest, optimizer=12 * fullest / dp, gradients=4 * fullest,
-        activations=kept * layers * p,  # 1F1B: p micro-batches of L/p layers
+        activations=kept * layers * p,  # 1F1B: p micro-batches of L/p layers on the first stage
         buffers=llama_layer_bytes(s, h, 128, 8, 53248) / (t * cp),
         host=F(0), per_layer=kept, bubble=F(p - 1, m),
-        outside=outside_last(s, 1, h, 128256, e, t=t, sp=True, cp=cp),  # the last stage's
+        outside=F(0),  # the first stage's (no dropout)
         collectives=(
             C("all_reduce", ("cp", "dp"), TOKENS.format("cp, dp"), 8, 1, cp * dp, "scalar"),
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
@@ -570,11 +604,13 @@ def llama3_405b_uneven() -> Expected:
     Per stage, before the data-parallel split: its layers' dense matrices / t and norms, plus the
     word embedding / t on the first stage, the output layer / t and the final norm on the last.
     A middle stage (8 layers) holds the most: 8 · (dense layer / t + norms layer), and with
-    full recomputation its activations (8 layers of e·s·h / (t·cp), p = 16 micro-batches in
-    flight) are the most too, while the last stage adds only its outside-the-layers tensors to
-    7 layers: the middle stage is the fullest. Traffic per device follows the stage with the
-    most layers: the layers' groups scaled by L_max / L = 8 / 126 (the even model's 1/p share
-    scaled to that stage), the embedding by 1/(t·p) as with even stages."""
+    full recomputation its activations are the most too: under 1F1B stage i keeps p - i
+    micro-batches (Megatron-LM's warm-up of p - i - 1 forwards, then one forward before each
+    backward), so stage 0 holds 16 · 7 = 112 layer-micro-batches, stage 1 15 · 8 = 120, the last
+    1 · 7; the middle kind's fullest is stage 1, and it is the fullest stage. Traffic per device
+    follows the stage with the most layers: the layers' groups scaled by L_max / L = 8 / 126
+    (the even model's 1/p share scaled to that stage), the embedding by 1/(t·p) as with even
+    stages."""
     g = LLAMA3_405B
     t, cp, p, dp, m, L, h, vocab, s, e = 8, 2, 16, 8, 32, 126, 16384, 128256, 8192, 2
     dense_layer = 2 * h * h + 2 * h * 8 * 128 + 3 * h * 53248  # q, o, k, v, SwiGLU
@@ -585,8 +621,9 @@ def llama3_405b_uneven() -> Expected:
     kept = F(e * s * h, t * cp)  # full recompute, SP and CP split the kept layer input
     outside = outside_last(s, 1, h, vocab, e, t=t, sp=True, cp=cp)
     states = {k: (2 + 4 + F(12, dp)) * n for k, n in stage.items()}
-    totals = {"first": states["first"] + kept * 7 * p, "middle": states["middle"] + kept * 8 * p,
-              "last": states["last"] + kept * 7 * p + outside}
+    totals = {"first": states["first"] + kept * 7 * 16,
+              "middle": states["middle"] + kept * 8 * 15,
+              "last": states["last"] + kept * 7 * 1 + outside}
     assert max(totals, key=lambda k: totals[k]) == "middle"
     fullest = stage["middle"]
     local = F((g["dense"]) * 8, t * L) + F(g["norms"] * 8, L) + F(g["embedding"], t * p)
@@ -595,7 +632,7 @@ def llama3_405b_uneven() -> Expected:
     layers = 8
     return Expected(
         params=2 * fullest, optimizer=12 * fullest / dp, gradients=4 * fullest,
-        activations=kept * layers * p,
+        activations=kept * layers * (p - 1),  # stage 1: 15 micro-batches of 8 layers
         buffers=llama_layer_bytes(s, h, 128, 8, 53248) / (t * cp),
         host=F(0), per_layer=kept, bubble=F(p - 1, m), outside=F(0),
         collectives=(

@@ -29,6 +29,12 @@ CALLS_FOR: dict[str, str] = {
     "clip-after-step": "clip once, after the last gradient reduction",
     "clip-before-allreduce": "clip after the last gradient reduction",
     "clip-every-microbatch": "clip once",
+    # DeepSpeed#8478: the squared norms summed over the expert ranks, each expert once
+    "clip-mean-of-rank-norms": "clip(max_norm = 1) grads over ep",
+    # torchtitan#649: the stages' inf norms all-reduced with max over the pipeline mesh
+    "clip-inf-norm-pipeline": "clip(max_norm = 1, norm = inf) grads over pp",
+    # DeepSpeed#8613: the expert gradients folded into the one norm that scales them all
+    "clip-norm-without-experts": "the gradients of every parameter group together",
     "clip-norm-tensor-parallel": "sum the squared norm over every axis where gradients are sharded",
     "clip-per-group": "the gradients of every parameter group together",
     "clip-scaled-gradients": "any loss-scale unscaling",
@@ -90,6 +96,8 @@ UNCITED: dict[str, str] = {
     "graphstorm#1366": "clip fix", "accelerate#641": "clip fix", "diffusers#721": "clip fix",
     "lingua#59": "clip fix", "tt-metal#17568": "clip fix", "transformers#614": "clip fix",
     "waifu-diffusion#64": "clip fix",
+    "torchtitan#596": "clip-combine fix", "torchtitan#649": "clip-combine fix",
+    "DeepSpeed#8613": "clip fix",
     "Megatron-LM#906": "shard-mismatch fix is generic", "DeepSpeed#5618": "shard-mismatch fix",
     "DN-DETR#18": "free-before-update fix is generic",
     "DeepSpeed#994": "overflow fix is generic", "ColossalAI#1175": "overflow fix is generic",
@@ -109,7 +117,7 @@ UNCITED: dict[str, str] = {
     "Speech#3088": "overflow fix",
     "pytorch#162338": "sum-without-average fix", "pytorch#162344": "sum-without-average fix",
     "ColossalAI#247": "reduced-in-loop fix",
-    "modalities#313": "clip fix", "torchtitan#649": "clip fix", "RAE#67": "free-in-loop fix",
+    "modalities#313": "clip fix", "RAE#67": "free-in-loop fix",
     "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
     "pytorch#36516": "sum-without-average fix",
     "transformers#38872": "constant-factor fix",
@@ -119,6 +127,8 @@ UNCITED: dict[str, str] = {
 UNUSED: dict[str, str] = {
     # A declared clip policy with no clip statement: the bug library's clip bugs all clip.
     "clip-missing": "no bug declares a clip without clipping",
+    # A clip by the 2-norm under a declared inf-norm policy (or back): tests/test_clip_norms.py.
+    "clip-policy-norm": "no bug clips by another norm than its policy",
     # A broadcast of the parameters from one rank under a sharded optimizer.
     "lost-update": "no bug broadcasts from a single rank",
     # Integrity's tied-embedding rule refutes the same bug first; consistency's divergence is a

@@ -258,7 +258,7 @@ def test_deepspeed_llama3_8b_zero3() -> None:
 strategy "hand"
 model llama3_8b { seq = 8192, micro_batch = 1 }
 precision bf16_adam
-mesh { dp = 8 }
+mesh { dp = 8, memory_profile = deepspeed }
 place zero3 over dp
 microbatches = 8
 loss microbatch_mean
@@ -280,7 +280,7 @@ def test_deepspeed_llama3_70b_zero2_cpu_offload() -> None:
 strategy "hand"
 model llama3_70b { seq = 8192, micro_batch = 2 }
 precision mixed_adam
-mesh { dp = 64 }
+mesh { dp = 64, memory_profile = deepspeed }
 place zero2 over dp
 microbatches = 4
 loss microbatch_mean
@@ -336,7 +336,7 @@ def test_torchtitan_llama3_70b_fsdp_tp() -> None:
 strategy "hand"
 model llama3_70b { seq = 8192, micro_batch = 8 }
 precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
-mesh { tp = 8, dp = 8 }
+mesh { tp = 8, dp = 8, memory_profile = torch }
 place megatron(sequence_parallel) over tp
 place fsdp over dp
 loss token_mean
@@ -359,7 +359,7 @@ def test_torchtitan_llama3_405b_hsdp_pipeline() -> None:
 strategy "hand"
 model llama3_405b { seq = 8192, micro_batch = 1 }
 precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
-mesh { tp = 8, shard = 8, replica = 2, pp = 7 }
+mesh { tp = 8, shard = 8, replica = 2, pp = 7, memory_profile = torch }
 place megatron(sequence_parallel) over tp
 place hsdp(reshard_after_forward = false) over shard * replica
 place pipeline(1f1b, microbatches = 128) over pp
@@ -386,7 +386,7 @@ def test_torchtitan_llama3_405b_published_preset() -> None:
 strategy "hand"
 model llama3_405b { seq = 8192, micro_batch = 2 }
 precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
-mesh { tp = 8, dp = 64 }
+mesh { tp = 8, dp = 64, memory_profile = torch }
 place megatron(sequence_parallel) over tp
 place fsdp over dp
 loss token_mean
@@ -453,7 +453,7 @@ def test_accelerate_fsdp2_hsdp_tp() -> None:
 strategy "hand"
 model llama3_8b { seq = 8192, micro_batch = 1 }
 precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
-mesh { tp = 2, shard = 2, replica = 2 }
+mesh { tp = 2, shard = 2, replica = 2, memory_profile = torch }
 place megatron(sequence_parallel) over tp
 place hsdp over shard * replica
 loss microbatch_mean
@@ -476,7 +476,7 @@ def test_accelerate_mixtral_moe_fsdp() -> None:
 strategy "hand"
 model mixtral_8x7b { seq = 32768, micro_batch = 1 }
 precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
-mesh { dp = 16 }
+mesh { dp = 16, memory_profile = torch }
 place fsdp over dp
 loss microbatch_mean
 recompute full
@@ -657,7 +657,7 @@ def test_an_override_can_fix_a_batch_contradiction() -> None:
 strategy "hand"
 model llama3_8b { seq = 8192, micro_batch = 1 }
 precision bf16_adam
-mesh { dp = 16 }
+mesh { dp = 16, memory_profile = deepspeed }
 place zero3 over dp
 microbatches = 4
 loss microbatch_mean

@@ -106,3 +106,109 @@ def test_a_bad_profile_is_an_error_at_its_text(text: str, needle: str) -> None:
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2
     assert needle in out.stderr and "peak-bad.place:8:" in out.stderr and "^" in out.stderr
+
+
+# ---- FSDP2's backward working set (torch profiles) -----------------------------------------
+# A tiny Llama in fp32 under FSDP2 over dp = 4 (fp32_adam: Θ 4, G 4, Ω 8, A 4 bytes).
+LLAMA = """strategy "fsdp2 backward"
+model transformer {{
+    layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 176, vocab = 128, seq = 32,
+    micro_batch = 2, mlp = gated, norm = rmsnorm, bias = false, position = rotary,
+    attention = flash, embeddings = untied, dropout = false
+}}
+precision fp32_adam
+mesh {{ dp = 4, memory_profile = {profile} }}
+place {place} over dp
+"""
+# one layer: q 64·64, k and v 64·32, o 64·64, SwiGLU 3·64·176, two RMSNorms 2·64
+LLAMA_UNIT = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 176 + 2 * 64
+LLAMA_ROOT = 128 * 64 + 128 * 64 + 64  # embedding, output layer, final norm
+LLAMA_PARAMS = 2 * LLAMA_UNIT + LLAMA_ROOT
+# saved per layer in eager torch, fp32, sbh = 32·2·64: each RMSNorm its fp32 copy (4·sbh), rstd
+# (4·s·b) and normalised input (4·sbh); QKV input, Q, output-projection input, MLP input 4·sbh
+# each; K and V 4·sbh·2/4 each; flash log-sum-exp 4·a·s·b; SwiGLU gate, SiLU, up, product 4·s·b·f
+SBH = 32 * 2 * 64
+LLAMA_LAYER_ACTS = (2 * (8 * SBH + 4 * 64) + 4 * 4 * SBH + 2 * 4 * SBH // 2 + 4 * 4 * 64
+                    + 4 * 4 * 64 * 176)
+
+
+def llama_memory(profile: str, place: str = "fsdp") -> dict:
+    path = ROOT / "build" / "peak-test-llama.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(LLAMA.format(profile=profile, place=place), encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "placeverify", "check", "--json", "--no-verify",
+                          str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)["memory"]
+
+
+def test_fsdp2_start_of_backward_holds_two_units_the_root_and_gloos_staging() -> None:
+    assert LLAMA_UNIT == 46_208 and LLAMA_LAYER_ACTS == 329_216
+    memory = llama_memory("torch_cpu")
+    assert memory["peak_at"] == "start of backward"
+    m = moment(memory, "start of backward")
+    assert m["parts"] == {
+        "Θ params": LLAMA_PARAMS * 4 // 4,
+        "Ω optimizer": LLAMA_PARAMS * 8 // 4,
+        # torch frees the gradients between steps and one micro-batch makes none before backward
+        "A activations in flight": 2 * LLAMA_LAYER_ACTS,
+        "root unit gathered (not resharded after forward)": LLAMA_ROOT * 4,
+        "root unit's unsharded gradients (output layer, final norm)": (128 * 64 + 64) * 4,
+        "activation gradient (one hidden state)": 4 * SBH,
+        "last layer's unit gathered for backward, and the next prefetched": 2 * LLAMA_UNIT * 4,
+        "gloo all-gather staging (one unit)": LLAMA_UNIT * 4,
+    }
+    assert memory["peak_bytes"] == m["bytes"] == sum(m["parts"].values())
+
+
+def test_fsdp2_backward_on_cuda_has_no_gloo_staging_and_megatron_no_such_moment() -> None:
+    cuda = moment(llama_memory("torch"), "start of backward")
+    assert "gloo all-gather staging (one unit)" not in cuda["parts"]
+    assert cuda["parts"]["last layer's unit gathered for backward, and the next prefetched"] \
+        == 2 * LLAMA_UNIT * 4
+    for memory in (llama_memory("megatron"), llama_memory("torch_cpu", place="zero2")):
+        assert "start of backward" not in {m["moment"] for m in memory["moments"]}
+
+
+# ---- torch.distributed.pipelining under the torch profiles ----------------------------------
+def pipeline_moments(schedule: str) -> dict[tuple[str, str], dict[str, int]]:
+    from placeverify.cost import analyse, whole
+    from placeverify.lower import load
+
+    source = (ROOT / "examples" / "measure" / f"pipeline-{schedule}.place").read_text("utf-8")
+    path = ROOT / "build" / f"peak-test-pipeline-{schedule}.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(source.replace("mesh { pp = 2 }", "mesh { pp = 2, memory_profile = torch_cpu }"),
+                    encoding="utf-8")
+    peak = analyse(load(str(path))).peak
+    assert peak is not None and peak.profile == "torch_cpu"
+    return {(m.rank, m.name): {label: whole(b) for label, b in m.parts if b} for m in peak.moments}
+
+
+def test_pipelining_buffers_and_the_accumulating_backward() -> None:
+    # the measure example: GPT, h = 64, ffn 256, vocab 96, seq 16, micro-batch 2, fp32, pp = 2,
+    # m = 4. A hidden state is 4·2·16·64 = 8,192 bytes; the logits 4·2·16·96 = 12,288.
+    moments = pipeline_moments("1f1b")
+    first = moments[("first", "backward, gradients accumulating")]
+    last = moments[("last", "backward, gradients accumulating")]
+    # stage.py: a gradient receive buffer per micro-batch on the first stage, an activation one
+    # on the last, and the last stage's outputs (logits) of every micro-batch
+    assert first["pipelining gradient receive buffers (one per micro-batch)"] == 4 * 8_192
+    assert "pipelining activation receive buffers (one per micro-batch)" not in first
+    assert last["pipelining activation receive buffers (one per micro-batch)"] == 4 * 8_192
+    assert last["pipelining stage outputs kept for the merged output"] == 4 * 12_288
+    # AccumulateGrad: the largest weight (64 x 256, fp32) made before it is added, beside the
+    # ffn-wide activation gradient 4·2·16·256
+    for parts in (first, last):
+        assert parts["a weight's gradient before it is accumulated"] == 64 * 256 * 4
+        assert parts["ffn-wide activation gradient"] == 4 * 2 * 16 * 256
+
+
+def test_gpipe_accumulating_backward_has_m_minus_1_micro_batches_left() -> None:
+    moments = pipeline_moments("gpipe")
+    for rank in ("first", "last"):
+        forward = moments[(rank, "end of forward")]
+        backward = moments[(rank, "backward, gradients accumulating")]
+        # the second of m = 4 backwards: 3 micro-batches' activations, the first's gradients
+        assert backward["A activations in flight"] * 4 == forward["A activations in flight"] * 3
+        assert "G gradients" not in forward and backward["G gradients"] > 0

@@ -240,6 +240,19 @@ def test_search_text_fits_the_width_without_cutting_a_number(width: int) -> None
     assert f"{first['needed_bytes'] / 1e9:.3g} GB" in tables  # the last column, once cut
 
 
+def test_search_tries_only_the_shardings_asked_for() -> None:
+    # --sharding zero1 (Megatron-LM's distributed optimizer): every layout shown, top and
+    # frontier, shards only the optimizer over its data-parallel ranks (or has none)
+    args = ["--model", "llama3_8b", "--device", "h100_sxm", "--devices", "16",
+            "--global-batch", "64", "--top", "3", "-q", "--json"]
+    every = json.loads(run("search", *args).stdout)
+    shown = lambda doc: doc["top"] + doc["frontier"]  # noqa: E731
+    assert {e["layout"]["sharding"] for e in shown(every)} - {"zero1"}  # others win by default
+    only = json.loads(run("search", *args, "--sharding", "zero1").stdout)
+    assert only["top"] and {e["layout"]["sharding"] for e in shown(only)} <= {"zero1", "none"}
+    assert only["counts"]["candidates"] < every["counts"]["candidates"]
+
+
 def test_search_says_when_nothing_fits(tmp_path: Path) -> None:
     base = tmp_path / "tiny.place"
     base.write_text('strategy "405B on 8 GPUs"\nmodel llama3_405b { seq = 8192, micro_batch = 1 }\n'

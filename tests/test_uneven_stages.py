@@ -132,10 +132,11 @@ def test_the_stage_with_most_layers_is_the_fullest() -> None:
                         Fraction(0))) == 2 * first
     assert Fraction(sum((i.bytes for i in by_kind["last"].items if i.category == "params"),
                         Fraction(0))) == 2 * last
-    # the activations of 5 layers against 1 on the other stage
+    # the activations of 5 layers against 1 on the other stage; under 1F1B (m = 4 >= p = 2)
+    # stage 0 holds p = 2 micro-batches in flight, stage 1 (the last) p - 1 = 1
     acts = {k: Fraction(sum((i.bytes for i in r.items if i.category == "activations"),
                             Fraction(0))) for k, r in by_kind.items()}
-    assert acts["first"] == 5 * acts["last"] > 0
+    assert acts["first"] == 5 * 2 * acts["last"] > 0
     assert costs.rank_bytes(by_kind["first"])["total"] == costs.device_bytes()["total"]
 
 

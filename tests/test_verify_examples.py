@@ -92,6 +92,14 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "clip-experts-not-summed": ({"gradient_integrity", "state_consistency"}, "clip"),
     "overflow-not-over-tp": ({"gradient_integrity", "state_consistency"}, "overflow"),
     "dropout-seed-whole-mesh": ({"gradient_integrity"}, "rng"),
+    # the per-rank 2-norms averaged over expert-parallel ranks that hold different experts
+    # (DeepSpeed#8475); the fixed twin sums the squares, the dense copies counted once
+    "clip-mean-of-rank-norms": ({"gradient_integrity"}, "clip"),
+    # each pipeline stage clips by its own largest element (torchtitan#596); the fixed twin
+    # all-reduces the inf norms with max over pp (torchtitan#649)
+    "clip-inf-norm-pipeline": ({"gradient_integrity"}, "clip"),
+    # the norm of the shared parameters only, applied to the expert gradients too (DeepSpeed#8613)
+    "clip-norm-without-experts": ({"gradient_integrity"}, "clip"),
 }
 
 REFERENCE_BUGS = 12

@@ -75,5 +75,5 @@ def test_a_table_too_wide_is_listed() -> None:
     done = check(GPT3, columns="60")
     lines = done.stdout.splitlines()
     start = lines.index("memory per pipeline stage (the fullest decides)")
-    assert lines[start + 1] == "  - stage: first"
+    assert lines[start + 1] == "  - stage: first (fullest)"  # p - i in flight: stage 0 the most
     assert "    total: 29.197626 GB" in lines[start + 1:start + 12]

@@ -11,10 +11,13 @@ per-layer formulas fall out exactly for a GPT layer with 16-bit activations and 
     full recompute        2sbh                     (the layer input)
 
 It generalises in the natural way: e bytes per element (masks stay 1 byte), grouped-query
-attention (K and V of kv_heads/heads the size of Q), gated MLPs (gate, up, activation and product
-of width ffn), no dropout (no masks, no dropout outputs), flash attention (no s^2 scores; the
-fp32 log-sum-exp per head and token), mixture of experts (MLP tensors times top_k), and context
-parallelism (every tensor divided by cp).
+attention (K and V of kv_heads/heads the size of Q), gated MLPs as the memory profile's
+implementation saves them (:data:`placeverify.ir.profiles.LAYER_KERNELS`: Megatron-core's fused
+SwiGLU, the default, keeps the fc1 output, gate and up, and the down projection's input, 3
+tensors of width ffn; eager torch the gate, up, activation and product outputs, 4), eager
+RMSNorms' fp32 copies (the eager profiles), no dropout (no masks, no dropout outputs), flash
+attention (no s^2 scores; the fp32 log-sum-exp per head and token), mixture of experts (MLP
+tensors times top_k), and context parallelism (every tensor divided by cp).
 
 Activations outside the layers (Korthikanti et al. §4.3, "input embeddings" and "output layer and
 cross entropy", and Megatron-core's vocab-parallel output layer and loss) are a separate list,
@@ -25,10 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 
-from placeverify.cost.domain import Domain, Num
+from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Role, Schedule
+from placeverify.ir.profiles import LayerKernels, layer_kernels
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.roles.pipeline import stage_layers
 
@@ -71,19 +76,38 @@ def layer_shape(d: Domain, arch: Transformer, activation_bytes: Num) -> LayerSha
         e=activation_bytes, k=d.sym("k", arch.top_k) if arch.moe else d.const(1))
 
 
-def saved_tensors(arch: Transformer, x: LayerShape) -> list[Saved]:
-    """Korthikanti et al. §4.1, generalised (see the module docstring)."""
+def _norm(arch: Transformer, x: LayerShape, where: str, kernels: LayerKernels) -> list[Saved]:
+    """What a norm saves: its input (Korthikanti et al.); an eager RMSNorm
+    (:data:`placeverify.ir.profiles.LAYER_KERNELS`, transformers' ``LlamaRMSNorm``) its fp32 copy
+    instead, the normalised input in the activation dtype and the fp32 reciprocal RMS per token."""
+    sbh = x.s * x.b * x.h
+    rep = Split.REPLICATED
+    if arch.norm == "layernorm" and kernels.layernorm_stats:
+        return [Saved(f"{where} norm input", x.e * sbh, rep),
+                Saved(f"{where} norm mean and rstd (fp32)", 2 * 4 * x.s * x.b, rep)]
+    if not (kernels.eager_rmsnorm and arch.norm == "rmsnorm"):
+        return [Saved(f"{where} norm input", x.e * sbh, rep)]
+    return [Saved(f"{where} norm input (fp32 copy)", 4 * sbh, rep),
+            Saved(f"{where} norm normalised input", x.e * sbh, rep),
+            Saved(f"{where} norm reciprocal RMS (fp32)", 4 * x.s * x.b, rep)]
+
+
+def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> list[Saved]:
+    """Korthikanti et al. §4.1, generalised (see the module docstring), with the gated MLP and
+    the norms as ``kernels`` (the memory profile's, :func:`placeverify.ir.profiles.layer_kernels`)
+    save them."""
     sbh = x.s * x.b * x.h
     kv_ratio = x.kv / x.a
     rep, tp = Split.REPLICATED, Split.TENSOR
+    mask = x.e if kernels.float_masks else 1  # bytes per element of a dropout mask
     out = [
-        Saved("attention norm input", x.e * sbh, rep),
+        *_norm(arch, x, "attention", kernels),
         Saved("QKV projection input", x.e * sbh, rep),
         Saved("Q", x.e * sbh, tp),
         Saved("K", x.e * sbh * kv_ratio, tp),
         Saved("V", x.e * sbh * kv_ratio, tp),
         Saved("output projection input", x.e * sbh, tp),
-        Saved("MLP norm input", x.e * sbh, rep),
+        *_norm(arch, x, "MLP", kernels),
         Saved("MLP input", x.e * sbh, rep),
     ]
     scores = x.a * x.s * x.s * x.b
@@ -92,10 +116,14 @@ def saved_tensors(arch: Transformer, x: LayerShape) -> list[Saved]:
     else:
         out.append(Saved("softmax output", x.e * scores, tp, core=True))
         if arch.dropout:
-            out.append(Saved("attention dropout mask", scores, tp, core=True))
+            out.append(Saved("attention dropout mask", mask * scores, tp, core=True))
             out.append(Saved("attention dropout output", x.e * scores, tp, core=True))
     sbf = x.s * x.b * x.f * x.k
-    if arch.gated:
+    if arch.gated and kernels.fused_swiglu:
+        out.extend([Saved("MLP fc1 output (gate and up, the fused SwiGLU's input)", 2 * x.e * sbf,
+                          tp),
+                    Saved("MLP down-projection input", x.e * sbf, tp)])
+    elif arch.gated:
         out.extend([Saved("MLP gate output", x.e * sbf, tp), Saved("MLP up output", x.e * sbf, tp),
                     Saved("MLP activation output", x.e * sbf, tp),
                     Saved("MLP down-projection input", x.e * sbf, tp)])
@@ -103,8 +131,8 @@ def saved_tensors(arch: Transformer, x: LayerShape) -> list[Saved]:
         out.extend([Saved("MLP activation input", x.e * sbf, tp),
                     Saved("MLP second linear input", x.e * sbf, tp)])
     if arch.dropout:
-        out.append(Saved("attention output dropout mask", sbh, rep))
-        out.append(Saved("MLP output dropout mask", sbh, rep))
+        out.append(Saved("attention output dropout mask", mask * sbh, rep))
+        out.append(Saved("MLP output dropout mask", mask * sbh, rep))
     return out
 
 
@@ -147,7 +175,7 @@ def activation_cost(d: Domain, strategy: Strategy, activation_bytes: Num) -> Act
     if arch is None:
         return None
     x = layer_shape(d, arch, activation_bytes)
-    saved = saved_tensors(arch, x)
+    saved = saved_tensors(arch, x, layer_kernels(strategy.mesh.memory_profile))
     t, sp, c = parallel_sizes(d, strategy)
     recompute = strategy.recompute.kind
     full_layer = per_layer_bytes(saved, t, sp, c, drop_core=False)
@@ -259,8 +287,9 @@ def outside_layers(d: Domain, strategy: Strategy, activation_bytes: Num, first: 
     shard = t if sp else 1  # sequence parallelism splits the hidden states over tp
     parts: list[tuple[str, Num]] = []
     if first and arch.dropout:
-        _, in_flight, _ = _pipeline_factors(d, strategy, arch)
-        parts.append(("embedding dropout mask", tokens * h / shard * in_flight))
+        in_flight, _ = stage_in_flight(d, strategy, 0)
+        mask = activation_bytes if layer_kernels(strategy.mesh.memory_profile).float_masks else 1
+        parts.append(("embedding dropout mask", mask * tokens * h / shard * in_flight))
     if last:
         padded = arch.padded_vocab(tensor_size(strategy))
         v = d.sym("V" if padded == arch.vocab else "V_padded", padded)
@@ -297,22 +326,67 @@ def stage_share(d: Domain, strategy: Strategy, arch: Transformer) -> Num:
     return L / d.sym(pipeline.axis, strategy.size(pipeline.axis))
 
 
-def _pipeline_factors(d: Domain, strategy: Strategy, arch: Transformer) -> tuple[Num, Num, str]:
-    """Layers held by the fullest pipeline stage (L / p, or the most listed) and micro-batches in
-    flight on the first stage (an upper bound for every stage)."""
-    layers = stage_share(d, strategy, arch)
+def stage_in_flight(d: Domain, strategy: Strategy, stage: int) -> tuple[Num, str]:
+    """Micro-batches' worth of its layers' activations that pipeline stage ``stage`` (0-based)
+    holds at its peak, and the rule that gives it.
+
+    - GPipe: all m, on every stage (every forward runs before any backward).
+    - 1F1B (Narayanan et al. 2021, §2.2; Megatron-LM ``megatron/core/pipeline_parallel/
+      schedules.py``, ``forward_backward_pipelining_without_interleaving``:
+      ``num_warmup_microbatches = total_stages - current_stage - 1``, capped at m; each steady
+      step runs one forward before one backward): min(m, p − i).
+    - Interleaved 1F1B with v chunks (the same file, ``get_pp_rank_microbatches``:
+      ``num_warmup_microbatches = (p - rank - 1) * 2 + (v - 1) * microbatch_group_size_per_vp_stage``,
+      the group size defaulting to p, ``model_parallel_config.py``; capped at m·v, when every
+      virtual micro-batch is in warm-up): W + 1 virtual micro-batches in flight (the warm-up and
+      the steady step's forward), each one chunk of 1/v of the stage's layers, so
+      min(2(p − i − 1) + (v − 1)p + 1, m·v) / v = min((p(v + 1) − 2i − 1) / v, m). On stage 0
+      this is Korthikanti et al.'s p(1 + (p − 1)/(pv)) (arXiv 2205.05198, §4.2.3). The chunks of a
+      stage are taken as equal (with a written list of layers, each chunk 1/v of the stage's).
+    """
     pipeline = strategy.pipeline
     if pipeline is None or strategy.size(pipeline.axis) == 1:
-        return layers, d.const(1), "one micro-batch at a time"
+        return d.const(1), "one micro-batch at a time"
     p_value = strategy.size(pipeline.axis)
     p = d.sym(pipeline.axis, p_value)
     m_value = strategy.microbatches
     m = d.sym("m", m_value)
     if pipeline.schedule is Schedule.GPIPE:
-        return layers, m, "GPipe: all m micro-batches in flight"
+        return m, "GPipe: all m micro-batches in flight on every stage"
     if pipeline.schedule is Schedule.INTERLEAVED:
-        v = d.sym("v", pipeline.chunks)
-        return layers, p * (1 + (p - 1) / (p * v)), "interleaved 1F1B: p(1 + (p-1)/(pv)) in flight"
-    if m_value < p_value:
-        return layers, m, "1F1B with m < p: m micro-batches in flight"
-    return layers, p, "1F1B: p micro-batches in flight on the first stage"
+        v_value = pipeline.chunks
+        if p_value * (v_value + 1) - 2 * stage - 1 >= m_value * v_value:
+            return m, "interleaved 1F1B: every micro-batch in warm-up, m in flight"
+        v = d.sym("v", v_value)
+        return ((p * (v + 1) - 2 * stage - 1) / v,
+                "interleaved 1F1B: (p(v+1) - 2i - 1)/v micro-batches in flight on stage i")
+    if m_value < p_value - stage:
+        return m, "1F1B with m < p - i: m micro-batches in flight"
+    return p - stage, "1F1B: p - i micro-batches in flight on stage i"
+
+
+def stage_layer_counts(strategy: Strategy, arch: Transformer) -> tuple[int | None, ...]:
+    """Layers of each pipeline stage: the listed counts, or None for each of p even stages."""
+    listed = stage_layers(strategy)
+    if listed is not None:
+        return listed
+    pipeline = strategy.pipeline
+    return (None,) * (1 if pipeline is None else max(1, strategy.size(pipeline.axis)))
+
+
+def _pipeline_factors(d: Domain, strategy: Strategy, arch: Transformer) -> tuple[Num, Num, str]:
+    """Layers and micro-batches in flight of the stage holding the most layers' activations:
+    the largest layers_i × in_flight_i over the stages (the first of equals; stage 0 when the
+    stages are even, as in-flight counts never grow with the stage index)."""
+    counts = stage_layer_counts(strategy, arch)
+    exact = Exact()
+    best, best_value = 0, Fraction(-1)
+    for i, n in enumerate(counts):
+        value = Fraction(n if n is not None else 1) * Fraction(stage_in_flight(exact, strategy, i)[0])
+        if value > best_value:
+            best, best_value = i, value
+    in_flight, rule = stage_in_flight(d, strategy, best)
+    n = counts[best]
+    layers = stage_share(d, strategy, arch) if n is None else stage_layer_count(d, strategy, n)
+    where = f"; stage {best} holds the most" if len(counts) > 1 else ""
+    return layers, in_flight, rule + where

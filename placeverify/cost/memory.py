@@ -27,6 +27,7 @@ from placeverify.cost.activations import (
     ActivationCost,
     activation_cost,
     outside_layers,
+    stage_in_flight,
     stage_layer_count,
     stage_share,
     tensor_size,
@@ -230,13 +231,18 @@ def memory_by_rank(d: Domain, strategy: Strategy) -> tuple[tuple[RankMemory, ...
 
 def activation_items(d: Domain, strategy: Strategy, kind: StageKind,
                      activations: ActivationCost | None, buffer: MemoryItem | None) -> list[MemoryItem]:
-    """The layers' activations of one stage kind and the buffers beside them. A stage with a
-    listed layer count keeps that many layers' activations (the micro-batches in flight stay
-    the first stage's, an upper bound for every stage, as with even stages)."""
+    """The layers' activations of one stage kind and the buffers beside them: its layers (L / p,
+    or its listed count) times the micro-batches in flight on the kind's first stage
+    (:func:`placeverify.cost.activations.stage_in_flight`; in-flight counts never grow with the
+    stage index, so the kind's first stage is its fullest)."""
     items: list[MemoryItem] = []
     if activations is not None:
-        kept = activations.kept if kind.layers is None else \
-            activations.per_layer * stage_layer_count(d, strategy, kind.layers) * activations.in_flight
+        arch = strategy.model.arch
+        assert arch is not None
+        layers = stage_share(d, strategy, arch) if kind.layers is None else \
+            stage_layer_count(d, strategy, kind.layers)
+        in_flight, _ = stage_in_flight(d, strategy, kind.stages[0] if kind.stages else 0)
+        kept = activations.per_layer * layers * in_flight
         if offloaded(strategy, State.ACTIVATIONS):
             items.append(MemoryItem("activations", "A activations (offloaded)", kept, host=True))
             items.append(MemoryItem("activations", "A activations", d.const(0)))

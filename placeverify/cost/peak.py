@@ -23,20 +23,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from placeverify.cost.memory import RankMemory
-from placeverify.ir.placement import Role, State
+from placeverify.cost.memory import RankMemory, kept_parameter_axes
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.placement import Role, Schedule, State
 from placeverify.ir.profiles import DEFAULT_MEMORY_PROFILE
 from placeverify.ir.strategy import Strategy
-from placeverify.roles.queries import partitions
+from placeverify.roles.queries import gathered_axes, partitions
 
 
 @dataclass(frozen=True, slots=True)
 class Moment:
     """What is alive at one moment of the step on one rank kind, part by part (bytes)."""
 
-    name: str  # end of forward | end of backward | optimizer step
+    name: str  # end of forward | start of backward (FSDP2) | end of backward | optimizer step
     rank: str  # the rank kind (only | first | middle | last | every)
     parts: tuple[tuple[str, Fraction], ...]
+    stage: int | None = None  # the stage whose figures these are, when the kind has several
 
     @property
     def total(self) -> Fraction:
@@ -44,6 +46,8 @@ class Moment:
 
     def describe(self) -> str:
         where = "" if self.rank in ("only", "every") else f", {self.rank} pipeline stage"
+        if self.stage is not None:
+            where += f" (stage {self.stage})"
         return f"{self.name}{where}"
 
 
@@ -90,6 +94,151 @@ def _largest_tensor(strategy: Strategy) -> Fraction:
     return Fraction(largest, t)
 
 
+def _sizes(strategy: Strategy, role: Role) -> int:
+    size = 1
+    for p in strategy.placements:
+        if p.role is role:
+            size *= strategy.size(p.axis)
+    return size
+
+
+def fsdp2_resharding(strategy: Strategy, profile: str) -> bool:
+    """Whether the step runs FSDP2-style gathered units that reshard after forward under a torch
+    profile: a gathered (S*) axis of size > 1 whose parameters are not kept gathered."""
+    if profile not in ("torch", "torch_cpu") or strategy.model.arch is None:
+        return False
+    axes = [a for a in gathered_axes(strategy) if strategy.size(a) > 1]
+    return bool(axes) and all(strategy.placement(a).reshard_after_forward for a in axes) \
+        and not set(axes) <= set(kept_parameter_axes(strategy))
+
+
+def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
+                         ) -> list[tuple[str, Fraction]]:
+    """What FSDP2 adds at the start of the last layer's backward, its peak while every layer's
+    activations are still alive (``torch.distributed.fsdp.fully_shard``, PyTorch docs, and the
+    allocations of a real run, ``benchmarks/peak_memory.py``):
+
+    - the root unit (the embedding, the final norm and the output layer, ``fully_shard`` on the
+      model itself) stays gathered from forward to the end of backward: FSDP2 does not reshard
+      the root after forward (it would be gathered again at once);
+    - the root's unsharded gradients made so far (the output layer's and the final norm's; the
+      embedding's comes last), alive until the root's reduce-scatter at the end of backward;
+    - the gradient flowing back into the last layer, one hidden state (e·b·s·h);
+    - the last layer's unit, gathered again for backward, and the one before it, prefetched
+      (FSDP2 prefetches one unit in backward by default);
+    - ``torch_cpu``: gloo's all-gather stages the gathered unit once more while it runs (the
+      CPU trace shows the transient beside the output).
+
+    The unit's own unsharded gradients come as its activations go (each reduce-scatter runs
+    after the unit's parameters are resharded), so this moment is the backward's largest when a
+    layer's activations outweigh its gradients; a unit's gradients beyond its activations are
+    counted too."""
+    arch = strategy.model.arch
+    assert arch is not None
+    t, ep = _sizes(strategy, Role.TENSOR), _sizes(strategy, Role.EXPERT)
+    pb, gb, eb = (Fraction(strategy.precision.params), Fraction(strategy.precision.grads),
+                  Fraction(strategy.precision.activations))
+    layer = arch.layer_params()
+    unit = (Fraction(layer[ParamGroup.DENSE], t) + layer[ParamGroup.NORMS]
+            + Fraction(layer[ParamGroup.EXPERTS], t * ep))
+    word = Fraction(arch.padded_vocab(t) * arch.hidden, t)
+    positions = Fraction(arch.position_rows * arch.hidden, t)
+    output = Fraction(0) if arch.tied_embeddings else word
+    root = word + positions + output + arch.norm_params()
+    root_grads = (word if arch.tied_embeddings else output) + arch.norm_params()
+    sp = any(p.sequence_parallel for p in strategy.placements if p.role is Role.TENSOR)
+    hidden = eb * arch.micro_batch * arch.seq * arch.hidden / (t if sp else 1) \
+        / _sizes(strategy, Role.CONTEXT)
+    parts = [("root unit gathered (not resharded after forward)", root * pb),
+             ("root unit's unsharded gradients (output layer, final norm)", root_grads * gb),
+             ("activation gradient (one hidden state)", hidden),
+             ("last layer's unit gathered for backward, and the next prefetched", 2 * unit * pb)]
+    per_layer = _category(rank, "activations") / arch.layers if arch.layers else Fraction(0)
+    if unit * gb > per_layer:
+        parts.append(("a unit's unsharded gradients beyond its activations", unit * gb - per_layer))
+    if profile == "torch_cpu":
+        parts.append(("gloo all-gather staging (one unit)", unit * pb))
+    return parts
+
+
+def _backward_before_peak(strategy: Strategy, rank: RankMemory) -> bool:
+    """Whether some micro-batch's backward has made gradients on this rank kind (its first stage)
+    by the time its activations in flight peak again: never with one micro-batch or under GPipe
+    (every forward before any backward); under 1F1B when a steady step follows the first
+    (m − W ≥ 2, W = min(p − i − 1, m) the stage's warm-up forwards, Megatron-LM's and
+    torch.distributed.pipelining's schedule); interleaved likewise with W = min(2(p − i − 1) +
+    (v − 1)p, m·v) virtual micro-batches."""
+    m = strategy.microbatches
+    pipe = strategy.pipeline
+    if pipe is None or strategy.size(pipe.axis) == 1:
+        return m > 1
+    p, i = strategy.size(pipe.axis), (rank.kind.stages[0] if rank.kind.stages else 0)
+    if pipe.schedule is Schedule.GPIPE:
+        return False
+    if pipe.schedule is Schedule.INTERLEAVED:
+        v = pipe.chunks
+        return m * v - min(2 * (p - i - 1) + (v - 1) * p, m * v) >= 2
+    return m - min(p - i - 1, m) >= 2
+
+
+def _hidden_bytes(strategy: Strategy) -> Fraction:
+    """One micro-batch's hidden state on a device: e·b·s·h (÷ t under sequence parallelism,
+    ÷ cp)."""
+    arch = strategy.model.arch
+    assert arch is not None
+    sp = any(p.sequence_parallel for p in strategy.placements if p.role is Role.TENSOR)
+    return (Fraction(strategy.precision.activations) * arch.micro_batch * arch.seq * arch.hidden
+            / (_sizes(strategy, Role.TENSOR) if sp else 1) / _sizes(strategy, Role.CONTEXT))
+
+
+def torch_pipelining_buffers(strategy: Strategy, rank: RankMemory) -> list[tuple[str, Fraction]]:
+    """What ``torch.distributed.pipelining`` keeps on a stage for the whole step (torch 2.13,
+    ``pipelining/stage.py``): a receive buffer per micro-batch for the activations
+    (``_prepare_forward_infra``: ``args_recv_info[chunk] = self._create_act_recv_info()`` for
+    each of the m micro-batches, a ``_make_tensor_from_meta`` buffer) on every stage but the
+    first, and one for the gradients (``_prepare_backward_infra``, ``grad_recv_info[mb_index]``)
+    on every stage but the last; and on the last stage each micro-batch's output, the logits
+    (``if self.is_last and save_forward_output: self.output_chunks.append(output)``), kept for
+    the merged output until the next step clears them (``clear_runtime_states``). One of those
+    logits is the outside-the-layers "logits" item already (16-bit activations)."""
+    pipe = strategy.pipeline
+    arch = strategy.model.arch
+    if pipe is None or strategy.size(pipe.axis) == 1 or arch is None:
+        return []
+    m = strategy.microbatches
+    hidden = _hidden_bytes(strategy)
+    parts: list[tuple[str, Fraction]] = []
+    if not rank.kind.first:
+        parts.append(("pipelining activation receive buffers (one per micro-batch)", m * hidden))
+    if not rank.kind.last:
+        parts.append(("pipelining gradient receive buffers (one per micro-batch)", m * hidden))
+    if rank.kind.last:
+        e = Fraction(strategy.precision.activations)
+        t = _sizes(strategy, Role.TENSOR)
+        logits = e * arch.micro_batch * arch.seq * arch.padded_vocab(t) / t \
+            / _sizes(strategy, Role.CONTEXT)
+        kept = m if e == 4 else m - 1  # with 16-bit activations one is counted outside the layers
+        parts.append(("pipelining stage outputs kept for the merged output", kept * logits))
+    return parts
+
+
+def accumulation_temporaries(strategy: Strategy) -> list[tuple[str, Fraction]]:
+    """A backward that adds into existing gradients (eager torch's ``AccumulateGrad``) makes each
+    weight's gradient in a new tensor first: one weight of the layer's largest matrix (h × ffn,
+    ÷ t) in the gradient dtype, beside the ffn-wide activation gradient being propagated
+    (e·b·s·ffn, ÷ t, ÷ cp) at the MLP's backward."""
+    arch = strategy.model.arch
+    assert arch is not None
+    t = _sizes(strategy, Role.TENSOR)
+    ffn = arch.expert_ffn or arch.ffn
+    weight = Fraction(max(arch.hidden * arch.hidden, arch.hidden * ffn), t) \
+        * strategy.precision.grads
+    flowing = Fraction(strategy.precision.activations) * arch.micro_batch * arch.seq * ffn / t \
+        / _sizes(strategy, Role.CONTEXT)
+    return [("a weight's gradient before it is accumulated", weight),
+            ("ffn-wide activation gradient", flowing)]
+
+
 def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Moment]:
     """The three moments of one rank kind under ``profile``."""
     params, optimizer = _category(rank, "params"), _category(rank, "optimizer")
@@ -103,8 +252,11 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         extras.append(("DDP bucket buffers", grads))
     if profile == "deepspeed" and strategy.precision.grads < 4 and _zero_1_or_2(strategy):
         extras.append(("fp32 gradient partition", 4 * elements))
+    if torch_like:
+        extras.extend(torch_pipelining_buffers(strategy, rank))
     # torch frees the gradients between steps: they exist in forward only while accumulating
-    grads_forward = grads if (not torch_like or strategy.microbatches > 1) else Fraction(0)
+    grads_forward = grads if (not torch_like or _backward_before_peak(strategy, rank)) \
+        else Fraction(0)
     temporaries = Fraction(0)
     if profile == "torch":
         temporaries = 4 * elements  # foreach Adam: an fp32 sqrt of every exp_avg_sq
@@ -113,15 +265,33 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         temporaries = 2 * 4 * _largest_tensor(strategy)
     states = (("Θ params", params), ("Ω optimizer", optimizer))
     kind = rank.kind.name
+    # a kind of several stages gives the figures of its first, the fullest (most in flight)
+    stage = rank.kind.stages[0] if len(rank.kind.stages) > 1 and kind != "every" else None
+    backward: list[Moment] = []
+    if fsdp2_resharding(strategy, profile):
+        backward.append(Moment("start of backward", kind, (
+            *states, ("G gradients", grads_forward), ("A activations in flight", activations),
+            *fsdp2_backward_parts(strategy, rank, profile), *extras), stage))
+    # GPipe: the second backward adds into the first's gradients with m - 1 micro-batches' of
+    # activations left; 1F1B: a steady backward with the stage's peak in flight
+    pipe = strategy.pipeline
+    gpipe = pipe is not None and strategy.size(pipe.axis) > 1 and pipe.schedule is Schedule.GPIPE
+    left = Fraction(strategy.microbatches - 1, strategy.microbatches) if gpipe else Fraction(1)
+    if torch_like and strategy.model.arch is not None and (grads_forward or (gpipe and left)):
+        backward.append(Moment("backward, gradients accumulating", kind, (
+            *states, ("G gradients", grads), ("A activations in flight", activations * left),
+            ("A outside the layers", outside * left), ("buffers", buffers), *extras,
+            *accumulation_temporaries(strategy)), stage))
     return [
+        *backward,
         Moment("end of forward", kind, (*states, ("G gradients", grads_forward),
                                         ("A activations in flight", activations),
                                         ("A outside the layers", outside),
-                                        ("buffers", buffers), *extras)),
+                                        ("buffers", buffers), *extras), stage),
         Moment("end of backward", kind, (*states, ("G gradients", grads), ("buffers", buffers),
-                                         *extras)),
+                                         *extras), stage),
         Moment("optimizer step", kind, (*states, ("G gradients", grads), *extras,
-                                        ("optimizer temporaries", temporaries))),
+                                        ("optimizer temporaries", temporaries)), stage),
     ]
 
 

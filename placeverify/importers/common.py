@@ -188,6 +188,16 @@ def number_text(value: Fraction | float | int) -> str:
     return format(float(f), "f").rstrip("0").rstrip(".") or "0"
 
 
+# Whose kernels save the layer's activations and whose temporaries the peak counts
+# (placeverify/ir/profiles.py), by the framework a configuration is for.
+MEMORY_PROFILES = {
+    "megatron": ("megatron", "Megatron-core's fused kernels"),
+    "deepspeed": ("deepspeed", "DeepSpeed runs the model's eager (Hugging Face) kernels"),
+    "torchtitan": ("torch", "torchtitan: eager PyTorch modules under FSDP2"),
+    "accelerate": ("torch", "accelerate: the Hugging Face model's eager kernels under torch FSDP"),
+}
+
+
 def render(plan: Plan) -> tuple[str, dict[int, Origin]]:
     """The .place text of a plan, and the origin of each line that has one."""
     out: list[str] = []
@@ -218,6 +228,9 @@ def render(plan: Plan) -> tuple[str, dict[int, Origin]]:
     out.append("mesh {")
     for line in plan.mesh:
         emit(line, "    ")
+    if plan.fmt in MEMORY_PROFILES:
+        emit(Line(f"memory_profile = {MEMORY_PROFILES[plan.fmt][0]}", MEMORY_PROFILES[plan.fmt][1]),
+             "    ")
     out.append("}")
     out.append("")
     for line in plan.body:

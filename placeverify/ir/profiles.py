@@ -4,6 +4,8 @@ its peak (``mesh { memory_profile = torch }``). The numbers they add are compute
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 MEMORY_PROFILES: dict[str, str] = {
     # Megatron-LM: gradients in persistent contiguous buffers (``main_grad``, DistributedDataParallel
     # ``param_and_grad_buffer.py``), reduced in place; the fused Adam of Apex / Transformer Engine
@@ -24,3 +26,51 @@ MEMORY_PROFILES: dict[str, str] = {
     "torch_cpu": "torch (CPU): as torch, with single-tensor Adam temporaries",
 }
 DEFAULT_MEMORY_PROFILE = "megatron"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKernels:
+    """How a profile's transformer layer saves tensors for backward where implementations differ
+    (:func:`placeverify.cost.activations.saved_tensors`)."""
+
+    fused_swiglu: bool  # a gated MLP saves the fc1 output (gate and up) and the fc2 input: 3 f-wide
+    eager_rmsnorm: bool  # RMSNorm as written in eager torch: an fp32 copy, the normalised input
+    layernorm_stats: bool = False  # LayerNorm keeps its fp32 mean and rstd per token as well
+    float_masks: bool = False  # dropout masks in the activation dtype, not 1 byte
+
+
+# Korthikanti et al.'s list as placeverify generalises it (a gated MLP saves the gate, up,
+# activation and product outputs: 4 f-wide; a norm its input): the per-tensor model of the
+# measure backend (cost/implementations/activations.py) adds torch's norm extras to it itself.
+GENERALISED = LayerKernels(fused_swiglu=False, eager_rmsnorm=False)
+
+LAYER_KERNELS: dict[str, LayerKernels] = {
+    # Megatron-core with --swiglu: bias_swiglu_fusion defaults on (training/arguments.py,
+    # ``--no-bias-swiglu-fusion`` is ``store_false``; argument_utils.py sets
+    # ``bias_activation_fusion = args.bias_swiglu_fusion``), so transformer/mlp.py calls
+    # ``bias_swiglu_impl``, whose ``SwiGLUFunction`` / ``BiasSwiGLUFunction``
+    # (fusions/fused_bias_swiglu.py) ``ctx.save_for_backward(input_for_backward)``: the fc1 output,
+    # gate and up side by side (2 f-wide); linear_fc2 saves its input (1 f-wide): 3 in all. The
+    # fused RMSNorm (Transformer Engine / Apex) keeps its input and a per-token rstd.
+    "megatron": LayerKernels(fused_swiglu=True, eager_rmsnorm=False),
+    # DeepSpeed ZeRO trains Hugging Face models as written (eager): transformers' LlamaMLP
+    # ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` saves the gate output (SiLU's input), the
+    # SiLU output and the up output (the product's operands) and the product (down_proj's input):
+    # 4 f-wide; LlamaRMSNorm ``hidden_states.to(torch.float32)``, ``.pow(2)`` (saves the fp32
+    # copy), ``* torch.rsqrt(...)`` (saves the rstd), ``self.weight * hidden_states.to(input_dtype)``
+    # (saves the normalised input in the activation dtype); the bf16 input itself is not saved.
+    "deepspeed": LayerKernels(fused_swiglu=False, eager_rmsnorm=True, layernorm_stats=True),
+    # torch-native training of the same eager model (FSDP2, DDP, DTensor TP); ``layer_norm``
+    # (``native_layer_norm``) saves its input, mean and rstd (fp32 per token), and CUDA's
+    # ``native_dropout`` a bool mask.
+    "torch": LayerKernels(fused_swiglu=False, eager_rmsnorm=True, layernorm_stats=True),
+    # on CPU dropout is ``input * mask`` with a mask of the input's dtype (aten ``dropout``'s
+    # non-fused path, ``_dropout_impl``: ``at::empty_like(input).bernoulli_(1 - p)``)
+    "torch_cpu": LayerKernels(fused_swiglu=False, eager_rmsnorm=True, layernorm_stats=True,
+                              float_masks=True),
+}
+
+
+def layer_kernels(profile: str | None) -> LayerKernels:
+    """The layer kernels of a memory profile (None: the default, ``megatron``)."""
+    return LAYER_KERNELS[profile or DEFAULT_MEMORY_PROFILE]

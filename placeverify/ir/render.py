@@ -84,6 +84,7 @@ def op_text(op: Op) -> str:
         options = [f"max_norm = {_decimal(op.max_norm)}"]
         if not op.replicated_once:
             options.append("replicated = every_rank")
+        options += op.options()
         over = f" over {group_text(op.group)}" if op.group.axes else ""
         return f"clip({', '.join(options)}) {target_text(op.target)}{over}"
     if isinstance(op, Update):
@@ -104,6 +105,7 @@ def op_label(op: Op) -> str:
         return f"scale {op.target.label()} by {op.factor.text}"
     if isinstance(op, Clip):
         once = "" if op.replicated_once else ", replicated = every_rank"
+        once += "".join(f", {o}" for o in op.options())
         group = f" over {op.group.label()}" if op.group.axes else ""
         return f"clip(max_norm = {float(op.max_norm):g}{once}) {op.target.label()}{group}"
     if isinstance(op, Update):

@@ -162,6 +162,17 @@ class ReduceOp(StrEnum):
     MAX = "max"
 
 
+class NormKind(StrEnum):
+    """The p of the norm a clip computes: 2 (the square root of the sum of squares) or inf (the
+    largest absolute element)."""
+
+    L2 = "2"
+    INF = "inf"
+
+
+DEFAULT_NORM_REDUCE = {NormKind.L2: ReduceOp.SUM, NormKind.INF: ReduceOp.MAX}
+
+
 class Order(StrEnum):
     FIXED = "fixed"  # every rank reduces in the same order (ring / tree all-reduce)
     RANK_DEPENDENT = "rank_dependent"  # each rank sums in its own order
@@ -227,6 +238,27 @@ class Clip:
     replicated_once: bool  # replicated elements counted once (True) or on every rank (False)
     span: Span
     target: Target = Target(TargetKind.GRADS)  # the gradients whose joint norm is clipped
+    norm: NormKind = NormKind.L2
+    # How ranks combine their parts over ``group`` (placeverify.semantics.norms): SUM all-reduces
+    # each rank's squared 2-norm (or its inf norm), MEAN and MAX its norm itself.
+    reduce: ReduceOp = ReduceOp.SUM
+    # The groups whose gradients the norm is computed over (``norm_of = [dense, ...]``); None:
+    # the groups the clip scales.
+    measured: frozenset[ParamGroup] | None = None
+
+    def measures(self, group: ParamGroup) -> bool:
+        return self.target.applies_to(group) if self.measured is None else group in self.measured
+
+    def options(self) -> list[str]:
+        """The norm options that differ from the 2-norm's sum of squares over the clipped
+        gradients, as written."""
+        out = [f"norm = {self.norm.value}"] if self.norm is not NormKind.L2 else []
+        if self.reduce is not DEFAULT_NORM_REDUCE[self.norm]:
+            out.append(f"reduce = {self.reduce.value}")
+        if self.measured is not None:
+            names = [g.value for g in ParamGroup if g in self.measured]
+            out.append(f"norm_of = [{', '.join(names)}]")
+        return out
 
 
 @node

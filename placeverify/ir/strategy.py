@@ -11,7 +11,7 @@ from placeverify.ir.mesh import Mesh
 from placeverify.ir.model import Model, ParamGroup
 from placeverify.ir.placement import AxisPlacement, Mode, Role, State
 from placeverify.ir.precision import Precision
-from placeverify.ir.step import Step
+from placeverify.ir.step import NormKind, Step
 
 
 class LossKind(StrEnum):
@@ -67,6 +67,7 @@ class Recompute:
 class ClipConfig:
     max_norm: Fraction
     span: Span
+    norm: NormKind = NormKind.L2  # the p of the global norm single-device training clips by
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
 from placeverify.ir.precision import LossScale
 from placeverify.ir.step import (
+    DEFAULT_NORM_REDUCE,
     Backward,
     Clip,
     Collective,
@@ -147,7 +148,9 @@ def _post(config: Config) -> list[Op]:
         norm_axes = [p.axis for p in config.placements
                      if sharded_update(config, p.axis)
                      or ROLES[p.role].sums_norm(groups)]
-        ops.append(Clip(config.clip.max_norm, mesh.group(*norm_axes), True, config.clip.span))
+        norm = config.clip.norm
+        ops.append(Clip(config.clip.max_norm, mesh.group(*norm_axes), True, config.clip.span,
+                        norm=norm, reduce=DEFAULT_NORM_REDUCE[norm]))
     if config.loss_scale == LossScale.DYNAMIC:
         ops.append(Collective(CollectiveKind.ALL_REDUCE, ReduceOp.MAX,
                               Target(TargetKind.OVERFLOW), mesh.group(*mesh.names), span))

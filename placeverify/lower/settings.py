@@ -13,6 +13,7 @@ from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.model import Model
 from placeverify.ir.placement import STATE_NAMES, AxisPlacement, State
 from placeverify.ir.presets import MAX_MICROBATCHES
+from placeverify.ir.step import NormKind
 from placeverify.ir.strategy import ClipConfig, Loss, LossKind, Recompute, RecomputeKind
 from placeverify.lower.compose import with_offload
 from placeverify.lower.values import Context, value_text
@@ -133,14 +134,28 @@ def read_clip(ctx: Context, stmt: ast.ClipStmt | None) -> ClipConfig | None:
     if stmt is None:
         return None
     max_norm: Fraction | None = None
+    norm = NormKind.L2
     for entry in stmt.entries:
+        if entry.key.text == "norm":
+            norm = read_norm(ctx, entry.value) or norm
+            continue
         if entry.key.text != "max_norm":
             ctx.error(f"unknown clip key '{entry.key.text}'"
-                      f"{did_you_mean(entry.key.text, ['max_norm'])}", Code.UNKNOWN_NAME,
+                      f"{did_you_mean(entry.key.text, ['max_norm', 'norm'])}", Code.UNKNOWN_NAME,
                       entry.key.span)
             continue
         max_norm = ctx.number(entry.value, "max_norm")
         if max_norm is not None and max_norm <= 0:
             ctx.error("max_norm must be positive", Code.BAD_VALUE, entry.value.span)
             max_norm = None
-    return ClipConfig(max_norm, stmt.span) if max_norm is not None else None
+    return ClipConfig(max_norm, stmt.span, norm) if max_norm is not None else None
+
+
+def read_norm(ctx: Context, value: ast.Value) -> NormKind | None:
+    """``norm = 2`` or ``norm = inf``: the p of a clip's norm (another p is an error)."""
+    if isinstance(value, ast.NumberValue) and value.value == 2:
+        return NormKind.L2
+    if isinstance(value, ast.NameValue) and value.name.text == "inf":
+        return NormKind.INF
+    ctx.error(f"a clip's norm is 2 or inf, not '{value_text(value)}'", Code.BAD_VALUE, value.span)
+    return None

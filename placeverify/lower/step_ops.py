@@ -11,6 +11,7 @@ from placeverify.ir.collectives import COLLECTIVES, REDUCE_OPS
 from placeverify.ir.mesh import Group, Mesh
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import (
+    DEFAULT_NORM_REDUCE,
     Backward,
     Clip,
     Collective,
@@ -19,6 +20,7 @@ from placeverify.ir.step import (
     CountKind,
     Free,
     Monomial,
+    NormKind,
     Op,
     Order,
     ReduceOp,
@@ -34,6 +36,7 @@ from placeverify.ir.step import (
 )
 from placeverify.ir.strategy import Config, LossKind, LossTerm
 from placeverify.lower.mesh import read_group
+from placeverify.lower.settings import read_norm
 from placeverify.lower.values import Context, value_text
 from placeverify.syntax import ast
 
@@ -306,14 +309,32 @@ class OpReader:
     def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:
         max_norm: Fraction | None = None
         once = True
+        norm = NormKind.L2
+        reduce: ReduceOp | None = None
+        measured: frozenset[ParamGroup] | None = None
         for arg in item.args:
             if isinstance(arg, ast.KeywordArg) and arg.key.text == "max_norm":
                 max_norm = self.ctx.number(arg.value, "max_norm")
             elif isinstance(arg, ast.KeywordArg) and arg.key.text == "replicated":
                 word = self.ctx.word(arg.value, "replicated counting", ["once", "every_rank"])
                 once = word != "every_rank"
+            elif isinstance(arg, ast.KeywordArg) and arg.key.text == "norm":
+                kind = read_norm(self.ctx, arg.value)
+                if kind is None:
+                    return None
+                norm = kind
+            elif isinstance(arg, ast.KeywordArg) and arg.key.text == "reduce":
+                word = self.ctx.word(arg.value, "norm reduction", [op.value for op in ReduceOp])
+                if word is None:
+                    return None
+                reduce = ReduceOp(word)
+            elif isinstance(arg, ast.KeywordArg) and arg.key.text == "norm_of":
+                measured = self.norm_groups(arg.value)
+                if measured is None:
+                    return None
             else:
-                self.error("clip takes 'max_norm = x' and 'replicated = once|every_rank'",
+                self.error("clip takes 'max_norm = x', 'replicated = once|every_rank', "
+                           "'norm = 2|inf', 'reduce = sum|mean|max' and 'norm_of = [groups]'",
                            Code.UNKNOWN_NAME, arg.span)
                 return None
         if max_norm is None or max_norm <= 0:
@@ -323,7 +344,27 @@ class OpReader:
         target = self.target(item.target, [TargetKind.GRADS])
         if target is None:
             return None
-        return Clip(max_norm, group or Group(()), once, item.span, target)
+        return Clip(max_norm, group or Group(()), once, item.span, target, norm,
+                    DEFAULT_NORM_REDUCE[norm] if reduce is None else reduce, measured)
+
+    def norm_groups(self, value: ast.Value) -> frozenset[ParamGroup] | None:
+        """``norm_of = [dense, norms]``: the parameter groups a clip's norm is computed over."""
+        items = value.items if isinstance(value, ast.ListValue) else (value,)
+        present = self.config.model.groups_present()
+        groups: set[ParamGroup] = set()
+        for item in items:
+            name = value_text(item)
+            group = GROUP_NAMES.get(name)
+            if not isinstance(item, ast.NameValue) or group is None:
+                self.error(f"unknown parameter group '{name}'{did_you_mean(name, GROUP_NAMES)}",
+                           Code.UNKNOWN_NAME, item.span)
+                return None
+            if group not in present:
+                self.error(f"this model has no '{name}' parameters (it has "
+                           f"{', '.join(g.value for g in present)})", Code.BAD_VALUE, item.span)
+                return None
+            groups.add(group)
+        return frozenset(groups)
 
     def seed(self, item: ast.SeedStmt) -> Seed | None:
         if item.call.name.text != "dropout":

@@ -24,6 +24,7 @@ from placeverify.ir.step import (
     Count,
     Free,
     Monomial,
+    NormKind,
     Op,
     Order,
     ReduceOp,
@@ -249,6 +250,9 @@ def _free(e: StepEmitter, op: Op, k: int) -> None:
 
 def _clip(e: StepEmitter, op: Op, k: int) -> None:
     assert isinstance(op, Clip)
+    if op.options() or (e.s.clip is not None and e.s.clip.norm is not NormKind.L2):
+        raise e.refuse(op, "a clip by the inf norm or by per-rank norms combined (norm = inf, "
+                           "reduce = mean | max) is not emitted")
     axes = e.axes(op, op.group.axes, op.group.ends)
     e.emit("squares = torch.zeros((), dtype=DTYPE, device=DEVICE)")
     clipped = e.targets(op.target.applies_to)

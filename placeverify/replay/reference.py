@@ -23,18 +23,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 
 import torch
 
+from placeverify.ir.model import ParamGroup
 from placeverify.ir.precision import LossScale
-from placeverify.ir.step import Clip
+from placeverify.ir.relations import Relation
+from placeverify.ir.step import Clip, NormKind
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.replay.data import SITES, Dropout, make_atom, reference_nonces
 from placeverify.replay.layout import Layout, ModelConfig, ParamSpec
 from placeverify.replay.model import ReferenceMasks, init_params, reference_losses
+from placeverify.roles.relations import relation
 
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
+INF_NORM_WEIGHT = 8.0  # Setup.grad_weights: the gradients of a group an inf-norm clip misses
 CLIP_HEADROOM = 4.0  # with clipping, the loss is scaled so the first gradient norm is 4x max_norm
 NORM_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6)
 
@@ -64,8 +69,39 @@ class Setup:
         return float(clips[0].max_norm) if clips else None
 
     @property
+    def norm(self) -> NormKind:
+        """The p of the norm single-device training clips by (the declared clip's, else the
+        step's first clip's)."""
+        if self.strategy.clip is not None:
+            return self.strategy.clip.norm
+        clips = [op for op in self.strategy.step.ops() if isinstance(op, Clip)]
+        return clips[0].norm if clips else NormKind.L2
+
+    @property
     def dynamic(self) -> bool:
         return self.strategy.loss_scale == LossScale.DYNAMIC
+
+    @cached_property
+    def grad_weights(self) -> dict[ParamGroup, float]:
+        """A weight per parameter group on every gradient, the same in the reference and on the
+        ranks: 1, except that a group an inf-norm clip misses — one it does not measure, or one
+        whose ranks hold different parts along a live axis the clip does not reduce over — is
+        weighted by INF_NORM_WEIGHT, so that the largest element lies where the clip does not
+        look (the replay's model otherwise puts it in the dense copies). Both sides see the
+        same weighted gradients, so a correct step matches either way."""
+        strategy = self.strategy
+        out: dict[ParamGroup, float] = {}
+        for op in strategy.step.ops():
+            if not isinstance(op, Clip) or op.norm is not NormKind.INF:
+                continue
+            for group in strategy.model.groups_present():
+                missed = not op.measures(group) or any(
+                    strategy.size(p.axis) > 1 and p.axis not in op.group.axes
+                    and relation(strategy, group, p.axis) is Relation.OWNED
+                    for p in strategy.placements)
+                if missed:
+                    out[group] = INF_NORM_WEIGHT
+        return out
 
 
 @dataclass
@@ -153,7 +189,10 @@ def reference_masks(setup: Setup, step: int,
     return ReferenceMasks(masks)
 
 
-def _norm(grads: dict[str, torch.Tensor]) -> float:
+def _norm(grads: dict[str, torch.Tensor], norm: NormKind = NormKind.L2) -> float:
+    if norm is NormKind.INF:
+        return float(torch.stack([g.abs().max() if g.numel() else g.new_zeros(())
+                                  for g in grads.values()]).max())
     return float(torch.sqrt(torch.stack([(g * g).sum() for g in grads.values()]).sum()))
 
 
@@ -169,6 +208,7 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
         signs = {n: 1.0 + jitter * (torch.randint(0, 2, v.shape, generator=generator) * 2 - 1)
                  .to(setup.dtype) for n, v in params.items()}
     momentum = {n: torch.zeros_like(v) for n, v in params.items()}
+    groups = {spec.name: spec.group for spec in setup.specs}
     alpha = 1.0
     skipped = []
     for step in range(steps):
@@ -183,13 +223,15 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
             (losses * weights).sum().backward()
             grads = {n: (v.grad if v.grad is not None else torch.zeros_like(v))
                      for n, v in params.items()}
+        if setup.grad_weights:
+            grads = {n: g * setup.grad_weights.get(groups[n], 1.0) for n, g in grads.items()}
         if signs:
             grads = {n: g * signs[n] for n, g in grads.items()}
         for v in params.values():
             v.grad = None
         max_norm = setup.max_norm
         if step == 0 and max_norm is not None:
-            norm = _norm(grads)
+            norm = _norm(grads, setup.norm)
             if norm > 0:
                 alpha = CLIP_HEADROOM * max_norm / norm
         grads = {n: g * alpha for n, g in grads.items()}
@@ -197,7 +239,7 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
             skipped.append(step)  # the ranks inject an overflow into this step's gradients
             continue
         if max_norm is not None:
-            norm = _norm(grads)
+            norm = _norm(grads, setup.norm)
             coef = min(1.0, max_norm / (norm + NORM_EPS))
             grads = {n: g * coef for n, g in grads.items()}
         with torch.no_grad():

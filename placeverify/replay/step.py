@@ -49,7 +49,9 @@ from placeverify.ir.step import (
     CountKind,
     Free,
     Monomial,
+    NormKind,
     Op,
+    ReduceOp,
     Scale,
     Scope,
     TermKind,
@@ -198,7 +200,9 @@ class RankRun(RankCollectives):
             dist.send(x.grad.contiguous(), dst=prev)
         for buf in self.buffers.values():
             if buf.specs and op.adds_to(buf.group):  # a loss term reaching other groups adds 0
-                buf.full = buf.full + torch.cat([_grad(self.params[sp.name]) for sp in buf.specs])
+                grad = torch.cat([_grad(self.params[sp.name]) for sp in buf.specs])
+                weight = s.grad_weights.get(buf.group)  # Setup.grad_weights: inf-norm clips
+                buf.full = buf.full + (grad if weight is None else grad * weight)
             for sp in buf.specs:
                 self.params[sp.name].grad = None
             buf.sharded = False
@@ -229,18 +233,28 @@ class RankRun(RankCollectives):
         return relation(self.strategy, buf.group, axis) is not Relation.OWNED
 
     def clip(self, op: Clip) -> None:
+        """:mod:`placeverify.semantics.norms` on real gradients: this rank's squared 2-norm (or
+        inf norm) over the elements of the measured groups it counts, all-reduced over the
+        clip's group as ``reduce`` says (the squares or inf norms summed; the per-rank norms
+        averaged or maxed); the targeted groups are scaled."""
         handle = self.handle(op.group)
         total = torch.zeros(1, dtype=self.dtype, device=self.device)
         clipped = self.targeted(op.target.applies_to)
-        for buf in clipped:
+        l2 = op.norm is NormKind.L2
+        for buf in self.targeted(op.measures):
             counted = op.replicated_once is False or all(
                 self.coords[a] == 0 for a in op.group.axes
                 if self.grid.size(a) > 1 and self._replica(buf, a))
             if counted and buf.numel:
                 value = buf.denoted()
-                total = total + (value * value).sum()
-        comm.all_reduce(total, handle)
-        norm = float(torch.sqrt(total).item())
+                total = total + (value * value).sum() if l2 else \
+                    torch.maximum(total, value.abs().max().reshape(1))
+        if l2 and op.reduce is not ReduceOp.SUM:
+            total = torch.sqrt(total)  # the per-rank norm is what is reduced
+        comm.all_reduce(total, handle, "max" if op.reduce is ReduceOp.MAX else "sum")
+        if op.reduce is ReduceOp.MEAN:
+            total = total / (handle.size if handle is not None else 1)
+        norm = float((torch.sqrt(total) if l2 and op.reduce is ReduceOp.SUM else total).item())
         coef = min(1.0, float(op.max_norm) / (norm + NORM_EPS))
         for buf in clipped:
             buf.set_denoted(buf.denoted() * coef)

@@ -63,6 +63,7 @@ def peak_document(costs: Costs) -> dict[str, Any]:
         "peak_at": peak.peak.describe(),
         "reserve_bytes": costs.strategy.mesh.reserve or 0,
         "moments": [{"rank": m.rank, "moment": m.name, "bytes": whole(m.total),
+                     **({"stage": m.stage} if m.stage is not None else {}),
                      "parts": {label: whole(b) for label, b in m.parts if b}}
                     for m in peak.moments],
     }
@@ -115,6 +116,9 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                        "host": i.host} for i in costs.memory],
             "ranks": [{"kind": r.kind.name, "stages": list(r.kind.stages),
                        **({"layers": r.kind.layers} if r.kind.layers is not None else {}),
+                       # several stages: the figures are those of the first, the fullest
+                       **({"figures_of_stage": r.kind.stages[0]} if len(r.kind.stages) > 1
+                          and r.kind.name != "every" else {}),
                        "fullest": r.items == costs.memory,
                        "device_bytes": {k: whole(v) for k, v in costs.rank_bytes(r).items()},
                        "host_bytes": whole(sum((i.bytes for i in r.items if i.host), 0))}

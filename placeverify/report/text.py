@@ -141,7 +141,8 @@ def _render_ranks(costs: Costs, console: Console) -> None:
         table.add_column(name, justify="left" if name.startswith("stage") else "right")
     for rank, device in rows:
         stages = rank.kind.stages
-        where = str(stages[0]) if len(stages) == 1 else f"{stages[0]}-{stages[-1]}"
+        # a kind of several stages shows its first, the fullest (the most micro-batches in flight)
+        where = str(stages[0]) if len(stages) == 1 else f"{stages[0]}-{stages[-1]} (at {stages[0]})"
         mark = " (fullest)" if rank.items == costs.memory else ""
         table.add_row(rank.kind.name + mark, where,
                       *(human_bytes(device[c]) for c in (*CATEGORIES, "total")))

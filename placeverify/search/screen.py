@@ -26,6 +26,7 @@ from placeverify.cost.time import CALIBRATION, Calibration, layer_flops, output_
 from placeverify.ir.devices import Device, intra_node, ranks_per_node
 from placeverify.ir.model import ParamGroup, Transformer
 from placeverify.ir.precision import Precision
+from placeverify.ir.profiles import layer_kernels
 from placeverify.search.space import Layout, Recompute, Sharding
 
 
@@ -75,7 +76,7 @@ class Screen:
                            a=float(arch.heads), kv=float(arch.kv_heads),
                            f=float(arch.expert_ffn or arch.ffn), e=self.E,
                            k=float(arch.top_k) if arch.moe else 1.0)
-        saved = saved_tensors(arch, shape)
+        saved = saved_tensors(arch, shape, layer_kernels("megatron"))
         full = float(per_layer_bytes(saved, float(t), sp, float(c), drop_core=False))
         if rc is Recompute.FULL:
             return self.E * arch.seq * b * arch.hidden / ((t if sp else 1) * c), full
@@ -105,7 +106,7 @@ class Screen:
         split_g = shard if lay.sharding in (Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP) else 1
         split_o = 1 if lay.sharding in (Sharding.NONE, Sharding.DDP) else shard
         per_layer, working = self._per_layer(lay.b, lay.tp, lay.sp, lay.cp, lay.recompute)
-        in_flight = self._in_flight(lay)  # the first stage's, for every stage (an upper bound)
+        first_in_flight = self._in_flight(lay, 0)
         tokens = arch.seq * lay.b / lay.cp
         hshard = lay.tp if lay.sp else 1
         vocab = arch.padded_vocab(lay.tp)
@@ -113,7 +114,8 @@ class Screen:
         if lay.sharding in (Sharding.ZERO3, Sharding.HSDP):
             buffers += arch.largest_unit_params() * self.P / lay.tp
         best = 0.0
-        for layers, first, last in kinds:
+        for layers, first, last, stage in kinds:
+            in_flight = self._in_flight(lay, stage)
             n = self._stage_elements(lay, layers, first, last)
             acts = per_layer * layers * in_flight
             states = n * self.P / split_p
@@ -121,7 +123,7 @@ class Screen:
                 states += n * self.G / split_g + n * self.O / split_o
             outside = 0.0
             if first and arch.dropout:
-                outside += tokens * arch.hidden / hshard * in_flight
+                outside += tokens * arch.hidden / hshard * first_in_flight
             if last:
                 outside += 2 * self.E * tokens * arch.hidden / hshard
                 outside += (self.E * tokens * vocab / lay.tp if self.E != 4 else 0.0)
@@ -130,26 +132,34 @@ class Screen:
         return best
 
     @staticmethod
-    def _in_flight(lay: Layout) -> float:
+    def _in_flight(lay: Layout, stage: int) -> float:
+        """Micro-batches in flight on ``stage``, as
+        :func:`placeverify.cost.activations.stage_in_flight` counts them."""
         p = lay.pp
         if p == 1:
             return 1.0
         if lay.v > 1:
-            return p * (1 + (p - 1) / (p * lay.v))
-        return float(min(lay.m, p))
+            return min((p * (lay.v + 1) - 2 * stage - 1) / lay.v, float(lay.m))
+        return float(min(lay.m, p - stage))
 
-    def _stage_kinds(self, lay: Layout) -> list[tuple[int, bool, bool]]:
-        """(layers, first, last) per distinct stage."""
+    def _stage_kinds(self, lay: Layout) -> list[tuple[int, bool, bool, int]]:
+        """(layers, first, last, stage) per distinct stage kind, each at its fullest stage (the
+        kind's first: in-flight counts never grow with the stage index). The space's uneven
+        stages give every middle stage the same layers."""
         layers = self.s.arch.layers
         if lay.pp == 1:
-            return [(layers, True, True)]
+            return [(layers, True, True, 0)]
         if lay.stages is None:
             each = layers // lay.pp
-            kinds = [(each, True, False), (each, False, True)]
-            return kinds + ([(each, False, False)] if lay.pp > 2 else [])
+            kinds = [(each, True, False, 0), (each, False, True, lay.pp - 1)]
+            return kinds + ([(each, False, False, 1)] if lay.pp > 2 else [])
         st = lay.physical_stages()
         assert st is not None
-        return [(st[0], True, False), (st[-1], False, True), (max(st[1:-1]), False, False)]
+        kinds = [(st[0], True, False, 0), (st[-1], False, True, len(st) - 1)]
+        if len(st) > 2:
+            middle = max(range(1, len(st) - 1), key=lambda i: (st[i], -i))
+            kinds.append((st[middle], False, False, middle))
+        return kinds
 
     # ---- time -----------------------------------------------------------------------------
 
@@ -243,7 +253,7 @@ class Screen:
     def _local_elements(self, lay: Layout, layers: int) -> float:
         """Parameter elements of the slowest stage's device before data sharding."""
         kinds = self._stage_kinds(lay)
-        return max(self._stage_elements(lay, n, f, la) for n, f, la in kinds)
+        return max(self._stage_elements(lay, n, f, la) for n, f, la, _ in kinds)
 
     def _model_share(self, lay: Layout) -> float:
         """Parameter elements per device as the communication model counts them: the whole

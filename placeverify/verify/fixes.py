@@ -317,6 +317,14 @@ CLIP_NORM = FixRule(
     "clip-norm", None,
     "sum the squared norm over every axis where gradients are sharded (tp, pp, and dp under "
     "ZeRO-2/3) and count replicated parameters once")
+CLIP_COMBINE = FixRule(
+    "clip-combine", None,
+    "{clip}: the ranks' parts combined as one norm (squared 2-norms summed, inf norms maxed) "
+    "over every axis where ranks hold different gradient elements, replicated elements counted "
+    "once (a mean of per-rank norms is the global norm only where all ranks hold the same "
+    "parameters, {reference[0]})", ("DeepSpeed#8475",))
+CLIP_POLICY_NORM = FixRule(
+    "clip-policy-norm", None, "{clip}: clip by the norm the declared policy names")
 CLIP_INPUT = FixRule(
     "clip-input", None,
     "clip after the last gradient reduction and scale (the loss normalisation and any loss-scale "
@@ -423,8 +431,8 @@ FIXES: tuple[FixRule, ...] = (
             "copies of the tied embedding ({reference[0]})", ("Megatron-LM#656",)),
     FixRule("unreduced-gradient", _cause(Cause.GRADIENT),
             "reduce the gradients over {axis} after the last backward"),
-    CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_INPUT, RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH,
-    LOST_UPDATE,
+    CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_COMBINE, CLIP_POLICY_NORM, CLIP_INPUT,
+    RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, LOST_UPDATE,
 )
 
 

@@ -21,13 +21,14 @@ from placeverify.cost.implementations.pipeline import stage_layers
 from placeverify.cost.implementations.spec import Implementation, Mlp, RunSpec
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Schedule
+from placeverify.ir.profiles import GENERALISED
 
 
 def korthikanti_layer_bytes(arch: Transformer, tp: int = 1) -> int:
     """Bytes one transformer layer saves for backward per micro-batch in fp32, by
     :mod:`placeverify.cost.activations` (Korthikanti et al., Table 2, generalised)."""
     d = Exact()
-    saved = saved_tensors(arch, layer_shape(d, arch, d.const(ELEMENT_BYTES)))
+    saved = saved_tensors(arch, layer_shape(d, arch, d.const(ELEMENT_BYTES)), GENERALISED)
     value = Fraction(per_layer_bytes(saved, d.const(tp), False, d.const(1), drop_core=False))
     assert value.denominator == 1, value
     return int(value)

@@ -4,7 +4,9 @@
   gradient. Per parameter group, the squared norm summed over the clip group counts each element
   once iff the group covers every axis where ranks hold different elements and, where ranks hold
   the same elements, they are counted once. Z3 (real arithmetic) is asked for squared norms where
-  the computed and the true norm differ;
+  the computed and the true norm differ. A clip by the inf norm or by per-rank norms combined
+  (``norm = inf``, ``reduce = mean | max``) is judged by :mod:`placeverify.verify.checks.clip_norms`,
+  and a clip by another norm than the declared policy's is refuted where it stands;
 - *recomputation*: a recomputed dropout mask must equal the forward one; the random stream is an
   uninterpreted function of (seed, offset), and without restoring the RNG state the recompute
   reads the stream at a later offset;
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -28,7 +31,17 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import State
 from placeverify.ir.precision import LossScale
 from placeverify.ir.relations import Relation
-from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Update
+from placeverify.ir.render import op_label
+from placeverify.ir.step import (
+    DEFAULT_NORM_REDUCE,
+    Clip,
+    Collective,
+    CollectiveKind,
+    NormKind,
+    ReduceOp,
+    TargetKind,
+    Update,
+)
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.roles.queries import optimizer_axes, partitions
 from placeverify.semantics.buffers import Seen
@@ -75,14 +88,28 @@ def clip_policy(strategy: Strategy) -> Fraction | None:
     return clips[0].max_norm if clips else None
 
 
+def clip_policy_norm(strategy: Strategy) -> NormKind:
+    """The norm single-device training clips by: the declared ``clip``'s, else the step's."""
+    if strategy.clip is not None:
+        return strategy.clip.norm
+    clips = [op for op in strategy.step.ops() if isinstance(op, Clip)]
+    return clips[0].norm if clips else NormKind.L2
+
+
 def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
     clips = [op for op in strategy.step.ops() if isinstance(op, Clip)]
     declared = strategy.clip
     max_norm = clip_policy(strategy)
     if max_norm is None:
         return []
-    claim = (f"clipping scales the update by min(1, {float(max_norm):g} / ||g||) with the "
-             "global norm of the single-device gradient")
+    policy = clip_policy_norm(strategy)
+    if policy is NormKind.L2:
+        claim = (f"clipping scales the update by min(1, {float(max_norm):g} / ||g||) with the "
+                 "global norm of the single-device gradient")
+    else:
+        from placeverify.verify.checks.clip_norms import claim as norm_claim
+
+        claim = norm_claim(max_norm, policy)
     if not clips:
         assert declared is not None
         from placeverify.verify.fixes import CLIP_MISSING
@@ -106,7 +133,23 @@ def _clipping(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
                                   ObligationKind.CLIP, reason="; ".join(problems), method=METHOD_RULES,
                                   fix=CLIP_POSITION.text()))
             continue
-        out.append(_clip_norm(strategy, clip, groups, views, agreed, timeout_ms))
+        if clip.norm is not policy:
+            from placeverify.verify.checks.clip_norms import norm_name
+            from placeverify.verify.fixes import CLIP_POLICY_NORM
+
+            right = replace(clip, norm=policy, reduce=DEFAULT_NORM_REDUCE[policy], measured=None)
+            out.append(Obligation(
+                Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, clip.span, ObligationKind.CLIP,
+                reason=f"it clips by the {norm_name(clip.norm)} where the declared policy clips by "
+                       f"the {norm_name(policy)}", method=METHOD_RULES,
+                fix=CLIP_POLICY_NORM.text(clip=op_label(right))))
+            continue
+        if clip.norm is NormKind.L2 and clip.reduce is ReduceOp.SUM:
+            out.append(_clip_norm(strategy, clip, groups, views, agreed, timeout_ms))
+        else:  # another norm, or per-rank norms combined (placeverify.semantics.norms)
+            from placeverify.verify.checks.clip_norms import norm_obligation
+
+            out.append(norm_obligation(strategy, clip, policy, groups, views, agreed, timeout_ms))
     return out
 
 
@@ -122,6 +165,16 @@ def _clip_position(strategy: Strategy, clip: Clip, max_norm: Fraction, groups: S
         problems.append(f"it clips {clip.target.label()} by their own norm and leaves out "
                         f"{', '.join(left_out)}: per-group clipping, where single-device training "
                         "clips by the global norm of all parameters")
+    if clip.measured is not None:
+        unmeasured = [g.value for g in groups if not clip.measures(g)]
+        if unmeasured:
+            scaled = [g for g in unmeasured if clip.target.applies_to(ParamGroup(g))]
+            measured = ", ".join(g.value for g in groups if clip.measures(g))
+            problems.append(f"its norm is computed over {measured} only "
+                            f"and leaves out {', '.join(unmeasured)}"
+                            + (", whose gradients it scales" if scaled else "")
+                            + ": per-group norms, where single-device training clips by the "
+                              "global norm of all parameters")
     seen = [s for g in groups for s in agreed[g].clips if s.op is clip]
     if any(s.after_update for s in seen):
         problems.append("it runs after 'update params', which already consumed the unclipped "
