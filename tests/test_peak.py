@@ -212,3 +212,68 @@ def test_gpipe_accumulating_backward_has_m_minus_1_micro_batches_left() -> None:
         # the second of m = 4 backwards: 3 micro-batches' activations, the first's gradients
         assert backward["A activations in flight"] * 4 == forward["A activations in flight"] * 3
         assert "G gradients" not in forward and backward["G gradients"] > 0
+
+
+# ---- ZeRO-2 as FSDP2 fully_shard(reshard_after_forward=False) under the torch profiles --------
+def zero2_moments(profile: str, place: str = "zero2") -> dict[str, dict[str, int]]:
+    from placeverify.cost import analyse, whole
+    from placeverify.lower import load
+
+    source = (ROOT / "examples" / "measure" / "zero2.place").read_text("utf-8")
+    path = ROOT / "build" / f"peak-test-zero2-{profile}.place"
+    path.parent.mkdir(exist_ok=True)
+    source = source.replace("place zero2 over dp", f"place {place} over dp")
+    path.write_text(source.replace("mesh { dp = 3 }",
+                                   f"mesh {{ dp = 3, memory_profile = {profile} }}"),
+                    encoding="utf-8")
+    peak = analyse(load(str(path))).peak
+    assert peak is not None
+    return {m.name: {label: whole(b) for label, b in m.parts} for m in peak.moments}
+
+
+# The measure example's tensors (GPT, h = 64, ffn 256, vocab 96, learned positions 16, biases,
+# untied output), each cut in 3 along dim 0 with FSDP2's padding to ⌈rows/3⌉:
+# a layer: two LayerNorms 4·22; q, k, v, o weights 4·22·64; their biases 4·22; up 86·64 and its
+# bias 86; down 22·256 and its bias 22 -> 17,052. The root: embedding 32·64, positions 6·64,
+# final norm 2·22, output 32·64 -> 4,524.
+Z2_LAYER_SHARD = 4 * 22 + 4 * 22 * 64 + 4 * 22 + 86 * 64 + 86 + 22 * 256 + 22
+Z2_ROOT_SHARD = 32 * 64 + 6 * 64 + 2 * 22 + 32 * 64
+Z2_SHARD = 2 * Z2_LAYER_SHARD + Z2_ROOT_SHARD
+Z2_LAYER = 4 * (64 * 64 + 64) + 256 * 64 + 256 + 64 * 256 + 64 + 4 * 64  # real: 49,984
+
+
+def test_fsdp2_zero2_holds_padded_shards_every_unit_gathered_and_the_reduce_scatter_input() -> None:
+    assert Z2_LAYER_SHARD == 17_052 and Z2_SHARD == 38_628 and Z2_LAYER == 49_984
+    moments = zero2_moments("torch_cpu")
+    post = moments["post-backward of the last layer (FSDP2)"]
+    forward = moments["end of forward"]
+    assert post["Θ params (FSDP2 shards, dim 0 padded to a multiple of 3)"] == 4 * Z2_SHARD
+    assert post["Ω optimizer (the first rank's shard, ⌈rows/W⌉ of each tensor)"] == 8 * Z2_SHARD
+    # init_all_gather_outputs: numel * world_size of each padded shard, every unit kept
+    assert post["Θ gathered units (kept from forward to backward)"] == 4 * 3 * Z2_SHARD
+    # foreach_reduce: the layer's unsharded gradients beside the padded reduce-scatter input
+    assert post["last layer's unsharded gradients"] == 4 * Z2_LAYER
+    assert post["reduce-scatter input (padded flat copy)"] == 4 * 3 * Z2_LAYER_SHARD
+    assert post["root unit's unsharded gradients (output layer, final norm)"] == 4 * (96 * 64 + 128)
+    assert post["activation gradient (one hidden state)"] == 4 * 2 * 16 * 64
+    # one of the two layers' activations is left
+    assert 2 * post["A activations in flight (but the last layer's)"] \
+        == forward["A activations in flight"]
+    assert post["G gradients"] == 0  # freed between steps, one micro-batch
+    # after the root's post-backward everything is resharded: shards and padded gradients only
+    assert "Θ gathered units (kept from forward to backward)" not in moments["end of backward"]
+    assert moments["end of backward"]["G gradients"] == 4 * Z2_SHARD
+
+
+def test_zero2_under_megatron_keeps_the_placement_figures() -> None:
+    moments = zero2_moments("megatron")
+    assert "post-backward of the last layer (FSDP2)" not in moments
+    params = 2 * Z2_LAYER + 96 * 64 + 16 * 64 + 128 + 96 * 64  # 113,408: whole, as placed
+    assert moments["end of backward"]["Θ params"] == 4 * params
+
+
+@pytest.mark.parametrize("place", ["fsdp(grad_op)", "zero3(reshard_after_forward = false)"])
+def test_every_fsdp2_without_resharding_is_the_same_run(place: str) -> None:
+    # measure/plan.py runs (R, S, S) and (S*, S, S) without resharding as the same FSDP2 call:
+    # the gathered units are counted once (not also as the placement's whole-model buffer)
+    assert zero2_moments("torch_cpu", place) == zero2_moments("torch_cpu")
