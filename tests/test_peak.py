@@ -277,3 +277,90 @@ def test_every_fsdp2_without_resharding_is_the_same_run(place: str) -> None:
     # measure/plan.py runs (R, S, S) and (S*, S, S) without resharding as the same FSDP2 call:
     # the gathered units are counted once (not also as the placement's whole-model buffer)
     assert zero2_moments("torch_cpu", place) == zero2_moments("torch_cpu")
+
+
+# ---- a bare parameter count's optimizer temporaries ------------------------------------------
+BARE = """strategy "bare"
+model {{ params = 103040{extra} }}
+precision fp32_adam
+mesh {{ dp = 2, memory_profile = {profile} }}
+place ddp over dp
+"""
+
+
+def bare_run(profile: str, extra: str = "") -> subprocess.CompletedProcess[str]:
+    path = ROOT / "build" / "peak-test-bare.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(BARE.format(profile=profile, extra=extra), encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "placeverify", "check", "--json", "--no-verify",
+                           str(path)], capture_output=True, text=True, cwd=ROOT)
+
+
+def bare_step(profile: str, extra: str = "") -> dict[str, int]:
+    out = bare_run(profile, extra)
+    assert out.returncode in (0, 1), out.stderr
+    return moment(json.loads(out.stdout)["memory"], "optimizer step")["parts"]
+
+
+def test_cpu_adam_temporaries_of_a_bare_count_follow_its_largest_tensor() -> None:
+    # torch/optim/adam.py _single_tensor_adam: exp_avg_sq.sqrt() and its quotient, one
+    # parameter at a time: two fp32 copies of the largest, a 160 x 160 weight
+    parts = bare_step("torch_cpu", ", largest_tensor = 25600")
+    assert parts["optimizer temporaries"] == 2 * 4 * 160 * 160
+    assert parts["DDP bucket buffers"] == 4 * 103_040
+
+
+def test_cpu_adam_temporaries_without_tensor_sizes_are_said_not_modelled() -> None:
+    out = bare_run("torch_cpu")
+    step = moment(json.loads(out.stdout)["memory"], "optimizer step")
+    assert "optimizer temporaries" not in step["parts"]
+    assert step["not_modelled"] == ["Adam's per-tensor temporaries (CPU): a bare parameter "
+                                    "count has no tensor sizes; give model { largest_tensor = N }"]
+    text = subprocess.run([sys.executable, "-m", "placeverify", "check", "--no-verify",
+                           str(ROOT / "build" / "peak-test-bare.place")],
+                          capture_output=True, text=True, cwd=ROOT).stdout
+    assert "not modelled: Adam's per-tensor temporaries (CPU)" in text
+
+
+def test_foreach_adam_temporaries_of_a_bare_count_are_the_whole_list() -> None:
+    # _multi_tensor_adam: torch._foreach_sqrt(device_exp_avg_sqs), an fp32 copy of every
+    # exp_avg_sq at once: 4 bytes x 103,040 (DDP: every rank updates the whole model)
+    assert bare_step("torch")["optimizer temporaries"] == 4 * 103_040
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (", largest_tensor = 200000", "largest_tensor (200,000) is more than the model's 103,040"),
+    (", largest_tensor = 0", "largest_tensor"),
+])
+def test_a_bad_largest_tensor_is_an_error_at_its_text(extra: str, needle: str) -> None:
+    out = bare_run("torch_cpu", extra)
+    assert out.returncode == 2
+    assert needle in out.stderr and "peak-test-bare.place:2:" in out.stderr and "^" in out.stderr
+
+
+def test_largest_tensor_with_an_architecture_is_a_conflict() -> None:
+    path = ROOT / "build" / "peak-bad-largest.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(GPT.format(precision="fp32_adam", mesh="", place="ddp").replace(
+        "dropout = false", "dropout = false, largest_tensor = 5"), encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "placeverify", "check", str(path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "'largest_tensor' is derived from the architecture" in out.stderr
+
+
+def test_the_fsdp2_moment_and_the_not_modelled_notes_fit_the_check_schema() -> None:
+    import jsonschema
+
+    schema = json.loads((ROOT / "placeverify" / "schemas" / "check.schema.json").read_text("utf-8"))
+    zero2_moments("torch_cpu")  # writes both files
+    bare_run("torch_cpu")
+    docs = []
+    for path in (ROOT / "build" / "peak-test-zero2-torch_cpu.place",
+                 ROOT / "build" / "peak-test-bare.place"):
+        out = subprocess.run([sys.executable, "-m", "placeverify", "check", "--json",
+                              "--no-verify", str(path)], capture_output=True, text=True, cwd=ROOT)
+        docs.append(json.loads(out.stdout))
+    assert docs[0]["memory"]["peak_at"] == "post-backward of the last layer (FSDP2)"
+    assert any("not_modelled" in m for m in docs[1]["memory"]["moments"])
+    for doc in docs:
+        jsonschema.Draft202012Validator(schema).validate(doc)

@@ -40,6 +40,7 @@ class Moment:
     rank: str  # the rank kind (only | first | middle | last | every)
     parts: tuple[tuple[str, Fraction], ...]
     stage: int | None = None  # the stage whose figures these are, when the kind has several
+    not_modelled: tuple[str, ...] = ()  # what this moment would hold but cannot be sized
 
     @property
     def total(self) -> Fraction:
@@ -354,9 +355,23 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         else Fraction(0)
     temporaries = Fraction(0)
     if profile == "torch":
-        temporaries = 4 * elements  # foreach Adam: an fp32 sqrt of every exp_avg_sq
-    elif profile == "torch_cpu" and elements and strategy.model.arch is not None:
-        # two temporaries of the largest parameter (a bare parameter count has no tensors: none)
+        # foreach Adam, an fp32 sqrt of every exp_avg_sq at once (torch 2.13 torch/optim/adam.py
+        # line 762, _multi_tensor_adam: ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``,
+        # then divided and added into in place): sized by the whole list, known for a bare count
+        temporaries = 4 * elements
+    unsized: tuple[str, ...] = ()
+    if profile == "torch_cpu" and elements and strategy.model.arch is None:
+        # a bare count's tensors are unknown unless the user gives the largest one
+        if strategy.model.largest_tensor is None:
+            unsized = ("Adam's per-tensor temporaries (CPU): a bare parameter count has no "
+                       "tensor sizes; give model { largest_tensor = N }",)
+        else:
+            temporaries = 2 * 4 * Fraction(strategy.model.largest_tensor,
+                                           _sizes(strategy, Role.TENSOR))
+    elif profile == "torch_cpu" and elements:
+        # two temporaries of the largest parameter: torch 2.13 torch/optim/adam.py line 544,
+        # _single_tensor_adam (CPU tensors are not foreach: optimizer.py
+        # _default_to_fused_or_foreach), ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)``
         temporaries = 2 * 4 * _largest_tensor(strategy)
     states = (("Θ params", params), ("Ω optimizer", optimizer)) if zero2 is None \
         else tuple(zero2["states"])
@@ -392,7 +407,8 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         Moment("end of backward", kind, (*states, ("G gradients", grads), ("buffers", buffers),
                                          *extras), stage),
         Moment("optimizer step", kind, (*states, ("G gradients", grads), *extras,
-                                        ("optimizer temporaries", temporaries)), stage),
+                                        ("optimizer temporaries", temporaries)), stage,
+               unsized),
     ]
 
 
