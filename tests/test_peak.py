@@ -249,11 +249,16 @@ def test_fsdp2_zero2_holds_padded_shards_every_unit_gathered_and_the_reduce_scat
     forward = moments["end of forward"]
     assert post["Θ params (FSDP2 shards, dim 0 padded to a multiple of 3)"] == 4 * Z2_SHARD
     assert post["Ω optimizer (the first rank's shard, ⌈rows/W⌉ of each tensor)"] == 8 * Z2_SHARD
-    # init_all_gather_outputs: numel * world_size of each padded shard, every unit kept
-    assert post["Θ gathered units (kept from forward to backward)"] == 4 * 3 * Z2_SHARD
-    # foreach_reduce: the layer's unsharded gradients beside the padded reduce-scatter input
+    # init_all_gather_outputs: numel * world_size of each padded shard, every unit kept from
+    # forward on; post_backward reshards the layer itself before foreach_reduce
+    assert forward["Θ gathered units (kept from forward to backward)"] == 4 * 3 * Z2_SHARD
+    assert post["Θ gathered units (all but the last layer's, resharded)"] \
+        == 4 * 3 * (Z2_SHARD - Z2_LAYER_SHARD)
+    # foreach_reduce: the layer's unsharded gradients beside the padded reduce-scatter input,
+    # and _chunk_cat's padded copy of every gradient (3 divides none of 64, 256 rows)
     assert post["last layer's unsharded gradients"] == 4 * Z2_LAYER
     assert post["reduce-scatter input (padded flat copy)"] == 4 * 3 * Z2_LAYER_SHARD
+    assert post["_chunk_cat's padded copies (dim 0 not divisible by W)"] == 4 * 3 * Z2_LAYER_SHARD
     assert post["root unit's unsharded gradients (output layer, final norm)"] == 4 * (96 * 64 + 128)
     assert post["activation gradient (one hidden state)"] == 4 * 2 * 16 * 64
     # one of the two layers' activations is left
@@ -263,6 +268,28 @@ def test_fsdp2_zero2_holds_padded_shards_every_unit_gathered_and_the_reduce_scat
     # after the root's post-backward everything is resharded: shards and padded gradients only
     assert "Θ gathered units (kept from forward to backward)" not in moments["end of backward"]
     assert moments["end of backward"]["G gradients"] == 4 * Z2_SHARD
+
+
+def test_chunk_cat_copies_only_on_cpu_and_only_what_w_does_not_divide() -> None:
+    cuda = zero2_moments("torch")["post-backward of the last layer (FSDP2)"]
+    assert "_chunk_cat's padded copies (dim 0 not divisible by W)" not in cuda
+    assert cuda["reduce-scatter input (padded flat copy)"] == 4 * 3 * Z2_LAYER_SHARD
+    # dp = 2 divides every dim 0 (96, 16, 64, 256 rows): no padding, no copies
+    source = (ROOT / "examples" / "measure" / "zero2.place").read_text("utf-8")
+    path = ROOT / "build" / "peak-test-zero2-dp2.place"
+    path.write_text(source.replace("mesh { dp = 3 }", "mesh { dp = 2, memory_profile = torch_cpu }"),
+                    encoding="utf-8")
+    from placeverify.cost import analyse, whole
+    from placeverify.lower import load
+
+    peak = analyse(load(str(path))).peak
+    assert peak is not None
+    post = {label: whole(b) for m in peak.moments if m.name.startswith("post-backward")
+            for label, b in m.parts}
+    assert post["_chunk_cat's padded copies (dim 0 not divisible by W)"] == 0
+    assert post["reduce-scatter input (padded flat copy)"] == 4 * Z2_LAYER
+    assert post["Θ params (FSDP2 shards, dim 0 padded to a multiple of 2)"] \
+        == 4 * (2 * Z2_LAYER + 96 * 64 + 16 * 64 + 128 + 96 * 64) // 2
 
 
 def test_zero2_under_megatron_keeps_the_placement_figures() -> None:

@@ -201,7 +201,7 @@ def _padded_rows(tensors: list[ParamTensor], world: int) -> int:
     return total
 
 
-def fsdp2_zero2_parts(strategy: Strategy, rank: RankMemory, world: int
+def fsdp2_zero2_parts(strategy: Strategy, rank: RankMemory, world: int, profile: str
                       ) -> dict[str, list[tuple[str, Fraction]]]:
     """What FSDP2 with ``reshard_after_forward=False`` holds on its fullest rank (the first: every
     shard ⌈rows/W⌉), torch 2.13's ``_fully_shard`` (one unit per layer and the root, as
@@ -213,12 +213,17 @@ def fsdp2_zero2_parts(strategy: Strategy, rank: RankMemory, world: int
     - ``gathered``: every unit's unsharded parameters, kept from its forward to its post-backward
       (``FSDPParam.init_all_gather_outputs``: ``numel * world_size`` of the padded shard);
     - ``post_backward``: at the last layer's post-backward (its peak, every other layer's
-      activations still alive), ``foreach_reduce`` (``_fsdp_collectives.py``) holds the unit's
-      unsharded gradients (``unsharded_grads``, cleared only after the copy-in) beside the
-      reduce-scatter input, a new flat buffer of the padded size
-      (``reduce_scatter_comm.allocate((reduce_scatter_input_numel,))``, ``chunk_cat`` into it);
-      the root's unsharded gradients made so far (output layer, final norm) and the gradient
-      flowing into the layer before (one hidden state)."""
+      activations still alive) the unit has resharded first (``_fsdp_param_group.py``
+      ``post_backward``: ``if self.reshard_after_backward: self.reshard()`` before
+      ``foreach_reduce``), so every other unit is still gathered; ``foreach_reduce``
+      (``_fsdp_collectives.py``) holds the unit's unsharded gradients (``unsharded_grads``,
+      cleared only after the copy-in) beside the reduce-scatter input, a new flat buffer of the
+      padded size (``reduce_scatter_comm.allocate((reduce_scatter_input_numel,))``), and on CPU
+      ``_chunk_cat`` copies each gradient whose dim 0 W does not divide into a padded tensor
+      before the cat (``torch/_decomp/decompositions.py`` ``_pad_chunk``:
+      ``aten.constant_pad_nd`` when ``pad_along_dim != tensor_size[dim]``; CUDA has its own
+      kernel, none counted); the root's unsharded gradients made so far (output layer, final
+      norm) and the gradient flowing into the layer before (one hidden state)."""
     arch = strategy.model.arch
     assert arch is not None
     pb, gb = Fraction(strategy.precision.params), Fraction(strategy.precision.grads)
@@ -228,6 +233,7 @@ def fsdp2_zero2_parts(strategy: Strategy, rank: RankMemory, world: int
     last = [t for t in tensors if t.unit == f"layers.{arch.layers - 1}"]
     unit_real = sum(t.numel for t in last)
     unit_padded = world * _padded_rows(last, world)
+    copied = world * _padded_rows([t for t in last if t.shape[0] % world], world)
     output = Fraction(0) if arch.tied_embeddings else Fraction(arch.vocab * arch.hidden)
     root_grads = (Fraction(arch.vocab * arch.hidden) if arch.tied_embeddings else output) \
         + arch.norm_params()
@@ -239,13 +245,17 @@ def fsdp2_zero2_parts(strategy: Strategy, rank: RankMemory, world: int
                     shard * ob)],
         "grads": [("G gradients (padded reduce-scatter outputs)", shard * gb)],
         "gathered": [("Θ gathered units (kept from forward to backward)", world * shard * pb)],
+        "gathered_but_last": [("Θ gathered units (all but the last layer's, resharded)",
+                               (world * shard - unit_padded) * pb)],
         "post_backward": [
             ("A activations in flight (but the last layer's)",
              _category(rank, "activations") - per_layer),
             ("root unit's unsharded gradients (output layer, final norm)", root_grads * gb),
             ("activation gradient (one hidden state)", _hidden_bytes(strategy)),
             ("last layer's unsharded gradients", unit_real * gb),
-            ("reduce-scatter input (padded flat copy)", unit_padded * gb)],
+            ("reduce-scatter input (padded flat copy)", unit_padded * gb),
+            *([("_chunk_cat's padded copies (dim 0 not divisible by W)", copied * gb)]
+              if profile == "torch_cpu" else [])],
     }
 
 
@@ -336,7 +346,7 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     torch_like = profile in ("torch", "torch_cpu")
     elements = _optimizer_elements(strategy, optimizer)  # of the optimizer's partition
     world = fsdp2_zero2_world(strategy, profile)
-    zero2 = fsdp2_zero2_parts(strategy, rank, world) if world > 1 else None
+    zero2 = fsdp2_zero2_parts(strategy, rank, world, profile) if world > 1 else None
     gathered: list[tuple[str, Fraction]] = []
     if zero2 is not None:  # FSDP2 holds padded shards, and gathered units from forward on
         grads, gathered = zero2["grads"][0][1], zero2["gathered"]
@@ -385,7 +395,8 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
             *fsdp2_backward_parts(strategy, rank, profile), *extras), stage))
     if zero2 is not None:
         backward.append(Moment("post-backward of the last layer (FSDP2)", kind, (
-            *states, ("G gradients", grads_forward), *gathered, *zero2["post_backward"],
+            *states, ("G gradients", grads_forward), *zero2["gathered_but_last"],
+            *zero2["post_backward"],
             *extras), stage))
     # GPipe: the second backward adds into the first's gradients with m - 1 micro-batches' of
     # activations left; 1F1B: a steady backward with the stage's peak in flight
