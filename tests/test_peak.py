@@ -212,3 +212,182 @@ def test_gpipe_accumulating_backward_has_m_minus_1_micro_batches_left() -> None:
         # the second of m = 4 backwards: 3 micro-batches' activations, the first's gradients
         assert backward["A activations in flight"] * 4 == forward["A activations in flight"] * 3
         assert "G gradients" not in forward and backward["G gradients"] > 0
+
+
+# ---- ZeRO-2 as FSDP2 fully_shard(reshard_after_forward=False) under the torch profiles --------
+def zero2_moments(profile: str, place: str = "zero2") -> dict[str, dict[str, int]]:
+    from placeverify.cost import analyse, whole
+    from placeverify.lower import load
+
+    source = (ROOT / "examples" / "measure" / "zero2.place").read_text("utf-8")
+    path = ROOT / "build" / f"peak-test-zero2-{profile}.place"
+    path.parent.mkdir(exist_ok=True)
+    source = source.replace("place zero2 over dp", f"place {place} over dp")
+    path.write_text(source.replace("mesh { dp = 3 }",
+                                   f"mesh {{ dp = 3, memory_profile = {profile} }}"),
+                    encoding="utf-8")
+    peak = analyse(load(str(path))).peak
+    assert peak is not None
+    return {m.name: {label: whole(b) for label, b in m.parts} for m in peak.moments}
+
+
+# The measure example's tensors (GPT, h = 64, ffn 256, vocab 96, learned positions 16, biases,
+# untied output), each cut in 3 along dim 0 with FSDP2's padding to ⌈rows/3⌉:
+# a layer: two LayerNorms 4·22; q, k, v, o weights 4·22·64; their biases 4·22; up 86·64 and its
+# bias 86; down 22·256 and its bias 22 -> 17,052. The root: embedding 32·64, positions 6·64,
+# final norm 2·22, output 32·64 -> 4,524.
+Z2_LAYER_SHARD = 4 * 22 + 4 * 22 * 64 + 4 * 22 + 86 * 64 + 86 + 22 * 256 + 22
+Z2_ROOT_SHARD = 32 * 64 + 6 * 64 + 2 * 22 + 32 * 64
+Z2_SHARD = 2 * Z2_LAYER_SHARD + Z2_ROOT_SHARD
+Z2_LAYER = 4 * (64 * 64 + 64) + 256 * 64 + 256 + 64 * 256 + 64 + 4 * 64  # real: 49,984
+
+
+def test_fsdp2_zero2_holds_padded_shards_every_unit_gathered_and_the_reduce_scatter_input() -> None:
+    assert Z2_LAYER_SHARD == 17_052 and Z2_SHARD == 38_628 and Z2_LAYER == 49_984
+    moments = zero2_moments("torch_cpu")
+    post = moments["post-backward of the last layer (FSDP2)"]
+    forward = moments["end of forward"]
+    assert post["Θ params (FSDP2 shards, dim 0 padded to a multiple of 3)"] == 4 * Z2_SHARD
+    assert post["Ω optimizer (the first rank's shard, ⌈rows/W⌉ of each tensor)"] == 8 * Z2_SHARD
+    # init_all_gather_outputs: numel * world_size of each padded shard, every unit kept from
+    # forward on; post_backward reshards the layer itself before foreach_reduce
+    assert forward["Θ gathered units (kept from forward to backward)"] == 4 * 3 * Z2_SHARD
+    assert post["Θ gathered units (all but the last layer's, resharded)"] \
+        == 4 * 3 * (Z2_SHARD - Z2_LAYER_SHARD)
+    # foreach_reduce: the layer's unsharded gradients beside the padded reduce-scatter input,
+    # and _chunk_cat's padded copy of every gradient (3 divides none of 64, 256 rows)
+    assert post["last layer's unsharded gradients"] == 4 * Z2_LAYER
+    assert post["reduce-scatter input (padded flat copy)"] == 4 * 3 * Z2_LAYER_SHARD
+    assert post["_chunk_cat's padded copies (dim 0 not divisible by W)"] == 4 * 3 * Z2_LAYER_SHARD
+    assert post["root unit's unsharded gradients (output layer, final norm)"] == 4 * (96 * 64 + 128)
+    assert post["activation gradient (one hidden state)"] == 4 * 2 * 16 * 64
+    # one of the two layers' activations is left
+    assert 2 * post["A activations in flight (but the last layer's)"] \
+        == forward["A activations in flight"]
+    assert post["G gradients"] == 0  # freed between steps, one micro-batch
+    # after the root's post-backward everything is resharded: shards and padded gradients only
+    assert "Θ gathered units (kept from forward to backward)" not in moments["end of backward"]
+    assert moments["end of backward"]["G gradients"] == 4 * Z2_SHARD
+
+
+def test_chunk_cat_copies_only_on_cpu_and_only_what_w_does_not_divide() -> None:
+    cuda = zero2_moments("torch")["post-backward of the last layer (FSDP2)"]
+    assert "_chunk_cat's padded copies (dim 0 not divisible by W)" not in cuda
+    assert cuda["reduce-scatter input (padded flat copy)"] == 4 * 3 * Z2_LAYER_SHARD
+    # dp = 2 divides every dim 0 (96, 16, 64, 256 rows): no padding, no copies
+    source = (ROOT / "examples" / "measure" / "zero2.place").read_text("utf-8")
+    path = ROOT / "build" / "peak-test-zero2-dp2.place"
+    path.write_text(source.replace("mesh { dp = 3 }", "mesh { dp = 2, memory_profile = torch_cpu }"),
+                    encoding="utf-8")
+    from placeverify.cost import analyse, whole
+    from placeverify.lower import load
+
+    peak = analyse(load(str(path))).peak
+    assert peak is not None
+    post = {label: whole(b) for m in peak.moments if m.name.startswith("post-backward")
+            for label, b in m.parts}
+    assert post["_chunk_cat's padded copies (dim 0 not divisible by W)"] == 0
+    assert post["reduce-scatter input (padded flat copy)"] == 4 * Z2_LAYER
+    assert post["Θ params (FSDP2 shards, dim 0 padded to a multiple of 2)"] \
+        == 4 * (2 * Z2_LAYER + 96 * 64 + 16 * 64 + 128 + 96 * 64) // 2
+
+
+def test_zero2_under_megatron_keeps_the_placement_figures() -> None:
+    moments = zero2_moments("megatron")
+    assert "post-backward of the last layer (FSDP2)" not in moments
+    params = 2 * Z2_LAYER + 96 * 64 + 16 * 64 + 128 + 96 * 64  # 113,408: whole, as placed
+    assert moments["end of backward"]["Θ params"] == 4 * params
+
+
+@pytest.mark.parametrize("place", ["fsdp(grad_op)", "zero3(reshard_after_forward = false)"])
+def test_every_fsdp2_without_resharding_is_the_same_run(place: str) -> None:
+    # measure/plan.py runs (R, S, S) and (S*, S, S) without resharding as the same FSDP2 call:
+    # the gathered units are counted once (not also as the placement's whole-model buffer)
+    assert zero2_moments("torch_cpu", place) == zero2_moments("torch_cpu")
+
+
+# ---- a bare parameter count's optimizer temporaries ------------------------------------------
+BARE = """strategy "bare"
+model {{ params = 103040{extra} }}
+precision fp32_adam
+mesh {{ dp = 2, memory_profile = {profile} }}
+place ddp over dp
+"""
+
+
+def bare_run(profile: str, extra: str = "") -> subprocess.CompletedProcess[str]:
+    path = ROOT / "build" / "peak-test-bare.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(BARE.format(profile=profile, extra=extra), encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "placeverify", "check", "--json", "--no-verify",
+                           str(path)], capture_output=True, text=True, cwd=ROOT)
+
+
+def bare_step(profile: str, extra: str = "") -> dict[str, int]:
+    out = bare_run(profile, extra)
+    assert out.returncode in (0, 1), out.stderr
+    return moment(json.loads(out.stdout)["memory"], "optimizer step")["parts"]
+
+
+def test_cpu_adam_temporaries_of_a_bare_count_follow_its_largest_tensor() -> None:
+    # torch/optim/adam.py _single_tensor_adam: exp_avg_sq.sqrt() and its quotient, one
+    # parameter at a time: two fp32 copies of the largest, a 160 x 160 weight
+    parts = bare_step("torch_cpu", ", largest_tensor = 25600")
+    assert parts["optimizer temporaries"] == 2 * 4 * 160 * 160
+    assert parts["DDP bucket buffers"] == 4 * 103_040
+
+
+def test_cpu_adam_temporaries_without_tensor_sizes_are_said_not_modelled() -> None:
+    out = bare_run("torch_cpu")
+    step = moment(json.loads(out.stdout)["memory"], "optimizer step")
+    assert "optimizer temporaries" not in step["parts"]
+    assert step["not_modelled"] == ["Adam's per-tensor temporaries (CPU): a bare parameter "
+                                    "count has no tensor sizes; give model { largest_tensor = N }"]
+    text = subprocess.run([sys.executable, "-m", "placeverify", "check", "--no-verify",
+                           str(ROOT / "build" / "peak-test-bare.place")],
+                          capture_output=True, text=True, cwd=ROOT).stdout
+    assert "not modelled: Adam's per-tensor temporaries (CPU)" in text
+
+
+def test_foreach_adam_temporaries_of_a_bare_count_are_the_whole_list() -> None:
+    # _multi_tensor_adam: torch._foreach_sqrt(device_exp_avg_sqs), an fp32 copy of every
+    # exp_avg_sq at once: 4 bytes x 103,040 (DDP: every rank updates the whole model)
+    assert bare_step("torch")["optimizer temporaries"] == 4 * 103_040
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (", largest_tensor = 200000", "largest_tensor (200,000) is more than the model's 103,040"),
+    (", largest_tensor = 0", "largest_tensor"),
+])
+def test_a_bad_largest_tensor_is_an_error_at_its_text(extra: str, needle: str) -> None:
+    out = bare_run("torch_cpu", extra)
+    assert out.returncode == 2
+    assert needle in out.stderr and "peak-test-bare.place:2:" in out.stderr and "^" in out.stderr
+
+
+def test_largest_tensor_with_an_architecture_is_a_conflict() -> None:
+    path = ROOT / "build" / "peak-bad-largest.place"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(GPT.format(precision="fp32_adam", mesh="", place="ddp").replace(
+        "dropout = false", "dropout = false, largest_tensor = 5"), encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "placeverify", "check", str(path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "'largest_tensor' is derived from the architecture" in out.stderr
+
+
+def test_the_fsdp2_moment_and_the_not_modelled_notes_fit_the_check_schema() -> None:
+    import jsonschema
+
+    schema = json.loads((ROOT / "placeverify" / "schemas" / "check.schema.json").read_text("utf-8"))
+    zero2_moments("torch_cpu")  # writes both files
+    bare_run("torch_cpu")
+    docs = []
+    for path in (ROOT / "build" / "peak-test-zero2-torch_cpu.place",
+                 ROOT / "build" / "peak-test-bare.place"):
+        out = subprocess.run([sys.executable, "-m", "placeverify", "check", "--json",
+                              "--no-verify", str(path)], capture_output=True, text=True, cwd=ROOT)
+        docs.append(json.loads(out.stdout))
+    assert docs[0]["memory"]["peak_at"] == "post-backward of the last layer (FSDP2)"
+    assert any("not_modelled" in m for m in docs[1]["memory"]["moments"])
+    for doc in docs:
+        jsonschema.Draft202012Validator(schema).validate(doc)

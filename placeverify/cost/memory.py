@@ -336,6 +336,9 @@ def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIte
     return items
 
 
+GATHERED_KEPT_LABEL = "gathered parameters (kept from forward to backward)"
+
+
 def gather_buffer(d: Domain, strategy: Strategy) -> MemoryItem | None:
     """S*: one gathered reconstruction unit (FSDP's wrapping unit: a layer or an embedding).
 
@@ -351,8 +354,7 @@ def gather_buffer(d: Domain, strategy: Strategy) -> MemoryItem | None:
         total: Num = 0
         for n in local_params(d, strategy).values():
             total = total + n
-        return MemoryItem("buffers", "gathered parameters (kept from forward to backward)",
-                          total * per_element)
+        return MemoryItem("buffers", GATHERED_KEPT_LABEL, total * per_element)
     arch = strategy.model.arch
     if arch is None:
         return None

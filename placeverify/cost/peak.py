@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from placeverify.cost.memory import RankMemory, kept_parameter_axes
+from placeverify.cost.implementations.params import ParamTensor, transformer_params
+from placeverify.cost.memory import GATHERED_KEPT_LABEL, RankMemory, kept_parameter_axes
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, Schedule, State
 from placeverify.ir.profiles import DEFAULT_MEMORY_PROFILE
@@ -39,6 +40,7 @@ class Moment:
     rank: str  # the rank kind (only | first | middle | last | every)
     parts: tuple[tuple[str, Fraction], ...]
     stage: int | None = None  # the stage whose figures these are, when the kind has several
+    not_modelled: tuple[str, ...] = ()  # what this moment would hold but cannot be sized
 
     @property
     def total(self) -> Fraction:
@@ -161,6 +163,102 @@ def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
     return parts
 
 
+def fsdp2_zero2_world(strategy: Strategy, profile: str) -> int:
+    """W, the data-parallel size over which torch runs FSDP2's
+    ``fully_shard(reshard_after_forward=False)`` under a torch profile: torch has no other
+    ZeRO-2, and ``measure``'s plan runs ``zero2`` (R, S, S) and ``fsdp`` / ``zero3`` with
+    ``reshard_after_forward = false`` (S*, S, S) so. Data axes of size > 1 that shard the
+    gradients and keep the parameters whole or gathered from forward to backward. 1 where this
+    does not apply or is not modelled (tensor, pipeline, expert or context axes of size > 1,
+    experts, or a step that keeps the gathered parameters after the update as written)."""
+    arch = strategy.model.arch
+    if profile not in ("torch", "torch_cpu") or arch is None or arch.moe:
+        return 1
+    if any(p.role is not Role.DATA and strategy.size(p.axis) > 1 for p in strategy.placements):
+        return 1
+    world = 1
+    for p in strategy.placements:
+        if (p.role is Role.DATA and strategy.size(p.axis) > 1
+                and partitions(strategy, p.axis, State.GRADIENTS)
+                and not partitions(strategy, p.axis, State.PARAMS)):
+            world *= strategy.size(p.axis)
+        elif (p.role is Role.DATA and strategy.size(p.axis) > 1
+                and p.axis in gathered_axes(strategy) and not p.reshard_after_forward):
+            if p.axis in kept_parameter_axes(strategy):
+                return 1
+            world *= strategy.size(p.axis)
+    return world
+
+
+def _padded_rows(tensors: list[ParamTensor], world: int) -> int:
+    """Elements of one rank's FSDP2 storage for ``tensors``: dim 0 padded to a multiple of
+    ``world`` and cut in ``world`` (``_fsdp_param.py``: ``_sharded_param_data`` is the padded
+    chunk; the first rank's real shard is all of it, ``torch.chunk``'s ⌈rows/W⌉)."""
+    total = 0
+    for t in tensors:
+        rest = t.numel // t.shape[0]
+        total += -(-t.shape[0] // world) * rest
+    return total
+
+
+def fsdp2_zero2_parts(strategy: Strategy, rank: RankMemory, world: int, profile: str
+                      ) -> dict[str, list[tuple[str, Fraction]]]:
+    """What FSDP2 with ``reshard_after_forward=False`` holds on its fullest rank (the first: every
+    shard ⌈rows/W⌉), torch 2.13's ``_fully_shard`` (one unit per layer and the root, as
+    ``placeverify measure`` wraps them):
+
+    - ``states``: the parameters as padded shards (``_sharded_param_data``), the optimizer's state
+      as ``zeros_like`` of the first rank's real shard (the same size), the sharded gradients as
+      the reduce-scatter's padded output;
+    - ``gathered``: every unit's unsharded parameters, kept from its forward to its post-backward
+      (``FSDPParam.init_all_gather_outputs``: ``numel * world_size`` of the padded shard);
+    - ``post_backward``: at the last layer's post-backward (its peak, every other layer's
+      activations still alive) the unit has resharded first (``_fsdp_param_group.py``
+      ``post_backward``: ``if self.reshard_after_backward: self.reshard()`` before
+      ``foreach_reduce``), so every other unit is still gathered; ``foreach_reduce``
+      (``_fsdp_collectives.py``) holds the unit's unsharded gradients (``unsharded_grads``,
+      cleared only after the copy-in) beside the reduce-scatter input, a new flat buffer of the
+      padded size (``reduce_scatter_comm.allocate((reduce_scatter_input_numel,))``), and on CPU
+      ``_chunk_cat`` copies each gradient whose dim 0 W does not divide into a padded tensor
+      before the cat (``torch/_decomp/decompositions.py`` ``_pad_chunk``:
+      ``aten.constant_pad_nd`` when ``pad_along_dim != tensor_size[dim]``; CUDA has its own
+      kernel, none counted); the root's unsharded gradients made so far (output layer, final
+      norm) and the gradient flowing into the layer before (one hidden state)."""
+    arch = strategy.model.arch
+    assert arch is not None
+    pb, gb = Fraction(strategy.precision.params), Fraction(strategy.precision.grads)
+    ob = Fraction(strategy.precision.optimizer)
+    tensors = transformer_params(arch)
+    shard = _padded_rows(tensors, world)
+    last = [t for t in tensors if t.unit == f"layers.{arch.layers - 1}"]
+    unit_real = sum(t.numel for t in last)
+    unit_padded = world * _padded_rows(last, world)
+    copied = world * _padded_rows([t for t in last if t.shape[0] % world], world)
+    output = Fraction(0) if arch.tied_embeddings else Fraction(arch.vocab * arch.hidden)
+    root_grads = (Fraction(arch.vocab * arch.hidden) if arch.tied_embeddings else output) \
+        + arch.norm_params()
+    per_layer = _category(rank, "activations") / arch.layers if arch.layers else Fraction(0)
+    return {
+        "states": [(f"Θ params (FSDP2 shards, dim 0 padded to a multiple of {world})",
+                    shard * pb),
+                   ("Ω optimizer (the first rank's shard, ⌈rows/W⌉ of each tensor)",
+                    shard * ob)],
+        "grads": [("G gradients (padded reduce-scatter outputs)", shard * gb)],
+        "gathered": [("Θ gathered units (kept from forward to backward)", world * shard * pb)],
+        "gathered_but_last": [("Θ gathered units (all but the last layer's, resharded)",
+                               (world * shard - unit_padded) * pb)],
+        "post_backward": [
+            ("A activations in flight (but the last layer's)",
+             _category(rank, "activations") - per_layer),
+            ("root unit's unsharded gradients (output layer, final norm)", root_grads * gb),
+            ("activation gradient (one hidden state)", _hidden_bytes(strategy)),
+            ("last layer's unsharded gradients", unit_real * gb),
+            ("reduce-scatter input (padded flat copy)", unit_padded * gb),
+            *([("_chunk_cat's padded copies (dim 0 not divisible by W)", copied * gb)]
+              if profile == "torch_cpu" else [])],
+    }
+
+
 def _backward_before_peak(strategy: Strategy, rank: RankMemory) -> bool:
     """Whether some micro-batch's backward has made gradients on this rank kind (its first stage)
     by the time its activations in flight peak again: never with one micro-batch or under GPipe
@@ -247,6 +345,14 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     buffers = _category(rank, "buffers")
     torch_like = profile in ("torch", "torch_cpu")
     elements = _optimizer_elements(strategy, optimizer)  # of the optimizer's partition
+    world = fsdp2_zero2_world(strategy, profile)
+    zero2 = fsdp2_zero2_parts(strategy, rank, world, profile) if world > 1 else None
+    gathered: list[tuple[str, Fraction]] = []
+    if zero2 is not None:  # FSDP2 holds padded shards, and gathered units from forward on
+        grads, gathered = zero2["grads"][0][1], zero2["gathered"]
+        # S* without resharding: the placement's whole-model buffer is these gathered units
+        buffers -= sum((Fraction(i.bytes) for i in rank.items if not i.host
+                        and i.label == GATHERED_KEPT_LABEL), Fraction(0))
     extras: list[tuple[str, Fraction]] = []
     if torch_like and _replicated_gradient_axes(strategy):
         extras.append(("DDP bucket buffers", grads))
@@ -259,11 +365,26 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         else Fraction(0)
     temporaries = Fraction(0)
     if profile == "torch":
-        temporaries = 4 * elements  # foreach Adam: an fp32 sqrt of every exp_avg_sq
-    elif profile == "torch_cpu" and elements and strategy.model.arch is not None:
-        # two temporaries of the largest parameter (a bare parameter count has no tensors: none)
+        # foreach Adam, an fp32 sqrt of every exp_avg_sq at once (torch 2.13 torch/optim/adam.py
+        # line 762, _multi_tensor_adam: ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``,
+        # then divided and added into in place): sized by the whole list, known for a bare count
+        temporaries = 4 * elements
+    unsized: tuple[str, ...] = ()
+    if profile == "torch_cpu" and elements and strategy.model.arch is None:
+        # a bare count's tensors are unknown unless the user gives the largest one
+        if strategy.model.largest_tensor is None:
+            unsized = ("Adam's per-tensor temporaries (CPU): a bare parameter count has no "
+                       "tensor sizes; give model { largest_tensor = N }",)
+        else:
+            temporaries = 2 * 4 * Fraction(strategy.model.largest_tensor,
+                                           _sizes(strategy, Role.TENSOR))
+    elif profile == "torch_cpu" and elements:
+        # two temporaries of the largest parameter: torch 2.13 torch/optim/adam.py line 544,
+        # _single_tensor_adam (CPU tensors are not foreach: optimizer.py
+        # _default_to_fused_or_foreach), ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)``
         temporaries = 2 * 4 * _largest_tensor(strategy)
-    states = (("Θ params", params), ("Ω optimizer", optimizer))
+    states = (("Θ params", params), ("Ω optimizer", optimizer)) if zero2 is None \
+        else tuple(zero2["states"])
     kind = rank.kind.name
     # a kind of several stages gives the figures of its first, the fullest (most in flight)
     stage = rank.kind.stages[0] if len(rank.kind.stages) > 1 and kind != "every" else None
@@ -272,6 +393,11 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         backward.append(Moment("start of backward", kind, (
             *states, ("G gradients", grads_forward), ("A activations in flight", activations),
             *fsdp2_backward_parts(strategy, rank, profile), *extras), stage))
+    if zero2 is not None:
+        backward.append(Moment("post-backward of the last layer (FSDP2)", kind, (
+            *states, ("G gradients", grads_forward), *zero2["gathered_but_last"],
+            *zero2["post_backward"],
+            *extras), stage))
     # GPipe: the second backward adds into the first's gradients with m - 1 micro-batches' of
     # activations left; 1F1B: a steady backward with the stage's peak in flight
     pipe = strategy.pipeline
@@ -279,19 +405,21 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     left = Fraction(strategy.microbatches - 1, strategy.microbatches) if gpipe else Fraction(1)
     if torch_like and strategy.model.arch is not None and (grads_forward or (gpipe and left)):
         backward.append(Moment("backward, gradients accumulating", kind, (
-            *states, ("G gradients", grads), ("A activations in flight", activations * left),
+            *states, ("G gradients", grads), *gathered,
+            ("A activations in flight", activations * left),
             ("A outside the layers", outside * left), ("buffers", buffers), *extras,
             *accumulation_temporaries(strategy)), stage))
     return [
         *backward,
-        Moment("end of forward", kind, (*states, ("G gradients", grads_forward),
+        Moment("end of forward", kind, (*states, ("G gradients", grads_forward), *gathered,
                                         ("A activations in flight", activations),
                                         ("A outside the layers", outside),
                                         ("buffers", buffers), *extras), stage),
         Moment("end of backward", kind, (*states, ("G gradients", grads), ("buffers", buffers),
                                          *extras), stage),
         Moment("optimizer step", kind, (*states, ("G gradients", grads), *extras,
-                                        ("optimizer temporaries", temporaries)), stage),
+                                        ("optimizer temporaries", temporaries)), stage,
+               unsized),
     ]
 
 

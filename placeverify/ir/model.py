@@ -146,6 +146,9 @@ class Model:
     name: str
     params: int
     arch: Transformer | None = None
+    # a bare parameter count's largest single tensor (``largest_tensor = N``), when the user
+    # gives it: what a per-tensor optimizer loop's temporaries are sized by
+    largest_tensor: int | None = None
 
     def group_params(self) -> dict[ParamGroup, int]:
         if self.arch is None:

@@ -27,6 +27,10 @@ def read_model(ctx: Context, stmt: ast.ModelStmt) -> Model | None:
     if name in BARE_MODELS or (name is None and "params" in entries):
         return bare_model(ctx, name, entries, stmt)
     base = ARCHITECTURES.get(name or "")
+    if "largest_tensor" in entries:
+        ctx.error("'largest_tensor' is derived from the architecture; give it with a bare "
+                  "'params' count only", Code.CONFLICT, entries["largest_tensor"].key.span)
+        return None
     if "params" in entries:
         ctx.error("'params' is derived from the architecture; give either 'params' alone or "
                   "the architecture", Code.CONFLICT, entries["params"].span)
@@ -40,8 +44,11 @@ def read_model(ctx: Context, stmt: ast.ModelStmt) -> Model | None:
 def bare_model(ctx: Context, name: str | None, entries: dict[str, ast.Entry],
                stmt: ast.ModelStmt) -> Model | None:
     params = BARE_MODELS.get(name or "")
+    largest: int | None = None
     for key, entry in entries.items():
-        if key == "params":
+        if key == "largest_tensor":
+            largest = ctx.integer(entry.value, key, 1, MAX_PARAMS)
+        elif key == "params":
             number = ctx.number(entry.value, "params")
             if number is None:
                 continue
@@ -55,11 +62,16 @@ def bare_model(ctx: Context, name: str | None, entries: dict[str, ast.Entry],
                       "count; give the architecture without 'params'", Code.CONFLICT,
                       entry.key.span)
         else:
-            ctx.error(f"unknown model key '{key}'{did_you_mean(key, ['params'])}",
+            ctx.error(f"unknown model key '{key}'"
+                      f"{did_you_mean(key, ['params', 'largest_tensor'])}",
                       Code.UNKNOWN_NAME, entry.key.span)
     if params is None:
         return None
-    return Model(name or "model", params, None)
+    if largest is not None and largest > params:
+        ctx.error(f"largest_tensor ({largest:,}) is more than the model's {params:,} parameters",
+                  Code.BAD_VALUE, entries["largest_tensor"].value.span)
+        return None
+    return Model(name or "model", params, None, largest)
 
 
 def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.Entry],

@@ -64,7 +64,8 @@ def peak_document(costs: Costs) -> dict[str, Any]:
         "reserve_bytes": costs.strategy.mesh.reserve or 0,
         "moments": [{"rank": m.rank, "moment": m.name, "bytes": whole(m.total),
                      **({"stage": m.stage} if m.stage is not None else {}),
-                     "parts": {label: whole(b) for label, b in m.parts if b}}
+                     "parts": {label: whole(b) for label, b in m.parts if b},
+                     **({"not_modelled": list(m.not_modelled)} if m.not_modelled else {})}
                     for m in peak.moments],
     }
 

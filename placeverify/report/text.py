@@ -180,6 +180,8 @@ def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None
     if peak is not None:
         console.print(f"peak       {human_bytes(peak.bytes)} at the {peak.peak.describe()} "
                       f"(profile {peak.profile}; persistent states {human_bytes(peak.persistent)})")
+        for note in dict.fromkeys(n for m in peak.moments for n in m.not_modelled):
+            console.print(f"           not modelled: {note}")
     reserve = costs.strategy.mesh.reserve
     if capacity is not None:
         total = costs.needed_bytes()
