@@ -100,9 +100,12 @@ def _diverges(strategy: Strategy, sizes: dict[str, int], m: int, tokens: Counts,
     return False if judged else None
 
 
-def check_counts(trace: Trace, strategy: Strategy, sizes: dict[str, int]) -> None:
-    """On the trace's own mesh (``strategy`` re-targeted to it): its rows cover that mesh, and,
-    for a wrong loss normaliser, its counts make the step diverge."""
+def check_counts(trace: Trace, strategy: Strategy, sizes: dict[str, int],
+                 declared_strategy: Strategy | None = None) -> None:
+    """On the trace's own mesh (``strategy`` re-targeted to it and to the trace's micro-batch
+    count): its rows cover that mesh, and, for a wrong loss normaliser, its counts make the step
+    diverge. ``declared_strategy`` is the same at the count the file declares, which tells a
+    trace whose micro-batch count was lowered from one whose source was changed."""
     if not trace.tokens:
         return  # nothing written: the replay picks diverging counts itself
     m = trace.microbatches
@@ -127,9 +130,10 @@ def check_counts(trace: Trace, strategy: Strategy, sizes: dict[str, int]) -> Non
                            f"single-device gradient at {where} (the exact interpreter finds no "
                            "difference), so they are no counterexample to the refuted claim",
                            "tokens")
-    declared = strategy.step.microbatches
-    if declared != m and len(atom_keys(strategy, sizes, declared)) <= MAX_JUDGED_ATOMS and \
-            pick_counts(strategy, sizes, declared, True)[2]:
+    at_file = declared_strategy or strategy
+    declared = at_file.step.microbatches
+    if declared != m and len(atom_keys(at_file, sizes, declared)) <= MAX_JUDGED_ATOMS and \
+            pick_counts(at_file, sizes, declared, True)[2]:
         raise inconsistent(trace, f"at {where} the trace's source computes the single-device "
                            "gradient for every token count tried (the exact interpreter finds no "
                            f"difference), though with its step's {declared} micro-batches it "

@@ -229,9 +229,10 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
     check_microbatches(trace, strategy)
     keep = _trace_sizes(trace, strategy)
     sizes, reason = replayed_sizes(strategy, keep, world, "trace's mesh")
-    resized = at_microbatches(resize(strategy, sizes), trace.microbatches)
+    at_file = resize(strategy, sizes)
+    resized = at_microbatches(at_file, trace.microbatches)
     if sizes == keep:  # the trace's own mesh: its counts are replayed, so they must fit
-        check_counts(trace, resized, sizes)
+        check_counts(trace, resized, sizes, at_file)
     expect = verify(resized, timeout_ms)
     if sizes == keep and trace.kind not in UNWITNESSED:
         check_claim(trace, resized, sizes, expect.verdict)
