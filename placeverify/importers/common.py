@@ -188,13 +188,24 @@ def number_text(value: Fraction | float | int) -> str:
     return format(float(f), "f").rstrip("0").rstrip(".") or "0"
 
 
-# Whose kernels save the layer's activations and whose temporaries the peak counts
-# (placeverify/ir/profiles.py), by the framework a configuration is for.
-MEMORY_PROFILES = {
-    "megatron": ("megatron", "Megatron-core's fused kernels"),
-    "deepspeed": ("deepspeed", "DeepSpeed runs the model's eager (Hugging Face) kernels"),
-    "torchtitan": ("torch", "torchtitan: eager PyTorch modules under FSDP2"),
-    "accelerate": ("torch", "accelerate: the Hugging Face model's eager kernels under torch FSDP"),
+@dataclass(frozen=True, slots=True)
+class Framework:
+    """What an imported strategy says of the framework its file is for: the name titles use, and
+    the memory profile (whose kernels save the layer's activations and whose temporaries the peak
+    counts, ``placeverify/ir/profiles.py``) with the reason."""
+
+    name: str
+    memory_profile: str
+    why: str
+
+
+FRAMEWORKS = {
+    "megatron": Framework("Megatron-LM", "megatron", "Megatron-core's fused kernels"),
+    "deepspeed": Framework("DeepSpeed", "deepspeed",
+                           "DeepSpeed runs the model's eager (Hugging Face) kernels"),
+    "torchtitan": Framework("torchtitan", "torch", "torchtitan: eager PyTorch modules under FSDP2"),
+    "accelerate": Framework("accelerate", "torch",
+                            "accelerate: the Hugging Face model's eager kernels under torch FSDP"),
 }
 
 
@@ -228,9 +239,9 @@ def render(plan: Plan) -> tuple[str, dict[int, Origin]]:
     out.append("mesh {")
     for line in plan.mesh:
         emit(line, "    ")
-    if plan.fmt in MEMORY_PROFILES:
-        emit(Line(f"memory_profile = {MEMORY_PROFILES[plan.fmt][0]}", MEMORY_PROFILES[plan.fmt][1]),
-             "    ")
+    framework = FRAMEWORKS.get(plan.fmt)
+    if framework is not None:
+        emit(Line(f"memory_profile = {framework.memory_profile}", framework.why), "    ")
     out.append("}")
     out.append("")
     for line in plan.body:

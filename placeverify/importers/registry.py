@@ -12,7 +12,7 @@ from pathlib import Path
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.importers import Options, accelerate, deepspeed, megatron, torchtitan
-from placeverify.importers.common import Imported, Plan, Reader, render
+from placeverify.importers.common import FRAMEWORKS, Imported, Plan, Reader, render
 from placeverify.importers.rules import Facts
 from placeverify.importers.rules import judge as judge_rules
 from placeverify.ir.strategy import Strategy
@@ -106,15 +106,12 @@ def load(path: str, options: Options = DEFAULTS, settings: Settings | None = Non
     return strategy, replace(imported, warnings=[*imported.warnings, *found], rules=[])
 
 
-FRAMEWORKS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed", "torchtitan": "torchtitan",
-              "accelerate": "accelerate"}
-
-
 def _retitled(strategy: Strategy, imported: Imported) -> Strategy:
     """The strategy titled with its mesh as overridden: the import's title names the file's own
     sizes (and DeepSpeed's its ZeRO stage), which a ``mesh``/``place`` override may change."""
     sizes = ", ".join(f"{axis.name} = {axis.size}" for axis in strategy.mesh.axes)
-    name = (f"{Path(imported.path).name}: {FRAMEWORKS.get(imported.fmt, imported.fmt)} "
+    framework = FRAMEWORKS.get(imported.fmt)
+    name = (f"{Path(imported.path).name}: {framework.name if framework else imported.fmt} "
             f"with overrides, {sizes}")
     return replace(strategy, config=replace(strategy.config, name=name))
 
