@@ -556,14 +556,38 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
         collectives=tuple(colls))
 
 
+def llama3_405b_4d_collectives(local: F, norms_bytes: F, layers: int, m: int,
+                               p: int) -> tuple[Coll, ...]:
+    """Per-device traffic of Llama 3 405B at t = 8, cp = 2, d = 8 with the distributed optimizer
+    over dp (its shard all-reduced over cp), sequence and context parallelism, full recompute:
+    ``local`` is the stage's parameters per tensor rank, ``norms_bytes`` its fp32 norm gradients,
+    ``layers`` the layers of the stage traffic follows."""
+    t, cp, dp, s, h, e = 8, 2, 8, 8192, 16384, 2
+    bshe = F(1 * s * h * e, cp)  # cp splits the sequence
+    kv_bytes = 2 * 1 * s * h * F(8, 128) * e / t  # K and V, the full sequence, heads split by t
+    return (
+        C("all_reduce", ("cp", "dp"), TOKENS.format("cp, dp"), 8, 1, cp * dp, "scalar"),
+        C("all_reduce", "tp", "grads[norms]", norms_bytes, 1, t, "gradients"),
+        C("reduce_scatter", "dp", "grads", 4 * local, 1, dp, "gradients"),
+        C("all_reduce", "cp", "grads", 4 * local / dp, 1, cp, "gradients"),
+        C("all_gather", "dp", "params", 2 * local, 1, dp, "params"),
+        C("all_gather", "tp", SP_AG_FULL, bshe, 8 * layers * m, t, "activations"),
+        C("reduce_scatter", "tp", SP_RS_FULL, bshe, 6 * layers * m, t, "activations"),
+        C("reduce_scatter", "tp", EMB_OUT, bshe, m, t, "activations"),
+        C("all_gather", "tp", EMB_GRAD_SP, bshe, m, t, "activations"),
+        C("send", "pp", P2P, bshe / t, 2 * m, p, "activations"),
+        C("all_gather", "cp", KV_FULL, kv_bytes, 3 * layers * m, cp, "activations"),
+        C("reduce_scatter", "cp", "K and V gradients (context parallel, per layer)", kv_bytes,
+          layers * m, cp, "activations"),
+    )
+
+
 def llama3_405b_4d() -> Expected:
     g = LLAMA3_405B
     t, cp, p, dp, m, L = 8, 2, 14, 8, 28, 126
     local = F(g["dense"] + g["embedding"], t * p) + F(g["norms"], p)
     s, h, e = 8192, 16384, 2
-    bshe = F(1 * s * h * e, cp)  # cp splits the sequence
     kept = F(e * s * h, t * cp)  # full recompute, SP and CP split the kept layer input
-    kv_bytes = 2 * 1 * s * h * F(8, 128) * e / t  # K and V, the full sequence, heads split by t
     layers = L // p
     # 1F1B: p - i micro-batches in flight on stage i; full recompute keeps e·s·h/(t·cp) per layer.
     # The first stage (p in flight) outweighs the last (1 in flight, plus its logits)
@@ -579,21 +603,7 @@ def llama3_405b_4d() -> Expected:
         buffers=llama_layer_bytes(s, h, 128, 8, 53248) / (t * cp),
         host=F(0), per_layer=kept, bubble=F(p - 1, m),
         outside=F(0),  # the first stage's (no dropout)
-        collectives=(
-            C("all_reduce", ("cp", "dp"), TOKENS.format("cp, dp"), 8, 1, cp * dp, "scalar"),
-            C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
-            C("reduce_scatter", "dp", "grads", 4 * local, 1, dp, "gradients"),
-            C("all_reduce", "cp", "grads", 4 * local / dp, 1, cp, "gradients"),
-            C("all_gather", "dp", "params", 2 * local, 1, dp, "params"),
-            C("all_gather", "tp", SP_AG_FULL, bshe, 8 * layers * m, t, "activations"),
-            C("reduce_scatter", "tp", SP_RS_FULL, bshe, 6 * layers * m, t, "activations"),
-            C("reduce_scatter", "tp", EMB_OUT, bshe, m, t, "activations"),
-            C("all_gather", "tp", EMB_GRAD_SP, bshe, m, t, "activations"),
-            C("send", "pp", P2P, bshe / t, 2 * m, p, "activations"),
-            C("all_gather", "cp", KV_FULL, kv_bytes, 3 * layers * m, cp, "activations"),
-            C("reduce_scatter", "cp", "K and V gradients (context parallel, per layer)", kv_bytes,
-              layers * m, cp, "activations"),
-        ))
+        collectives=llama3_405b_4d_collectives(local, 4 * F(g["norms"], p), layers, m, p))
 
 
 def llama3_405b_uneven() -> Expected:
@@ -627,29 +637,13 @@ def llama3_405b_uneven() -> Expected:
     assert max(totals, key=lambda k: totals[k]) == "middle"
     fullest = stage["middle"]
     local = F((g["dense"]) * 8, t * L) + F(g["norms"] * 8, L) + F(g["embedding"], t * p)
-    bshe = F(1 * s * h * e, cp)
-    kv_bytes = 2 * 1 * s * h * F(8, 128) * e / t
     layers = 8
     return Expected(
         params=2 * fullest, optimizer=12 * fullest / dp, gradients=4 * fullest,
         activations=kept * layers * (p - 1),  # stage 1: 15 micro-batches of 8 layers
         buffers=llama_layer_bytes(s, h, 128, 8, 53248) / (t * cp),
         host=F(0), per_layer=kept, bubble=F(p - 1, m), outside=F(0),
-        collectives=(
-            C("all_reduce", ("cp", "dp"), TOKENS.format("cp, dp"), 8, 1, cp * dp, "scalar"),
-            C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"] * 8, L), 1, t, "gradients"),
-            C("reduce_scatter", "dp", "grads", 4 * local, 1, dp, "gradients"),
-            C("all_reduce", "cp", "grads", 4 * local / dp, 1, cp, "gradients"),
-            C("all_gather", "dp", "params", 2 * local, 1, dp, "params"),
-            C("all_gather", "tp", SP_AG_FULL, bshe, 8 * layers * m, t, "activations"),
-            C("reduce_scatter", "tp", SP_RS_FULL, bshe, 6 * layers * m, t, "activations"),
-            C("reduce_scatter", "tp", EMB_OUT, bshe, m, t, "activations"),
-            C("all_gather", "tp", EMB_GRAD_SP, bshe, m, t, "activations"),
-            C("send", "pp", P2P, bshe / t, 2 * m, p, "activations"),
-            C("all_gather", "cp", KV_FULL, kv_bytes, 3 * layers * m, cp, "activations"),
-            C("reduce_scatter", "cp", "K and V gradients (context parallel, per layer)", kv_bytes,
-              layers * m, cp, "activations"),
-        ))
+        collectives=llama3_405b_4d_collectives(local, 4 * F(g["norms"] * 8, L), layers, m, p))
 
 
 def mixtral_ep() -> Expected:
