@@ -18,10 +18,24 @@ Runs (the published layout as this project reads the source):
   stage. The paper does not give the interleaving depth: v = 4 here, as
   ``benchmarks/step_time.py`` assumes for the same rows, so the 126 layers are 1, 2 x 62, 1
   over the 64 virtual stages.
-- GPT-3 175B on 1,024 A100 80GB, batch 1,536 sequences of 2,048: the Megatron-LM 3D layout of
-  ``examples/strategies/gpt3-175b-3d.place`` (t = 8 in a node, p = 8, d = 16, the distributed
-  optimizer, sequence parallelism, selective recomputation; Narayanan et al. 2021, arXiv
-  2104.04473, and Korthikanti et al. 2022, arXiv 2205.05198), m = 96.
+- GPT-3 175B on 1,024 A100 80GB, batch 1,536 sequences of 2,048: Megatron-LM's 3D layout for
+  this model, t = 8 in a node and p = 8 interleaved over v = 3 chunks (Korthikanti et al. 2022,
+  arXiv 2205.05198, Table 5, with sequence parallelism and selective recomputation), d = 16,
+  b = 1, m = 96, plain data parallelism: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 runs
+  "no ZeRO", and neither paper uses the distributed optimizer.
+
+Each run is searched twice. First over every layout the language has; then over the choices
+that run's own software offered, so that the published layout is ranked against the layouts its
+authors could have launched:
+
+- GPT-3 (Megatron-LM of 2021-22): data parallelism without sharding (DDP; Narayanan et al.
+  Table 1: "no ZeRO") and no context parallelism (Megatron-LM's context parallelism came with
+  Megatron-core in 2023);
+- Llama 3: the FSDP family (``zero2`` for "FSDP without resharding after forward", ``zero3``
+  for resharding, ``hsdp`` for hybrid sharding), every other degree open (the paper uses context
+  parallelism for long sequences).
+
+The goal line is printed for both; only the first is the issue's goal as written.
 """
 
 from __future__ import annotations
@@ -36,9 +50,9 @@ sys.path.insert(0, str(ROOT))
 from placeverify.api import load_text, parse  # noqa: E402
 from placeverify.diagnostics import Source  # noqa: E402
 from placeverify.search.problem import Problem, problem_from  # noqa: E402
-from placeverify.search.run import evaluate, search  # noqa: E402
+from placeverify.search.run import Evaluated, SearchResult, evaluate, search  # noqa: E402
 from placeverify.search.screen import Screen, Setting  # noqa: E402
-from placeverify.search.space import Layout, Recompute, Sharding, stage_layers  # noqa: E402
+from placeverify.search.space import Layout, Recompute, Sharding, Space, stage_layers  # noqa: E402
 
 
 def problem(model: str, dev: str, devices: int, batch: int, seq: int) -> Problem:
@@ -49,57 +63,68 @@ def problem(model: str, dev: str, devices: int, batch: int, seq: int) -> Problem
                         global_batch=batch)
 
 
-def llama3_405b() -> tuple[str, Problem, Layout]:
+def llama3_405b() -> tuple[str, Problem, Layout, Space, str]:
     pb = problem("llama3_405b", "h100_sxm", 16384, 2048, 8192)
     stages = stage_layers(126, 16, 4, uneven=True)
     assert isinstance(stages, tuple)
     published = Layout(tp=8, cp=1, pp=16, v=4, ep=1, dp=128, sharding=Sharding.ZERO2, shard=128,
                        sp=True, recompute=Recompute.NONE, offload=False, b=1, m=16,
                        stages=stages)
-    return "Llama 3 405B, 16,384 x H100, 16M tokens x 8192", pb, published
+    own = Space(shardings=(Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP))
+    return ("Llama 3 405B, 16,384 x H100, 16M tokens x 8192", pb, published, own,
+            "the FSDP family (zero2, zero3, hsdp)")
 
 
-def gpt3_175b() -> tuple[str, Problem, Layout]:
+def gpt3_175b() -> tuple[str, Problem, Layout, Space, str]:
     pb = problem("gpt3_175b", "a100_80gb_sxm", 1024, 1536, 2048)
-    published = Layout(tp=8, cp=1, pp=8, v=1, ep=1, dp=16, sharding=Sharding.ZERO1, shard=16,
+    published = Layout(tp=8, cp=1, pp=8, v=3, ep=1, dp=16, sharding=Sharding.DDP, shard=16,
                        sp=True, recompute=Recompute.SELECTIVE, offload=False, b=1, m=96)
-    return "GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048", pb, published
+    own = Space(shardings=(Sharding.DDP,), max_cp=1)
+    return ("GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048", pb, published, own,
+            "Megatron-LM 2021-22: DDP, no context parallelism")
 
 
 def main() -> int:
-    for name, pb, published in (llama3_405b(), gpt3_175b()):
-        started = time.perf_counter()
-        result = search(pb, top=5)
-        wall = time.perf_counter() - started
-        s = result.seconds
-        print(f"== {name}")
-        print(f"  {result.candidates:,} legal layouts screened in {s['screen']:.2f} s: "
-              f"{result.rate:,.0f} layouts/s")
-        print(f"  {result.finalists} finalists under the full model in {s['evaluate']:.2f} s; "
-              f"{len(result.verdicts)} verified in {s['verify']:.2f} s; total {wall:.2f} s "
-              f"(frontier: {len(result.frontier)} layouts, all proved)")
-        peak_dev, time_dev = result.screen_deviation
-        print(f"  screen vs full model among the finalists: peak within {100 * peak_dev:.2f}%, "
-              f"step time within {100 * time_dev:.2f}%")
-        for rank, e in enumerate(result.top, 1):
-            print(f"  {rank}. {e.label:48s} {e.step_seconds:8.3f} s  {e.needed_bytes / 1e9:6.1f} GB"
-                  f"  MFU {100 * (e.mfu or 0):.1f}%")
+    for name, pb, published, own, own_name in (llama3_405b(), gpt3_175b()):
         screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
                                 float(pb.pcie_bandwidth)))
-        own = evaluate(pb, published, screen.estimate(published))
-        if own is None:
-            print(f"  published layout {published.label()}: rejected by the language")
-            continue
-        faster = sum(1 for e in result.evaluated if e.step_seconds < own.step_seconds)
-        best = result.top[0].step_seconds if result.top else float("nan")
-        near = [e for e in result.top if abs(e.step_seconds / own.step_seconds - 1) <= 0.05]
-        print(f"  published {published.label()}: {own.step_seconds:.3f} s, "
-              f"{own.needed_bytes / 1e9:.1f} GB, fits {own.fits}; rank {faster + 1} among the "
-              f"finalists that fit; top-1 is {100 * (own.step_seconds / best - 1):+.1f}% faster")
-        print(f"  goal (published or one within 5% of it in the top 5): "
-              f"{'met' if faster < 5 or near else 'NOT met'} "
-              f"({len(near)} of the top 5 within 5%)")
+        mine = evaluate(pb, published, screen.estimate(published))
+        print(f"== {name}")
+        for title, space in (("every layout", Space()), (f"the run's own choices: {own_name}", own)):
+            started = time.perf_counter()
+            result = search(pb, space, top=5)
+            wall = time.perf_counter() - started
+            s = result.seconds
+            print(f"  -- {title}")
+            print(f"  {result.candidates:,} legal layouts screened in {s['screen']:.2f} s: "
+                  f"{result.rate:,.0f} layouts/s")
+            print(f"  {result.finalists} finalists under the full model in {s['evaluate']:.2f} s; "
+                  f"{len(result.verdicts)} verified in {s['verify']:.2f} s; total {wall:.2f} s "
+                  f"(frontier: {len(result.frontier)} layouts, all proved)")
+            peak_dev, time_dev = result.screen_deviation
+            print(f"  screen vs full model among the finalists: peak within "
+                  f"{100 * peak_dev:.2f}%, step time within {100 * time_dev:.2f}%")
+            for rank, e in enumerate(result.top, 1):
+                print(f"  {rank}. {e.label:48s} {e.step_seconds:8.3f} s  "
+                      f"{e.needed_bytes / 1e9:6.1f} GB  MFU {100 * (e.mfu or 0):.1f}%")
+            if mine is None:
+                print(f"  published layout {published.label()}: rejected by the language")
+                continue
+            ranked(result, mine, published)
     return 0
+
+
+def ranked(result: SearchResult, own: Evaluated, published: Layout) -> None:
+    """Where the published layout ranks, and whether the goal holds."""
+    faster = sum(1 for e in result.evaluated if e.step_seconds < own.step_seconds)
+    best = result.top[0].step_seconds if result.top else float("nan")
+    near = [e for e in result.top if abs(e.step_seconds / own.step_seconds - 1) <= 0.05]
+    print(f"  published {published.label()}: {own.step_seconds:.3f} s, "
+          f"{own.needed_bytes / 1e9:.1f} GB, fits {own.fits}; rank {faster + 1} among the "
+          f"finalists that fit; top-1 is {100 * (own.step_seconds / best - 1):+.1f}% faster")
+    print(f"  goal (published or one within 5% of it in the top 5): "
+          f"{'met' if faster < 5 or near else 'NOT met'} "
+          f"({len(near)} of the top 5 within 5%)")
 
 
 if __name__ == "__main__":
