@@ -1,0 +1,76 @@
+"""The torch replay of a participation pattern (:mod:`placeverify.semantics.participation`).
+
+A run realises one pattern (``RunSpec.idle``): a backward in a micro-batch that leaves a group
+unused adds nothing to that group's gradient on any rank, and an ``only = used`` collective leaves
+the group's buffer as it is there (:mod:`placeverify.replay.step`,
+:mod:`placeverify.replay.collectives`); the single-device reference leaves that micro-batch's
+sequences out of the group's gradient (:func:`idle_grads`). The pattern replayed is the first one
+under which Z3 refutes the file, so the run shows the divergence the verdict claims; for a file
+proved under every pattern, the one with the most idle micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.strategy import Strategy
+from placeverify.replay.layout import Unsupported
+from placeverify.semantics.participation import Pattern, patterns, with_pattern
+from placeverify.semantics.schedule import Unmodelled
+
+if TYPE_CHECKING:
+    from placeverify.replay.reference import Setup
+
+
+def realised(strategy: Strategy, idle: list[tuple[str, list[int]]]) -> Strategy:
+    """The strategy under the pattern a run spec names."""
+    groups = {g.value: g for g in ParamGroup}
+    return with_pattern(strategy, Pattern(tuple((groups[g], frozenset(ks)) for g, ks in idle)))
+
+
+def chosen_idle(strategy: Strategy, timeout_ms: int) -> list[tuple[str, list[int]]]:
+    """The pattern to replay (module docstring), as a run spec names it."""
+    from placeverify.api import verify
+
+    try:
+        found = [p for p in patterns(strategy) if any(ks for _g, ks in p.idle)]
+    except Unmodelled:
+        return []
+    refuted = verify(strategy, timeout_ms).first_refuted() is not None
+    pick: Pattern | None = None
+    for pattern in found:
+        if verify(with_pattern(strategy, pattern), timeout_ms).first_refuted() is not None:
+            pick = pattern
+            break
+    if pick is None and not refuted and found:
+        pick = max(found, key=lambda p: sum(len(ks) for _g, ks in p.idle))
+    if pick is None:
+        return []
+    return [(g.value, sorted(ks)) for g, ks in pick.idle if ks]
+
+
+def idle_grads(setup: Setup, params: dict[str, torch.Tensor], losses: torch.Tensor,
+               weights: torch.Tensor, rows: list[tuple[tuple[int, ...], int, int]]
+               ) -> dict[str, torch.Tensor]:
+    """The single-device gradient under the setup's pattern: each group's gradient from the
+    sequences of the micro-batches that use it."""
+    step = setup.strategy.step
+    if setup.strategy.terms:
+        raise Unsupported("a participation pattern with several loss terms is not replayed")
+    groups = {sp.name: sp.group for sp in setup.specs}
+    names = list(params)
+    sets = {step.idle_in(groups[n]) for n in names}
+    out: dict[str, torch.Tensor] = {}
+    for i, idle in enumerate(sorted(sets, key=sorted)):
+        keep = torch.cat([torch.full((samples, 1), 0.0 if k in idle else 1.0, dtype=weights.dtype,
+                                     device=weights.device) for _unit, k, samples in rows])
+        total = (losses * weights * keep).sum()
+        grads = torch.autograd.grad(total, [params[n] for n in names],
+                                    retain_graph=i + 1 < len(sets), allow_unused=True)
+        for n, g in zip(names, grads, strict=True):
+            if step.idle_in(groups[n]) == idle:
+                out[n] = g if g is not None else torch.zeros_like(params[n])
+    return out
