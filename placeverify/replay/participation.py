@@ -23,12 +23,31 @@ from placeverify.semantics.schedule import Unmodelled
 
 if TYPE_CHECKING:
     from placeverify.replay.reference import Setup
+    from placeverify.trace import Trace
 
 
 def realised(strategy: Strategy, idle: list[tuple[str, list[int]]]) -> Strategy:
     """The strategy under the pattern a run spec names."""
     groups = {g.value: g for g in ParamGroup}
     return with_pattern(strategy, Pattern(tuple((groups[g], frozenset(ks)) for g, ks in idle)))
+
+
+def trace_idle(trace: Trace) -> list[tuple[str, list[int]]]:
+    """The pattern a trace refutes (its ``values.participation``: [group, [micro-batches]]
+    pairs), checked: a malformed one is a ValueError (the replay refuses the trace)."""
+    raw = trace.values.get("participation")
+    names = {g.value for g in ParamGroup}
+    out: list[tuple[str, list[int]]] = []
+    if not isinstance(raw, list):
+        raise ValueError("the trace's participation pattern is not a list")
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 2 and item[0] in names
+                and isinstance(item[1], list)
+                and all(isinstance(k, int) and 0 <= k < trace.microbatches for k in item[1])):
+            raise ValueError(f"the trace's participation pattern has a bad entry {item!r}: "
+                             "expected [group, [micro-batch, ...]]")
+        out.append((str(item[0]), [int(k) for k in item[1]]))
+    return out
 
 
 def chosen_idle(strategy: Strategy, timeout_ms: int) -> list[tuple[str, list[int]]]:

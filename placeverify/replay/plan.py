@@ -238,6 +238,10 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
     keep = _trace_sizes(trace, strategy)
     sizes, reason = replayed_sizes(strategy, keep, world, "trace's mesh")
     at_file = resize(strategy, sizes)
+    if trace.values.get("participation"):  # the pattern the trace refutes
+        from placeverify.replay.participation import realised, trace_idle
+
+        at_file = realised(at_file, trace_idle(trace))
     resized = at_microbatches(at_file, trace.microbatches)
     if sizes == keep:  # the trace's own mesh: its counts are replayed, so they must fit
         check_counts(trace, resized, sizes, at_file)
@@ -257,9 +261,10 @@ def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
     notes: list[str] = []
     spec_base = RunSpec("trace", trace.source, path, sizes, m, False, [], [], steps)
     if case.strategy.config.unused:
-        from placeverify.replay.participation import chosen_idle
+        from placeverify.replay.participation import chosen_idle, trace_idle
 
-        spec_base = replace(spec_base, idle=chosen_idle(strategy_of(spec_base), timeout_ms))
+        spec_base = replace(spec_base, idle=trace_idle(trace) if trace.values.get("participation")
+                            else chosen_idle(strategy_of(spec_base), timeout_ms))
     counts = trace_counts(trace, case.strategy, sizes, m) if sizes == keep else None
     tokens, samples = _counts(case.strategy, sizes, m, expect, counts, notes)
     main = replace(spec_base, tokens=tokens, samples=samples)
