@@ -347,7 +347,7 @@ UNUSED_GROUPS = FixRule(
     "reduce every group after the last micro-batch, whichever micro-batches used it (drop "
     "'only = used': {reference[0]}'s sync of all gradients at the end of the batch; or count "
     "a group as used when any micro-batch of the window used it, {reference[1]})",
-    ("mosaicml/composer#48", "pytorch/pytorch#124193"))
+    ("composer#48", "pytorch#124193"))
 
 FIXES: tuple[FixRule, ...] = (
     # Integrity counterexamples (verify.checks.integrity), in order: the first match wins.
