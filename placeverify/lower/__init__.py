@@ -21,6 +21,7 @@ from placeverify.lower.compose import with_recompute
 from placeverify.lower.mesh import read_mesh
 from placeverify.lower.model import read_model
 from placeverify.lower.overrides import Settings, apply
+from placeverify.lower.participation import read_unused
 from placeverify.lower.placement import read_placements
 from placeverify.lower.precision import read_precision
 from placeverify.lower.settings import (
@@ -32,7 +33,6 @@ from placeverify.lower.settings import (
     read_recompute,
 )
 from placeverify.lower.shapes import check_shapes
-from placeverify.lower.participation import read_unused
 from placeverify.lower.step import lower_step
 from placeverify.lower.terms import read_terms
 from placeverify.lower.values import Context

@@ -58,7 +58,6 @@ from placeverify.ir.step import (
     Update,
 )
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.participation import idle_at
 from placeverify.replay import comm
 from placeverify.replay.buffers import Buffers
 from placeverify.replay.collectives import RankCollectives
@@ -67,6 +66,7 @@ from placeverify.replay.layout import Unsupported, gathered_axes
 from placeverify.replay.reference import LEARNING_RATE, MOMENTUM, NORM_EPS
 from placeverify.roles.relations import relation
 from placeverify.semantics.interpreter import LOSS_SCALE
+from placeverify.semantics.participation import idle_at
 from placeverify.semantics.schedule import events
 from placeverify.semantics.surd import Real, sqrt_of
 
