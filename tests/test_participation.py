@@ -204,3 +204,42 @@ def test_the_replay_realises_the_refuting_pattern() -> None:
     # proved under every pattern: the one with the most idle micro-batches is replayed
     every = load_text(EVERY, "p.place")
     assert chosen_idle(every, 10_000) == [("dense", [0, 1, 2])]
+
+
+TERMS = HEAD.replace("loss microbatch_mean", "loss token_mean\nloss aux: token_mean") + """unused dense
+step {
+    microbatches = 2
+    each microbatch {
+        backward sum / tokens(dp, step)
+        backward aux: sum / tokens(dp, step)
+    }
+    on microbatch last { all_reduce(sum, only = used) grads over dp }
+    update params
+}
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("text", "verdict", "idle"), [
+    (LAST_ONLY, Verdict.REFUTED, [("dense", [1])]),  # dense unused in the last micro-batch
+    # every group reduced: proved, replayed with dense unused in every deciding micro-batch
+    (LAST_ONLY.replace("(mean, only = used)", "(mean)"), Verdict.PROVED, []),
+    (EVERY, Verdict.PROVED, [("dense", [0, 1, 2])]),
+    # two loss terms under the skipping pattern: the reference keeps each term's weights
+    (TERMS, Verdict.REFUTED, [("dense", [1])]),
+])
+def test_the_replay_confirms_the_verdict_under_its_pattern(
+        text: str, verdict: Verdict, idle: list[tuple[str, list[int]]]) -> None:
+    pytest.importorskip("torch")
+    from placeverify.backend.runtime import pool
+    from placeverify.replay.cli import execute
+    from placeverify.replay.plan import plan_from_strategy
+
+    pool().prestart()
+    plan = plan_from_strategy(load_text(text, "p.place"), steps=2)
+    assert plan.main.idle == idle
+    assert plan.expect.verdict is verdict
+    report = execute(plan, timeout=120, source="<text>")
+    assert report.error is None and report.main is not None
+    assert report.main.outcome.diverges is (verdict is Verdict.REFUTED)
+    assert report.verdict == "confirmed"

@@ -11,15 +11,16 @@ proved under every pattern, the one with the most idle micro-batches.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
-from placeverify.replay.layout import Unsupported
 from placeverify.semantics.participation import Pattern, patterns, with_pattern
 from placeverify.semantics.schedule import Unmodelled
+from placeverify.semantics.terms import TermView, projection, term_views
 
 if TYPE_CHECKING:
     from placeverify.replay.reference import Setup
@@ -71,25 +72,42 @@ def chosen_idle(strategy: Strategy, timeout_ms: int) -> list[tuple[str, list[int
     return [(g.value, sorted(ks)) for g, ks in pick.idle if ks]
 
 
-def idle_grads(setup: Setup, params: dict[str, torch.Tensor], losses: torch.Tensor,
+def idle_grads(setup: Setup, t: int, params: dict[str, torch.Tensor], losses: torch.Tensor,
                weights: torch.Tensor, rows: list[tuple[tuple[int, ...], int, int]]
                ) -> dict[str, torch.Tensor]:
-    """The single-device gradient under the setup's pattern: each group's gradient from the
-    sequences of the micro-batches that use it."""
+    """The single-device gradient of training step ``t`` under the setup's pattern: each group's
+    gradient from the sequences of the micro-batches that use it (with named loss terms, each
+    term weighted as its projection says and kept on the groups it reaches, as
+    :func:`placeverify.replay.terms.reference_grads` does)."""
     step = setup.strategy.step
-    if setup.strategy.terms:
-        raise Unsupported("a participation pattern with several loss terms is not replayed")
     groups = {sp.name: sp.group for sp in setup.specs}
     names = list(params)
-    sets = {step.idle_in(groups[n]) for n in names}
-    out: dict[str, torch.Tensor] = {}
-    for i, idle in enumerate(sorted(sets, key=sorted)):
+    out = {n: torch.zeros_like(v) for n, v in params.items()}
+    sets = sorted({step.idle_in(groups[n]) for n in names}, key=sorted)
+    terms = _weighted_terms(setup, t, losses, weights)
+    jobs = [(idle, loss, view) for idle in sets for loss, view in terms]
+    for j, (idle, loss, view) in enumerate(jobs):
         keep = torch.cat([torch.full((samples, 1), 0.0 if k in idle else 1.0, dtype=weights.dtype,
                                      device=weights.device) for _unit, k, samples in rows])
-        total = (losses * weights * keep).sum()
-        grads = torch.autograd.grad(total, [params[n] for n in names],
-                                    retain_graph=i + 1 < len(sets), allow_unused=True)
+        grads = torch.autograd.grad((loss * keep).sum(), [params[n] for n in names],
+                                    retain_graph=j + 1 < len(jobs), allow_unused=True)
         for n, g in zip(names, grads, strict=True):
-            if step.idle_in(groups[n]) == idle:
-                out[n] = g if g is not None else torch.zeros_like(params[n])
+            reached = view is None or view.reaches_group(groups[n])
+            if g is not None and step.idle_in(groups[n]) == idle and reached:
+                out[n] = out[n] + g
+    return out
+
+
+def _weighted_terms(setup: Setup, t: int, losses: torch.Tensor, weights: torch.Tensor
+                    ) -> list[tuple[torch.Tensor, TermView | None]]:
+    """Each loss term's weighted per-position losses (the main loss alone without terms)."""
+    if not setup.strategy.terms:
+        return [(losses * weights, None)]
+    from placeverify.replay.reference import global_batch
+    from placeverify.replay.terms import term_loss
+
+    out: list[tuple[torch.Tensor, TermView | None]] = []
+    for i, view in enumerate(term_views(setup.strategy)):
+        projected = replace(setup, strategy=projection(setup.strategy, view))
+        out.append((term_loss(losses, i) * global_batch(projected, t)[3], view))
     return out

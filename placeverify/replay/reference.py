@@ -218,7 +218,7 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
         if setup.strategy.step.idle:  # a participation pattern (replay/participation.py)
             from placeverify.replay.participation import idle_grads
 
-            grads = idle_grads(setup, params, losses, weights, rows)
+            grads = idle_grads(setup, step, params, losses, weights, rows)
         elif setup.strategy.terms:  # several loss terms: their weighted sum (replay/terms.py)
             from placeverify.replay.terms import reference_grads
 
