@@ -243,3 +243,22 @@ def test_the_replay_confirms_the_verdict_under_its_pattern(
     assert report.error is None and report.main is not None
     assert report.main.outcome.diverges is (verdict is Verdict.REFUTED)
     assert report.verdict == "confirmed"
+
+
+def test_a_run_spec_carries_its_pattern_through_json() -> None:
+    from placeverify.replay.plan import RunSpec, strategy_of
+
+    spec = RunSpec("step", LAST_ONLY, "p.place", {"dp": 2}, 2, False, [], [],
+                   idle=[("dense", [1])])
+    again = RunSpec.from_json(spec.to_json())
+    assert again == spec
+    assert strategy_of(again).step.idle_in(DENSE) == frozenset({1})
+    assert strategy_of(again).step.idle_in(ParamGroup.NORMS) == frozenset()
+
+
+def test_a_trace_records_the_refuted_pattern() -> None:
+    from placeverify.api import verify as api_verify
+
+    result = api_verify(load_text(LAST_ONLY, "p.place"))
+    assert result.trace is not None
+    assert result.trace.values["participation"] == [["dense", [1]]]

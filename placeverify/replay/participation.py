@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import torch
-
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.participation import Pattern, patterns, with_pattern
@@ -23,6 +21,8 @@ from placeverify.semantics.schedule import Unmodelled
 from placeverify.semantics.terms import TermView, projection, term_views
 
 if TYPE_CHECKING:
+    import torch
+
     from placeverify.replay.reference import Setup
     from placeverify.trace import Trace
 
@@ -79,6 +79,8 @@ def idle_grads(setup: Setup, t: int, params: dict[str, torch.Tensor], losses: to
     gradient from the sequences of the micro-batches that use it (with named loss terms, each
     term weighted as its projection says and kept on the groups it reaches, as
     :func:`placeverify.replay.terms.reference_grads` does)."""
+    import torch
+
     step = setup.strategy.step
     groups = {sp.name: sp.group for sp in setup.specs}
     names = list(params)
