@@ -7,7 +7,8 @@ named mutation operators to each base's step text (delete, duplicate, swap and m
 move them into and out of the micro-batch loop and ``on microbatch last``, change reduce ops,
 groups, targets, scales, the loss, the powers of sizes, split a division into square-root pre-
 and post-divides, swap, rescale or drop named loss terms' backwards, the clip and its norm, the
-RNG seeds, the overflow reduction, the parameter gather, ...),
+RNG seeds, the overflow reduction, the parameter gather, a gradient reduction of only the groups
+a micro-batch used, ...),
 checks every mutant that still lowers with placeverify's Python API under a per-mutant time limit,
 and replays on real ``torch.distributed`` processes every mutant whose verdict differs from its
 base's, plus a sample of the rest stratified by base file and verdict.
