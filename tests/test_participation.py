@@ -262,3 +262,26 @@ def test_a_trace_records_the_refuted_pattern() -> None:
     result = api_verify(load_text(LAST_ONLY, "p.place"))
     assert result.trace is not None
     assert result.trace.values["participation"] == [["dense", [1]]]
+
+
+def test_the_patterns_share_one_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each pattern is given what is left of the one budget, never a fresh one
+    import time
+
+    import placeverify.verify as verify_module
+    from placeverify.verdicts import Verification
+
+    given: list[float | None] = []
+
+    def fake(strategy: object, timeout_ms: int, budget_s: float | None) -> Verification:
+        given.append(budget_s)
+        time.sleep(0.05)
+        return Verification(())
+
+    monkeypatch.setattr(verify_module, "_verify_one", fake)
+    verify_module.verify(load_text(EVERY, "p.place"), budget_s=10.0)
+    assert len(given) == 8  # the 2^3 patterns
+    assert all(b is not None for b in given)
+    left = [b for b in given if b is not None]
+    assert left[0] <= 10.0 and left[-1] <= 10.0 - 7 * 0.05  # seven sleeps spent before the last
+    assert left == sorted(left, reverse=True)

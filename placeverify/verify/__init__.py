@@ -27,9 +27,17 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
     *unknown* ("time budget"). A file with ``unused`` groups is verified under every
     participation pattern they allow (:mod:`placeverify.verify.checks.participation`)."""
     if strategy.config.unused:
+        import time
+
         from placeverify.verify.checks.participation import over_patterns
 
-        return over_patterns(strategy, lambda s: _verify_one(s, timeout_ms, budget_s))
+        started = time.monotonic()  # the patterns share one budget: what is left of it
+
+        def one(s: Strategy) -> Verification:
+            left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
+            return _verify_one(s, timeout_ms, left)
+
+        return over_patterns(strategy, one)
     return _verify_one(strategy, timeout_ms, budget_s)
 
 
