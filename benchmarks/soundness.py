@@ -7,7 +7,8 @@ named mutation operators to each base's step text (delete, duplicate, swap and m
 move them into and out of the micro-batch loop and ``on microbatch last``, change reduce ops,
 groups, targets, scales, the loss, the powers of sizes, split a division into square-root pre-
 and post-divides, swap, rescale or drop named loss terms' backwards, the clip and its norm, the
-RNG seeds, the overflow reduction, the parameter gather, ...),
+RNG seeds, the overflow reduction, the parameter gather, a gradient reduction of only the groups
+a micro-batch used, ...),
 checks every mutant that still lowers with placeverify's Python API under a per-mutant time limit,
 and replays on real ``torch.distributed`` processes every mutant whose verdict differs from its
 base's, plus a sample of the rest stratified by base file and verdict.
@@ -94,6 +95,9 @@ class StepBody:
     """A step block's statements, one per line, as :func:`step_text` writes them."""
 
     items: tuple[Item, ...]
+    # top-level declarations written before the step (participation's 'unused dense'); the
+    # edits below keep only the items, so an operator sets these last
+    preamble: tuple[str, ...] = ()
 
     @staticmethod
     def parse(text: str) -> StepBody:
@@ -116,7 +120,7 @@ class StepBody:
         return StepBody(tuple(items))
 
     def text(self) -> str:
-        lines = ["step {"]
+        lines = [*self.preamble, "step {"]
         for item in self.items:
             if isinstance(item, Block):
                 lines += [f"    {item.header} {{", *(f"        {s}" for s in item.body), "    }"]
@@ -126,7 +130,8 @@ class StepBody:
 
     def flat(self) -> list[str]:
         """One line per statement, prefixed by its block: what a diff between steps shows."""
-        return [f"{self.header(b)}: {s}" if b is not None else s for (b, _), s in self.statements()]
+        return [*self.preamble, *(f"{self.header(b)}: {s}" if b is not None else s
+                                  for (b, _), s in self.statements())]
 
     def header(self, block: int | None) -> str | None:
         """The header of the block at this top-level index (None: the top level)."""
@@ -313,13 +318,15 @@ class Context:
     pipeline_axes: tuple[str, ...]
     param_groups: tuple[str, ...]
     dropout: bool
+    unused: tuple[str, ...] = ()  # the groups the file declares 'unused' (participation)
 
     @staticmethod
     def of(strategy: Strategy) -> Context:
         arch = strategy.model.arch
         return Context(strategy.mesh.names, batch_axes(strategy), strategy.axes(Role.PIPELINE),
                        tuple(g.value for g in strategy.model.groups_present()),
-                       arch is not None and bool(arch.dropout))
+                       arch is not None and bool(arch.dropout),
+                       tuple(sorted(g.value for g in strategy.config.unused)))
 
 
 # ---- mutation operators -------------------------------------------------------------------------
@@ -829,6 +836,33 @@ def drop_term_backward(body: StepBody, ctx: Context) -> Iterator[StepBody]:
     for loc, match in term_backwards(body):
         if match["term"]:
             yield body.removed(loc)
+
+
+ONLY_USED = "only = used"
+
+
+@operator
+def toggle_only_used(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A gradient reduction that reduces only the groups some rank used in the current
+    micro-batch (DDP's find_unused_parameters reducer, pytorch/pytorch#69031), or one that had
+    the option without it; a file that declares no 'unused' group gets one ('unused dense' or
+    another group the model has), so that micro-batches may leave it unused."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None
+        options = tuple(o for o in call.options if o != ONLY_USED)
+        yield replace(call, options=options if options != call.options
+                      else (*options, ONLY_USED)).text()
+
+    edited_bodies = list(edited(body, reduces_grads, variants))
+    if ctx.unused:
+        yield from edited_bodies
+        return
+    for group in ctx.param_groups[:2]:
+        declaration = (f"unused {group}",)
+        yield replace(body, preamble=declaration)  # declared, every reduction as it was
+        for mutant in edited_bodies:
+            yield replace(mutant, preamble=declaration)
 
 
 def is_clip(statement: str) -> bool:

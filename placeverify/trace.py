@@ -319,6 +319,9 @@ def build(strategy: Strategy, obligation: Obligation, evidence: Evidence | None)
                 for d in run.devices)
             reference = str(run.reference)
     span = obligation.span
+    if strategy.step.idle:  # the participation pattern refuted (semantics/participation.py)
+        values = {**values, "participation": [[g.value, sorted(ks)] for g, ks in
+                                               strategy.step.idle]}
     return Trace(__version__, strategy.source.path, strategy.source.text, strategy.name,
                  obligation.condition, obligation.kind, obligation.claim, obligation.reason,
                  obligation.fix, span.line if span else None, span.column if span else None,

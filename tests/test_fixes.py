@@ -54,6 +54,8 @@ CALLS_FOR: dict[str, str] = {
                                  "microbatches: divide its backward by microbatches",
     "moe-aux-loss-fsdp-average": "loss term aux's gradients are too small by a factor |dp|: "
                                  "multiply its backward by |dp|",
+    "ddp-unused-params-no-sync": "reduce every group after the last micro-batch, whichever "
+                                 "micro-batches used it",
     "missing-allreduce": "all_reduce(sum) grads over dp",
     "overflow-after-update": "all_reduce(max) overflow over world",
     "rank-dependent-order": "reduce in one fixed order on every rank",
@@ -102,6 +104,7 @@ UNCITED: dict[str, str] = {
     "DN-DETR#18": "free-before-update fix is generic",
     "DeepSpeed#994": "overflow fix is generic", "ColossalAI#1175": "overflow fix is generic",
     "pytorch#155903": "double-division fix is generic",
+    "pytorch#69031": "unused-groups fix cites the fixes", "composer#9": "unused-groups fix",
     # Cited by the composition check's reason, not by a fix.
     "DeepSpeed#1629": "composition reason",
     # The corpus of examples/bugs/README.md: generic fixes, one repair for many reports.

@@ -145,3 +145,71 @@ def test_every_collective_kind_has_one_spec() -> None:
     # A kind the language accepts but the table forgets would lower with no targets at all.
     assert set(COLLECTIVES) == set(CollectiveKind)
     assert all(spec.targets for spec in COLLECTIVES.values())
+
+
+# ---- participation (placeverify.semantics.participation): 'only = used' in every domain --------
+
+PARTICIPATION = """
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }
+precision fp32_adam
+mesh { dp = 2 }
+place ddp over dp
+unused dense
+step {
+    microbatches = 2
+    each microbatch { backward sum / tokens(dp, step) }
+    on microbatch last { COLLECTIVE }
+    update params
+}
+"""
+
+
+@pytest.mark.parametrize("collective", [
+    "all_reduce(sum, only = used) grads over dp",
+    "reduce_scatter(sum, only = used) grads over dp",
+])
+def test_only_used_is_honoured_by_every_solver_domain(collective: str) -> None:
+    # Under the pattern that leaves dense unused in the last micro-batch every domain skips the
+    # reduction (the gradient stays local: wrong and different across dp); with every group used
+    # it is the plain reduction (right, identical).
+    from placeverify.ir.model import ParamGroup
+    from placeverify.semantics.participation import Pattern, with_pattern
+    from placeverify.verify.z3 import solve
+    from placeverify.verify.z3.integrity import mismatch_formula
+    from placeverify.verify.z3.solve import SolverStatus
+
+    base = load_text(PARTICIPATION.replace("COLLECTIVE", collective), "p.place")
+    view = group_view(base, ParamGroup.DENSE)
+    for idle, right in ((frozenset(), True), (frozenset({1}), False)):
+        strategy = with_pattern(base, Pattern(((ParamGroup.DENSE, idle),)))
+        exact = run(strategy, view, uniform_instance(strategy, view, {"dp": 2}, 2))
+        assert (not exact.mismatches()) is right
+        encoded = encode(strategy, view, {"dp": 2}, 2, "t_", integer=False)
+        status = solve.check(mismatch_formula(encoded), 10_000).status
+        assert (status is SolverStatus.UNSAT) is right
+        if "all_reduce" in collective:  # a shard is scattered over dp: never identical there
+            assert ("dp" in agreement(strategy, view).identical) is right
+
+
+@pytest.mark.torch
+def test_the_replay_skips_an_only_used_reduction_by_the_same_rule() -> None:
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from placeverify.ir.model import ParamGroup
+    from placeverify.replay.collectives import RankCollectives
+    from placeverify.semantics.participation import Pattern, with_pattern
+
+    base = load_text(PARTICIPATION.replace(
+        "COLLECTIVE", "all_reduce(sum, only = used) grads over dp"), "p.place")
+    strategy = with_pattern(base, Pattern(((ParamGroup.DENSE, frozenset({1})),)))
+    op = next(o for o in strategy.step.ops() if isinstance(o, Collective))
+    reduced: list[object] = []
+    buffers = [SimpleNamespace(group=g) for g in (ParamGroup.DENSE, ParamGroup.NORMS)]
+    rank = SimpleNamespace(strategy=strategy, targeted=lambda applies: buffers,
+                           grads_collective=lambda o, buf: reduced.append(buf.group))
+    RankCollectives.collective(rank, op, 1)  # type: ignore[arg-type]
+    assert reduced == [ParamGroup.NORMS]  # dense unused in micro-batch 1: left as it is
+    reduced.clear()
+    RankCollectives.collective(rank, op, 0)  # type: ignore[arg-type]
+    assert reduced == [ParamGroup.DENSE, ParamGroup.NORMS]

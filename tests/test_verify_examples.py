@@ -100,6 +100,9 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "clip-inf-norm-pipeline": ({"gradient_integrity"}, "clip"),
     # the norm of the shared parameters only, applied to the expert gradients too (DeepSpeed#8613)
     "clip-norm-without-experts": ({"gradient_integrity"}, "clip"),
+    # DDP's find_unused_parameters reducer under no_sync reduces only the groups the last
+    # micro-batch used (pytorch#69031, composer#9): a skipped block keeps its local gradient
+    "ddp-unused-params-no-sync": ({"gradient_integrity", "state_consistency"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12

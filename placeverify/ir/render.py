@@ -125,6 +125,8 @@ def collective_text(op: Collective) -> str:
         options.append("order = rank_dependent")
     if op.kind is CollectiveKind.BROADCAST:
         options.append(f"from = {op.source}")
+    if op.only_used:
+        options.append("only = used")
     call = f"{op.kind.value}({', '.join(options)})" if options else op.kind.value
     return f"{call} {target_text(op.target)} over {group_text(op.group)}"
 

@@ -208,6 +208,9 @@ class Collective:
     accumulate: bool = False  # reduce_scatter(sum, accumulate): shard += instead of shard =
     order: Order = Order.FIXED
     source: str = OWNER  # broadcast: OWNER (each shard from its owner) or a rank index
+    # ``only = used``: the groups no rank of the group used in the current micro-batch are left
+    # as they are (DDP's find_unused_parameters reducer, placeverify.semantics.participation)
+    only_used: bool = False
 
     @property
     def from_owner(self) -> bool:
@@ -218,7 +221,8 @@ class Collective:
         opts = [o for o in (self.op.value if self.op else None,
                             "accumulate" if self.accumulate else None,
                             "order = rank_dependent" if self.order is Order.RANK_DEPENDENT else None,
-                            f"from = {self.source}" if self.kind is CollectiveKind.BROADCAST else None)
+                            f"from = {self.source}" if self.kind is CollectiveKind.BROADCAST else None,
+                            "only = used" if self.only_used else None)
                 if o]
         call = f"{self.kind.value}({', '.join(opts)})" if opts else self.kind.value
         return f"{call} {self.target.label()} over {self.group.label()}"
@@ -298,6 +302,16 @@ class Step:
     seeds: tuple[Seed, ...]
     canonical: bool  # derived from the placement rather than written in the file
     span: Span | None = None
+    # one participation pattern (placeverify.semantics.participation): per parameter group, the
+    # micro-batches that no rank uses it in; () for the files that declare no 'unused' groups
+    idle: tuple[tuple[ParamGroup, frozenset[int]], ...] = ()
+
+    def idle_in(self, group: ParamGroup) -> frozenset[int]:
+        """The micro-batches that leave ``group`` unused on every rank in this pattern."""
+        for g, ks in self.idle:
+            if g is group:
+                return ks
+        return frozenset()
 
     def ops(self) -> tuple[Op, ...]:
         return (*self.pre, *(lo.op for lo in self.loop), *self.post)

@@ -88,6 +88,8 @@ class Config:
     clip: ClipConfig | None
     loss_scale: str
     terms: tuple[LossTerm, ...] = ()  # named loss terms beside the main loss (README "Loss terms")
+    # 'unused dense': groups a micro-batch may leave unused on any rank (README "Participation")
+    unused: frozenset[ParamGroup] = frozenset()
 
     def placement(self, axis: str) -> AxisPlacement:
         for p in self.placements:

@@ -287,6 +287,7 @@ class OpReader:
         allowed: dict[str, Sequence[str]] = {"order": ["fixed", "rank_dependent"]}
         if reducing:
             allowed["op"] = ops
+            allowed["only"] = ["used"]  # participation: DDP's find_unused_parameters reducer
         for keyword in spec.keywords:
             allowed[keyword] = []
         options = self.options(item, allowed, positional)
@@ -299,12 +300,17 @@ class OpReader:
         if target.kind is TargetKind.OVERFLOW and op is not ReduceOp.MAX:
             self.error("the overflow flag is reduced with max (any rank overflowed)",
                        Code.BAD_VALUE, item.span)
+        if options.get("only") == "used" and target.kind is not TargetKind.GRADS:
+            self.error("'only = used' reduces the gradients of the groups used in the micro-batch; "
+                       "it applies to 'grads'", Code.BAD_VALUE, item.span)
+            return None
         source = options.get("from", "owner")
         if kind is CollectiveKind.BROADCAST and source != "owner" and not source.isdigit():
             self.error("broadcast takes 'from = owner' or 'from = <rank>'", Code.BAD_VALUE, item.span)
             return None
         return Collective(kind, op, target, group, item.span, accumulate="accumulate" in options,
-                          order=Order(options.get("order", "fixed")), source=source)
+                          order=Order(options.get("order", "fixed")), source=source,
+                          only_used=options.get("only") == "used")
 
     def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:
         max_norm: Fraction | None = None

@@ -36,6 +36,7 @@ from placeverify.prove.claims import ClaimKind, ClaimSense
 from placeverify.prove.syntax import Claim, Rule, TApp, TBin, TElem, Term, TName, TNeg, TNum, TSum
 from placeverify.prove.tensor import prove_identity
 from placeverify.semantics.groups import group_view
+from placeverify.semantics.participation import selective
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.semantics.terms import nonlinear, projection, term_views
 from placeverify.syntax import ast
@@ -218,6 +219,9 @@ def _conditions(rule: Rule, strategy: Strategy, claim: Claim, bounds: dict[str, 
 
 def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m: bool,
                               timeout_ms: int) -> tuple[Verdict, str, str, dict[str, Any] | None]:
+    if strategy.config.unused and selective(strategy):  # semantics/participation.py
+        return (Verdict.UNKNOWN, "z3", "not modelled: 'only = used' reductions of 'unused' groups "
+                "over unbounded sizes (check judges them pattern by pattern)", None)
     bounded = quantified_m and not loop_is_uniform(with_microbatches(strategy, 3))
     m_cases: list[Any] = (["one", "many"] if quantified_m and not bounded else
                           list(range(1, BOUNDED_MICROBATCHES + 1)) if bounded else

@@ -19,12 +19,13 @@ from placeverify.replay.distributed import Handle
 from placeverify.replay.layout import Unsupported, optimizer_axes
 from placeverify.roles.relations import relation
 from placeverify.semantics.buffers import MODELLED_COLLECTIVES, NEUTRAL_COLLECTIVES
+from placeverify.semantics.participation import skips
 
 
 class RankCollectives(RankState):
     """The collectives of the step IR on this rank's buffers and parameters."""
 
-    def collective(self, op: Collective) -> None:
+    def collective(self, op: Collective, k: int | None = None) -> None:
         target = op.target.kind
         if (op.kind, target) not in MODELLED_COLLECTIVES:
             raise Unsupported(f"line {op.span.line}: '{op.label()}' is not replayed")
@@ -32,6 +33,8 @@ class RankCollectives(RankState):
             return  # token counts and activations travel inside the model's forward and backward
         if target is TargetKind.GRADS:
             for buf in self.targeted(op.target.applies_to):
+                if skips(op, self.strategy.step.idle_in(buf.group), k):
+                    continue  # 'only = used' and no rank used the group (semantics/participation)
                 self.grads_collective(op, buf)
         elif target is TargetKind.PARAMS:
             for buf in self.targeted(op.target.applies_to):

@@ -77,6 +77,13 @@ def check_layout(strategy: Strategy) -> None:
         raise EmitRefused(f"line {term.span.line}: 'loss {term.name}: {term.loss.kind.value}': "
                           "named loss terms are not emitted (the reproducer has one loss; "
                           "`placeverify replay` runs this trace)")
+    if strategy.config.unused:
+        from placeverify.semantics.participation import declared
+
+        groups = ", ".join(g.value for g in declared(strategy)) or "none present"
+        raise EmitRefused(f"'unused' groups ({groups}): participation patterns are not emitted "
+                          "(the reproducer's model uses every parameter in every micro-batch; "
+                          "`placeverify replay` runs this trace)")
     for seed in strategy.step.seeds:
         word = "same" if seed.same else "differ"
         raise EmitRefused(f"line {seed.span.line}: 'seed dropout({seed.region.value}) {word} over "

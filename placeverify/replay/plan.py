@@ -69,6 +69,9 @@ class RunSpec:
     seed: int = DEFAULT_SEED
     backend: str | None = None  # None: nccl when enough CUDA devices are visible, else gloo
     fault: dict[str, Any] | None = None  # tests only: {"rank": r, "kind": "crash"|"raise"|"hang"}
+    # the participation pattern the run realises: (group, idle micro-batches) pairs
+    # (placeverify.semantics.participation); empty for files without 'unused' groups
+    idle: list[tuple[str, list[int]]] = field(default_factory=list)
 
     @property
     def world(self) -> int:
@@ -89,6 +92,7 @@ class RunSpec:
         raw["tokens"] = [(tuple(int(c) for c in b), int(k), int(n)) for b, k, n in raw["tokens"]]
         raw["samples"] = [(tuple(int(c) for c in b), int(k), int(n)) for b, k, n in raw["samples"]]
         raw["sizes"] = {str(a): int(n) for a, n in raw["sizes"].items()}
+        raw["idle"] = [(str(g), [int(k) for k in ks]) for g, ks in raw.get("idle", [])]
         return RunSpec(**raw)
 
 
@@ -167,6 +171,10 @@ def strategy_of(spec: RunSpec) -> Strategy:
     if spec.canonical:
         strategy = replace(strategy, step=canonical.derive(strategy.config), config=replace(
             strategy.config, recompute=replace(strategy.recompute, restore_rng=True)))
+    if spec.idle:
+        from placeverify.replay.participation import realised
+
+        strategy = realised(strategy, spec.idle)
     return strategy
 
 
@@ -230,6 +238,10 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
     keep = _trace_sizes(trace, strategy)
     sizes, reason = replayed_sizes(strategy, keep, world, "trace's mesh")
     at_file = resize(strategy, sizes)
+    if trace.values.get("participation"):  # the pattern the trace refutes
+        from placeverify.replay.participation import realised, trace_idle
+
+        at_file = realised(at_file, trace_idle(trace))
     resized = at_microbatches(at_file, trace.microbatches)
     if sizes == keep:  # the trace's own mesh: its counts are replayed, so they must fit
         check_counts(trace, resized, sizes, at_file)
@@ -248,6 +260,11 @@ def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
     sizes, keep, m, expect = case.sizes, case.keep, trace.microbatches, case.expect
     notes: list[str] = []
     spec_base = RunSpec("trace", trace.source, path, sizes, m, False, [], [], steps)
+    if case.strategy.config.unused:
+        from placeverify.replay.participation import chosen_idle, trace_idle
+
+        spec_base = replace(spec_base, idle=trace_idle(trace) if trace.values.get("participation")
+                            else chosen_idle(strategy_of(spec_base), timeout_ms))
     counts = trace_counts(trace, case.strategy, sizes, m) if sizes == keep else None
     tokens, samples = _counts(case.strategy, sizes, m, expect, counts, notes)
     main = replace(spec_base, tokens=tokens, samples=samples)
@@ -275,6 +292,10 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
         m = MAX_MICROBATCHES
     base = RunSpec(label, strategy.source.text, strategy.source.path, sizes, m, False, [], [],
                    steps)
+    if strategy.config.unused:
+        from placeverify.replay.participation import chosen_idle
+
+        base = replace(base, idle=chosen_idle(strategy_of(base), timeout_ms))
     resized = strategy_of(base)
     if sizes == declared:
         expect = expectation(known) if known is not None else verify(resized, timeout_ms)

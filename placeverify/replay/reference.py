@@ -215,7 +215,11 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
         ids, labels, features, weights, rows = global_batch(setup, step)
         losses = reference_losses(params, setup.config, ids, labels, features,
                                   reference_masks(setup, step, rows))
-        if setup.strategy.terms:  # several loss terms: their weighted sum (replay/terms.py)
+        if setup.strategy.step.idle:  # a participation pattern (replay/participation.py)
+            from placeverify.replay.participation import idle_grads
+
+            grads = idle_grads(setup, step, params, losses, weights, rows)
+        elif setup.strategy.terms:  # several loss terms: their weighted sum (replay/terms.py)
             from placeverify.replay.terms import reference_grads
 
             grads = reference_grads(setup, step, params, losses)

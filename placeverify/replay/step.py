@@ -66,6 +66,7 @@ from placeverify.replay.layout import Unsupported, gathered_axes
 from placeverify.replay.reference import LEARNING_RATE, MOMENTUM, NORM_EPS
 from placeverify.roles.relations import relation
 from placeverify.semantics.interpreter import LOSS_SCALE
+from placeverify.semantics.participation import idle_at
 from placeverify.semantics.schedule import events
 from placeverify.semantics.surd import Real, sqrt_of
 
@@ -100,7 +101,7 @@ class RankRun(RankCollectives):
         if isinstance(op, Backward):
             self.backward(op, t, k)
         elif isinstance(op, Collective):
-            self.collective(op)
+            self.collective(op, k)
         elif isinstance(op, Scale):
             factor = float(self.factor(op.factor, k))
             for buf in self.targeted(op.target.applies_to):
@@ -199,7 +200,10 @@ class RankRun(RankCollectives):
             assert x.grad is not None
             dist.send(x.grad.contiguous(), dst=prev)
         for buf in self.buffers.values():
-            if buf.specs and op.adds_to(buf.group):  # a loss term reaching other groups adds 0
+            if buf.specs and op.adds_to(buf.group) and \
+                    not idle_at(self.strategy.step.idle_in(buf.group), k):
+                # a loss term reaching other groups adds 0, and so does a group this micro-batch
+                # leaves unused (semantics/participation: the replay realises the pattern)
                 grad = torch.cat([_grad(self.params[sp.name]) for sp in buf.specs])
                 weight = s.grad_weights.get(buf.group)  # Setup.grad_weights: inf-norm clips
                 buf.full = buf.full + (grad if weight is None else grad * weight)

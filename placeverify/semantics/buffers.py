@@ -46,6 +46,7 @@ from placeverify.ir.step import (
     TargetKind,
     Update,
 )
+from placeverify.semantics.participation import idle_at, skips
 from placeverify.semantics.schedule import MicroBatch, Phase, Unmodelled, events, last_indexed
 
 V = TypeVar("V")
@@ -134,6 +135,7 @@ class GradMachine(Generic[V]):
     phase: Phase = Phase.PRE  # the phase of the statement running now
     scatter_op: Collective | None = None  # the reduce-scatter that left the current shard
     _backwards_left: int = 0
+    _idle: frozenset[int] = frozenset()  # micro-batches no rank uses the group in (participation)
 
     def __post_init__(self) -> None:
         self.full = self.domain.zero()
@@ -165,6 +167,7 @@ class GradMachine(Generic[V]):
         With ``indices`` only those micro-batches run (:func:`events`); ``after_microbatch`` is
         called at the end of each one that runs."""
         schedule = list(events(step, microbatches, generic=generic, indices=indices))
+        self._idle = step.idle_in(self.group)
         self._backwards_left = sum(isinstance(e.op, Backward) for e in schedule)
         indexed = last_indexed(step)
         previous: Hashable | None = None
@@ -223,7 +226,9 @@ class GradMachine(Generic[V]):
     def _backward(self, op: Backward, k: MicroBatch) -> None:
         self._backwards_left -= 1
         self.sharded = False
-        if op.adds_to(self.group):  # a loss term that does not reach the group adds nothing
+        if op.adds_to(self.group) and not idle_at(self._idle, k):
+            # a loss term that does not reach the group adds nothing, nor does a micro-batch that
+            # leaves the group unused on every rank (placeverify.semantics.participation)
             self.full = self.domain.backward(self.full, op, k)
 
     def _collective(self, op: Collective, k: MicroBatch) -> None:
@@ -240,6 +245,8 @@ class GradMachine(Generic[V]):
             raise Unmodelled(f"'{op.label()}' is not modelled", op.span)
         if not op.target.applies_to(self.group):
             return
+        if skips(op, self._idle, k):
+            return  # 'only = used': no rank of the group used it in this micro-batch
         if rule == "gather":
             if self.sharded:
                 assert self.shard is not None

@@ -37,6 +37,7 @@ from placeverify.ir.step import (
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
 from placeverify.semantics.groups import GroupView, ends_match
+from placeverify.semantics.participation import idle_at
 from placeverify.semantics.schedule import MicroBatch
 from placeverify.semantics.surd import Real, sqrt_of
 
@@ -183,7 +184,10 @@ class _Exact:
         """The atom's weight in the single-device loss: the sum over the loss terms that reach
         this group (one gradient value per atom stands for every term's, so the instance is one
         where the terms' gradients are equal; judging terms apart is
-        :mod:`placeverify.semantics.terms`' projection)."""
+        :mod:`placeverify.semantics.terms`' projection). An atom of a micro-batch that leaves the
+        group unused on every rank weighs nothing (:mod:`placeverify.semantics.participation`)."""
+        if idle_at(self.s.step.idle_in(self.view.group), k):
+            return Fraction(0)
         if not self.s.terms:
             return self._weight(self.s.loss.kind, b, k)
         total = self._weight(self.s.loss.kind, b, k)

@@ -388,13 +388,22 @@ class LossScaleStmt:
 
 
 @node
+class UnusedStmt:
+    """``unused dense, experts``: parameter groups a micro-batch may leave unused on any rank."""
+
+    groups: tuple[Name, ...]
+    span: Span
+
+
+@node
 class StepStmt:
     items: tuple[StepItem, ...]
     span: Span
 
 
 Statement = (StrategyStmt | ModelStmt | PrecisionStmt | MeshStmt | PlaceStmt | RecomputeStmt
-             | OffloadStmt | LossStmt | MicrobatchesStmt | ClipStmt | LossScaleStmt | StepStmt)
+             | OffloadStmt | LossStmt | MicrobatchesStmt | ClipStmt | LossScaleStmt | StepStmt
+             | UnusedStmt)
 
 
 @node

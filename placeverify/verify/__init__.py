@@ -24,7 +24,24 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
            budget_s: float | None = DEFAULT_BUDGET_S) -> Verification:
     """Every family's obligations; ``budget_s`` bounds the whole verification (``None``: no
     bound) and ``timeout_ms`` each solver query. Families the budget leaves no time for are
-    *unknown* ("time budget")."""
+    *unknown* ("time budget"). A file with ``unused`` groups is verified under every
+    participation pattern they allow (:mod:`placeverify.verify.checks.participation`)."""
+    if strategy.config.unused:
+        import time
+
+        from placeverify.verify.checks.participation import over_patterns
+
+        started = time.monotonic()  # the patterns share one budget: what is left of it
+
+        def one(s: Strategy) -> Verification:
+            left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
+            return _verify_one(s, timeout_ms, left)
+
+        return over_patterns(strategy, one)
+    return _verify_one(strategy, timeout_ms, budget_s)
+
+
+def _verify_one(strategy: Strategy, timeout_ms: int, budget_s: float | None) -> Verification:
     budget = None if budget_s is None else Budget.start(budget_s, timeout_ms)
     ctx = Context(timeout_ms, budget)
     findings: list[Finding] = []

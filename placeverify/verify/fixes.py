@@ -342,6 +342,12 @@ SHARD_MISMATCH = FixRule(
     "over the others), or all_gather the gradient before the update")
 LOST_UPDATE = FixRule(
     "lost-update", None, "broadcast each shard from its owner (from = owner) or all_gather")
+UNUSED_GROUPS = FixRule(
+    "unused-groups", None,
+    "reduce every group after the last micro-batch, whichever micro-batches used it (drop "
+    "'only = used': {reference[0]}'s sync of all gradients at the end of the batch; or count "
+    "a group as used when any micro-batch of the window used it, {reference[1]})",
+    ("composer#48", "pytorch#124193"))
 
 FIXES: tuple[FixRule, ...] = (
     # Integrity counterexamples (verify.checks.integrity), in order: the first match wins.
@@ -432,7 +438,7 @@ FIXES: tuple[FixRule, ...] = (
     FixRule("unreduced-gradient", _cause(Cause.GRADIENT),
             "reduce the gradients over {axis} after the last backward"),
     CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_COMBINE, CLIP_POLICY_NORM, CLIP_INPUT,
-    RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, LOST_UPDATE,
+    RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, LOST_UPDATE, UNUSED_GROUPS,
 )
 
 

@@ -49,6 +49,7 @@ from placeverify.ir.step import (
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
 from placeverify.semantics.groups import GroupView, ends_match
+from placeverify.semantics.participation import idle_at
 from placeverify.semantics.schedule import (
     GENERIC,
     MicroBatch,
@@ -269,6 +270,8 @@ class _Coefficients:
     # ---- the reference -----------------------------------------------------------------------
 
     def reference(self, key: Key) -> Any:
+        if idle_at(self.s.step.idle_in(self.view.group), key.k):
+            return z3.RealVal(0)  # the group unused in this micro-batch (semantics/participation)
         loss = self.s.loss.kind
         view = self.view
         anchor = self.anchor(key, True)
