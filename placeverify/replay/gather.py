@@ -21,6 +21,8 @@ all-reduced) quantities, the same value everywhere:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -38,7 +40,9 @@ def group_loss(part: torch.Tensor, gather: LossGather, handle: Handle | None) ->
         if gather.differentiable:
             from torch.distributed.nn.functional import all_gather
 
-            parts = list(all_gather(local, group=handle.pg))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                parts = list(all_gather(local, group=handle.pg))
         else:
             parts = [torch.empty_like(local) for _ in range(handle.size)]
             dist.all_gather(parts, local.detach().contiguous(), group=handle.pg)
@@ -47,7 +51,9 @@ def group_loss(part: torch.Tensor, gather: LossGather, handle: Handle | None) ->
     if gather.differentiable:
         from torch.distributed.nn.functional import all_reduce
 
-        return all_reduce(local, group=handle.pg).sum()
+        with warnings.catch_warnings():  # torch 2.x marks it deprecated; its backward is what counts
+            warnings.simplefilter("ignore", FutureWarning)
+            return all_reduce(local, group=handle.pg).sum()
     summed = local.detach().clone()
     dist.all_reduce(summed, group=handle.pg)
     return (local + (summed - local.detach())).sum()
