@@ -100,6 +100,10 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "clip-inf-norm-pipeline": ({"gradient_integrity"}, "clip"),
     # the norm of the shared parameters only, applied to the expert gradients too (DeepSpeed#8613)
     "clip-norm-without-experts": ({"gradient_integrity"}, "clip"),
+    # a collective inside the loss without gradient, the ranks' shares then averaged by DDP:
+    # |dp|x too small, the refutation at the detached collective (lightly#1977, DeCLUTR#212)
+    "barlow-twins-detached-all-reduce": ({"gradient_integrity"}, "coefficient"),
+    "contrastive-gather-without-gradient": ({"gradient_integrity"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12
