@@ -7,9 +7,12 @@ Each rank's quantity is its micro-batch's weighted loss (one number per rank: it
 share of the group's loss). The group's loss on every rank is the sum of the gathered (or
 all-reduced) quantities, the same value everywhere:
 
-- ``all_gather(differentiable)``: ``torch.distributed.nn.functional.all_gather``, whose backward
-  sums every rank's gradient for a slice into its owner (a reduce-scatter; gloo runs it as an
-  all-to-all and a sum);
+- ``all_gather(differentiable)``: an all-gather whose backward sums every rank's gradient for a
+  slice into its owner — a reduce-scatter of the gathered gradients, as
+  ``torch.distributed.nn.functional.all_gather`` does, written here as an all-reduce of the
+  stacked gradients keeping the rank's own slice (torch 2.13's gloo path of that function
+  scatters from group-local indices taken as global ranks, and fails on a group that is not
+  ranks 0..n-1);
 - ``all_gather(detached)``: ``torch.distributed.all_gather`` of the detached quantity with the
   rank's own slot put back live, as contrastive losses that gather without gradient do;
 - ``all_reduce(sum, differentiable)``: ``torch.distributed.nn.functional.all_reduce`` (backward:
@@ -22,12 +25,31 @@ all-reduced) quantities, the same value everywhere:
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from placeverify.ir.step import CollectiveKind, LossGather
 from placeverify.replay.distributed import Handle
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather forward (the members' tensors stacked in group order); backward: every
+    member's gradient for each slice summed, this member keeping its own (a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, handle: Handle) -> torch.Tensor:
+        ctx.handle = handle
+        parts = [torch.empty_like(x) for _ in range(handle.size)]
+        dist.all_gather(parts, x.contiguous(), group=handle.pg)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        summed = grad.contiguous().clone()
+        dist.all_reduce(summed, group=ctx.handle.pg)
+        return summed[ctx.handle.index], None
 
 
 def group_loss(part: torch.Tensor, gather: LossGather, handle: Handle | None) -> torch.Tensor:
@@ -38,11 +60,7 @@ def group_loss(part: torch.Tensor, gather: LossGather, handle: Handle | None) ->
     local = part.reshape(1)
     if gather.kind is CollectiveKind.ALL_GATHER:
         if gather.differentiable:
-            from torch.distributed.nn.functional import all_gather
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                parts = list(all_gather(local, group=handle.pg))
+            parts = list(_GatherWithGrad.apply(local, handle).unbind(0))
         else:
             parts = [torch.empty_like(local) for _ in range(handle.size)]
             dist.all_gather(parts, local.detach().contiguous(), group=handle.pg)
