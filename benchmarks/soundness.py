@@ -6,7 +6,8 @@ the placement, written out explicitly (:func:`placeverify.ir.render.step_text`).
 named mutation operators to each base's step text (delete, duplicate, swap and move statements,
 move them into and out of the micro-batch loop and ``on microbatch last``, change reduce ops,
 groups, targets, scales, the loss, the powers of sizes, split a division into square-root pre-
-and post-divides, swap, rescale or drop named loss terms' backwards, the clip and its norm, the
+and post-divides, swap, rescale or drop named loss terms' backwards, make a collective inside
+the loss detached or differentiable, insert or drop one, the clip and its norm, the
 RNG seeds, the overflow reduction, the parameter gather, ...),
 checks every mutant that still lowers with placeverify's Python API under a per-mutant time limit,
 and replays on real ``torch.distributed`` processes every mutant whose verdict differs from its
