@@ -47,7 +47,7 @@ def step_lines(step: Step) -> list[str]:
     lines += [op_text(op) for op in step.pre]
     for header, ops in _loop_blocks(step):
         lines.append(header + " {")
-        lines += [INDENT + line for op in ops for line in _gather_lines(op) + [op_text(op)]]
+        lines += [INDENT + line for op in ops for line in [*_gather_lines(op), op_text(op)]]
         lines.append("}")
     lines += [op_text(op) for op in step.post]
     lines += [seed_text(seed) for seed in step.seeds]
