@@ -6,7 +6,8 @@ the placement, written out explicitly (:func:`placeverify.ir.render.step_text`).
 named mutation operators to each base's step text (delete, duplicate, swap and move statements,
 move them into and out of the micro-batch loop and ``on microbatch last``, change reduce ops,
 groups, targets, scales, the loss, the powers of sizes, split a division into square-root pre-
-and post-divides, swap, rescale or drop named loss terms' backwards, the clip and its norm, the
+and post-divides, swap, rescale or drop named loss terms' backwards, make a collective inside
+the loss detached or differentiable, insert or drop one, the clip and its norm, the
 RNG seeds, the overflow reduction, the parameter gather, a gradient reduction of only the groups
 a micro-batch used, ...),
 checks every mutant that still lowers with placeverify's Python API under a per-mutant time limit,
@@ -863,6 +864,54 @@ def toggle_only_used(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         yield replace(body, preamble=declaration)  # declared, every reduction as it was
         for mutant in edited_bodies:
             yield replace(mutant, preamble=declaration)
+
+
+
+def is_loss_gather(statement: str) -> bool:
+    call = Call.parse(statement)
+    return call is not None and call.target == "embeddings"
+
+
+LOSS_GATHERS = ("all_gather(differentiable)", "all_gather(detached)",
+                "all_reduce(sum, differentiable)", "all_reduce(sum, detached)")
+
+
+@operator
+def flip_loss_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A collective inside the loss made detached (or differentiable: lightly-ai/lightly#1977
+    summed Barlow Twins' cross-correlation with a detached all-reduce), or the other collective
+    (an all-gather for an all-reduce of the embeddings: the same gradient)."""
+    def variants(statement: str) -> Iterator[str | None]:
+        call = Call.parse(statement)
+        assert call is not None
+        for other in LOSS_GATHERS:
+            yield f"{other} embeddings over {call.group}"
+
+    yield from edited(body, is_loss_gather, variants)
+
+
+@operator
+def insert_loss_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A collective of the embeddings over one batch axis before the first backward (steps
+    without one): the loss computed on every rank from the group's embeddings, its gradient
+    carried back (|axis| times each rank's share) or not."""
+    if any(is_loss_gather(s) for _, s in body.statements()):
+        return
+    backwards = term_backwards(body)
+    if not backwards:
+        return
+    loc = backwards[0][0]
+    for axis in ctx.batch_axes:
+        for gather in LOSS_GATHERS[:2]:
+            yield body.inserted(loc, f"{gather} embeddings over {axis}")
+
+
+@operator
+def drop_loss_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A collective inside the loss deleted: each rank's loss over its own samples only."""
+    for loc, statement in body.statements():
+        if is_loss_gather(statement):
+            yield body.removed(loc)
 
 
 def is_clip(statement: str) -> bool:

@@ -56,6 +56,10 @@ CALLS_FOR: dict[str, str] = {
                                  "multiply its backward by |dp|",
     "ddp-unused-params-no-sync": "reduce every group after the last micro-batch, whichever "
                                  "micro-batches used it",
+    # lightly#1980: torch.distributed.nn.all_reduce, whose backward carries the gradient
+    "barlow-twins-detached-all-reduce": "make it differentiable (torch.distributed.nn)",
+    # DeCLUTR#212: the contrastive loss multiplied by the world size
+    "contrastive-gather-without-gradient": "multiply the loss by |dp|",
     "missing-allreduce": "all_reduce(sum) grads over dp",
     "overflow-after-update": "all_reduce(max) overflow over world",
     "rank-dependent-order": "reduce in one fixed order on every rank",
@@ -94,6 +98,9 @@ CALLS_FOR: dict[str, str] = {
 
 # Issues a bug header names that its fix does not cite, and why.
 UNCITED: dict[str, str] = {
+    # A detached collective inside the loss: one generic fix (verify/checks/loss_gather.py).
+    "lightly#1977": "loss-gather fix", "lightly#1980": "loss-gather fix",
+    "verl-SpeCo#29": "loss-gather fix", "DeCLUTR#212": "loss-gather fix",
     # The clip fixes are generic: one repair for many reports.
     "graphstorm#1366": "clip fix", "accelerate#641": "clip fix", "diffusers#721": "clip fix",
     "lingua#59": "clip fix", "tt-metal#17568": "clip fix", "transformers#614": "clip fix",

@@ -213,3 +213,29 @@ def test_the_replay_skips_an_only_used_reduction_by_the_same_rule() -> None:
     reduced.clear()
     RankCollectives.collective(rank, op, 0)  # type: ignore[arg-type]
     assert reduced == [ParamGroup.DENSE, ParamGroup.NORMS]
+
+
+# ---- collectives inside the loss (placeverify/semantics/gather.py) -------------------------------
+
+LOSS_GATHER_KINDS = {"all_gather": "", "all_reduce": "sum, "}
+
+
+@pytest.mark.parametrize("mode", ["differentiable", "detached"])
+@pytest.mark.parametrize("kind", list(LOSS_GATHER_KINDS))
+def test_a_collective_inside_the_loss_is_modelled_by_every_solver_domain(kind: str, mode: str) -> None:
+    # not a buffer statement: it rides on the backward it feeds, which every domain runs
+    text = DDP.replace("        backward sum / tokens(dp, step)",
+                       f"        {kind}({LOSS_GATHER_KINDS[kind]}{mode}) embeddings over dp\n"
+                       "        backward sum / tokens(dp, step)")
+    strategy = load_text(text, "gather.place")
+    assert any(getattr(lo.op, "gather", None) is not None for lo in strategy.step.loop)
+    for group in strategy.model.groups_present():
+        view = group_view(strategy, group)
+        run(strategy, view, uniform_instance(strategy, view, {"dp": 2}, 2))
+        encode(strategy, view, {"dp": 2}, 2, "t_", integer=False)
+        agreement(strategy, view)
+    verification = verify(strategy)
+    assert all(o.verdict is not Verdict.UNKNOWN for o in verification.obligations)
+    # the loss is the global token mean on every rank: DDP's sum is right only when detached
+    assert verification.verdict(Condition.GRADIENT_INTEGRITY) is (
+        Verdict.PROVED if mode == "detached" else Verdict.REFUTED)

@@ -47,11 +47,16 @@ def step_lines(step: Step) -> list[str]:
     lines += [op_text(op) for op in step.pre]
     for header, ops in _loop_blocks(step):
         lines.append(header + " {")
-        lines += [INDENT + op_text(op) for op in ops]
+        lines += [INDENT + line for op in ops for line in [*_gather_lines(op), op_text(op)]]
         lines.append("}")
     lines += [op_text(op) for op in step.post]
     lines += [seed_text(seed) for seed in step.seeds]
     return lines
+
+
+def _gather_lines(op: Op) -> list[str]:
+    """The collective of embeddings a backward's loss is computed from, on its own line before it."""
+    return [op.gather.label()] if isinstance(op, Backward) and op.gather is not None else []
 
 
 def _loop_blocks(step: Step) -> list[tuple[str, list[Op]]]:
@@ -98,7 +103,8 @@ def op_label(op: Op) -> str:
     """One step statement in the short form of reports and traces (labels, ``max_norm`` as
     ``%g``), e.g. ``all_reduce(sum) grads over dp``; :func:`op_text` is the round-trip form."""
     if isinstance(op, Backward):
-        return f"backward {op.term + ': ' if op.term else ''}{op.loss.text}"
+        gathered = f" (after {op.gather.label()})" if op.gather is not None else ""
+        return f"backward {op.term + ': ' if op.term else ''}{op.loss.text}{gathered}"
     if isinstance(op, Collective):
         return op.label()
     if isinstance(op, Scale):

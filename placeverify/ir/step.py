@@ -184,15 +184,37 @@ class Region(StrEnum):
 
 
 @node
+class LossGather:
+    """``all_gather(differentiable | detached) embeddings over G`` (or ``all_reduce(sum, ...)``)
+    before a backward: the loss is computed on every rank of G from the whole group's embeddings
+    (or a statistic summed over them). ``differentiable``: the collective's backward sums every
+    rank's gradient for a slice into the rank that owns it (``torch.distributed.nn``);
+    detached: only the rank's own slot carries gradient. What that does to the gradient is
+    :mod:`placeverify.semantics.gather`."""
+
+    kind: CollectiveKind  # ALL_GATHER or ALL_REDUCE
+    differentiable: bool
+    group: Group
+    span: Span
+
+    def label(self) -> str:
+        mode = "differentiable" if self.differentiable else "detached"
+        opts = f"sum, {mode}" if self.kind is CollectiveKind.ALL_REDUCE else mode
+        return f"{self.kind.value}({opts}) embeddings over {self.group.label()}"
+
+
+@node
 class Backward:
     """``backward L``: one micro-batch's loss back-propagated; ``term`` names the loss term it
     computes ("" for the main loss), ``reaches`` the parameter groups that term's gradient reaches
-    (None: every group; a group outside it gets nothing from this backward)."""
+    (None: every group; a group outside it gets nothing from this backward); ``gather`` the
+    collective inside the loss before it, if any (``loss`` is the expression as written)."""
 
     loss: Monomial
     span: Span
     term: str = ""
     reaches: frozenset[ParamGroup] | None = None
+    gather: LossGather | None = None
 
     def adds_to(self, group: ParamGroup) -> bool:
         return self.reaches is None or group in self.reaches

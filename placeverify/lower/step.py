@@ -8,8 +8,21 @@ from __future__ import annotations
 
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.presets import MAX_MICROBATCHES
-from placeverify.ir.step import Backward, Collective, LoopOp, Op, Scale, Scope, Seed, Step, TargetKind, Update
+from placeverify.ir.step import (
+    Backward,
+    Collective,
+    LoopOp,
+    LossGather,
+    Op,
+    Scale,
+    Scope,
+    Seed,
+    Step,
+    TargetKind,
+    Update,
+)
 from placeverify.ir.strategy import Config
+from placeverify.lower.gather import is_loss_gather, read_loss_gather, unused_gather, with_gather
 from placeverify.lower.settings import check_microbatches
 from placeverify.lower.step_ops import OpReader
 from placeverify.lower.values import Context
@@ -38,25 +51,43 @@ class StepLowerer(OpReader):
         backward_seen = False
         terms_seen: set[str] = set()
         deferred_on: list[ast.OnMicrobatch] = []
+        top_gather: LossGather | None = None  # a collective of embeddings (lower/gather.py)
+        top_gather_used = False
         for item in stmt.items:
             if isinstance(item, ast.MicrobatchesStmt):
                 self.set_microbatches(item)
+            elif is_loss_gather(item) and not backward_seen:
+                assert isinstance(item, ast.OpStmt)
+                if top_gather is not None and not top_gather_used:
+                    unused_gather(self.ctx, top_gather)
+                top_gather, top_gather_used = read_loss_gather(self.ctx, item, self.config), False
             elif isinstance(item, ast.BackwardStmt):
                 backward_seen = True
                 backward = self.backward(item, terms_seen)
+                top_gather_used = True
                 if backward is not None:
-                    loop.append(LoopOp(backward))
+                    loop.append(LoopOp(with_gather(backward, top_gather)))
             elif isinstance(item, ast.EachMicrobatch):
+                gather: LossGather | None = None
+                gather_used = False
                 for inner in item.items:
-                    if isinstance(inner, ast.BackwardStmt):
+                    if is_loss_gather(inner):
+                        assert isinstance(inner, ast.OpStmt)
+                        if gather is not None and not gather_used:
+                            unused_gather(self.ctx, gather)
+                        gather, gather_used = read_loss_gather(self.ctx, inner, self.config), False
+                    elif isinstance(inner, ast.BackwardStmt):
                         backward_seen = True
                         backward = self.backward(inner, terms_seen)
+                        gather_used = True
                         if backward is not None:
-                            loop.append(LoopOp(backward))
+                            loop.append(LoopOp(with_gather(backward, gather)))
                     else:
                         op = self.inner_op(inner)
                         if op is not None:
                             loop.append(LoopOp(op))
+                if not gather_used:
+                    unused_gather(self.ctx, gather)
             elif isinstance(item, ast.OnMicrobatch):
                 deferred_on.append(item)
                 loop.append(LoopOp(Update(item.span), -1))  # placeholder keeps textual order
@@ -77,6 +108,8 @@ class StepLowerer(OpReader):
                         self.error("this runs before 'backward'; only token counts are reduced "
                                    "before the micro-batch loop", Code.BAD_VALUE, item.span)
                     pre.append(op)
+        if not top_gather_used:
+            unused_gather(self.ctx, top_gather)
         if not backward_seen:
             self.error("the step has no 'backward' (the loss each micro-batch back-propagates, "
                        "e.g. 'backward sum / tokens(dp, step)')", Code.MISSING, stmt.span)

@@ -224,6 +224,11 @@ class OpReader:
         if not isinstance(item, ast.OpStmt):
             self.error("not allowed here", Code.BAD_VALUE, item.span)
             return None
+        if item.target.name.text == "embeddings":  # a collective inside the loss: lower/gather.py
+            self.error("a collective of embeddings feeds the loss: write it in 'each microbatch' "
+                       "(or the step's top level) before the 'backward' it feeds", Code.BAD_VALUE,
+                       item.span)
+            return None
         name = item.name.text
         if name not in OPS:
             self.error(f"unknown step operation '{name}'{did_you_mean(name, OPS)}",

@@ -42,6 +42,7 @@ from placeverify.diagnostics import ExitCode
 from placeverify.ir.placement import Role
 from placeverify.ir.precision import LossScale
 from placeverify.ir.step import (
+    Backward,
     Clip,
 )
 from placeverify.ir.strategy import RecomputeKind, Strategy
@@ -84,6 +85,11 @@ def check_layout(strategy: Strategy) -> None:
         raise EmitRefused(f"'unused' groups ({groups}): participation patterns are not emitted "
                           "(the reproducer's model uses every parameter in every micro-batch; "
                           "`placeverify replay` runs this trace)")
+    for op in strategy.step.ops():
+        if isinstance(op, Backward) and op.gather is not None:
+            raise EmitRefused(f"line {op.gather.span.line}: '{op.gather.label()}': a collective "
+                              "inside the loss is not emitted (the reproducer has no embeddings "
+                              "to gather; `placeverify replay` runs this trace)")
     for seed in strategy.step.seeds:
         word = "same" if seed.same else "differ"
         raise EmitRefused(f"line {seed.span.line}: 'seed dropout({seed.region.value}) {word} over "

@@ -189,7 +189,12 @@ class RankRun(RankCollectives):
                 losses = term_loss(losses, index_of(strategy, op.term))
                 strategy = replace(strategy, config=replace(strategy.config, loss=view.loss))
             weights = loss_weights(strategy, atom, s.config).to(self.device)
-            total = (losses * weights).sum() * (float(self.factor(op.loss, k)) * self.alpha)
+            part = (losses * weights).sum()
+            if op.gather is not None:  # a collective inside the loss, run for real
+                from placeverify.replay.gather import group_loss
+
+                part = group_loss(part, op.gather, self.handle(op.gather.group))
+            total = part * (float(self.factor(op.loss, k)) * self.alpha)
             total.backward()
         else:
             dist.send(h.detach().contiguous(), dst=nxt)
@@ -289,6 +294,8 @@ def groups_needed(strategy: Strategy) -> list[Group]:
     for op in strategy.step.ops():
         if isinstance(op, Collective | Clip):
             out.append(op.group)
+        if isinstance(op, Backward) and op.gather is not None:
+            out.append(op.gather.group)
         monomial = op.loss if isinstance(op, Backward) else op.factor if isinstance(op, Scale) \
             else None
         if monomial is not None:

@@ -36,6 +36,7 @@ from placeverify.ir.step import (
 )
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
+from placeverify.semantics.gather import gathered_loss
 from placeverify.semantics.groups import GroupView, ends_match
 from placeverify.semantics.participation import idle_at
 from placeverify.semantics.schedule import MicroBatch
@@ -239,7 +240,7 @@ class _Exact:
             for b in batch_coords(view, self.sizes):
                 if any(b[i] != mine[i] for i in range(len(b)) if i not in routed):
                     continue
-                add += self.factor(op.loss, b, k) * self.inst.grads[(b, k, chunk)]
+                add += self.factor(gathered_loss(op), b, k) * self.inst.grads[(b, k, chunk)]
             out[self.index[d]] += add
         return out
 

@@ -21,7 +21,7 @@ from typing import Any
 from placeverify.evidence import Counterexample
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.render import op_label
-from placeverify.ir.step import Clip, Update
+from placeverify.ir.step import Backward, Clip, Update
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
@@ -43,12 +43,18 @@ def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
         judged = term_obligations(strategy, ctx.timeout_ms)
     else:
         judged = [(o, f, strategy) for o, f in integrity_obligations(strategy, ctx.timeout_ms)]
-    for obligation, found, seen_by in judged:
+    groups = strategy.model.groups_present()
+    for index, (obligation, found, seen_by) in enumerate(judged):
         if found is not None and found.observe is None:
             from placeverify.verify.fixes import FixCase, suggest
 
             fix = suggest(FixCase(seen_by, found))
             obligation = replace(obligation, fix=fix)
+        if not strategy.terms and index < len(groups) and obligation.verdict is Verdict.REFUTED \
+                and any(isinstance(op, Backward) and op.gather for op in strategy.step.ops()):
+            from placeverify.verify.checks.loss_gather import blame_gather
+
+            obligation = blame_gather(strategy, groups[index], obligation, ctx.timeout_ms)
         yield Finding(obligation, found)
 
 

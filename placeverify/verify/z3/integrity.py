@@ -48,6 +48,7 @@ from placeverify.ir.step import (
 )
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.semantics.buffers import GradMachine, Seen
+from placeverify.semantics.gather import gathered_loss
 from placeverify.semantics.groups import GroupView, ends_match
 from placeverify.semantics.participation import idle_at
 from placeverify.semantics.schedule import (
@@ -196,7 +197,7 @@ class _Coefficients:
             local = all(rel == SAME or axis in self.view.routed
                         for axis, rel in zip(self.axes, key.cls, strict=True))
             if local:
-                values[key] = values[key] + self.factor(op.loss, key, True, k)
+                values[key] = values[key] + self.factor(gathered_loss(op), key, True, k)
         return Coeffs(values, buffer.vary)
 
     def reduce(self, buffer: Coeffs, op: Collective) -> Coeffs | None:
