@@ -20,11 +20,16 @@ so memory, traffic and every verdict read the same per-axis IR as before:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from placeverify.diagnostics import Code, Span
+from placeverify.diagnostics import Code, Span, did_you_mean
+from placeverify.ir.mesh import Group, Mesh
+from placeverify.ir.model import Model, ParamGroup
 from placeverify.ir.placement import AxisPlacement, Mode, Role
+from placeverify.lower.mesh import read_group
 from placeverify.lower.values import Context, at
+from placeverify.syntax import ast
 
 
 def merge(ctx: Context, product: AxisPlacement, other: AxisPlacement) -> AxisPlacement | None:
@@ -63,3 +68,74 @@ def product_placements(name: str, role: Role, modes: tuple[Mode, Mode, Mode, Mod
     """One data column per axis of the product, each with the preset's modes and options."""
     return [AxisPlacement(axis, role, modes, name, span, **options)  # type: ignore[arg-type]
             for axis in axes]
+
+
+# ---- a parameter group over its own data-parallel group: place ddp over dp for norms ----------
+
+Reader = Callable[[Context, ast.PlaceStmt, Group, Mesh, "list[AxisPlacement] | None"],
+                  list[AxisPlacement]]
+
+
+def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
+                          columns: dict[str, AxisPlacement], mesh: Mesh, model: Model,
+                          read: Reader) -> None:
+    """Apply each ``place P over G for g1, g2`` to the columns of G's axes: along each of them
+    the named groups' Θ, Ω and G take P's modes (their activations stay the axis's). Each axis
+    is placed for every group by a statement of its own first; only data axes take per-group
+    placements (a context, expert, tensor or pipeline axis is not modelled)."""
+    names = {g.value: g for g in ParamGroup}
+    present = model.groups_present()
+    for stmt in statements:
+        assert stmt.groups is not None
+        groups: list[ParamGroup] = []
+        for sel in stmt.groups.groups:
+            found = names.get(sel.text)
+            if found is None:
+                ctx.error(f"unknown parameter group '{sel.text}'{did_you_mean(sel.text, names)}",
+                          Code.UNKNOWN_NAME, sel.span)
+            elif found not in present:
+                ctx.error(f"this model has no '{sel.text}' parameters (it has "
+                          f"{', '.join(g.value for g in present)})", Code.BAD_VALUE, sel.span)
+            else:
+                groups.append(found)
+        group = read_group(ctx, stmt.group, mesh)
+        if group is None or len(groups) != len(stmt.groups.groups):
+            continue
+        if group.ends:
+            ctx.error("a placement is over whole axes, not ends(...)", Code.BAD_VALUE,
+                      stmt.group.span)
+            continue
+        for placement in read(ctx, stmt, group, mesh, []):
+            column = columns.get(placement.axis)
+            if placement.role is not Role.DATA:
+                ctx.error(f"a placement for some parameter groups is a data preset (ddp, zero1, "
+                          f"zero2, zero3, fsdp, hsdp), got '{placement.preset}'",
+                          Code.BAD_VALUE, stmt.placement.span)
+                break
+            if column is None:
+                ctx.error(f"axis '{placement.axis}' has no placement for every group; write "
+                          f"e.g. 'place ddp over {placement.axis}' as well", Code.MISSING,
+                          stmt.span)
+                continue
+            if column.role is not Role.DATA:
+                ctx.error(f"a placement for some parameter groups over the {column.role.value} "
+                          f"axis '{column.axis}': not modelled", Code.BAD_VALUE, stmt.group.span,
+                          "per-group placements are along data axes")
+                continue
+            placed = dict(column.group_modes)
+            for g in groups:
+                if g.value in placed:
+                    ctx.error(f"the {g.value} parameters are placed twice over "
+                              f"'{placement.axis}'", Code.DUPLICATE, stmt.span)
+                    continue
+                placed[g.value] = placement.modes
+            columns[placement.axis] = replace(column, group_modes=tuple(placed.items()))
+
+
+def check_offload(ctx: Context, placements: Sequence[AxisPlacement],
+                  statements: Sequence[ast.OffloadStmt]) -> None:
+    """Offloading with per-group placements is not modelled (the offload turns an axis's
+    sharded modes into O, not a group's)."""
+    if statements and any(p.group_modes for p in placements):
+        ctx.error("'offload' with placements for some parameter groups: not modelled",
+                  Code.BAD_VALUE, statements[0].span)

@@ -13,7 +13,7 @@ from placeverify.ir.mesh import Group, Mesh
 from placeverify.ir.model import Model
 from placeverify.ir.placement import STATES, AxisPlacement, Mode, Role, Schedule, State
 from placeverify.ir.presets import PRESETS, OptionKind, PresetSpec
-from placeverify.lower.groups import merge, product_placements
+from placeverify.lower.groups import merge, product_placements, read_group_placements
 from placeverify.lower.mesh import read_group
 from placeverify.lower.values import Context, at, value_text
 from placeverify.syntax import ast
@@ -28,6 +28,8 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
     by_axis: dict[str, AxisPlacement] = {}
     products: list[AxisPlacement] = []  # data presets over a product group, merged below
     for stmt in statements:
+        if stmt.groups is not None:
+            continue  # for some parameter groups: read_group_placements, below
         group = read_group(ctx, stmt.group, mesh)
         if group is None:
             continue
@@ -55,6 +57,8 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
         merged = placement if other is None else merge(ctx, placement, other)
         if merged is not None:
             by_axis[placement.axis] = merged
+    read_group_placements(ctx, [s for s in statements if s.groups is not None], by_axis, mesh,
+                          model, read_placement)
     for axis in mesh.axes:
         if axis.name not in by_axis and not ctx.diag.errors:
             ctx.error(f"axis '{axis.name}' has no placement; add e.g. 'place ddp over "
