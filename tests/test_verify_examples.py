@@ -100,6 +100,11 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "clip-inf-norm-pipeline": ({"gradient_integrity"}, "clip"),
     # the norm of the shared parameters only, applied to the expert gradients too (DeepSpeed#8613)
     "clip-norm-without-experts": ({"gradient_integrity"}, "clip"),
+    # per-group meshes: FSDP's replicated (unsharded) parameters counted |dp| times in the clip
+    # norm (hyper-parallel#526); the expert gradients prescaled by the dense data-parallel size,
+    # off by GTP/EGTP (Megatron-LM#7160)
+    "fsdp-replicated-params-norm": ({"gradient_integrity"}, "clip"),
+    "expert-grads-gtp-factor": ({"gradient_integrity"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12
