@@ -13,6 +13,7 @@ from fractions import Fraction
 
 import pytest
 
+from placeverify.api import check_strategy
 from placeverify.cost import analyse
 from placeverify.diagnostics import Code, PlaceError
 from placeverify.ir.model import ParamGroup
@@ -21,7 +22,6 @@ from placeverify.ir.render import step_text
 from placeverify.lower import load_text
 from placeverify.roles.queries import optimizer_axes
 from placeverify.verdicts import Verdict
-from placeverify.api import check_strategy
 
 R, S, SS = Mode.R, Mode.S, Mode.S_STAR
 

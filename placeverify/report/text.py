@@ -78,7 +78,7 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
     print_table(console, table)
     extras = []
     for placement in s.placements:  # per-group meshes: groups placed over an axis by their own
-        for group, modes in placement.group_modes:
+        for group, _ in placement.group_modes:
             extras.append(f"{group} over {placement.axis}: "
                           + ", ".join(f"{st.symbol} {placement.mode_of(st, group).value}"
                                       for st in STATES[:3]))
