@@ -209,3 +209,11 @@ def test_per_group_errors(extra: str, code: Code, words: str, line: int) -> None
     first = raised.value.diagnostics[0]
     assert first.code is code and words in first.message, first
     assert first.span is not None and first.span.line == line
+
+
+def test_replay_emit_refuses_per_group_placements_by_name() -> None:
+    from placeverify.replay.emit import EmitRefused, check_layout
+
+    with pytest.raises(EmitRefused, match="for norms"):
+        check_layout(load_text(GROUPS.format(extra="place ddp over dp for norms", m=1)))
+    check_layout(load_text(GROUPS.format(extra="", m=1)))  # plain FSDP is emitted
