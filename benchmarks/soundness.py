@@ -1084,6 +1084,39 @@ def insert_token_reduction(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         yield body.inserted((None, 1), f"all_reduce(sum) tokens over {group}")
 
 
+@operator
+def split_group_reduction(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Per-group meshes: one parameter group of a gradient reduction given a statement of its
+    own, over another data-parallel group (one axis of a product left out, or one more batch
+    axis: the expert data-parallel group, Megatron-LM#7160) or with the other collective
+    (all-reduced where the others are reduce-scattered: FSDP's replicated parameters,
+    hyper-parallel#526)."""
+    for loc, statement in body.statements():
+        call = Call.parse(statement)
+        if call is None or not call.reduces_grads() or call.group is None:
+            continue
+        name, selectors = target_name(call.target)
+        members = selectors or list(ctx.param_groups)
+        if len(members) < 2:
+            continue
+        terms = group_terms(call.group)
+        others_of_axes = [a for a in ctx.batch_axes if a not in terms]
+        for group in members:
+            rest = replace(call, target=with_selectors(name, [g for g in members if g != group]))
+            own = replace(call, target=with_selectors(name, [group]))
+            variants = [replace(own, group=" * ".join(t for t in terms if t != drop))
+                        for drop in terms if len(terms) > 1]
+            variants += [replace(own, group=" * ".join([*terms, extra]))
+                         for extra in others_of_axes[:1]]
+            other = "all_reduce" if call.name == "reduce_scatter" else "reduce_scatter"
+            options = tuple(o for o in call.options if o != "accumulate") \
+                if other == "all_reduce" else call.options
+            variants.append(replace(own, name=other, options=options))
+            for variant in variants:
+                split = body.replaced(loc, rest.text())
+                yield split.inserted((loc[0], loc[1] + 1), variant.text())
+
+
 # ---- bases and mutants ------------------------------------------------------------------------
 
 

@@ -94,6 +94,9 @@ CALLS_FOR: dict[str, str] = {
     "zero-grad-every-microbatch": "inside the micro-batch loop drops what the earlier micro-batches",
     "zero-grad-before-last-microbatch": "drops what the earlier micro-batches accumulated",
     "clip-norm-pipeline-stages": "sum the squared norm over every axis where gradients are sharded",
+    # per-group meshes (issue 12, construct 5)
+    "fsdp-replicated-params-norm": "count replicated parameters once",
+    "expert-grads-gtp-factor": "gradients are |gtp|x too large",
 }
 
 # Issues a bug header names that its fix does not cite, and why.
@@ -128,6 +131,7 @@ UNCITED: dict[str, str] = {
     "pytorch#162338": "sum-without-average fix", "pytorch#162344": "sum-without-average fix",
     "ColossalAI#247": "reduced-in-loop fix",
     "modalities#313": "clip fix", "RAE#67": "free-in-loop fix",
+    "hyper-parallel#526": "clip fix", "Megatron-LM#7160": "sum-without-average fix",
     "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
     "pytorch#36516": "sum-without-average fix",
     "transformers#38872": "constant-factor fix",

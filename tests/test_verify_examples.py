@@ -107,6 +107,11 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # |dp|x too small, the refutation at the detached collective (lightly#1977, DeCLUTR#212)
     "barlow-twins-detached-all-reduce": ({"gradient_integrity"}, "coefficient"),
     "contrastive-gather-without-gradient": ({"gradient_integrity"}, "coefficient"),
+    # per-group meshes: FSDP's replicated (unsharded) parameters counted |dp| times in the clip
+    # norm (hyper-parallel#526); the expert gradients prescaled by the dense data-parallel size,
+    # off by GTP/EGTP (Megatron-LM#7160)
+    "fsdp-replicated-params-norm": ({"gradient_integrity"}, "clip"),
+    "expert-grads-gtp-factor": ({"gradient_integrity"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12

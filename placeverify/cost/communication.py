@@ -200,16 +200,22 @@ def placement_items(d: Domain, strategy: Strategy,
     for n in local.values():
         local_total = local_total + n
 
-    gathered = gathered_axes(strategy)
+    gathered = set(gathered_axes(strategy)).union(*(gathered_axes(strategy, g) for g in local))
     for p in strategy.placements:
         if p.axis not in gathered:
             continue
         group = mesh.group(p.axis)
+        payload = local_total
+        if p.group_modes:  # per-group meshes: only the groups this axis gathers
+            payload = 0
+            for g, n in local.items():
+                if p.axis in gathered_axes(strategy, g):
+                    payload = payload + n
         items.append(_item(d, strategy, "all_gather", group, "params (gather for forward)",
-                           local_total * param_bytes, m, "params", "placement", p.span))
+                           payload * param_bytes, m, "params", "placement", p.span))
         if p.reshard_after_forward:
             items.append(_item(d, strategy, "all_gather", group, "params (gather for backward)",
-                               local_total * param_bytes, m, "params", "placement", p.span))
+                               payload * param_bytes, m, "params", "placement", p.span))
 
     arch = strategy.model.arch
     if arch is not None:

@@ -39,7 +39,7 @@ from placeverify.ir.step import Collective, CollectiveKind, Free, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.roles import ROLES
 from placeverify.roles.pipeline import stage_layers
-from placeverify.roles.queries import gathered_axes, offloaded, partitions
+from placeverify.roles.queries import gathered_axes, offloaded, partitions, per_group
 
 MODEL_STATES = (State.PARAMS, State.OPTIMIZER, State.GRADIENTS)
 
@@ -90,12 +90,13 @@ def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State,
     return divisor
 
 
-def data_split(d: Domain, strategy: Strategy, state: State, skip: tuple[str, ...] = ()) -> Num:
+def data_split(d: Domain, strategy: Strategy, state: State, skip: tuple[str, ...] = (),
+               group: ParamGroup | None = None) -> Num:
     """The divisor from sharding over data-parallel (and context) axes: ZeRO / FSDP (the axes in
-    ``skip`` left out)."""
+    ``skip`` left out), for one parameter group when given (README "Per-group meshes")."""
     divisor: Num = d.const(1)
     for p in strategy.placements:
-        if partitions(strategy, p.axis, state) and p.axis not in skip:
+        if partitions(strategy, p.axis, state, group) and p.axis not in skip:
             divisor = divisor * d.sym(p.axis, strategy.size(p.axis))
     return divisor
 
@@ -267,6 +268,11 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
         for group, n in held.items():
             total = total + n / model_split(d, strategy, group, state, pipeline=False)
         amount = total * per_element / data_split(d, strategy, state)
+        if per_group(strategy):  # each group divided by its own data-parallel shards
+            amount = 0
+            for group, n in held.items():
+                amount = amount + (n / model_split(d, strategy, group, state, pipeline=False)
+                                   * per_element / data_split(d, strategy, state, group=group))
         host = offloaded(strategy, state)
         items.append(MemoryItem(state.value, f"{state.symbol} {state.value}",
                                 d.const(0) if host else amount))

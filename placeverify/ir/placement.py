@@ -83,9 +83,23 @@ class AxisPlacement:
     # pipeline axes: Megatron-LM's scatter/gather of the stage boundary (Narayanan et al. 2021
     # §4.1): each tensor rank sends 1/t of it, the receivers all-gather it over the tensor axes
     scatter_gather: bool = False
+    # data axes: parameter groups placed over this axis by their own preset (``place ddp over dp
+    # for norms``, README "Per-group meshes"): (group name, its modes); the others follow ``modes``
+    group_modes: tuple[tuple[str, tuple[Mode, Mode, Mode, Mode]], ...] = ()
 
     def mode(self, state: State) -> Mode:
         return self.modes[STATES.index(state)]
 
+    def mode_of(self, state: State, group: str | None) -> Mode:
+        """The mode of one parameter group's state along this axis (the axis's own without a
+        group, or for a group it does not place by itself)."""
+        for name, modes in self.group_modes:
+            if name == group and state is not State.ACTIVATIONS:
+                return modes[STATES.index(state)]
+        return self.mode(state)
+
     def tuple_text(self) -> str:
-        return "(" + ", ".join(m.value for m in self.modes) + ")"
+        text = "(" + ", ".join(m.value for m in self.modes) + ")"
+        for name, modes in self.group_modes:  # per-group meshes
+            text += f"; {name} (" + ", ".join(m.value for m in modes[:3]) + f", {self.modes[3].value})"
+        return text

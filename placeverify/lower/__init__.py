@@ -18,6 +18,7 @@ from placeverify.diagnostics import Code, PlaceError, Source
 from placeverify.ir.strategy import Config, Strategy
 from placeverify.lower import canonical
 from placeverify.lower.compose import with_recompute
+from placeverify.lower.groups import check_offload
 from placeverify.lower.mesh import read_mesh
 from placeverify.lower.model import read_model
 from placeverify.lower.overrides import Settings, apply
@@ -111,6 +112,7 @@ def lower(file: ast.File, source: Source) -> Strategy:
 
     placements = read_placements(ctx, of(ast.PlaceStmt), mesh, model)
     placements = read_offload(ctx, of(ast.OffloadStmt), placements)
+    check_offload(ctx, placements, of(ast.OffloadStmt))  # per-group meshes (lower/groups.py)
     recompute = read_recompute(ctx, recompute_stmt, model)
     placements = with_recompute(placements, recompute.kind)
     loss = read_loss(ctx, loss_stmt)

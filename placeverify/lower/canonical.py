@@ -92,15 +92,20 @@ def derive(config: Config) -> Step:
     if config.microbatches > 1:
         # Sharded gradients (ZeRO-2/3, FSDP) cannot hold the full accumulated gradient: reduce
         # each micro-batch into the shard and free the full buffer, as DeepSpeed and FSDP do.
+        groups = config.model.groups_present()
         per_microbatch = [op for op in post if isinstance(op, Collective)
                           and op.kind is CollectiveKind.REDUCE_SCATTER
-                          and all(gradients_sharded(config, a) for a in op.group.axes)]
+                          and all(gradients_sharded(config, a, g) for a in op.group.axes
+                                  for g in groups if op.target.applies_to(g))]
         if per_microbatch:
             span = config.placements[0].span
             for op in per_microbatch:
                 post.remove(op)
                 loop.append(LoopOp(replace(op, accumulate=True)))
-            loop.append(LoopOp(Free(Target(TargetKind.GRADS), span)))
+            freed = frozenset(g for op in per_microbatch for g in groups
+                              if op.target.applies_to(g))
+            selector = None if len(freed) == len(groups) else freed  # per-group meshes
+            loop.append(LoopOp(Free(Target(TargetKind.GRADS, selector, None), span)))
     return Step(config.microbatches, (), tuple(loop), tuple(post), tuple(_seeds(config)),
                 True, None)
 
@@ -127,7 +132,7 @@ def _post(config: Config) -> list[Op]:
         if sp:
             phases["sp"][group] = mesh.group(*sp)
         batch = [a for a, _ in needed if _phase(config, a) is Phase.BATCH]
-        scatter = [a for a in batch if sharded_update(config, a)]
+        scatter = [a for a in batch if sharded_update(config, a, group)]
         rest = [a for a in batch if a not in scatter]
         if scatter:
             phases["reduce_scatter"][group] = mesh.group(*scatter)
@@ -146,7 +151,7 @@ def _post(config: Config) -> list[Op]:
 
     if config.clip is not None:
         norm_axes = [p.axis for p in config.placements
-                     if sharded_update(config, p.axis)
+                     if any(sharded_update(config, p.axis, g) for g in groups)
                      or ROLES[p.role].sums_norm(groups)]
         norm = config.clip.norm
         ops.append(Clip(config.clip.max_norm, mesh.group(*norm_axes), True, config.clip.span,
@@ -155,10 +160,16 @@ def _post(config: Config) -> list[Op]:
         ops.append(Collective(CollectiveKind.ALL_REDUCE, ReduceOp.MAX,
                               Target(TargetKind.OVERFLOW), mesh.group(*mesh.names), span))
     ops.append(Update(span))
-    gather = list(gathered_after_update(config))
-    if gather:
-        ops.append(Collective(CollectiveKind.ALL_GATHER, None, Target(TargetKind.PARAMS),
-                              mesh.group(*gather), span))
+    gathers: dict[tuple[str, ...], frozenset[ParamGroup]] = {}  # groups alike share a gather
+    for group in groups:
+        axes = gathered_after_update(config, group)
+        gathers[axes] = gathers.get(axes, frozenset()) | {group}
+    for gather, members in gathers.items():
+        if gather:
+            selector = None if len(members) == len(groups) else members
+            ops.append(Collective(CollectiveKind.ALL_GATHER, None,
+                                  Target(TargetKind.PARAMS, selector, None), mesh.group(*gather),
+                                  span))
     return ops
 
 

@@ -555,7 +555,7 @@ def _apply_one(edited: Edited, file: ast.File, setting: Setting) -> str | None:
         group = parts[1]
         for stmt in _first(file, ast.PlaceStmt):
             assert isinstance(stmt, ast.PlaceStmt)
-            if group_text(stmt.group) == group:
+            if group_text(stmt.group) == group and stmt.groups is None:
                 _replace(edited, setting, stmt.placement.span, value)
                 return None
         edited.append(setting, f"place {value} over {group}", 6, len(value) + 12, len(group))

@@ -13,6 +13,7 @@ from placeverify.ir.mesh import Group, Mesh
 from placeverify.ir.model import Model
 from placeverify.ir.placement import STATES, AxisPlacement, Mode, Role, Schedule, State
 from placeverify.ir.presets import PRESETS, OptionKind, PresetSpec
+from placeverify.lower.groups import merge, product_placements, read_group_placements
 from placeverify.lower.mesh import read_group
 from placeverify.lower.values import Context, at, value_text
 from placeverify.syntax import ast
@@ -25,7 +26,10 @@ MODE_NAMES = {m.value: m for m in Mode}
 def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mesh,
                     model: Model) -> tuple[AxisPlacement, ...]:
     by_axis: dict[str, AxisPlacement] = {}
+    products: list[AxisPlacement] = []  # data presets over a product group, merged below
     for stmt in statements:
+        if stmt.groups is not None:
+            continue  # for some parameter groups: read_group_placements, below
         group = read_group(ctx, stmt.group, mesh)
         if group is None:
             continue
@@ -33,13 +37,28 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
             ctx.error("a placement is over whole axes, not ends(...)", Code.BAD_VALUE,
                       stmt.group.span)
             continue
-        for placement in read_placement(ctx, stmt, group, mesh):
+        for placement in read_placement(ctx, stmt, group, mesh, products):
+            if any(placement is column for column in products):
+                continue
             if placement.axis in by_axis:
                 first = by_axis[placement.axis].span
                 ctx.error(f"axis '{placement.axis}' is placed twice", Code.DUPLICATE,
                           stmt.span, f"first placed at {at(first)}")
             else:
                 by_axis[placement.axis] = placement
+    merged_from: dict[str, AxisPlacement] = {}
+    for placement in products:
+        if placement.axis in merged_from:
+            ctx.error(f"axis '{placement.axis}' is placed twice", Code.DUPLICATE, placement.span,
+                      f"first placed at {at(merged_from[placement.axis].span)}")
+            continue
+        merged_from[placement.axis] = placement
+        other = by_axis.get(placement.axis)
+        merged = placement if other is None else merge(ctx, placement, other)
+        if merged is not None:
+            by_axis[placement.axis] = merged
+    read_group_placements(ctx, [s for s in statements if s.groups is not None], by_axis, mesh,
+                          model, read_placement)
     for axis in mesh.axes:
         if axis.name not in by_axis and not ctx.diag.errors:
             ctx.error(f"axis '{axis.name}' has no placement; add e.g. 'place ddp over "
@@ -47,8 +66,8 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
     return tuple(by_axis[a.name] for a in mesh.axes if a.name in by_axis)
 
 
-def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group,
-                   mesh: Mesh) -> list[AxisPlacement]:
+def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group, mesh: Mesh,
+                   products: list[AxisPlacement] | None = None) -> list[AxisPlacement]:
     p = stmt.placement
     span = stmt.span
     if isinstance(p, ast.TuplePlacement):
@@ -71,7 +90,9 @@ def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group,
         if rewrite is not None:
             preset, name = PRESETS[rewrite.preset], rewrite.label
             options.update(rewrite.options)
-    if len(group.axes) != preset.axes:
+    product = (products is not None and preset.axes == 1 and preset.role is Role.DATA
+               and len(group.axes) > 1)
+    if len(group.axes) != preset.axes and not product:
         want = "two axes: 'over shard_axis * replicate_axis'" if preset.axes == 2 else "one axis"
         ctx.error(f"'{name}' is placed over {want}, got {group.label()}", Code.BAD_VALUE,
                   stmt.group.span)
@@ -101,6 +122,10 @@ def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group,
         if "microbatches" not in options:
             ctx.error("a pipeline needs 'microbatches', e.g. 'pipeline(1f1b, microbatches = "
                       "8)'", Code.MISSING, span)
+    if product and products is not None:  # lower/groups.py: one column per axis of the product
+        columns = product_placements(name, preset.role, modes, group.axes, span, options)
+        products.extend(columns)
+        return columns
     return [AxisPlacement(group.axes[0], preset.role, modes, name, span, **options)]  # type: ignore[arg-type]
 
 

@@ -74,6 +74,11 @@ def check_layout(strategy: Strategy) -> None:
                               f"{p.axis}' ({p.role.value} axis of {strategy.size(p.axis)} ranks): "
                               "only data-parallel axes are emitted (`placeverify replay` runs "
                               "this trace)")
+    for p in strategy.placements:
+        if p.group_modes:
+            raise EmitRefused(f"placements for some parameter groups over '{p.axis}' ('place ... "
+                              f"for {', '.join(g for g, _ in p.group_modes)}') are not emitted "
+                              "(`placeverify replay` runs this trace)")
     for term in strategy.terms:
         raise EmitRefused(f"line {term.span.line}: 'loss {term.name}: {term.loss.kind.value}': "
                           "named loss terms are not emitted (the reproducer has one loss; "

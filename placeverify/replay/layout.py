@@ -244,8 +244,11 @@ def optimizer_axes(strategy: Strategy, group: ParamGroup) -> tuple[str, ...]:
     return queries.optimizer_axes(strategy, group)
 
 
-def gathered_axes(strategy: Strategy) -> tuple[str, ...]:
-    """Data axes where the parameters are sharded and gathered before use (S*, or offloaded O)."""
+def gathered_axes(strategy: Strategy, group: ParamGroup | None = None) -> tuple[str, ...]:
+    """Data axes where the parameters (of ``group``, when given: README "Per-group meshes") are
+    sharded and gathered before use (S*, or offloaded O); without a group, where any group's
+    are."""
+    groups = [group] if group is not None else [None, *strategy.model.groups_present()]
     return tuple(p.axis for p in strategy.placements
                  if p.role is Role.DATA and strategy.size(p.axis) > 1
-                 and p.mode(State.PARAMS).sharded)
+                 and any(p.mode_of(State.PARAMS, g).sharded for g in groups))

@@ -91,9 +91,9 @@ class RankRun(RankCollectives):
         for event in events(self.strategy.step, self.s.microbatches):
             assert isinstance(event.k, int)
             self.apply(event.op, t, event.k)
-        gathered = gathered_axes(self.strategy)
-        if gathered:
-            for buf in self.buffers.values():
+        for buf in self.buffers.values():
+            gathered = gathered_axes(self.strategy, buf.group)  # per-group meshes: its own
+            if gathered:
                 self.gather_params(buf, Group(tuple(a for a in self.grid.names if a in gathered)),
                                    "owner")
 

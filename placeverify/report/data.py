@@ -103,7 +103,9 @@ def check_document(result: CheckResult) -> dict[str, Any]:
             p.axis: {"role": p.role.value, "preset": p.preset,
                      "modes": {st.value: p.mode(st).value for st in STATES},
                      **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options},
-                     **({"layers": list(p.layers)} if p.layers is not None else {})}
+                     **({"layers": list(p.layers)} if p.layers is not None else {}),
+                     **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}
+                                    for g, _ in p.group_modes}} if p.group_modes else {})}
             for p in s.placements},
         "recompute": {"kind": s.recompute.kind.value, "restore_rng": s.recompute.restore_rng,
                       **({"every": s.recompute.every} if s.recompute.every > 1 else {})},

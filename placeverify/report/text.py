@@ -77,6 +77,11 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
                   *[Text(_preset_label(placement), style="dim") for placement in s.placements])
     print_table(console, table)
     extras = []
+    for placement in s.placements:  # per-group meshes: groups placed over an axis by their own
+        for group, _ in placement.group_modes:
+            extras.append(f"{group} over {placement.axis}: "
+                          + ", ".join(f"{st.symbol} {placement.mode_of(st, group).value}"
+                                      for st in STATES[:3]))
     if s.recompute.kind.value != "none":
         extras.append(f"recompute {s.recompute.kind.value}"
                       + (f" (every {s.recompute.every} layers)" if s.recompute.every > 1 else "")

@@ -24,35 +24,38 @@ def replicates_model(p: AxisPlacement) -> bool:
     return ROLES[p.role].replicates_model
 
 
-def partitions(strategy: Layout, axis: str, state: State) -> bool:
-    """Is ``state`` along ``axis`` a partition of one replicated copy (ZeRO-style)?"""
+def partitions(strategy: Layout, axis: str, state: State, group: ParamGroup | None = None) -> bool:
+    """Is ``state`` (of ``group``, when given: README "Per-group meshes") along ``axis`` a
+    partition of one replicated copy (ZeRO-style)?"""
     p = strategy.placement(axis)
-    return replicates_model(p) and p.mode(state).sharded
+    return replicates_model(p) and p.mode_of(state, group).sharded
 
 
 def optimizer_axes(strategy: Layout, group: ParamGroup) -> tuple[str, ...]:
     """Axes (larger than 1) along which each rank updates one shard of this group's optimizer
     state, in mesh order."""
     return tuple(p.axis for p in strategy.placements
-                 if strategy.size(p.axis) > 1 and partitions(strategy, p.axis, State.OPTIMIZER)
+                 if strategy.size(p.axis) > 1 and partitions(strategy, p.axis, State.OPTIMIZER, group)
                  and relation(strategy, group, p.axis) is not Relation.OWNED)
 
 
-def sharded_update(strategy: Layout, axis: str) -> bool:
+def sharded_update(strategy: Layout, axis: str, group: ParamGroup | None = None) -> bool:
     """Is the optimizer step along this axis done on shards (of Ω, or of G: ZeRO-2 without a
     sharded Ω is not realisable and refuted on composition)?"""
-    return partitions(strategy, axis, State.OPTIMIZER) or partitions(strategy, axis, State.GRADIENTS)
+    return (partitions(strategy, axis, State.OPTIMIZER, group)
+            or partitions(strategy, axis, State.GRADIENTS, group))
 
 
-def gradients_sharded(strategy: Layout, axis: str) -> bool:
+def gradients_sharded(strategy: Layout, axis: str, group: ParamGroup | None = None) -> bool:
     """Does each rank along this axis hold only a shard of the gradient (ZeRO-2/3, FSDP)?"""
-    return strategy.placement(axis).mode(State.GRADIENTS).sharded
+    return strategy.placement(axis).mode_of(State.GRADIENTS, group).sharded
 
 
-def gathered_axes(strategy: Layout) -> tuple[str, ...]:
-    """Data axes over which the parameters are gathered before use (S*, or O streamed in)."""
+def gathered_axes(strategy: Layout, group: ParamGroup | None = None) -> tuple[str, ...]:
+    """Data axes over which the parameters (of ``group``, when given) are gathered before use
+    (S*, or O streamed in)."""
     return tuple(p.axis for p in strategy.placements
-                 if p.role is Role.DATA and p.mode(State.PARAMS) in (Mode.S_STAR, Mode.O))
+                 if p.role is Role.DATA and p.mode_of(State.PARAMS, group) in (Mode.S_STAR, Mode.O))
 
 
 def offloaded(strategy: Layout, state: State) -> bool:
@@ -60,12 +63,17 @@ def offloaded(strategy: Layout, state: State) -> bool:
     return any(p.mode(state) is Mode.O for p in strategy.placements)
 
 
-def gathered_after_update(strategy: Layout) -> tuple[str, ...]:
-    """Axes where the parameters stay replicated but are updated on shards, so they must be
-    all-gathered after the update (ZeRO-1/2, an offloaded optimizer)."""
+def gathered_after_update(strategy: Layout, group: ParamGroup | None = None) -> tuple[str, ...]:
+    """Axes where the parameters (of ``group``, when given) stay replicated but are updated on
+    shards, so they must be all-gathered after the update (ZeRO-1/2, an offloaded optimizer)."""
     return tuple(p.axis for p in strategy.placements
-                 if replicates_model(p) and p.mode(State.PARAMS) is Mode.R
-                 and p.mode(State.OPTIMIZER).sharded)
+                 if replicates_model(p) and p.mode_of(State.PARAMS, group) is Mode.R
+                 and p.mode_of(State.OPTIMIZER, group).sharded)
+
+
+def per_group(strategy: Layout) -> bool:
+    """Does some axis place a parameter group by its own preset (README "Per-group meshes")?"""
+    return any(p.group_modes for p in strategy.placements)
 
 
 def dropout_regions(strategy: Layout, axis: str) -> tuple[Region, ...]:

@@ -341,6 +341,15 @@ class MeshStmt:
 class PlaceStmt:
     placement: Placement
     group: Group
+    groups: PlaceFor | None
+    span: Span
+
+
+@node
+class PlaceFor:
+    """``for norms, embedding``: the parameter groups a per-group placement places."""
+
+    groups: tuple[Name, ...]
     span: Span
 
 

@@ -70,7 +70,7 @@ def _name(token: Token) -> ast.Name:
 # Classes whose rule is a repetition: its children fill the one tuple field (lark's AsList).
 _AS_LIST: frozenset[type] = frozenset({ast.ListValue, ast.Block, ast.AxisTuple, ast.Group, ast.EachMicrobatch,
                                        ast.StepStmt, ast.MeshStmt, ast.File, ast.Reaches,
-                                       ast.UnusedStmt})
+                                       ast.UnusedStmt, ast.PlaceFor})
 # Rules named otherwise than their class.
 _RENAMED: dict[str, type] = {"start": ast.File, "clip_op_stmt": ast.OpStmt}
 

@@ -93,7 +93,7 @@ def memory_sharded(strategy: Strategy, group: ParamGroup, p: AxisPlacement,
     split fixed by the axis's role (None)? Mirrors :func:`placeverify.cost.memory.model_split`
     and :func:`~placeverify.cost.memory.data_split`."""
     if replicates_model(p):
-        return p.mode(state).sharded
+        return p.mode_of(state, group).sharded
     return None if ROLES[p.role].splits_model(group) else False
 
 
@@ -175,7 +175,7 @@ def _judge(strategy: Strategy, p: AxisPlacement, state: State, sharded: bool,
     axis = p.axis
     claim = (f"the step {'shards' if sharded else 'keeps whole'} {state.symbol} ({state.value}) "
              f"of the {_names(members)} parameters over {axis}, as the placement does "
-             f"({_layout(p, state)}{': ' + _why_whole(p) if _why_whole(p) else ''})"
+             f"({_layout(p, state, members[0])}{': ' + _why_whole(p) if _why_whole(p) else ''})"
              ).replace(GROUPS, _names(members))
     problems: dict[str, list[ParamGroup]] = {}
     fixes: list[str] = []
@@ -200,7 +200,7 @@ def _problem(strategy: Strategy, p: AxisPlacement, state: State, sharded: bool,
     axis, n = p.axis, strategy.size(p.axis)
     where = f"placed at line {p.span.line}" + (f"; {_why_whole(p)}" if _why_whole(p) else "")
     m = strategy.step.microbatches
-    mode = _layout(p, state)
+    mode = _layout(p, state, group)
     step = strategy.step
     scattered = axis in facts.scattered
     if state is State.GRADIENTS:
@@ -283,9 +283,9 @@ def _statement(step: Step, op: Collective) -> str:
     return f"'{op.label()}' at line {op.span.line}"
 
 
-def _layout(p: AxisPlacement, state: State) -> str:
-    """A state's mode along an axis as memory reads it."""
-    return p.mode(state).value if replicates_model(p) else Mode.R.value
+def _layout(p: AxisPlacement, state: State, group: ParamGroup) -> str:
+    """A group's state's mode along an axis as memory reads it."""
+    return p.mode_of(state, group).value if replicates_model(p) else Mode.R.value
 
 
 def _why_whole(p: AxisPlacement) -> str:

@@ -112,7 +112,8 @@ def _groups(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation]:
             problems.append("gradients are reduced with sum or mean, not max")
         idle = [a for a in op.group.axes if sizes[a] > 1 and kind is TargetKind.PARAMS
                 and replicates_model(strategy.placement(a))
-                and not partitions(strategy, a, State.OPTIMIZER)]
+                and not any(partitions(strategy, a, State.OPTIMIZER, g)
+                            for g in strategy.model.groups_present() if op.target.applies_to(g))]
         if idle:
             warnings.append(Diagnostic(
                 Severity.WARNING,

@@ -24,6 +24,7 @@ from typing import Any
 import z3
 
 from placeverify.evidence import Cause, Divergence, small_mesh
+from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Mode, Role, State
 from placeverify.ir.precision import LossScale
 from placeverify.ir.relations import Relation
@@ -73,25 +74,25 @@ def consistency_obligations(strategy: Strategy,
             if view.size(axis, sizes) < 2 or view.relation(axis) is Relation.OWNED:
                 continue
             if placement.role is not Role.TENSOR and placement.role is not Role.PIPELINE \
-                    and placement.mode(State.PARAMS) in (Mode.S_STAR, Mode.O):
+                    and placement.mode_of(State.PARAMS, group) in (Mode.S_STAR, Mode.O):
                 continue  # each element has one owner; gathered copies are that owner's
             out.append(_params_obligation(strategy, view, agree, axis, timeout_ms))
     out.extend(rng_obligations(strategy, timeout_ms))
     return out
 
 
-def _sharded_update(strategy: Strategy, axis: str) -> bool:
-    return partitions(strategy, axis, State.OPTIMIZER)
+def _sharded_update(strategy: Strategy, axis: str, group: ParamGroup) -> bool:
+    return partitions(strategy, axis, State.OPTIMIZER, group)
 
 
-def _gathered_after_update(strategy: Strategy, axis: str) -> Collective | None:
+def _gathered_after_update(strategy: Strategy, axis: str, group: ParamGroup) -> Collective | None:
     seen_update = False
     for op in strategy.step.post:
         if isinstance(op, Update):
             seen_update = True
         elif (seen_update and isinstance(op, Collective) and op.target.kind is TargetKind.PARAMS
               and op.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.BROADCAST)
-              and op.group.covers(axis)):
+              and op.group.covers(axis) and op.target.applies_to(group)):
             return op
     return None
 
@@ -106,8 +107,8 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
     upd = z3.Function("upd", z3.RealSort(), z3.RealSort(), z3.RealSort(), z3.RealSort())
     sizes = {a.name: a.size for a in strategy.mesh.axes}
 
-    if _sharded_update(strategy, axis):
-        gather = _gathered_after_update(strategy, axis)
+    if _sharded_update(strategy, axis, group):
+        gather = _gathered_after_update(strategy, axis, group)
         g = z3.Real("g")
         owner = upd(theta0, g, omega0)
         other = owner if gather is not None and gather.from_owner else theta0

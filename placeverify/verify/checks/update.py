@@ -392,7 +392,9 @@ def _shards(strategy: Strategy) -> list[Obligation]:
             method=METHOD_RULES))
     update = next((op for op in strategy.step.post if isinstance(op, Update)), None)
     for p in strategy.placements:
-        if sizes[p.axis] < 2 or update is None or not partitions(strategy, p.axis, State.OPTIMIZER):
+        if sizes[p.axis] < 2 or update is None or not any(
+                partitions(strategy, p.axis, State.OPTIMIZER, g)
+                for g in strategy.model.groups_present()):
             continue
         for op in strategy.step.post:
             if (isinstance(op, Collective) and op.kind is CollectiveKind.BROADCAST
