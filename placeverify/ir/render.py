@@ -121,6 +121,8 @@ def collective_text(op: Collective) -> str:
         options.append(op.op.value)
     if op.accumulate:
         options.append("accumulate")
+    if op.asynchronous:
+        options.append("async")
     if op.order is Order.RANK_DEPENDENT:
         options.append("order = rank_dependent")
     if op.kind is CollectiveKind.BROADCAST:

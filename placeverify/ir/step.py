@@ -208,6 +208,8 @@ class Collective:
     accumulate: bool = False  # reduce_scatter(sum, accumulate): shard += instead of shard =
     order: Order = Order.FIXED
     source: str = OWNER  # broadcast: OWNER (each shard from its owner) or a rank index
+    # all_reduce(sum, async): started here, completed at its 'wait' (placeverify.semantics.asynchrony)
+    asynchronous: bool = False
 
     @property
     def from_owner(self) -> bool:
@@ -217,6 +219,7 @@ class Collective:
     def label(self) -> str:
         opts = [o for o in (self.op.value if self.op else None,
                             "accumulate" if self.accumulate else None,
+                            "async" if self.asynchronous else None,
                             "order = rank_dependent" if self.order is Order.RANK_DEPENDENT else None,
                             f"from = {self.source}" if self.kind is CollectiveKind.BROADCAST else None)
                 if o]
@@ -280,6 +283,19 @@ class Seed:
     span: Span
 
 
+@node
+class Wait:
+    """``wait grads``: the asynchronous collectives in flight on the target complete here. Kept
+    apart from the statements (:attr:`Step.waits`, :mod:`placeverify.semantics.asynchrony`): a
+    step's ``ops`` are the step as if every collective completed where it starts."""
+
+    target: Target
+    span: Span
+    phase: str  # "pre", "loop" or "post"
+    index: int  # the statements of its block before it
+    microbatch: int | None = None  # in the loop: None on every micro-batch, k on micro-batch k
+
+
 Op = Backward | Collective | Scale | Clip | Update | Free
 
 
@@ -298,6 +314,7 @@ class Step:
     seeds: tuple[Seed, ...]
     canonical: bool  # derived from the placement rather than written in the file
     span: Span | None = None
+    waits: tuple[Wait, ...] = ()  # where asynchronous collectives complete (in written order)
 
     def ops(self) -> tuple[Op, ...]:
         return (*self.pre, *(lo.op for lo in self.loop), *self.post)

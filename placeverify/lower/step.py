@@ -6,15 +6,34 @@ needs. Its operations and expressions are read by :class:`placeverify.lower.step
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.presets import MAX_MICROBATCHES
-from placeverify.ir.step import Backward, Collective, LoopOp, Op, Scale, Scope, Seed, Step, TargetKind, Update
+from placeverify.ir.step import (
+    Backward,
+    Collective,
+    LoopOp,
+    Op,
+    Scale,
+    Scope,
+    Seed,
+    Step,
+    TargetKind,
+    Update,
+    Wait,
+)
 from placeverify.ir.strategy import Config
 from placeverify.lower.settings import check_microbatches
+from placeverify.semantics.asynchrony import flight_errors
 from placeverify.lower.step_ops import OpReader
 from placeverify.lower.values import Context
 from placeverify.roles.queries import region_named
 from placeverify.syntax import ast
+
+
+def is_wait(item: ast.StepItem) -> bool:
+    return isinstance(item, ast.OpStmt) and item.name.text == "wait"
 
 
 def lower_step(ctx: Context, stmt: ast.StepStmt, config: Config) -> Step:
@@ -34,6 +53,7 @@ class StepLowerer(OpReader):
         pre: list[Op] = []
         loop: list[LoopOp] = []
         post: list[Op] = []
+        waits: list[Wait] = []  # index: the block's statements before it (loop: resolved below)
         seeds: list[Seed] = []
         backward_seen = False
         terms_seen: set[str] = set()
@@ -53,6 +73,12 @@ class StepLowerer(OpReader):
                         backward = self.backward(inner, terms_seen)
                         if backward is not None:
                             loop.append(LoopOp(backward))
+                    elif is_wait(inner):
+                        assert isinstance(inner, ast.OpStmt)
+                        wait = self.wait(inner, "loop", len(loop), None)
+                        if wait is not None:
+                            waits.append(wait)
+                            loop.append(LoopOp(Update(inner.span), -2))  # its place, resolved below
                     else:
                         op = self.inner_op(inner)
                         if op is not None:
@@ -65,6 +91,11 @@ class StepLowerer(OpReader):
                 if seed is not None:
                     self.check_seed_conflict(seed, seeds)
                     seeds.append(seed)
+            elif is_wait(item) and backward_seen:
+                assert isinstance(item, ast.OpStmt)
+                wait = self.wait(item, "post", len(post), None)
+                if wait is not None:
+                    waits.append(wait)
             else:
                 op = self.op(item)
                 if op is None:
@@ -83,7 +114,12 @@ class StepLowerer(OpReader):
         # resolve 'on microbatch' blocks now that the micro-batch count is known
         resolved: list[LoopOp] = []
         pending = iter(deferred_on)
+        in_loop = iter([w for w in waits if w.phase == "loop"])
+        placed: list[Wait] = []
         for lo in loop:
+            if lo.microbatch == -2:
+                placed.append(replace(next(in_loop), index=len(resolved)))
+                continue
             if lo.microbatch == -1:
                 block = next(pending)
                 index = self.which(block.which)
@@ -91,6 +127,12 @@ class StepLowerer(OpReader):
                     if isinstance(inner, ast.BackwardStmt):
                         self.error("'backward' belongs in the step or in 'each microbatch'",
                                    Code.BAD_VALUE, inner.span)
+                        continue
+                    if is_wait(inner):
+                        assert isinstance(inner, ast.OpStmt)
+                        wait = self.wait(inner, "loop", len(resolved), index)
+                        if wait is not None and index is not None:
+                            placed.append(wait)
                         continue
                     op = self.inner_op(inner)
                     if op is not None and index is not None:
@@ -103,8 +145,13 @@ class StepLowerer(OpReader):
                        stmt.span)
         for extra in updates[1:]:
             self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
-        return Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
-                    False, stmt.span)
+        placed += [w for w in waits if w.phase == "post"]
+        step = Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
+                    False, stmt.span, tuple(placed))
+        if backward_seen:
+            for message, code, span in flight_errors(step):
+                self.error(message, code, span)
+        return step
 
     def backward(self, item: ast.BackwardStmt, seen: set[str]) -> Backward | None:
         """``backward L`` (the main loss) or ``backward name: L`` (a named loss term): one

@@ -34,6 +34,7 @@ from placeverify.diagnostics import PlaceError
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, load_text
 from placeverify.lower.resize import resize
+from placeverify.semantics.asynchrony import replayed
 from placeverify.replay.consistency import (
     check_claim,
     check_counts,
@@ -167,7 +168,7 @@ def strategy_of(spec: RunSpec) -> Strategy:
     if spec.canonical:
         strategy = replace(strategy, step=canonical.derive(strategy.config), config=replace(
             strategy.config, recompute=replace(strategy.recompute, restore_rng=True)))
-    return strategy
+    return replayed(strategy)  # asynchronous collectives: the outcome a stream that never waits gives
 
 
 # Refutations about the placement's own bookkeeping (its modes, and whether memory's layout is

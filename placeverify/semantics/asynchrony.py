@@ -1,0 +1,292 @@
+"""Asynchronous collectives: started at one statement, completed at a later ``wait``.
+
+``all_reduce(sum, async) grads over dp`` starts a reduction of the gradient buffer that completes
+at the next ``wait grads`` (gradient reduction overlapped with backward: Megatron-LM's
+``overlap_grad_reduce`` with ``start_grad_sync`` / ``finish_grad_sync``, DeepSpeed's
+``overlap_comm``, a DDP bucket's ``async_op=True`` handle). Between the two the collective is *in
+flight*, and the rules of :mod:`placeverify.semantics.buffers` are extended once, here:
+
+- the collective takes its input where it starts;
+- a statement that reads the buffer in flight (``clip``, ``update``) sees, on each rank and for
+  each element, either the value before the collective or the value after it;
+- a statement that writes the buffer in flight (``backward`` of a later micro-batch, ``scale``)
+  races with the collective: on each rank and element its effect either lands after the
+  collective completed, or is overwritten by the collective's result, computed from the input the
+  collective took where it started (an in-place collective that read its input early);
+- at the ``wait`` the collective has completed on every rank.
+
+So each rank and element has two extreme outcomes per flight: the *synchronous* one (the
+collective completed where it starts: :func:`synchronous`) and the *late* one (it completed at its
+wait, reads in flight saw the value before it, writes in flight were lost: :func:`late`). Both are
+ordinary synchronous steps, and every backend judges both, so the construct holds in the exact,
+Z3, agreement and torch domains without a rule of their own. The verdict of an obligation is the
+worst over the two (:mod:`placeverify.verify`): refuted when either outcome diverges (each is an
+allowed outcome), proved only when both are proved. Proved covers the mixed outcomes too (some
+ranks or elements synchronous, others late): the consumed gradient is linear in the gradient of
+every (rank, micro-batch) atom and each rank's choice changes only terms of its own atoms, so when
+both extremes give the single-device gradient for every gradient value, every term the choice
+touches already agrees, and so does any mix. A ``max`` reduction is not linear: ``async`` with
+``max`` is not modelled. The torch replay realises the late outcome, deterministically, as a
+stream that never synchronised with the collective would.
+
+Not modelled (the verdict is *unknown* at the line, never proved): a second collective on a buffer
+already in flight, a ``free`` or a synchronous collective of the buffer in flight, a read in
+flight after a write in the same flight (what the read sees then depends on the order inside the
+race), a flight that spans more than :data:`MAX_UNROLLED` micro-batches. A collective never
+waited before the step ends, and a ``wait`` with nothing in flight before it, are errors in the
+file (:func:`flight_errors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from placeverify.diagnostics import Code, Span
+from placeverify.ir.model import ParamGroup
+from placeverify.ir.step import (
+    Backward,
+    Clip,
+    Collective,
+    Free,
+    LoopOp,
+    Op,
+    ReduceOp,
+    Scale,
+    Step,
+    Target,
+    TargetKind,
+    Update,
+    Wait,
+)
+from placeverify.ir.strategy import Strategy
+from placeverify.semantics.schedule import Unmodelled
+
+MAX_UNROLLED = 64  # micro-batches a flight through the loop is unrolled over, at most
+
+ALL_GROUPS = frozenset(ParamGroup)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One statement (or ``wait``) of the step in execution order."""
+
+    phase: str  # "pre", "loop", "post"
+    k: int | None  # the micro-batch of a loop entry
+    item: Op | Wait
+
+
+def has_async(step: Step) -> bool:
+    return bool(step.waits) or any(isinstance(op, Collective) and op.asynchronous
+                                   for op in step.ops())
+
+
+def _groups(target: Target) -> frozenset[ParamGroup]:
+    return ALL_GROUPS if target.groups is None else target.groups
+
+
+def _in_flight(op: Op) -> bool:
+    return isinstance(op, Collective) and op.asynchronous and op.target.kind is TargetKind.GRADS
+
+
+def _touches_loop(step: Step) -> bool:
+    return any(w.phase == "loop" for w in step.waits) or any(
+        _in_flight(lo.op) for lo in step.loop)
+
+
+def entries(step: Step, *, unroll: bool) -> Iterator[Entry]:
+    """The step in execution order with its waits in place; the loop once per micro-batch
+    (``unroll``) or once for every micro-batch alike (entries with ``k`` None)."""
+    def block(phase: str, ops: tuple[Op, ...]) -> Iterator[Entry]:
+        for index in range(len(ops) + 1):
+            for w in step.waits:
+                if w.phase == phase and w.index == index:
+                    yield Entry(phase, None, w)
+            if index < len(ops):
+                yield Entry(phase, None, ops[index])
+
+    yield from block("pre", step.pre)
+    for k in range(step.microbatches) if unroll else [None]:
+        for index in range(len(step.loop) + 1):
+            for w in step.waits:
+                if w.phase == "loop" and w.index == index and (
+                        k is None or w.microbatch in (None, k)):
+                    yield Entry("loop", k if w.microbatch is None else w.microbatch, w)
+            if index < len(step.loop):
+                lo = step.loop[index]
+                if k is None or lo.microbatch in (None, k):
+                    yield Entry("loop", k if lo.microbatch is None else lo.microbatch, lo.op)
+    yield from block("post", step.post)
+
+
+def flight_errors(step: Step) -> list[tuple[str, Code, Span]]:
+    """Errors in the file: an asynchronous collective never waited before the step ends, a wait
+    with nothing in flight before it."""
+    if not has_async(step):
+        return []
+    out: list[tuple[str, Code, Span]] = []
+    flying: list[Collective] = []
+    useful: set[int] = set()
+    reported: set[int] = set()
+    unroll = _touches_loop(step) and step.microbatches <= MAX_UNROLLED
+    for e in entries(step, unroll=unroll):
+        if isinstance(e.item, Wait):
+            done = [c for c in flying if _groups(c.target) & _groups(e.item.target)]
+            if done:
+                useful.add(id(e.item))
+            flying = [c for c in flying if c not in done]
+        elif _in_flight(e.item):
+            assert isinstance(e.item, Collective)
+            flying.append(e.item)
+    for c in flying:
+        if id(c) not in reported:
+            reported.add(id(c))
+            out.append((f"the asynchronous '{c.label()}' is never waited: write 'wait "
+                        f"{c.target.label()}' before the step ends", Code.MISSING, c.span))
+    for w in step.waits:
+        if id(w) not in useful:
+            out.append((f"nothing is in flight on {w.target.label()} here: 'wait' completes an "
+                        "asynchronous collective started before it (all_reduce(sum, async) ...)",
+                        Code.BAD_VALUE, w.span))
+    return out
+
+
+def synchronous(step: Step) -> Step:
+    """The outcome where every asynchronous collective completed where it starts."""
+    return replace(step, waits=())
+
+
+@dataclass
+class _Flight:
+    op: Collective
+    groups: frozenset[ParamGroup]
+    wrote: Op | None = None  # the first write in flight
+
+
+def late(step: Step) -> Step:
+    """The outcome where every asynchronous collective completed at its wait: reads in flight see
+    the buffer without it, writes in flight are overwritten by its result (they reach no group the
+    collective reduces), and the collective itself runs where it is waited.
+
+    Raises :class:`Unmodelled` for the combinations the module docstring lists."""
+    unroll = _touches_loop(step)
+    if unroll and step.microbatches > MAX_UNROLLED:
+        first = next(op for op in step.ops() if _in_flight(op))
+        raise Unmodelled(f"an asynchronous collective through a loop of more than {MAX_UNROLLED} "
+                         "micro-batches", first.span)
+    out: list[tuple[str, int | None, Op]] = []
+    flying: list[_Flight] = []
+    for e in entries(step, unroll=unroll):
+        item = e.item
+        if isinstance(item, Wait):
+            done = [f for f in flying if f.groups & _groups(item.target)]
+            for f in done:
+                if not f.groups <= _groups(item.target):
+                    raise Unmodelled(f"'wait {item.target.label()}' completes part of "
+                                     f"'{f.op.label()}' (line {f.op.span.line})", item.span)
+                out.append((e.phase, e.k, f.op))
+            flying = [f for f in flying if f not in done]
+            continue
+        hit = [f for f in flying if _overlaps(item, f.groups)]
+        if _in_flight(item):
+            assert isinstance(item, Collective)
+            if item.op is ReduceOp.MAX:
+                raise Unmodelled(f"'{item.label()}': an asynchronous maximum (not linear in the "
+                                 "gradients, so the two extreme outcomes do not bound the mixed "
+                                 "ones)", item.span)
+            if hit:
+                raise Unmodelled(f"'{item.label()}' starts while '{hit[0].op.label()}' (line "
+                                 f"{hit[0].op.span.line}) is in flight on the same gradients",
+                                 item.span)
+            flying.append(_Flight(item, _groups(item.target)))
+            continue
+        if not hit:
+            out.append((e.phase, e.k, item))
+            continue
+        lost = frozenset().union(*(f.groups for f in hit))
+        if isinstance(item, Clip | Update):
+            for f in hit:
+                if f.wrote is not None:
+                    raise Unmodelled(f"'{_label(item)}' reads gradients in flight after "
+                                     f"'{_label(f.wrote)}' wrote them in the same flight (line "
+                                     f"{f.op.span.line})", item.span)
+            out.append((e.phase, e.k, item))
+            continue
+        if isinstance(item, Backward):
+            for f in hit:
+                f.wrote = f.wrote or item
+            reaches = (ALL_GROUPS if item.reaches is None else item.reaches) - lost
+            out.append((e.phase, e.k, replace(item, reaches=reaches)))
+            continue
+        if isinstance(item, Scale):
+            for f in hit:
+                f.wrote = f.wrote or item
+            kept = _groups(item.target) - lost
+            if kept:
+                out.append((e.phase, e.k, replace(item, target=replace(item.target, groups=kept))))
+            continue
+        raise Unmodelled(f"'{_label(item)}' while '{hit[0].op.label()}' (line "
+                         f"{hit[0].op.span.line}) is in flight on the same gradients",
+                         getattr(item, "span", None))
+    pre = tuple(op for phase, _, op in out if phase == "pre")
+    post = tuple(op for phase, _, op in out if phase == "post")
+    loop = tuple(LoopOp(op, k if unroll else _filter(step, op)) for phase, k, op in out
+                 if phase == "loop")
+    return replace(step, pre=pre, loop=loop, post=post, waits=())
+
+
+def _filter(step: Step, op: Op) -> int | None:
+    """The micro-batch filter an op had in the written loop (a loop that is not unrolled)."""
+    for lo in step.loop:
+        if lo.op is op:  # untouched: no flight reaches a loop that is not unrolled
+            return lo.microbatch
+    raise AssertionError("a statement of the loop rewritten without unrolling it")
+
+
+def _overlaps(op: Op, groups: frozenset[ParamGroup]) -> bool:
+    """Does ``op`` read or write gradients of ``groups``?"""
+    if isinstance(op, Backward):
+        return bool((ALL_GROUPS if op.reaches is None else op.reaches) & groups)
+    if isinstance(op, Update):
+        return True
+    if isinstance(op, Clip):
+        return any(op.target.applies_to(g) or op.measures(g) for g in groups)
+    if isinstance(op, Scale | Free):
+        return bool(_groups(op.target) & groups)
+    if isinstance(op, Collective):
+        return op.target.kind is TargetKind.GRADS and bool(_groups(op.target) & groups)
+    return False
+
+
+def _label(op: Op) -> str:
+    from placeverify.ir.render import op_label
+
+    return op_label(op)
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    name: str  # "synchronous" or "late"
+    strategy: Strategy
+    note: str  # how the outcome reads in a reason
+
+
+def worlds(strategy: Strategy) -> list[World] | None:
+    """The two extreme outcomes of a step with asynchronous collectives (None without them)."""
+    step = strategy.step
+    if not has_async(step):
+        return None
+    waits = ", ".join(f"line {w.span.line}" for w in step.waits)
+    return [World("synchronous", replace(strategy, step=synchronous(step)),
+                  "with every asynchronous collective completed where it starts"),
+            World("late", replace(strategy, step=late(step)),
+                  f"with every asynchronous collective completed only at its wait ({waits}): "
+                  "reads in flight see the gradients before it, writes in flight are lost")]
+
+
+def replayed(strategy: Strategy) -> Strategy:
+    """The strategy the torch replay runs: the late outcome, which a stream that never waited on
+    the collective realises (the synchronous one is the step without ``async``)."""
+    if not has_async(strategy.step):
+        return strategy
+    return replace(strategy, step=late(strategy.step))
