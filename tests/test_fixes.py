@@ -88,6 +88,9 @@ CALLS_FOR: dict[str, str] = {
     "zero-grad-every-microbatch": "inside the micro-batch loop drops what the earlier micro-batches",
     "zero-grad-before-last-microbatch": "drops what the earlier micro-batches accumulated",
     "clip-norm-pipeline-stages": "sum the squared norm over every axis where gradients are sharded",
+    # Asynchronous collectives: order the writes before the start; wait before the read.
+    "overlap-reduce-before-grad-write": "after the last write of the gradients it reduces",
+    "overlap-update-before-wait": "'wait grads' before the gradients are read",
 }
 
 # Issues a bug header names that its fix does not cite, and why.
@@ -121,6 +124,7 @@ UNCITED: dict[str, str] = {
     "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
     "pytorch#36516": "sum-without-average fix",
     "transformers#38872": "constant-factor fix",
+    "DeepSpeed#7898": "async-write fix cites the other two reports of the race",
 }
 
 # Rules no bug example reaches, and why.

@@ -164,11 +164,17 @@ class _Flight:
 
 
 def late(step: Step) -> Step:
+    return late_outcome(step)[0]
+
+
+def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
     """The outcome where every asynchronous collective completed at its wait: reads in flight see
     the buffer without it, writes in flight are overwritten by its result (they reach no group the
     collective reduces), and the collective itself runs where it is waited.
 
-    Raises :class:`Unmodelled` for the combinations the module docstring lists."""
+    Also returns the collectives whose flight lost a write (the statements a wrong consumed
+    gradient is blamed on). Raises :class:`Unmodelled` for the combinations the module docstring
+    lists."""
     unroll = _touches_loop(step)
     if unroll and step.microbatches > MAX_UNROLLED:
         first = next(op for op in step.ops() if _in_flight(op))
@@ -176,6 +182,7 @@ def late(step: Step) -> Step:
                          "micro-batches", first.span)
     out: list[tuple[str, int | None, Op]] = []
     flying: list[_Flight] = []
+    blamed: list[Collective] = []
     for e in entries(step, unroll=unroll):
         item = e.item
         if isinstance(item, Wait):
@@ -212,6 +219,9 @@ def late(step: Step) -> Step:
                                      f"{f.op.span.line})", item.span)
             out.append((e.phase, e.k, item))
             continue
+        for f in hit:
+            if isinstance(item, Backward | Scale) and f.op not in blamed:
+                blamed.append(f.op)
         if isinstance(item, Backward):
             for f in hit:
                 f.wrote = f.wrote or item
@@ -232,7 +242,7 @@ def late(step: Step) -> Step:
     post = tuple(op for phase, _, op in out if phase == "post")
     loop = tuple(LoopOp(op, k if unroll else _filter(step, op)) for phase, k, op in out
                  if phase == "loop")
-    return replace(step, pre=pre, loop=loop, post=post, waits=())
+    return replace(step, pre=pre, loop=loop, post=post, waits=()), blamed
 
 
 def _filter(step: Step, op: Op) -> int | None:
@@ -269,6 +279,9 @@ class World:
     name: str  # "synchronous" or "late"
     strategy: Strategy
     note: str  # how the outcome reads in a reason
+    blamed: Collective | None = None  # a collective whose flight lost a write
+    started: Collective | None = None  # the first asynchronous collective
+    waited: Span | None = None  # the wait that completes it
 
 
 def worlds(strategy: Strategy) -> list[World] | None:
@@ -277,11 +290,26 @@ def worlds(strategy: Strategy) -> list[World] | None:
     if not has_async(step):
         return None
     waits = ", ".join(f"line {w.span.line}" for w in step.waits)
+    outcome, blamed = late_outcome(step)
     return [World("synchronous", replace(strategy, step=synchronous(step)),
                   "with every asynchronous collective completed where it starts"),
-            World("late", replace(strategy, step=late(step)),
+            World("late", replace(strategy, step=outcome),
                   f"with every asynchronous collective completed only at its wait ({waits}): "
-                  "reads in flight see the gradients before it, writes in flight are lost")]
+                  "reads in flight see the gradients before it, writes in flight are lost",
+                  blamed[0] if blamed else None, *_first_flight(step))]
+
+
+def _first_flight(step: Step) -> tuple[Collective | None, Span | None]:
+    """The first asynchronous collective of the gradients and the wait that completes it."""
+    start: Collective | None = None
+    for e in entries(step, unroll=False):
+        if start is None and _in_flight(e.item):
+            assert isinstance(e.item, Collective)
+            start = e.item
+        elif start is not None and isinstance(e.item, Wait) and \
+                _groups(start.target) & _groups(e.item.target):
+            return start, e.item.span
+    return start, None
 
 
 def replayed(strategy: Strategy) -> Strategy:

@@ -3,8 +3,8 @@
 :mod:`placeverify.semantics.asynchrony` reduces an asynchronous step to two synchronous ones (the
 collective completed where it starts; completed only at its wait). Every family runs on each, and
 an obligation takes the worse verdict of the two (refuted over unknown over proved): refuted when
-either allowed outcome diverges, proved only when both are proved. A refutation found only in the
-late outcome says so in its reason. A combination the construct does not model makes every
+either allowed outcome diverges, proved only when both are proved. A refutation in the late
+outcome (alone, or in both) is the one reported, and its reason says so. A combination the construct does not model makes every
 family *unknown* at its line (:func:`placeverify.verify.check.run_check`).
 """
 
@@ -13,16 +13,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.asynchrony import worlds
+from placeverify.semantics.asynchrony import World, worlds
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.verdicts import Obligation, Verdict
+from placeverify.verdicts import Obligation, ObligationKind, Verdict
 from placeverify.verify.check import Check, Context, Finding, run_check
+from placeverify.verify.fixes import ASYNC_READ, ASYNC_WRITE
 
 RANK = {Verdict.PROVED: 0, Verdict.UNKNOWN: 1, Verdict.REFUTED: 2}
 
 
 def _key(o: Obligation) -> tuple[object, ...]:
-    return (o.condition, o.kind, o.claim, o.span.line if o.span is not None else None)
+    return (o.condition, o.kind, o.claim)  # the line may differ: a statement moved to its wait
 
 
 def outcomes(check: Check, strategy: Strategy, ctx: Context) -> list[Finding]:
@@ -45,18 +46,33 @@ def outcomes(check: Check, strategy: Strategy, ctx: Context) -> list[Finding]:
     for found in first:
         peers = matched.get(_key(found.obligation))
         other = peers.pop(0) if peers else None
-        if other is None or RANK[other.obligation.verdict] <= RANK[found.obligation.verdict]:
+        if other is None or RANK[other.obligation.verdict] < RANK[found.obligation.verdict] or \
+                other.obligation.verdict is found.obligation.verdict is not Verdict.REFUTED:
             out.append(found)
             continue
-        out.append(_noted(other, late.note))
+        # worse, or refuted in both: the race's own outcome
+        out.append(_noted(other, late, alone=found.obligation.verdict is not Verdict.REFUTED))
     for rest in matched.values():
-        out.extend(_noted(f, late.note) for f in rest)
+        out.extend(_noted(f, late, alone=True) for f in rest)
     return out
 
 
-def _noted(found: Finding, note: str) -> Finding:
+def _noted(found: Finding, late: World, *, alone: bool) -> Finding:
+    """The late outcome's finding, its reason saying so. A flight that lost a write is what a
+    wrong consumed gradient is blamed on (its start, as a loss term's error on its backward), with
+    the fix that orders the writes first; a refutation of the late outcome alone otherwise comes
+    from a read in flight, and its fix is the wait."""
     o = found.obligation
     if o.verdict is Verdict.PROVED:
         return found
-    return replace(found, obligation=replace(o, reason=f"{o.reason} ({note})" if o.reason
-                                             else note))
+    span, fix = o.span, o.fix
+    if late.blamed is not None:
+        fix = ASYNC_WRITE.text(collective=late.blamed.label(), line=late.blamed.span.line)
+        if o.kind is ObligationKind.COEFFICIENT:
+            span = late.blamed.span
+    elif alone and late.started is not None:
+        fix = ASYNC_READ.text(collective=late.started.label(), line=late.started.span.line,
+                              target=late.started.target.label(),
+                              wait=late.waited.line if late.waited is not None else "?")
+    return replace(found, obligation=replace(
+        o, span=span, fix=fix, reason=f"{o.reason} ({late.note})" if o.reason else late.note))
