@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from placeverify.diagnostics import Code, Span, did_you_mean
+from placeverify.ir.flights import flight_errors
 from placeverify.ir.presets import MAX_MICROBATCHES
 from placeverify.ir.step import (
     Backward,
@@ -25,7 +26,6 @@ from placeverify.ir.step import (
 )
 from placeverify.ir.strategy import Config
 from placeverify.lower.settings import check_microbatches
-from placeverify.semantics.asynchrony import flight_errors
 from placeverify.lower.step_ops import OpReader
 from placeverify.lower.values import Context
 from placeverify.roles.queries import region_named

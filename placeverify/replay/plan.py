@@ -34,7 +34,6 @@ from placeverify.diagnostics import PlaceError
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, load_text
 from placeverify.lower.resize import resize
-from placeverify.semantics.asynchrony import replayed
 from placeverify.replay.consistency import (
     check_claim,
     check_counts,
@@ -43,6 +42,7 @@ from placeverify.replay.consistency import (
 )
 from placeverify.replay.counts import AtomCounts, pick_counts, trace_counts
 from placeverify.replay.sizes import replayed_sizes
+from placeverify.semantics.asynchrony import replayed
 from placeverify.syntax.source import read_source
 from placeverify.trace import Trace
 from placeverify.verdicts import ObligationKind, Verdict, Verification

@@ -39,11 +39,21 @@ file (:func:`flight_errors`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from placeverify.diagnostics import Code, Span
+from placeverify.diagnostics import Span
+from placeverify.ir.flights import (
+    ALL_GROUPS,
+    MAX_UNROLLED,
+    entries,
+    flight_errors,
+    groups_of,
+    has_async,
+    starts_flight,
+    touches_loop,
+)
 from placeverify.ir.model import ParamGroup
+from placeverify.ir.render import op_label
 from placeverify.ir.step import (
     Backward,
     Clip,
@@ -54,7 +64,6 @@ from placeverify.ir.step import (
     ReduceOp,
     Scale,
     Step,
-    Target,
     TargetKind,
     Update,
     Wait,
@@ -62,94 +71,8 @@ from placeverify.ir.step import (
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.schedule import Unmodelled
 
-MAX_UNROLLED = 64  # micro-batches a flight through the loop is unrolled over, at most
-
-ALL_GROUPS = frozenset(ParamGroup)
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One statement (or ``wait``) of the step in execution order."""
-
-    phase: str  # "pre", "loop", "post"
-    k: int | None  # the micro-batch of a loop entry
-    item: Op | Wait
-
-
-def has_async(step: Step) -> bool:
-    return bool(step.waits) or any(isinstance(op, Collective) and op.asynchronous
-                                   for op in step.ops())
-
-
-def _groups(target: Target) -> frozenset[ParamGroup]:
-    return ALL_GROUPS if target.groups is None else target.groups
-
-
-def _in_flight(op: Op) -> bool:
-    return isinstance(op, Collective) and op.asynchronous and op.target.kind is TargetKind.GRADS
-
-
-def _touches_loop(step: Step) -> bool:
-    return any(w.phase == "loop" for w in step.waits) or any(
-        _in_flight(lo.op) for lo in step.loop)
-
-
-def entries(step: Step, *, unroll: bool) -> Iterator[Entry]:
-    """The step in execution order with its waits in place; the loop once per micro-batch
-    (``unroll``) or once for every micro-batch alike (entries with ``k`` None)."""
-    def block(phase: str, ops: tuple[Op, ...]) -> Iterator[Entry]:
-        for index in range(len(ops) + 1):
-            for w in step.waits:
-                if w.phase == phase and w.index == index:
-                    yield Entry(phase, None, w)
-            if index < len(ops):
-                yield Entry(phase, None, ops[index])
-
-    yield from block("pre", step.pre)
-    for k in range(step.microbatches) if unroll else [None]:
-        for index in range(len(step.loop) + 1):
-            for w in step.waits:
-                if w.phase == "loop" and w.index == index and (
-                        k is None or w.microbatch in (None, k)):
-                    yield Entry("loop", k if w.microbatch is None else w.microbatch, w)
-            if index < len(step.loop):
-                lo = step.loop[index]
-                if k is None or lo.microbatch in (None, k):
-                    yield Entry("loop", k if lo.microbatch is None else lo.microbatch, lo.op)
-    yield from block("post", step.post)
-
-
-def flight_errors(step: Step) -> list[tuple[str, Code, Span]]:
-    """Errors in the file: an asynchronous collective never waited before the step ends, a wait
-    with nothing in flight before it."""
-    if not has_async(step):
-        return []
-    out: list[tuple[str, Code, Span]] = []
-    flying: list[Collective] = []
-    useful: set[int] = set()
-    reported: set[int] = set()
-    unroll = _touches_loop(step) and step.microbatches <= MAX_UNROLLED
-    for e in entries(step, unroll=unroll):
-        if isinstance(e.item, Wait):
-            done = [c for c in flying if _groups(c.target) & _groups(e.item.target)]
-            if done:
-                useful.add(id(e.item))
-            flying = [c for c in flying if c not in done]
-        elif _in_flight(e.item):
-            assert isinstance(e.item, Collective)
-            flying.append(e.item)
-    for c in flying:
-        if id(c) not in reported:
-            reported.add(id(c))
-            out.append((f"the asynchronous '{c.label()}' is never waited: write 'wait "
-                        f"{c.target.label()}' before the step ends", Code.MISSING, c.span))
-    for w in step.waits:
-        if id(w) not in useful:
-            out.append((f"nothing is in flight on {w.target.label()} here: 'wait' completes an "
-                        "asynchronous collective started before it (all_reduce(sum, async) ...)",
-                        Code.BAD_VALUE, w.span))
-    return out
-
+__all__ = ["MAX_UNROLLED", "World", "entries", "flight_errors", "has_async", "late",
+           "late_outcome", "replayed", "synchronous", "worlds"]
 
 def synchronous(step: Step) -> Step:
     """The outcome where every asynchronous collective completed where it starts."""
@@ -175,9 +98,9 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
     Also returns the collectives whose flight lost a write (the statements a wrong consumed
     gradient is blamed on). Raises :class:`Unmodelled` for the combinations the module docstring
     lists."""
-    unroll = _touches_loop(step)
+    unroll = touches_loop(step)
     if unroll and step.microbatches > MAX_UNROLLED:
-        first = next(op for op in step.ops() if _in_flight(op))
+        first = next(op for op in step.ops() if starts_flight(op))
         raise Unmodelled(f"an asynchronous collective through a loop of more than {MAX_UNROLLED} "
                          "micro-batches", first.span)
     out: list[tuple[str, int | None, Op]] = []
@@ -186,16 +109,16 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
     for e in entries(step, unroll=unroll):
         item = e.item
         if isinstance(item, Wait):
-            done = [f for f in flying if f.groups & _groups(item.target)]
+            done = [f for f in flying if f.groups & groups_of(item.target)]
             for f in done:
-                if not f.groups <= _groups(item.target):
+                if not f.groups <= groups_of(item.target):
                     raise Unmodelled(f"'wait {item.target.label()}' completes part of "
                                      f"'{f.op.label()}' (line {f.op.span.line})", item.span)
                 out.append((e.phase, e.k, f.op))
             flying = [f for f in flying if f not in done]
             continue
         hit = [f for f in flying if _overlaps(item, f.groups)]
-        if _in_flight(item):
+        if starts_flight(item):
             assert isinstance(item, Collective)
             if item.op is ReduceOp.MAX:
                 raise Unmodelled(f"'{item.label()}': an asynchronous maximum (not linear in the "
@@ -205,7 +128,7 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
                 raise Unmodelled(f"'{item.label()}' starts while '{hit[0].op.label()}' (line "
                                  f"{hit[0].op.span.line}) is in flight on the same gradients",
                                  item.span)
-            flying.append(_Flight(item, _groups(item.target)))
+            flying.append(_Flight(item, groups_of(item.target)))
             continue
         if not hit:
             out.append((e.phase, e.k, item))
@@ -231,7 +154,7 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
         if isinstance(item, Scale):
             for f in hit:
                 f.wrote = f.wrote or item
-            kept = _groups(item.target) - lost
+            kept = groups_of(item.target) - lost
             if kept:
                 out.append((e.phase, e.k, replace(item, target=replace(item.target, groups=kept))))
             continue
@@ -262,15 +185,13 @@ def _overlaps(op: Op, groups: frozenset[ParamGroup]) -> bool:
     if isinstance(op, Clip):
         return any(op.target.applies_to(g) or op.measures(g) for g in groups)
     if isinstance(op, Scale | Free):
-        return bool(_groups(op.target) & groups)
+        return bool(groups_of(op.target) & groups)
     if isinstance(op, Collective):
-        return op.target.kind is TargetKind.GRADS and bool(_groups(op.target) & groups)
+        return op.target.kind is TargetKind.GRADS and bool(groups_of(op.target) & groups)
     return False
 
 
 def _label(op: Op) -> str:
-    from placeverify.ir.render import op_label
-
     return op_label(op)
 
 
@@ -303,11 +224,11 @@ def _first_flight(step: Step) -> tuple[Collective | None, Span | None]:
     """The first asynchronous collective of the gradients and the wait that completes it."""
     start: Collective | None = None
     for e in entries(step, unroll=False):
-        if start is None and _in_flight(e.item):
+        if start is None and starts_flight(e.item):
             assert isinstance(e.item, Collective)
             start = e.item
         elif start is not None and isinstance(e.item, Wait) and \
-                _groups(start.target) & _groups(e.item.target):
+                groups_of(start.target) & groups_of(e.item.target):
             return start, e.item.span
     return start, None
 

@@ -4,12 +4,14 @@
 collective completed where it starts; completed only at its wait). Every family runs on each, and
 an obligation takes the worse verdict of the two (refuted over unknown over proved): refuted when
 either allowed outcome diverges, proved only when both are proved. A refutation in the late
-outcome (alone, or in both) is the one reported, and its reason says so. A combination the construct does not model makes every
-family *unknown* at its line (:func:`placeverify.verify.check.run_check`).
+outcome (alone, or in both) is the one reported, and its reason says so. A combination the
+construct does not model makes every family *unknown* at its line
+(:func:`placeverify.verify.check.run_check`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from placeverify.ir.strategy import Strategy
@@ -31,10 +33,7 @@ def outcomes(check: Check, strategy: Strategy, ctx: Context) -> list[Finding]:
     try:
         both = worlds(strategy)
     except Unmodelled as err:
-        def unmodelled(_s: Strategy, _c: Context) -> list[Finding]:
-            raise err
-
-        return run_check(replace(check, run=unmodelled), strategy, ctx)
+        return run_check(replace(check, run=_raising(err)), strategy, ctx)
     assert both is not None
     sync, late = both
     first = run_check(check, sync.strategy, ctx)
@@ -55,6 +54,14 @@ def outcomes(check: Check, strategy: Strategy, ctx: Context) -> list[Finding]:
     for rest in matched.values():
         out.extend(_noted(f, late, alone=True) for f in rest)
     return out
+
+
+def _raising(err: Unmodelled) -> Callable[[Strategy, Context], list[Finding]]:
+    """A family that stops at the combination the construct does not model (unknown there)."""
+    def run(_strategy: Strategy, _ctx: Context) -> list[Finding]:
+        raise err
+
+    return run
 
 
 def _noted(found: Finding, late: World, *, alone: bool) -> Finding:
