@@ -43,6 +43,7 @@ from placeverify.ir.placement import Role
 from placeverify.ir.precision import LossScale
 from placeverify.ir.step import (
     Clip,
+    Collective,
 )
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.lower import canonical
@@ -77,6 +78,11 @@ def check_layout(strategy: Strategy) -> None:
         raise EmitRefused(f"line {term.span.line}: 'loss {term.name}: {term.loss.kind.value}': "
                           "named loss terms are not emitted (the reproducer has one loss; "
                           "`placeverify replay` runs this trace)")
+    for op in strategy.step.ops():
+        if isinstance(op, Collective) and op.asynchronous:
+            raise EmitRefused(f"line {op.span.line}: '{op.label()}': asynchronous collectives "
+                              "are not emitted (the reproducer runs each collective where it "
+                              "stands; `placeverify replay` runs this trace)")
     for seed in strategy.step.seeds:
         word = "same" if seed.same else "differ"
         raise EmitRefused(f"line {seed.span.line}: 'seed dropout({seed.region.value}) {word} over "

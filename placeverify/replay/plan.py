@@ -225,7 +225,7 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
     --emit`` alike): a trace that is no counterexample of its own source
     (:mod:`placeverify.replay.consistency`) raises an input error."""
     path = trace.file or "<trace>"
-    strategy = load_text(trace.source, path)
+    strategy = replayed(load_text(trace.source, path))  # asynchronous: the outcome replayed
     check_mesh(trace, strategy)
     check_microbatches(trace, strategy)
     keep = _trace_sizes(trace, strategy)

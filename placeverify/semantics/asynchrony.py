@@ -76,7 +76,11 @@ __all__ = ["MAX_UNROLLED", "World", "entries", "flight_errors", "has_async", "la
 
 def synchronous(step: Step) -> Step:
     """The outcome where every asynchronous collective completed where it starts."""
-    return replace(step, waits=())
+    def plain(op: Op) -> Op:
+        return replace(op, asynchronous=False) if isinstance(op, Collective) else op
+
+    return replace(step, pre=tuple(map(plain, step.pre)), post=tuple(map(plain, step.post)),
+                   loop=tuple(LoopOp(plain(lo.op), lo.microbatch) for lo in step.loop), waits=())
 
 
 @dataclass
@@ -114,7 +118,7 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
                 if not f.groups <= groups_of(item.target):
                     raise Unmodelled(f"'wait {item.target.label()}' completes part of "
                                      f"'{f.op.label()}' (line {f.op.span.line})", item.span)
-                out.append((e.phase, e.k, f.op))
+                out.append((e.phase, e.k, replace(f.op, asynchronous=False)))
             flying = [f for f in flying if f not in done]
             continue
         hit = [f for f in flying if _overlaps(item, f.groups)]
