@@ -106,7 +106,7 @@ def test_the_step_renders_its_waits_and_lowers_back_to_them() -> None:
     ("    backward sum / tokens(dp, step)\n    all_reduce(sum) grads over dp\n    wait grads\n"
      "    update params\n", "nothing is in flight on grads here", Code.BAD_VALUE, 9, 5),
     ("    backward sum / tokens(dp, step)\n    all_reduce(sum, async) grads over dp\n"
-     "    wait grads over dp\n    update params\n", "'wait' names the buffer", Code.BAD_VALUE, 9, 21),  # at 'dp'
+     "    wait grads over dp\n    update params\n", "'wait' names the buffer", Code.BAD_VALUE, 9, 21),
     ("    all_reduce(sum, async) tokens over dp\n    backward sum / tokens(dp, step)\n"
      "    all_reduce(sum) grads over dp\n    update params\n",
      "'async' is modelled for collectives of the gradients", Code.BAD_VALUE, 7, 5),
