@@ -9,8 +9,8 @@ flight*, and the rules of :mod:`placeverify.semantics.buffers` are extended once
 - the collective takes its input where it starts;
 - a statement that reads the buffer in flight (``clip``, ``update``) sees, on each rank and for
   each element, either the value before the collective or the value after it;
-- a statement that writes the buffer in flight (``backward`` of a later micro-batch, ``scale``)
-  races with the collective: on each rank and element its effect either lands after the
+- a statement that writes the buffer in flight (``backward`` of a later micro-batch, ``scale``,
+  a synchronous reduction of the same gradients) races with the collective: on each rank and element its effect either lands after the
   collective completed, or is overwritten by the collective's result, computed from the input the
   collective took where it started (an in-place collective that read its input early);
 - at the ``wait`` the collective has completed on every rank.
@@ -29,9 +29,9 @@ touches already agrees, and so does any mix. A ``max`` reduction is not linear: 
 ``max`` is not modelled. The torch replay realises the late outcome, deterministically, as a
 stream that never synchronised with the collective would.
 
-Not modelled (the verdict is *unknown* at the line, never proved): a second collective on a buffer
-already in flight, a ``free`` or a synchronous collective of the buffer in flight, a read in
-flight after a write in the same flight (what the read sees then depends on the order inside the
+Not modelled (the verdict is *unknown* at the line, never proved): a second asynchronous
+collective on a buffer already in flight, a ``free`` of the buffer in flight, a read in flight
+after a write in the same flight (what the read sees then depends on the order inside the
 race), a flight that spans more than :data:`MAX_UNROLLED` micro-batches. A collective never
 waited before the step ends, and a ``wait`` with nothing in flight before it, are errors in the
 file (:func:`flight_errors`).
@@ -147,7 +147,7 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
             out.append((e.phase, e.k, item))
             continue
         for f in hit:
-            if isinstance(item, Backward | Scale) and f.op not in blamed:
+            if isinstance(item, Backward | Scale | Collective) and f.op not in blamed:
                 blamed.append(f.op)
         if isinstance(item, Backward):
             for f in hit:
@@ -155,7 +155,9 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
             reaches = (ALL_GROUPS if item.reaches is None else item.reaches) - lost
             out.append((e.phase, e.k, replace(item, reaches=reaches)))
             continue
-        if isinstance(item, Scale):
+        if isinstance(item, Scale | Collective) and item.target.kind is TargetKind.GRADS:
+            # a scale, or a synchronous reduction of the same gradients (it reads them as they
+            # were and writes its result): overwritten by the flight's result
             for f in hit:
                 f.wrote = f.wrote or item
             kept = groups_of(item.target) - lost
