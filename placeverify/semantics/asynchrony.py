@@ -10,9 +10,10 @@ flight*, and the rules of :mod:`placeverify.semantics.buffers` are extended once
 - a statement that reads the buffer in flight (``clip``, ``update``) sees, on each rank and for
   each element, either the value before the collective or the value after it;
 - a statement that writes the buffer in flight (``backward`` of a later micro-batch, ``scale``,
-  a synchronous reduction of the same gradients) races with the collective: on each rank and element its effect either lands after the
-  collective completed, or is overwritten by the collective's result, computed from the input the
-  collective took where it started (an in-place collective that read its input early);
+  a synchronous reduction of the same gradients) races with the collective: on each rank and
+  element its effect either lands after the collective completed, or is overwritten by the
+  collective's result, computed from the input the collective took where it started (an in-place
+  collective that read its input early);
 - at the ``wait`` the collective has completed on every rank.
 
 So each rank and element has two extreme outcomes per flight: the *synchronous* one (the
@@ -22,10 +23,14 @@ ordinary synchronous steps, and every backend judges both, so the construct hold
 Z3, agreement and torch domains without a rule of their own. The verdict of an obligation is the
 worst over the two (:mod:`placeverify.verify`): refuted when either outcome diverges (each is an
 allowed outcome), proved only when both are proved. Proved covers the mixed outcomes too (some
-ranks or elements synchronous, others late): the consumed gradient is linear in the gradient of
-every (rank, micro-batch) atom and each rank's choice changes only terms of its own atoms, so when
-both extremes give the single-device gradient for every gradient value, every term the choice
-touches already agrees, and so does any mix. A ``max`` reduction is not linear: ``async`` with
+ranks or elements synchronous, others late). Sketch: a read in flight is judged on the rank that
+reads, whose value depends on its own choice only. A write in flight changes the consumed gradient
+by a term per rank, and every later statement is linear with nonnegative weights (loss factors,
+scales and sizes are positive; reductions sum or average), so the all-late outcome differs from
+the all-synchronous one by the sum of those terms, each of one sign pattern (a backward's term is
+made of that rank's own gradients, a scale's or a reduction's weighs one shared value by a
+nonnegative weight): when both extremes are right for every gradient value the sum vanishes, so
+each term does, and any mix is right as well. A ``max`` reduction is not linear: ``async`` with
 ``max`` is not modelled. The torch replay realises the late outcome, deterministically, as a
 stream that never synchronised with the collective would.
 
