@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from placeverify.ir.flights import has_async
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.asynchrony import has_async
 from placeverify.verdicts import Verdict, Verification
 from placeverify.verify.budget import DEFAULT_BUDGET_S, DEFAULT_QUERY_CAP_MS, Budget
 from placeverify.verify.check import Context, Finding, out_of_time, run_check
 from placeverify.verify.checks import CHECKS
-from placeverify.verify.outcomes import outcomes
 
 if TYPE_CHECKING:
     from placeverify.trace import Trace
@@ -35,6 +34,9 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
             findings.append(out_of_time(check, strategy))
             continue
         if has_async(strategy.step):
+            # Deferred: only an asynchronous step is judged on its outcomes (check start-up time).
+            from placeverify.verify.outcomes import outcomes
+
             findings.extend(outcomes(check, strategy, ctx))
             continue
         findings.extend(run_check(check, strategy, ctx))

@@ -19,7 +19,6 @@ from placeverify.semantics.asynchrony import World, worlds
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Obligation, ObligationKind, Verdict
 from placeverify.verify.check import Check, Context, Finding, run_check
-from placeverify.verify.fixes import ASYNC_READ, ASYNC_WRITE
 
 RANK = {Verdict.PROVED: 0, Verdict.UNKNOWN: 1, Verdict.REFUTED: 2}
 
@@ -69,6 +68,8 @@ def _noted(found: Finding, late: World, *, alone: bool) -> Finding:
     wrong consumed gradient is blamed on (its start, as a loss term's error on its backward), with
     the fix that orders the writes first; a refutation of the late outcome alone otherwise comes
     from a read in flight, and its fix is the wait."""
+    from placeverify.verify.fixes import ASYNC_READ, ASYNC_WRITE  # deferred, as every fix is
+
     o = found.obligation
     if o.verdict is Verdict.PROVED:
         return found
