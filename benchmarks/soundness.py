@@ -987,6 +987,39 @@ def change_clip_norm(body: StepBody, ctx: Context) -> Iterator[StepBody]:
 
 
 @operator
+def overlap_reduction(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """A gradient reduction made asynchronous (issue 12, construct 3), its ``wait`` right after it
+    (the same step), before or after the update (a read in flight: NERSC/sc24-dl-tutorial#1),
+    at the end of its micro-batch block, after the loop, or the reduction started on the last
+    micro-batch before its backward, waited where it stood (a write in flight:
+    NVIDIA/Megatron-LM#3670, deepspeedai/DeepSpeed#8061)."""
+    for loc, statement in body.statements():
+        call = Call.parse(statement)
+        if call is None or not call.reduces_grads() or "max" in call.options \
+                or "async" in call.options:
+            continue
+        started = replace(call, options=(*call.options, "async")).text()
+        wait = f"wait {call.target}"
+        here = body.replaced(loc, started)
+        block, index = loc
+        yield here.inserted((block, index + 1), wait)
+        if block is not None:
+            if index + 1 < len(body.container(block)):
+                yield here.inserted((block, len(body.container(block))), wait)
+            if body.header(block) == EACH:
+                continue  # a wait after the loop: the next micro-batch starts another in flight
+            yield here.inserted((None, here.loop_end()), wait)
+        for place in (before_update, after_update):
+            result = place(here, wait)
+            if result is not None:
+                yield result
+        if block is None and body.block(EACH) is not None:
+            each = body.block(EACH)
+            assert each is not None
+            yield body.replaced(loc, wait).inserted((None, each), Block(LAST, (started,)))
+
+
+@operator
 def insert_clip(body: StepBody, ctx: Context) -> Iterator[StepBody]:
     """A clip before the update, of the norm summed over one axis, all of them or none (steps
     without one)."""

@@ -97,6 +97,9 @@ CALLS_FOR: dict[str, str] = {
     # per-group meshes (issue 12, construct 5)
     "fsdp-replicated-params-norm": "count replicated parameters once",
     "expert-grads-gtp-factor": "gradients are |gtp|x too large",
+    # Asynchronous collectives: order the writes before the start; wait before the read.
+    "overlap-reduce-before-grad-write": "after the last write of the gradients it reduces",
+    "overlap-update-before-wait": "'wait grads' before the gradients are read",
 }
 
 # Issues a bug header names that its fix does not cite, and why.
@@ -135,6 +138,7 @@ UNCITED: dict[str, str] = {
     "torchtitan#3575": "free-in-loop fix", "starVLA#395": "free-in-loop fix",
     "pytorch#36516": "sum-without-average fix",
     "transformers#38872": "constant-factor fix",
+    "DeepSpeed#7898": "async-write fix cites the other two reports of the race",
 }
 
 # Rules no bug example reaches, and why.

@@ -239,3 +239,52 @@ def test_a_collective_inside_the_loss_is_modelled_by_every_solver_domain(kind: s
     # the loss is the global token mean on every rank: DDP's sum is right only when detached
     assert verification.verdict(Condition.GRADIENT_INTEGRITY) is (
         Verdict.PROVED if mode == "detached" else Verdict.REFUTED)
+
+
+ASYNC_DDP = DDP.replace("    all_reduce(sum) grads over dp\n",
+                        "    all_reduce(sum, async) grads over dp\n    wait grads\n")
+
+
+def test_an_asynchronous_collective_is_judged_on_its_outcomes_by_every_domain() -> None:
+    # Waited at once, an asynchronous all-reduce is the synchronous one: both outcomes are the
+    # written step, and every domain proves it through them (verify runs each family on both).
+    from placeverify.semantics.asynchrony import worlds
+
+    strategy = load_text(ASYNC_DDP, "a.place")
+    outcomes = worlds(strategy)
+    assert outcomes is not None and [w.name for w in outcomes] == ["synchronous", "late"]
+    sizes = {"dp": 2}
+    for world in outcomes:
+        group = world.strategy.model.groups_present()[0]
+        view = group_view(world.strategy, group)
+        result = run(world.strategy, view, uniform_instance(world.strategy, view, sizes, 2))
+        assert all(d.consumed == result.reference for d in result.devices)
+        encode(world.strategy, view, sizes, 2, "t_", integer=False)
+        agreement(world.strategy, view)
+    assert verify(strategy).overall() is Verdict.PROVED
+
+
+def test_an_asynchronous_collective_outside_its_outcomes_is_refused() -> None:
+    # A backend handed the written step (not an outcome) refuses the statement: never judged as
+    # if it completed where it starts.
+    strategy = load_text(ASYNC_DDP, "a.place")
+    group = strategy.model.groups_present()[0]
+    view = group_view(strategy, group)
+    sizes = {"dp": 2}
+    with pytest.raises(Unmodelled):
+        run(strategy, view, uniform_instance(strategy, view, sizes, 2))
+    with pytest.raises(Unmodelled):
+        encode(strategy, view, sizes, 2, "t_", integer=False)
+    with pytest.raises(Unmodelled):
+        agreement(strategy, view)
+
+
+@pytest.mark.torch
+def test_the_replay_refuses_an_asynchronous_collective_outside_its_outcome() -> None:
+    pytest.importorskip("torch")
+    from placeverify.replay.layout import Unsupported
+    from placeverify.replay.step import RankRun
+
+    op = next(o for o in load_text(ASYNC_DDP, "a.place").step.ops() if isinstance(o, Collective))
+    with pytest.raises(Unsupported):
+        RankRun.apply(object.__new__(RankRun), op, 0, 0)

@@ -390,3 +390,25 @@ def test_a_divergence_z3_would_prove_is_reported(monkeypatch: pytest.MonkeyPatch
     summary = soundness.Summary.of([mutant])
     assert summary.proved_but_diverges == 1
     assert LINE.match(summary.line())
+
+
+def test_the_overlap_operator_makes_a_reduction_asynchronous() -> None:
+    # DIVIDED: all_reduce, then the scale by 1/|dp|, then the update.
+    head = ["microbatches = 1", "each microbatch: backward sum / tokens(dp, step) * |dp|"]
+    started = "all_reduce(sum, async) grads over dp"
+    scale = "scale grads by 1 / |dp|"
+    made = _mutants("overlap_reduction", DIVIDED)
+    assert made == [
+        [*head, started, "wait grads", scale, "update params"],  # waited at once: the base step
+        [*head, started, scale, "wait grads", "update params"],  # the scale written in flight
+        [*head, started, scale, "update params", "wait grads"],  # ... and read after it
+        ["microbatches = 1", f"on microbatch last: {started}", head[1], "wait grads", scale,
+         "update params"],  # started before the backward it reduces
+    ]
+    # By the semantics (placeverify.semantics.asynchrony): the first is the synchronous step;
+    # the second loses the scale in the late outcome (|dp|x too large); the third reads after a
+    # write in the same flight (not modelled); the fourth loses the whole backward.
+    base = _base(DIVIDED)
+    verdicts = [verify(load_text(base.text(body))).verdicts()["gradient_integrity"]
+                for body in soundness.OPERATORS["overlap_reduction"](base.body, base.context)]
+    assert verdicts == ["proved", "refuted", "unknown", "refuted"]

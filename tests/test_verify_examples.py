@@ -64,6 +64,12 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # the MoE aux loss's gradient averaged over dp by FSDP, meant to count in full per rank
     # (Automodel#1412)
     "moe-aux-loss-fsdp-average": ({"gradient_integrity"}, "coefficient"),
+    # asynchronous collectives: the last micro-batch's gradient written while the reduce-scatter
+    # is in flight, lost under its result (Megatron-LM#3670, DeepSpeed#8061)
+    "overlap-reduce-before-grad-write": ({"gradient_integrity"}, "coefficient"),
+    # the update reads the gradients before the asynchronous all-reduce completes
+    # (sc24-dl-tutorial#1): each rank consumes its own unreduced share, and the replicas diverge
+    "overlap-update-before-wait": ({"gradient_integrity", "state_consistency"}, "coefficient"),
     # The corpus of examples/bugs/README.md (each header names its report): a normalisation
     # off by a factor, a reduction missing or averaging, an overwritten or wiped accumulation
     "sequence-parallel-norm-grads-mean": ({"gradient_integrity"}, "coefficient"),

@@ -35,9 +35,9 @@ REDUCE_OPS: tuple[ReduceOp, ...] = (ReduceOp.SUM, ReduceOp.MEAN, ReduceOp.MAX)
 COLLECTIVES: dict[CollectiveKind, CollectiveSpec] = {
     CollectiveKind.ALL_REDUCE: CollectiveSpec(
         (TargetKind.GRADS, TargetKind.TOKENS, TargetKind.OVERFLOW), reduces=True,
-        ring_steps=Fraction(2)),
+        positional=("async",), ring_steps=Fraction(2)),
     CollectiveKind.REDUCE_SCATTER: CollectiveSpec((TargetKind.GRADS,), reduces=True,
-                                                  positional=("accumulate",)),
+                                                  positional=("accumulate", "async")),
     CollectiveKind.ALL_GATHER: CollectiveSpec((TargetKind.PARAMS, TargetKind.GRADS), reduces=False),
     CollectiveKind.BROADCAST: CollectiveSpec((TargetKind.PARAMS,), reduces=False,
                                              keywords=("from",)),

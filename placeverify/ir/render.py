@@ -44,12 +44,12 @@ def step_text(strategy: Strategy) -> str:
 def step_lines(step: Step) -> list[str]:
     """The body of the step block, one statement per line, blocks indented by :data:`INDENT`."""
     lines = [f"microbatches = {step.microbatches}"]
-    lines += [op_text(op) for op in step.pre]
-    for header, ops in _loop_blocks(step):
+    lines += _with_waits(step, "pre", [op_text(op) for op in step.pre])
+    for header, texts in _loop_blocks(step):
         lines.append(header + " {")
-        lines += [INDENT + line for op in ops for line in [*_gather_lines(op), op_text(op)]]
+        lines += [INDENT + text for text in texts]
         lines.append("}")
-    lines += [op_text(op) for op in step.post]
+    lines += _with_waits(step, "post", [op_text(op) for op in step.post])
     lines += [seed_text(seed) for seed in step.seeds]
     return lines
 
@@ -59,13 +59,31 @@ def _gather_lines(op: Op) -> list[str]:
     return [op.gather.label()] if isinstance(op, Backward) and op.gather is not None else []
 
 
-def _loop_blocks(step: Step) -> list[tuple[str, list[Op]]]:
-    """Consecutive loop ops that run on the same micro-batches share one block."""
-    blocks: list[tuple[str, list[Op]]] = []
-    for index, lo in enumerate(step.loop):
-        if index == 0 or lo.microbatch != step.loop[index - 1].microbatch:
-            blocks.append((_block_header(lo, step.microbatches), []))
-        blocks[-1][1].append(lo.op)
+def _with_waits(step: Step, phase: str, texts: list[str]) -> list[str]:
+    """A block's statements with its ``wait`` statements in place."""
+    out: list[str] = []
+    for index in range(len(texts) + 1):
+        out += [f"wait {target_text(w.target)}" for w in step.waits
+                if w.phase == phase and w.index == index]
+        if index < len(texts):
+            out.append(texts[index])
+    return out
+
+
+def _loop_blocks(step: Step) -> list[tuple[str, list[str]]]:
+    """Consecutive loop ops (and waits) that run on the same micro-batches share one block."""
+    items: list[tuple[int | None, str]] = []
+    for index in range(len(step.loop) + 1):
+        items += [(w.microbatch, f"wait {target_text(w.target)}") for w in step.waits
+                  if w.phase == "loop" and w.index == index]
+        if index < len(step.loop):
+            lo = step.loop[index]
+            items += [(lo.microbatch, text) for text in [*_gather_lines(lo.op), op_text(lo.op)]]
+    blocks: list[tuple[str, list[str]]] = []
+    for index, (which, text) in enumerate(items):
+        if index == 0 or which != items[index - 1][0]:
+            blocks.append((_block_header(LoopOp(step.loop[0].op, which), step.microbatches), []))
+        blocks[-1][1].append(text)
     return blocks
 
 
@@ -127,6 +145,8 @@ def collective_text(op: Collective) -> str:
         options.append(op.op.value)
     if op.accumulate:
         options.append("accumulate")
+    if op.asynchronous:
+        options.append("async")
     if op.order is Order.RANK_DEPENDENT:
         options.append("order = rank_dependent")
     if op.kind is CollectiveKind.BROADCAST:

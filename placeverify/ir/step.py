@@ -233,6 +233,8 @@ class Collective:
     # ``only = used``: the groups no rank of the group used in the current micro-batch are left
     # as they are (DDP's find_unused_parameters reducer, placeverify.semantics.participation)
     only_used: bool = False
+    # all_reduce(sum, async): started here, completed at its 'wait' (placeverify.semantics.asynchrony)
+    asynchronous: bool = False
 
     @property
     def from_owner(self) -> bool:
@@ -242,6 +244,7 @@ class Collective:
     def label(self) -> str:
         opts = [o for o in (self.op.value if self.op else None,
                             "accumulate" if self.accumulate else None,
+                            "async" if self.asynchronous else None,
                             "order = rank_dependent" if self.order is Order.RANK_DEPENDENT else None,
                             f"from = {self.source}" if self.kind is CollectiveKind.BROADCAST else None,
                             "only = used" if self.only_used else None)
@@ -306,6 +309,19 @@ class Seed:
     span: Span
 
 
+@node
+class Wait:
+    """``wait grads``: the asynchronous collectives in flight on the target complete here. Kept
+    apart from the statements (:attr:`Step.waits`, :mod:`placeverify.semantics.asynchrony`): a
+    step's ``ops`` are the step as if every collective completed where it starts."""
+
+    target: Target
+    span: Span
+    phase: str  # "pre", "loop" or "post"
+    index: int  # the statements of its block before it
+    microbatch: int | None = None  # in the loop: None on every micro-batch, k on micro-batch k
+
+
 Op = Backward | Collective | Scale | Clip | Update | Free
 
 
@@ -327,6 +343,7 @@ class Step:
     # one participation pattern (placeverify.semantics.participation): per parameter group, the
     # micro-batches that no rank uses it in; () for the files that declare no 'unused' groups
     idle: tuple[tuple[ParamGroup, frozenset[int]], ...] = ()
+    waits: tuple[Wait, ...] = ()  # where asynchronous collectives complete (in written order)
 
     def idle_in(self, group: ParamGroup) -> frozenset[int]:
         """The micro-batches that leave ``group`` unused on every rank in this pattern."""

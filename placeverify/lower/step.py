@@ -6,7 +6,10 @@ needs. Its operations and expressions are read by :class:`placeverify.lower.step
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from placeverify.diagnostics import Code, Span, did_you_mean
+from placeverify.ir.flights import flight_errors
 from placeverify.ir.presets import MAX_MICROBATCHES
 from placeverify.ir.step import (
     Backward,
@@ -20,6 +23,7 @@ from placeverify.ir.step import (
     Step,
     TargetKind,
     Update,
+    Wait,
 )
 from placeverify.ir.strategy import Config
 from placeverify.lower.gather import is_loss_gather, read_loss_gather, unused_gather, with_gather
@@ -28,6 +32,10 @@ from placeverify.lower.step_ops import OpReader
 from placeverify.lower.values import Context
 from placeverify.roles.queries import region_named
 from placeverify.syntax import ast
+
+
+def is_wait(item: ast.StepItem) -> bool:
+    return isinstance(item, ast.OpStmt) and item.name.text == "wait"
 
 
 def lower_step(ctx: Context, stmt: ast.StepStmt, config: Config) -> Step:
@@ -47,6 +55,7 @@ class StepLowerer(OpReader):
         pre: list[Op] = []
         loop: list[LoopOp] = []
         post: list[Op] = []
+        waits: list[Wait] = []  # index: the block's statements before it (loop: resolved below)
         seeds: list[Seed] = []
         backward_seen = False
         terms_seen: set[str] = set()
@@ -82,6 +91,12 @@ class StepLowerer(OpReader):
                         gather_used = True
                         if backward is not None:
                             loop.append(LoopOp(with_gather(backward, gather)))
+                    elif is_wait(inner):
+                        assert isinstance(inner, ast.OpStmt)
+                        wait = self.wait(inner, "loop", len(loop), None)
+                        if wait is not None:
+                            waits.append(wait)
+                            loop.append(LoopOp(Update(inner.span), -2))  # its place, resolved below
                     else:
                         op = self.inner_op(inner)
                         if op is not None:
@@ -96,6 +111,11 @@ class StepLowerer(OpReader):
                 if seed is not None:
                     self.check_seed_conflict(seed, seeds)
                     seeds.append(seed)
+            elif is_wait(item) and backward_seen:
+                assert isinstance(item, ast.OpStmt)
+                wait = self.wait(item, "post", len(post), None)
+                if wait is not None:
+                    waits.append(wait)
             else:
                 op = self.op(item)
                 if op is None:
@@ -116,7 +136,12 @@ class StepLowerer(OpReader):
         # resolve 'on microbatch' blocks now that the micro-batch count is known
         resolved: list[LoopOp] = []
         pending = iter(deferred_on)
+        in_loop = iter([w for w in waits if w.phase == "loop"])
+        placed: list[Wait] = []
         for lo in loop:
+            if lo.microbatch == -2:
+                placed.append(replace(next(in_loop), index=len(resolved)))
+                continue
             if lo.microbatch == -1:
                 block = next(pending)
                 index = self.which(block.which)
@@ -124,6 +149,12 @@ class StepLowerer(OpReader):
                     if isinstance(inner, ast.BackwardStmt):
                         self.error("'backward' belongs in the step or in 'each microbatch'",
                                    Code.BAD_VALUE, inner.span)
+                        continue
+                    if is_wait(inner):
+                        assert isinstance(inner, ast.OpStmt)
+                        wait = self.wait(inner, "loop", len(resolved), index)
+                        if wait is not None and index is not None:
+                            placed.append(wait)
                         continue
                     op = self.inner_op(inner)
                     if op is not None and index is not None:
@@ -136,8 +167,13 @@ class StepLowerer(OpReader):
                        stmt.span)
         for extra in updates[1:]:
             self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
-        return Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
-                    False, stmt.span)
+        placed += [w for w in waits if w.phase == "post"]
+        step = Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
+                    False, stmt.span, waits=tuple(placed))
+        if backward_seen:
+            for message, code, span in flight_errors(step):
+                self.error(message, code, span)
+        return step
 
     def backward(self, item: ast.BackwardStmt, seen: set[str]) -> Backward | None:
         """``backward L`` (the main loss) or ``backward name: L`` (a named loss term): one

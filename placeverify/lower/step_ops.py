@@ -33,6 +33,7 @@ from placeverify.ir.step import (
     Term,
     TermKind,
     Update,
+    Wait,
 )
 from placeverify.ir.strategy import Config, LossKind, LossTerm
 from placeverify.lower.mesh import read_group
@@ -40,7 +41,7 @@ from placeverify.lower.settings import read_norm
 from placeverify.lower.values import Context, value_text
 from placeverify.syntax import ast
 
-OPS = (*(k.value for k in COLLECTIVES), "update", "free", "clip")
+OPS = (*(k.value for k in COLLECTIVES), "update", "free", "clip", "wait")
 TARGETS = {k.value: k for k in TargetKind}
 GROUP_NAMES = {g.value: g for g in ParamGroup}
 MAX_POWER = 16  # |g| ^ e with |e| above this is a typing mistake (and an unrolled product)
@@ -252,6 +253,10 @@ class OpReader:
             return None if target is None else Free(target, item.span)
         if name == "clip":
             return self.clip_op(item, group)
+        if name == "wait":
+            self.error("'wait' completes an asynchronous collective of the gradients; write it "
+                       "after the backward", Code.BAD_VALUE, item.span)
+            return None
         if group is None:
             self.error(f"'{name}' needs a group: '{name} ... over dp'", Code.MISSING, item.span)
             return None
@@ -309,13 +314,28 @@ class OpReader:
             self.error("'only = used' reduces the gradients of the groups used in the micro-batch; "
                        "it applies to 'grads'", Code.BAD_VALUE, item.span)
             return None
+        if "async" in options and target.kind is not TargetKind.GRADS:
+            self.error("'async' is modelled for collectives of the gradients", Code.BAD_VALUE,
+                       item.span)
+            return None
         source = options.get("from", "owner")
         if kind is CollectiveKind.BROADCAST and source != "owner" and not source.isdigit():
             self.error("broadcast takes 'from = owner' or 'from = <rank>'", Code.BAD_VALUE, item.span)
             return None
         return Collective(kind, op, target, group, item.span, accumulate="accumulate" in options,
                           order=Order(options.get("order", "fixed")), source=source,
-                          only_used=options.get("only") == "used")
+                          only_used=options.get("only") == "used",
+                          asynchronous="async" in options)
+
+    def wait(self, item: ast.OpStmt, phase: str, index: int, microbatch: int | None) -> Wait | None:
+        """``wait grads[...]``: where the asynchronous collectives in flight on it complete."""
+        if item.args:
+            self.error("'wait' takes no options", Code.BAD_VALUE, item.args[0].span)
+        if item.group is not None:
+            self.error("'wait' names the buffer, not a group: 'wait grads'", Code.BAD_VALUE,
+                       item.group.span)
+        target = self.target(item.target, [TargetKind.GRADS])
+        return None if target is None else Wait(target, item.span, phase, index, microbatch)
 
     def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:
         max_norm: Fraction | None = None

@@ -44,6 +44,7 @@ from placeverify.ir.precision import LossScale
 from placeverify.ir.step import (
     Backward,
     Clip,
+    Collective,
 )
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.lower import canonical
@@ -95,6 +96,10 @@ def check_layout(strategy: Strategy) -> None:
             raise EmitRefused(f"line {op.gather.span.line}: '{op.gather.label()}': a collective "
                               "inside the loss is not emitted (the reproducer has no embeddings "
                               "to gather; `placeverify replay` runs this trace)")
+        if isinstance(op, Collective) and op.asynchronous:
+            raise EmitRefused(f"line {op.span.line}: '{op.label()}': asynchronous collectives "
+                              "are not emitted (the reproducer runs each collective where it "
+                              "stands; `placeverify replay` runs this trace)")
     for seed in strategy.step.seeds:
         word = "same" if seed.same else "differ"
         raise EmitRefused(f"line {seed.span.line}: 'seed dropout({seed.region.value}) {word} over "

@@ -41,7 +41,10 @@ from placeverify.replay.consistency import (
     check_microbatches,
 )
 from placeverify.replay.counts import AtomCounts, pick_counts, trace_counts
+from placeverify.replay.layout import Unsupported
 from placeverify.replay.sizes import replayed_sizes
+from placeverify.semantics.asynchrony import replayed
+from placeverify.semantics.schedule import Unmodelled
 from placeverify.syntax.source import read_source
 from placeverify.trace import Trace
 from placeverify.verdicts import ObligationKind, Verdict, Verification
@@ -163,6 +166,17 @@ def at_microbatches(strategy: Strategy, m: int) -> Strategy:
     return replace(strategy, config=config, step=step)
 
 
+def outcome_replayed(strategy: Strategy) -> Strategy:
+    """With asynchronous collectives, the outcome the replay runs (each completed at its wait, as
+    a stream that never synchronised with it gives); one the construct does not model is not
+    replayed."""
+    try:
+        return replayed(strategy)
+    except Unmodelled as err:
+        where = f"line {err.span.line}: " if err.span is not None else ""
+        raise Unsupported(f"{where}not modelled: {err}") from None
+
+
 def strategy_of(spec: RunSpec) -> Strategy:
     """Lower the spec's source and re-target it to the spec's mesh and micro-batch count (worker
     and parent alike)."""
@@ -175,7 +189,7 @@ def strategy_of(spec: RunSpec) -> Strategy:
         from placeverify.replay.participation import realised
 
         strategy = realised(strategy, spec.idle)
-    return strategy
+    return outcome_replayed(strategy)
 
 
 # Refutations about the placement's own bookkeeping (its modes, and whether memory's layout is
@@ -232,7 +246,7 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
     --emit`` alike): a trace that is no counterexample of its own source
     (:mod:`placeverify.replay.consistency`) raises an input error."""
     path = trace.file or "<trace>"
-    strategy = load_text(trace.source, path)
+    strategy = outcome_replayed(load_text(trace.source, path))
     check_mesh(trace, strategy)
     check_microbatches(trace, strategy)
     keep = _trace_sizes(trace, strategy)

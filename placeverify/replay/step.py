@@ -101,6 +101,9 @@ class RankRun(RankCollectives):
         if isinstance(op, Backward):
             self.backward(op, t, k)
         elif isinstance(op, Collective):
+            if op.asynchronous:  # the replay runs an outcome (semantics.asynchrony.replayed)
+                raise Unsupported(f"line {op.span.line}: '{op.label()}' reached the replay "
+                                  "without its outcome")
             self.collective(op, k)
         elif isinstance(op, Scale):
             factor = float(self.factor(op.factor, k))

@@ -22,13 +22,25 @@ def step_lines(strategy: Strategy) -> list[dict[str, Any]]:
     """The step as (where, text, line) rows, in execution order."""
     step = strategy.step
     rows: list[dict[str, Any]] = []
+
+    def waits(phase: str, index: int, where: str | None = None) -> None:
+        for w in step.waits:  # where asynchronous collectives complete
+            if w.phase == phase and w.index == index:
+                at = where if where is not None else "each micro-batch" if w.microbatch is None \
+                    else f"micro-batch {w.microbatch}"
+                rows.append({"phase": at, "op": f"wait {w.target.label()}", "line": w.span.line})
+
     for op in step.pre:
         rows.append({"phase": "before the loop", "op": op_label(op), "line": _line(op)})
-    for lo in step.loop:
+    for index, lo in enumerate(step.loop):
+        waits("loop", index)
         phase = "each micro-batch" if lo.microbatch is None else f"micro-batch {lo.microbatch}"
         rows.append({"phase": phase, "op": op_label(lo.op), "line": _line(lo.op)})
-    for op in step.post:
+    waits("loop", len(step.loop))
+    for index, op in enumerate(step.post):
+        waits("post", index, "after the loop")
         rows.append({"phase": "after the loop", "op": op_label(op), "line": _line(op)})
+    waits("post", len(step.post), "after the loop")
     for seed in step.seeds:
         policy = "same" if seed.same else "differ"
         rows.append({"phase": "rng", "op": f"seed dropout({seed.region.value}) {policy} over "

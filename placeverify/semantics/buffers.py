@@ -18,7 +18,10 @@ denotes the full buffer until a reduce-scatter runs, and the shard from then unt
   obligations judge it;
 - token and overflow reductions, parameter gathers and activation send/recv leave the gradient as
   it is (counts in a loss are all-reduced by definition; the overflow flag and the gathers are
-  judged from their recorded positions).
+  judged from their recorded positions);
+- an asynchronous collective (``async``, completed at a ``wait``) is judged on the two synchronous
+  steps :mod:`placeverify.semantics.asynchrony` reduces it to; one that reaches the machine as it
+  is raises :class:`Unmodelled`.
 
 A :class:`GradDomain` gives the arithmetic: exact rationals per device
 (:mod:`placeverify.semantics.interpreter`), Z3 terms per relation class
@@ -232,6 +235,8 @@ class GradMachine(Generic[V]):
             self.full = self.domain.backward(self.full, op, k)
 
     def _collective(self, op: Collective, k: MicroBatch) -> None:
+        if op.asynchronous:  # judged on its outcomes (placeverify.semantics.asynchrony), never here
+            raise Unmodelled(f"'{op.label()}' outside its outcomes", op.span)
         pair = (op.kind, op.target.kind)
         if pair in NEUTRAL_COLLECTIVES:
             return

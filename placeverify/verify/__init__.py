@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from placeverify.ir.flights import has_async
 from placeverify.ir.strategy import Strategy
 from placeverify.verdicts import Verdict, Verification
 from placeverify.verify.budget import DEFAULT_BUDGET_S, DEFAULT_QUERY_CAP_MS, Budget
@@ -48,6 +49,12 @@ def _verify_one(strategy: Strategy, timeout_ms: int, budget_s: float | None) -> 
     for check in CHECKS:
         if budget is not None and budget.exhausted():
             findings.append(out_of_time(check, strategy))
+            continue
+        if has_async(strategy.step):
+            # Deferred: only an asynchronous step is judged on its outcomes (check start-up time).
+            from placeverify.verify.outcomes import outcomes
+
+            findings.extend(outcomes(check, strategy, ctx))
             continue
         findings.extend(run_check(check, strategy, ctx))
     notes = tuple(w.render(strategy.source) for f in findings for w in f.warnings)

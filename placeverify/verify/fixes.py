@@ -349,6 +349,19 @@ UNUSED_GROUPS = FixRule(
     "a group as used when any micro-batch of the window used it, {reference[1]})",
     ("composer#48", "pytorch#124193"))
 
+# Asynchronous collectives (placeverify.verify.outcomes applies them to the late outcome).
+ASYNC_READ = FixRule(
+    "async-read-in-flight", None,
+    "'wait {target}' before the gradients are read: '{collective}' (line {line}) completes only "
+    "at its wait (line {wait}), and a clip or update before it can see them unreduced "
+    "({reference[0]})", ("sc24-dl-tutorial#1",))
+ASYNC_WRITE = FixRule(
+    "async-write-in-flight", None,
+    "start '{collective}' (line {line}) after the last write of the gradients it reduces (make "
+    "its stream wait for every stream that writes them): a write that lands while it is in "
+    "flight is overwritten by its result ({reference[0]}, {reference[1]})",
+    ("Megatron-LM#3670", "DeepSpeed#8061"))
+
 FIXES: tuple[FixRule, ...] = (
     # Integrity counterexamples (verify.checks.integrity), in order: the first match wins.
     FixRule("tied-embedding", _tied_embedding,
@@ -438,7 +451,8 @@ FIXES: tuple[FixRule, ...] = (
     FixRule("unreduced-gradient", _cause(Cause.GRADIENT),
             "reduce the gradients over {axis} after the last backward"),
     CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_COMBINE, CLIP_POLICY_NORM, CLIP_INPUT,
-    RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, LOST_UPDATE, UNUSED_GROUPS,
+    RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, LOST_UPDATE, UNUSED_GROUPS, ASYNC_READ,
+    ASYNC_WRITE,
 )
 
 
