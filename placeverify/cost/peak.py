@@ -191,9 +191,9 @@ def gloo_held_parts(strategy: Strategy) -> list[tuple[str, Fraction]]:
     all-gather output, drops that output (line 489, ``self._all_gather_result = None  # free
     unless saved in `all_gather_state```) and prefetches the next unit (line 585,
     ``self._backward_prefetch()``), whose all-gather output and gloo's staging are allocated at
-    once. When the worker thread has not yet left its loop iteration (it is not scheduled, or it
-    waits for the interpreter lock to release the tensor's Python object), the output is freed
-    by the worker, after those allocations: one unit more at this moment. Which order happens
+    once. When the worker thread has not yet left its loop iteration (it has not been scheduled
+    since the work completed), the output is freed by the worker, after those allocations: one
+    unit more at this moment. Which order happens
     depends on thread scheduling (a CPU run of ``examples/measure/zero3.place`` shows both);
     the peak is the larger. A worker thread starved for longer (each of gloo's threads holding a
     finished work) would hold more: not modelled."""
