@@ -193,10 +193,10 @@ def gloo_held_parts(strategy: Strategy) -> list[tuple[str, Fraction]]:
     ``self._backward_prefetch()``), whose all-gather output and gloo's staging are allocated at
     once. When the worker thread has not yet left its loop iteration (it has not been scheduled
     since the work completed), the output is freed by the worker, after those allocations: one
-    unit more at this moment. Which order happens
-    depends on thread scheduling (a CPU run of ``examples/measure/zero3.place`` shows both);
-    the peak is the larger. A worker thread starved for longer (each of gloo's threads holding a
-    finished work) would hold more: not modelled."""
+    unit more at this moment. Which order happens depends on thread scheduling (CPU runs of
+    ``examples/measure/zero3.place`` show both); the peak is the larger. A worker thread
+    starved for longer (each of gloo's threads holding a finished work) would hold more: not
+    modelled."""
     return [(GLOO_HELD_LABEL, _unit(strategy) * Fraction(strategy.precision.params))]
 
 
