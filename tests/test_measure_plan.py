@@ -74,6 +74,38 @@ def test_a_bare_parameter_count_runs_an_mlp_with_a_note() -> None:
     assert any("MLP" in note for note in measured.notes)
 
 
+def bare(tmp_path: Path, model: str, mesh: str = "mesh { dp = 2 }\nplace ddp over dp\n") -> Any:
+    return plan(load(write(tmp_path, f"model {{ {model} }}\nprecision fp32_adam\n{mesh}")))
+
+
+def test_largest_tensor_sets_the_mlps_width_and_the_count_its_layers(tmp_path: Path) -> None:
+    # 160² = 25,600 is the weight; 103,040 / (25,600 + 160) = 4 layers: what ddp-mlp.place says
+    measured = plan(load(str(MEASURE / "ddp-mlp.place")))
+    assert (measured.spec.mlp.width, measured.spec.mlp.depth) == (160, 4)
+    assert any("largest tensor 25,600" in note for note in measured.notes)
+    # 200² = 40,000; 1,000,000 / (40,000 + 200) = 24.9 -> 25 layers, 1,005,000 parameters
+    wide = bare(tmp_path, "params = 1000000, largest_tensor = 40000")
+    assert (wide.spec.mlp.width, wide.spec.mlp.depth) == (200, 25)
+    assert wide.spec.mlp.params() == 1_005_000
+    # the same count with a smaller largest tensor runs more, narrower layers (without
+    # largest_tensor it would be 4 x Linear(160, 160)): widths are multiples of 8, 96² = 9,216
+    # is nearer 10,000 than 104² = 10,816; 103,040 / (9,216 + 96) = 11.07 -> 11 layers
+    narrow = bare(tmp_path, "params = 103040, largest_tensor = 10000")
+    assert (narrow.spec.mlp.width, narrow.spec.mlp.depth) == (96, 11)
+    assert any("largest_tensor = 10,000" in note and "largest tensor 9,216" in note
+               for note in narrow.notes)
+
+
+def test_a_largest_tensor_too_small_for_the_count_is_an_error_at_the_model(
+        tmp_path: Path) -> None:
+    # 8² = 64 is the nearest weight; 20,000,000 / 72 = 277,778 layers
+    with pytest.raises(PlaceError) as caught:
+        bare(tmp_path, "params = 20000000, largest_tensor = 64")
+    diagnostic = caught.value.diagnostics[0]
+    assert "needs 277,778 layers of Linear(8, 8)" in diagnostic.message
+    assert diagnostic.span is not None and diagnostic.span.line == 2
+
+
 def test_a_non_fp32_precision_is_noted() -> None:
     strategy = load(str(ROOT / "examples" / "zero-paper" / "zero1.place"))
     with pytest.raises(PlaceError):  # 64 devices and 7.5e9 parameters: too large

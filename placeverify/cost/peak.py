@@ -114,6 +114,16 @@ def fsdp2_resharding(strategy: Strategy, profile: str) -> bool:
         and not set(axes) <= set(kept_parameter_axes(strategy))
 
 
+def _unit(strategy: Strategy) -> Fraction:
+    """Parameters of one layer's FSDP2 unit on a device (÷ t, experts ÷ t·ep)."""
+    arch = strategy.model.arch
+    assert arch is not None
+    t, ep = _sizes(strategy, Role.TENSOR), _sizes(strategy, Role.EXPERT)
+    layer = arch.layer_params()
+    return (Fraction(layer[ParamGroup.DENSE], t) + layer[ParamGroup.NORMS]
+            + Fraction(layer[ParamGroup.EXPERTS], t * ep))
+
+
 def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
                          ) -> list[tuple[str, Fraction]]:
     """What FSDP2 adds at the start of the last layer's backward, its peak while every layer's
@@ -137,12 +147,10 @@ def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
     counted too."""
     arch = strategy.model.arch
     assert arch is not None
-    t, ep = _sizes(strategy, Role.TENSOR), _sizes(strategy, Role.EXPERT)
+    t = _sizes(strategy, Role.TENSOR)
     pb, gb, eb = (Fraction(strategy.precision.params), Fraction(strategy.precision.grads),
                   Fraction(strategy.precision.activations))
-    layer = arch.layer_params()
-    unit = (Fraction(layer[ParamGroup.DENSE], t) + layer[ParamGroup.NORMS]
-            + Fraction(layer[ParamGroup.EXPERTS], t * ep))
+    unit = _unit(strategy)
     word = Fraction(arch.padded_vocab(t) * arch.hidden, t)
     positions = Fraction(arch.position_rows * arch.hidden, t)
     output = Fraction(0) if arch.tied_embeddings else word
@@ -161,6 +169,35 @@ def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
     if profile == "torch_cpu":
         parts.append(("gloo all-gather staging (one unit)", unit * pb))
     return parts
+
+
+# The start of backward in the order where gloo's worker thread lets go of the last layer's
+# all-gather after FSDP2 does (``torch_cpu``): a moment of the same step, not another step.
+GLOO_HELD_MOMENT = "start of backward, gloo still holding the last all-gather"
+GLOO_HELD_LABEL = "last layer's all-gather output (its last reference on gloo's worker thread)"
+
+
+def gloo_held_parts(strategy: Strategy) -> list[tuple[str, Fraction]]:
+    """``torch_cpu``: the last layer's all-gather output alive beside the next unit's prefetch,
+    in the order the implementation allows when gloo's worker thread drops its reference last.
+
+    The gloo backend runs a collective on a worker thread that keeps its reference to the work
+    (and through it to the output tensor) after the work is complete: torch's
+    ``ProcessGroupGloo::runLoop`` (``torch/csrc/distributed/c10d/ProcessGroupGloo.cpp``) takes
+    ``auto work = std::move(workQueue_.front())``, runs it (which completes the future that
+    ``wait()`` returns on) and only then, under the lock, ``workInProgress_[workerIndex].reset()``;
+    the local ``work`` goes at the end of that loop iteration. FSDP2's pre-backward
+    (``_fsdp_param_group.py`` line 576, torch 2.13) copies the last layer's unit out of its
+    all-gather output, drops that output (line 489, ``self._all_gather_result = None  # free
+    unless saved in `all_gather_state```) and prefetches the next unit (line 585,
+    ``self._backward_prefetch()``), whose all-gather output and gloo's staging are allocated at
+    once. When the worker thread has not yet left its loop iteration (it has not been scheduled
+    since the work completed), the output is freed by the worker, after those allocations: one
+    unit more at this moment. Which order happens depends on thread scheduling (CPU runs of
+    ``examples/measure/zero3.place`` show both); the peak is the larger. A worker thread
+    starved for longer (each of gloo's threads holding a finished work) would hold more: not
+    modelled."""
+    return [(GLOO_HELD_LABEL, _unit(strategy) * Fraction(strategy.precision.params))]
 
 
 def fsdp2_zero2_world(strategy: Strategy, profile: str) -> int:
@@ -393,6 +430,11 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
         backward.append(Moment("start of backward", kind, (
             *states, ("G gradients", grads_forward), ("A activations in flight", activations),
             *fsdp2_backward_parts(strategy, rank, profile), *extras), stage))
+        if profile == "torch_cpu":
+            backward.append(Moment(GLOO_HELD_MOMENT, kind, (
+                *states, ("G gradients", grads_forward), ("A activations in flight", activations),
+                *fsdp2_backward_parts(strategy, rank, profile), *gloo_held_parts(strategy),
+                *extras), stage))
     if zero2 is not None:
         backward.append(Moment("post-backward of the last layer (FSDP2)", kind, (
             *states, ("G gradients", grads_forward), *zero2["gathered_but_last"],

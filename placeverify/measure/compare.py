@@ -210,7 +210,9 @@ def placement_model(strategy: Strategy, spec: RunSpec) -> dict[str, int]:
         model = Model(strategy.model.name, spec.arch.params(), spec.arch)
     else:
         assert spec.mlp is not None
-        model = Model(strategy.model.name, spec.mlp.params(), None)
+        # the MLP that runs: its largest tensor is a weight, width²
+        model = Model(strategy.model.name, spec.mlp.params(), None,
+                      largest_tensor=spec.mlp.width * spec.mlp.width)
     run = replace(strategy, config=replace(strategy.config, model=model, precision=precision))
     device = analyse(run).device_bytes()
     out = {"params": whole(device["params"]), "grads": whole(device["gradients"]),

@@ -35,7 +35,8 @@ MIN_WORLD, MAX_WORLD = 2, 8
 MAX_PARAMS = 20_000_000  # what a CPU core trains in seconds
 MAX_TOKENS = 16_384  # micro-batch x sequence
 MAX_SCORES = 4_000_000  # heads x seq² x micro-batch elements of attention scores
-MLP_DEPTH = 4
+MLP_DEPTH = 4  # layers of the MLP for a bare count without largest_tensor
+MAX_MLP_DEPTH = 64  # with largest_tensor the count sets the layers
 MLP_BATCH = 8
 
 R, S, SS, O = Mode.R, Mode.S, Mode.S_STAR, Mode.O
@@ -93,7 +94,7 @@ def plan(strategy: Strategy) -> Plan:
         if p.layers is not None:
             raise _error(strategy, "uneven pipeline stages (a list of layers per stage) have no "
                          "torch implementation in measure", p.layers_span or p.span)
-        layers = arch.layers if arch is not None else MLP_DEPTH
+        layers = arch.layers if arch is not None else (mlp.depth if mlp is not None else 0)
         pp = strategy.size(p.axis)
         if layers < pp:
             raise _error(strategy, f"{layers} layers cannot fill {pp} pipeline stages",
@@ -189,11 +190,28 @@ def _model(strategy: Strategy, notes: list[str]) -> tuple[Transformer | None, Ml
             raise _error(strategy, f"a model of {model.params:,} parameters is too large to run at "
                          "small scale on CPU", span, f"measure runs up to {MAX_PARAMS:,} "
                          "parameters; give a tiny model (see examples/measure)")
-        width = _mlp_width(model.params)
-        mlp = Mlp(width, MLP_DEPTH, MLP_BATCH)
-        notes.append(f"a bare parameter count: measured on an MLP of {MLP_DEPTH} Linear({width}, "
-                     f"{width}) layers ({mlp.params():,} parameters; the file says "
-                     f"{model.params:,})")
+        if model.largest_tensor is None:
+            width = _mlp_width(model.params)
+            mlp = Mlp(width, MLP_DEPTH, MLP_BATCH)
+            notes.append(f"a bare parameter count: measured on an MLP of {MLP_DEPTH} Linear("
+                         f"{width}, {width}) layers ({mlp.params():,} parameters; the file says "
+                         f"{model.params:,})")
+            return None, mlp
+        # the largest tensor sizes CPU Adam's temporaries: the MLP's weight (width²) is made
+        # the closest to it, and as many layers as come closest to the count
+        largest = model.largest_tensor
+        width = min(range(8, 4097, 8), key=lambda w: (abs(w * w - largest), w))
+        depth = max(1, round(model.params / (width * width + width)))
+        if depth > MAX_MLP_DEPTH:
+            raise _error(strategy, f"largest_tensor = {model.largest_tensor:,} with params = "
+                         f"{model.params:,} needs {depth:,} layers of Linear({width}, {width})",
+                         span, f"measure runs an MLP of up to {MAX_MLP_DEPTH} layers; give a "
+                         "larger largest_tensor or a smaller count")
+        mlp = Mlp(width, depth, MLP_BATCH)
+        notes.append(f"a bare parameter count with largest_tensor = {model.largest_tensor:,}: "
+                     f"measured on an MLP of {depth} Linear({width}, {width}) layers "
+                     f"({mlp.params():,} parameters, largest tensor {width * width:,}; the file "
+                     f"says {model.params:,} and {model.largest_tensor:,})")
         return None, mlp
     if arch.moe:
         raise _error(strategy, "mixture-of-experts models have no torch implementation in measure",
