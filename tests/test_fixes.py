@@ -113,7 +113,7 @@ UNCITED: dict[str, str] = {
     "waifu-diffusion#64": "clip fix",
     "torchtitan#596": "clip-combine fix", "torchtitan#649": "clip-combine fix",
     "DeepSpeed#8613": "clip fix",
-    "Megatron-LM#906": "shard-mismatch fix is generic", "DeepSpeed#5618": "shard-mismatch fix",
+    "DeepSpeed#5618": "shard-mismatch fix",
     "DN-DETR#18": "free-before-update fix is generic",
     "DeepSpeed#994": "overflow fix is generic", "ColossalAI#1175": "overflow fix is generic",
     "pytorch#155903": "double-division fix is generic",
