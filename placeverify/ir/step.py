@@ -298,6 +298,12 @@ class Step:
     seeds: tuple[Seed, ...]
     canonical: bool  # derived from the placement rather than written in the file
     span: Span | None = None
+    # State across steps (placeverify.semantics.steps): the accumulation window of each of k
+    # consecutive optimizer steps, ``microbatches = [4, 4, 2]`` (empty: one step of
+    # ``microbatches``), and the positions in ``loop`` of the ops written 'on microbatch last'
+    # (the last micro-batch of each step's own window).
+    windows: tuple[int, ...] = ()
+    last_ops: tuple[int, ...] = ()
 
     def ops(self) -> tuple[Op, ...]:
         return (*self.pre, *(lo.op for lo in self.loop), *self.post)
