@@ -43,7 +43,8 @@ def step_text(strategy: Strategy) -> str:
 
 def step_lines(step: Step) -> list[str]:
     """The body of the step block, one statement per line, blocks indented by :data:`INDENT`."""
-    lines = [f"microbatches = {step.microbatches}"]
+    lines = [f"microbatches = {step.microbatches}" if len(step.windows) < 2 else
+             f"microbatches = [{', '.join(map(str, step.windows))}]"]
     lines += [op_text(op) for op in step.pre]
     for header, ops in _loop_blocks(step):
         lines.append(header + " {")
@@ -59,7 +60,11 @@ def _loop_blocks(step: Step) -> list[tuple[str, list[Op]]]:
     blocks: list[tuple[str, list[Op]]] = []
     for index, lo in enumerate(step.loop):
         if index == 0 or lo.microbatch != step.loop[index - 1].microbatch:
-            blocks.append((_block_header(lo, step.microbatches), []))
+            header = _block_header(lo, step.microbatches)
+            if len(step.windows) > 1 and lo.microbatch is not None:  # several steps' windows
+                header = "on microbatch last" if index in step.last_ops else \
+                    f"on microbatch {lo.microbatch}"
+            blocks.append((header, []))
         blocks[-1][1].append(lo.op)
     return blocks
 
