@@ -37,6 +37,7 @@ step {
     }
     all_reduce(mean) grads over dp
     update params
+    zero grads
 }
 """
 
@@ -119,8 +120,63 @@ def test_a_step_2_divergence_refutes_and_names_the_step() -> None:
 def test_equal_windows_are_one_projection() -> None:
     v = verify(load_text(epoch("[4, 4]", "4")))
     assert v.overall() is Verdict.PROVED
-    assert all(o.claim.endswith("at steps 1, 2 of 2 (4 micro-batches each)")
-               for o in v.obligations)
+    per_window = [o for o in v.obligations if "nothing carries" not in o.claim]
+    assert per_window and all(o.claim.endswith("at steps 1, 2 of 2 (4 micro-batches each)")
+                              for o in per_window)
+
+
+def carry(windows_text: str, zero: str) -> str:
+    """The epoch with the divisor right and 'zero grads' where ``zero`` says (or nowhere)."""
+    text = epoch(windows_text, "microbatches").replace("    zero grads\n", "")
+    if zero == "after":
+        return text.replace("    update params\n", "    update params\n    zero grads\n")
+    if zero == "before":
+        return text.replace("    each microbatch {", "    zero grads\n    each microbatch {")
+    if zero == "loop":  # zero_grad on every micro-batch: the window's earlier ones are lost
+        return text.replace("    each microbatch {\n",
+                            "    each microbatch {\n        zero grads\n")
+    return text
+
+
+def _carried(text: str) -> list[str]:
+    v = verify(load_text(text))
+    return [o.claim for o in v.obligations
+            if "nothing carries" in o.claim and o.verdict is Verdict.REFUTED]
+
+
+def test_gradients_not_zeroed_refute_step_2() -> None:
+    # step 2 (window of 2) reads step 1's buffer as well: refuted at the update, naming step 2
+    claims = _carried(carry("[3, 2]", "none"))
+    assert claims and all(c.endswith("at step 2 of 2") for c in claims)
+    v = verify(load_text(carry("[3, 2]", "none")))
+    first = v.first_refuted()
+    assert first is not None and first.span is not None and first.span.line == 13  # update
+    assert v.trace is not None and v.trace.microbatches == 2  # the refuted step's window
+
+
+@pytest.mark.parametrize("zero", ["after", "before"])
+def test_zeroing_between_steps_is_proved(zero: str) -> None:
+    assert verify(load_text(carry("[3, 2]", zero))).overall() is Verdict.PROVED
+
+
+def test_zeroing_every_microbatch_is_refuted_on_the_window() -> None:
+    # nothing carries between steps, but the window's own earlier micro-batches are lost
+    v = verify(load_text(carry("[3, 2]", "loop")))
+    assert not _carried(carry("[3, 2]", "loop"))
+    assert v.verdict(Condition.GRADIENT_INTEGRITY) is Verdict.REFUTED
+
+
+def test_unrolled_steps_by_hand() -> None:
+    from placeverify.semantics.steps import unrolled
+
+    s = load_text(carry("[2, 1]", "none"))
+    step, owner = unrolled(s.step, 2)
+    # micro-batches 0, 1 belong to step 1 and 2 to step 2; step 1's all-reduce runs on its last
+    # micro-batch (1) and its update is dropped; step 2's statements after the loop stay after it
+    assert owner == [0, 0, 1] and step.microbatches == 3
+    assert [(type(lo.op).__name__, lo.microbatch) for lo in step.loop] == [
+        ("Backward", 0), ("Backward", 1), ("Collective", 1), ("Backward", 2)]
+    assert [type(op).__name__ for op in step.post] == ["Collective", "Update"]
 
 
 def test_the_epoch_bug_and_its_twin() -> None:
@@ -130,6 +186,24 @@ def test_the_epoch_bug_and_its_twin() -> None:
     assert all("at step 3 of 3" in o.claim for o in refuted)
     assert verify(load(str(EXAMPLES / "ok" / "ga-tail-window-fixed.place"))).overall() \
         is Verdict.PROVED
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize(("zero", "verdict"), [("after", Verdict.PROVED),
+                                               ("none", Verdict.REFUTED)])
+def test_the_replay_carries_buffers_between_steps(zero: str, verdict: Verdict) -> None:
+    from placeverify.backend.runtime import pool
+    from placeverify.replay.cli import execute
+    from placeverify.replay.plan import plan_from_strategy
+
+    pool().prestart()
+    strategy = load_text(carry("[2, 2]", zero))
+    plan = plan_from_strategy(strategy, steps=2, known=verify(strategy))
+    assert plan.expect.verdict is verdict
+    report = execute(plan, timeout=120, source="<text>")
+    assert report.error is None and report.main is not None
+    assert report.main.outcome.diverges is (verdict is Verdict.REFUTED)
+    assert report.verdict == "confirmed"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")

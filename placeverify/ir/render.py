@@ -95,7 +95,7 @@ def op_text(op: Op) -> str:
     if isinstance(op, Update):
         return "update params"
     if isinstance(op, Free):
-        return f"free {target_text(op.target)}"
+        return f"{'zero' if op.zero else 'free'} {target_text(op.target)}"
     raise AssertionError(f"no text for {op!r}")
 
 
@@ -116,7 +116,7 @@ def op_label(op: Op) -> str:
     if isinstance(op, Update):
         return "update params"
     if isinstance(op, Free):
-        return f"free {op.target.label()}"
+        return f"{'zero' if op.zero else 'free'} {op.target.label()}"
     raise AssertionError(op)
 
 

@@ -268,8 +268,13 @@ class Update:
 
 @node
 class Free:
+    """``free grads`` drops the full gradient buffer; ``zero grads`` (``zero``) is the optimizer's
+    zero_grad: the full buffer and the accumulated shard both start again from zero (what several
+    consecutive steps carry, :mod:`placeverify.semantics.steps`)."""
+
     target: Target
     span: Span
+    zero: bool = False
 
 
 @node

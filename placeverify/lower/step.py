@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.presets import MAX_MICROBATCHES
-from placeverify.ir.step import Backward, Collective, LoopOp, Op, Scale, Scope, Seed, Step, TargetKind, Update
+from placeverify.ir.step import (
+    Backward,
+    Collective,
+    Free,
+    LoopOp,
+    Op,
+    Scale,
+    Scope,
+    Seed,
+    Step,
+    TargetKind,
+    Update,
+)
 from placeverify.ir.strategy import Config
 from placeverify.lower.settings import check_microbatches
 from placeverify.lower.step_ops import OpReader
@@ -75,9 +87,11 @@ class StepLowerer(OpReader):
                     self.check_post_scale(op)
                     post.append(op)
                 else:
-                    if not (isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS):
+                    if not (isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS
+                            or isinstance(op, Free) and op.zero):
                         self.error("this runs before 'backward'; only token counts are reduced "
-                                   "before the micro-batch loop", Code.BAD_VALUE, item.span)
+                                   "(and 'zero grads' run) before the micro-batch loop",
+                                   Code.BAD_VALUE, item.span)
                     pre.append(op)
         if not backward_seen:
             self.error("the step has no 'backward' (the loss each micro-batch back-propagates, "

@@ -52,9 +52,15 @@ def _verify_steps(strategy: Strategy, ctx: Context) -> Verification:
 
     from placeverify.semantics.steps import projection, windows
 
+    from placeverify.verify.checks.carried_state import carried_obligations
+
     obligations = []
     notes: list[str] = []
     trace = None
+    for carry, m in carried_obligations(strategy):
+        obligations.append(carry)
+        if trace is None and m is not None:
+            trace = _trace(projection(strategy, m), [Finding(carry)])
     for window in windows(strategy):
         projected = projection(strategy, window.microbatches)
         findings = _findings(projected, ctx)
