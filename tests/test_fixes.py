@@ -76,6 +76,7 @@ CALLS_FOR: dict[str, str] = {
     "ddp-divide-by-processes": "gradients are |local|x too large",
     "ga-loss-not-divided": "never divided by their number",
     "ga-tail-window": "by a constant factor",
+    "grads-not-zeroed": "write 'zero grads' after 'update params'",
     "local-mean-times-dp": "never divided by their number",
     "overflow-not-over-tp": "all_reduce(max) overflow over world",
     "pipeline-grads-wiped": "inside the micro-batch loop drops what the earlier micro-batches",
@@ -100,6 +101,7 @@ UNCITED: dict[str, str] = {
     "DeepSpeed#8613": "clip fix",
     "Megatron-LM#906": "shard-mismatch fix is generic", "DeepSpeed#5618": "shard-mismatch fix",
     "DN-DETR#18": "free-before-update fix is generic",
+    "torchforge#71": "the carried-state fix is generic (verify/checks/carried_state.py)",
     "DeepSpeed#994": "overflow fix is generic", "ColossalAI#1175": "overflow fix is generic",
     "pytorch#155903": "double-division fix is generic",
     # Cited by the composition check's reason, not by a fix.
