@@ -7,7 +7,7 @@ needs. Its operations and expressions are read by :class:`placeverify.lower.step
 from __future__ import annotations
 
 from placeverify.diagnostics import Code, Span, did_you_mean
-from placeverify.ir.presets import MAX_MICROBATCHES
+from placeverify.ir.presets import MAX_MICROBATCHES, MAX_STEPS
 from placeverify.ir.step import (
     Backward,
     Collective,
@@ -25,7 +25,6 @@ from placeverify.ir.strategy import Config
 from placeverify.lower.settings import check_microbatches
 from placeverify.lower.step_ops import OpReader
 from placeverify.lower.values import Context
-from placeverify.semantics.steps import MAX_STEPS
 from placeverify.roles.queries import region_named
 from placeverify.syntax import ast
 

@@ -37,7 +37,6 @@ from placeverify.ir.strategy import Strategy
 from placeverify.semantics.buffers import GradMachine
 from placeverify.semantics.schedule import MicroBatch, Unmodelled
 
-MAX_STEPS = 16  # consecutive optimizer steps verified together
 
 
 @dataclass(frozen=True, slots=True)
