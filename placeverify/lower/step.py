@@ -86,8 +86,8 @@ class StepLowerer(OpReader):
                     self.check_post_scale(op)
                     post.append(op)
                 else:
-                    if not (isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS
-                            or isinstance(op, Free) and op.zero):
+                    if not ((isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS)
+                            or (isinstance(op, Free) and op.zero)):
                         self.error("this runs before 'backward'; only token counts are reduced "
                                    "(and 'zero grads' run) before the micro-batch loop",
                                    Code.BAD_VALUE, item.span)

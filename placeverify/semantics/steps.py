@@ -6,8 +6,8 @@ accumulation 4 ends with a tail window of 2). Single-device training runs k ordi
 steps: each starts from zeroed gradients and normalises its loss over its own window (its own
 tokens, samples and micro-batch count). The distributed step, as written, carries its buffers from
 one step to the next unless it empties them ('zero grads', the optimizer's zero_grad; see
-:func:`carried` below), and inside step j ``microbatches`` is that step's own window, ``tokens(..., step)`` counts that
-window's tokens, and ``on microbatch last`` is the window's last micro-batch; ``on microbatch k``
+:func:`carried` below), and inside step j ``microbatches`` is that step's own window,
+``tokens(..., step)`` counts that window's tokens, and ``on microbatch last`` is the window's last micro-batch; ``on microbatch k``
 runs in the windows that have a micro-batch k.
 
 Where nothing carries from one step to the next, step j is an ordinary single step over its
@@ -36,7 +36,6 @@ from placeverify.ir.step import (
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.buffers import GradMachine
 from placeverify.semantics.schedule import MicroBatch, Unmodelled
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,6 @@ def _verify_steps(strategy: Strategy, ctx: Context) -> Verification:
     from dataclasses import replace
 
     from placeverify.semantics.steps import projection, windows
-
     from placeverify.verify.checks.carried_state import carried_obligations
 
     obligations = []
