@@ -7,7 +7,8 @@ steps: each starts from zeroed gradients and normalises its loss over its own wi
 tokens, samples and micro-batch count). The distributed step, as written, carries its buffers from
 one step to the next unless it empties them ('zero grads', the optimizer's zero_grad; see
 :func:`carried` below), and inside step j ``microbatches`` is that step's own window,
-``tokens(..., step)`` counts that window's tokens, and ``on microbatch last`` is the window's last micro-batch; ``on microbatch k``
+``tokens(..., step)`` counts that window's tokens, and ``on microbatch last`` is the window's last
+micro-batch; ``on microbatch k``
 runs in the windows that have a micro-batch k.
 
 Where nothing carries from one step to the next, step j is an ordinary single step over its
