@@ -222,3 +222,20 @@ def test_the_replay_runs_the_tail_window(divisor: str, verdict: Verdict) -> None
     assert report.error is None and report.main is not None
     assert report.main.outcome.diverges is (verdict is Verdict.REFUTED)
     assert report.verdict == "confirmed"
+
+
+def test_zero_grads_takes_no_group_and_no_options() -> None:
+    text = epoch("[4, 4]", "microbatches").replace("    zero grads\n", "    zero grads over dp\n")
+    with pytest.raises(PlaceError) as raised:
+        load_text(text)
+    [error] = [d for d in raised.value.diagnostics if d.severity is Severity.ERROR]
+    assert error.span is not None and error.span.line == 15  # the 'zero grads over dp' line
+    assert error.code is Code.BAD_VALUE
+    assert "'zero' runs on each device" in error.message
+
+
+def test_replay_emit_refuses_several_steps() -> None:
+    from placeverify.replay.emit import EmitRefused, check_layout
+
+    with pytest.raises(EmitRefused, match="several optimizer steps"):
+        check_layout(load_text(epoch("[4, 4, 3]", "microbatches")))

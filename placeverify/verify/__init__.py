@@ -27,7 +27,7 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
     *unknown* ("time budget")."""
     budget = None if budget_s is None else Budget.start(budget_s, timeout_ms)
     ctx = Context(timeout_ms, budget)
-    if len(strategy.step.windows) > 1:  # several optimizer steps: each window's step (semantics/steps.py)
+    if strategy.step.windows:  # several steps, or one window of them (semantics/steps.py)
         return _verify_steps(strategy, ctx)
     findings = _findings(strategy, ctx)
     notes = tuple(w.render(strategy.source) for f in findings for w in f.warnings)

@@ -10,6 +10,8 @@ obligations.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.semantics.steps import carried
@@ -19,7 +21,12 @@ METHOD = "provenance of the buffers over consecutive steps (semantics/steps.py)"
 
 
 def carried_obligations(strategy: Strategy) -> list[tuple[Obligation, int | None]]:
-    """Per parameter group: the obligation, and the window (micro-batches) of the refuted step."""
+    """Per parameter group: the obligation, and the window (micro-batches) of the refuted step.
+    One window of several steps (the step a replay runs again and again) is judged as two
+    consecutive steps of that window."""
+    if len(strategy.step.windows) == 1:
+        m = strategy.step.windows[0]
+        strategy = replace(strategy, step=replace(strategy.step, windows=(m, m)))
     k = len(strategy.step.windows)
     out: list[tuple[Obligation, int | None]] = []
     for group in strategy.model.groups_present():
