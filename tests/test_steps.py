@@ -229,7 +229,8 @@ def test_zero_grads_takes_no_group_and_no_options() -> None:
     with pytest.raises(PlaceError) as raised:
         load_text(text)
     [error] = [d for d in raised.value.diagnostics if d.severity is Severity.ERROR]
-    assert error.span is not None and error.span.line == 15  # the 'zero grads over dp' line
+    # line 14 is "    zero grads over dp": the error points at the group (column 21)
+    assert error.span is not None and (error.span.line, error.span.column) == (14, 21)
     assert error.code is Code.BAD_VALUE
     assert "'zero' runs on each device" in error.message
 
