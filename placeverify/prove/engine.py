@@ -218,6 +218,9 @@ def _conditions(rule: Rule, strategy: Strategy, claim: Claim, bounds: dict[str, 
 
 def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m: bool,
                               timeout_ms: int) -> tuple[Verdict, str, str, dict[str, Any] | None]:
+    if strategy.step.windows:  # several optimizer steps (semantics/steps.py): check judges them
+        return (Verdict.UNKNOWN, "z3", "not modelled: several optimizer steps ('microbatches = "
+                "[...]') for every size; `placeverify check` judges them at the file's sizes", None)
     bounded = quantified_m and not loop_is_uniform(with_microbatches(strategy, 3))
     m_cases: list[Any] = (["one", "many"] if quantified_m and not bounded else
                           list(range(1, BOUNDED_MICROBATCHES + 1)) if bounded else
