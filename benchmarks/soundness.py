@@ -9,7 +9,7 @@ groups, targets, scales, the loss, the powers of sizes, split a division into sq
 and post-divides, swap, rescale or drop named loss terms' backwards, make a collective inside
 the loss detached or differentiable, insert or drop one, the clip and its norm, the
 RNG seeds, the overflow reduction, the parameter gather, a gradient reduction of only the groups
-a micro-batch used, ...),
+a micro-batch used, the step over two optimizer steps with or without 'zero grads', ...),
 checks every mutant that still lowers with placeverify's Python API under a per-mutant time limit,
 and replays on real ``torch.distributed`` processes every mutant whose verdict differs from its
 base's, plus a sample of the rest stratified by base file and verdict.
@@ -912,6 +912,43 @@ def drop_loss_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
     for loc, statement in body.statements():
         if is_loss_gather(statement):
             yield body.removed(loc)
+
+
+
+WINDOWS = re.compile(r"microbatches = (\d+|\[[\d, ]+\])$")
+
+
+@operator
+def several_steps(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The step verified over two consecutive optimizer steps (state across steps): windows of
+    equal size or a shorter (longer) tail, gradients zeroed after the update or not at all
+    (meta-pytorch/torchforge#71 never zeroed them; transformers#38872 divided the tail by the
+    full window's count)."""
+    for loc, statement in body.statements():
+        match = WINDOWS.match(statement)
+        if match is None or loc[0] is not None or match[1].startswith("["):
+            continue
+        n = int(match[1])
+        tail = n - 1 if n > 1 else 2
+        zeroed = after_update(body, "zero grads")
+        for windows in (f"[{n}, {n}]", f"[{n}, {tail}]"):
+            yield body.replaced(loc, f"microbatches = {windows}")
+            if zeroed is not None:
+                yield zeroed.replaced(loc, f"microbatches = {windows}")
+
+
+@operator
+def move_zero_grads(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """'zero grads' dropped (the optimizer's zero_grad forgotten), moved into the micro-batch loop
+    (zeroing every micro-batch) or before the update (the step consumes nothing)."""
+    for loc, statement in body.statements():
+        if statement != "zero grads":
+            continue
+        yield body.removed(loc)
+        for place in (into_block(EACH), before_update):
+            result = moved(body, loc, place)
+            if result is not None:
+                yield result
 
 
 def is_clip(statement: str) -> bool:

@@ -288,3 +288,51 @@ def test_the_replay_refuses_an_asynchronous_collective_outside_its_outcome() -> 
     op = next(o for o in load_text(ASYNC_DDP, "a.place").step.ops() if isinstance(o, Collective))
     with pytest.raises(Unsupported):
         RankRun.apply(object.__new__(RankRun), op, 0, 0)
+
+
+# ---- 'zero grads' and several steps (placeverify/semantics/steps.py) -----------------------------
+
+ZEROED = DDP.replace("    each microbatch {\n", "    each microbatch {\n        zero grads\n")
+
+
+def test_zero_grads_is_modelled_by_every_solver_domain() -> None:
+    # zero_grad on every micro-batch: only the last micro-batch's gradient reaches the update.
+    # Exact, by hand: tokens 1 each, gradient sums 1 (dp 0, mb 0), 2 (dp 0, mb 1), 3, 4 (dp 1);
+    # each device keeps its mb 1 sum / 4 tokens: dp 0 2/4, dp 1 4/4; summed over dp: 6/4 = 3/2,
+    # against the single-device (1 + 2 + 3 + 4) / 4 = 5/2.
+    from fractions import Fraction
+
+    strategy = load_text(ZEROED, "zeroed.place")
+    group = strategy.model.groups_present()[0]
+    view = group_view(strategy, group)
+    result = run(strategy, view, uniform_instance(strategy, view, {"dp": 2}, 2))
+    assert {d.consumed for d in result.devices} == {Fraction(3, 2)}
+    assert result.reference == Fraction(5, 2)
+    encode(strategy, view, {"dp": 2}, 2, "t_", integer=False)  # modelled: no Unmodelled
+    agreement(strategy, view)
+    assert verify(strategy).verdict(Condition.GRADIENT_INTEGRITY) is Verdict.REFUTED
+
+
+def test_a_maximum_over_several_steps_is_not_modelled_at_its_line() -> None:
+    text = DDP.replace("microbatches = 2", "microbatches = [2, 2]").replace(
+        "all_reduce(sum) grads over dp", "all_reduce(max) grads over dp")
+    verification = verify(load_text(text, "max.place"))
+    unknown = [o for o in verification.obligations if o.kind == "not-modelled"]
+    assert unknown and all(o.span is not None and o.span.line == 11 for o in unknown)
+    assert verification.overall() is not Verdict.PROVED
+
+
+@pytest.mark.torch
+def test_the_replay_zeroes_the_full_buffer_and_the_shard() -> None:
+    torch = pytest.importorskip("torch")
+    from placeverify.ir.step import Free
+    from placeverify.replay.buffers import Buffers
+    from placeverify.replay.step import RankRun
+
+    run_ = object.__new__(RankRun)
+    buf = object.__new__(Buffers)
+    buf.full, buf.shard, buf.numel = torch.ones(4), torch.ones(2), 4
+    run_.targeted = lambda applies: [buf]  # type: ignore[method-assign]
+    run_._zeros = lambda n: torch.zeros(4)  # type: ignore[method-assign]
+    run_.apply(Free(Target(TargetKind.GRADS), SPAN, zero=True), 0, 0)
+    assert float(buf.full.abs().sum()) == 0 and float(buf.shard.abs().sum()) == 0

@@ -135,6 +135,20 @@ step {
 }
 """
 
+STEPS = """\
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }
+precision mixed_adam
+mesh { dp = 2 }
+place ddp over dp
+step {
+    microbatches = [2, 1]
+    backward sum / tokens(dp, step)
+    all_reduce(sum) grads over dp
+    update params
+    zero grads
+}
+"""
+
 
 def _harness() -> ModuleType:
     spec = importlib.util.spec_from_file_location("soundness", ROOT / "benchmarks" / "soundness.py")
@@ -187,7 +201,7 @@ def test_a_rendered_step_parses_back_to_the_same_text(path: Path) -> None:
 @pytest.mark.parametrize("name", list(soundness.OPERATORS))
 def test_every_operator_makes_a_mutant_that_lowers(name: str) -> None:
     made = [(base, body) for base in (_base(RICH), _base(PLAIN), _base(DIVIDED), _base(TERMS),
-                                       _base(GATHER))
+                                       _base(GATHER), _base(STEPS))
             for body in soundness.OPERATORS[name](base.body, base.context)]
     assert made, f"{name} made no mutant of a step with every construct, nor of a plain one"
     lowered = 0

@@ -77,6 +77,7 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "expert-grads-not-divided": ({"gradient_integrity"}, "coefficient"),
     "ga-loss-not-divided": ({"gradient_integrity"}, "coefficient"),
     "ga-tail-window": ({"gradient_integrity"}, "coefficient"),
+    "grads-not-zeroed": ({"gradient_integrity"}, "coefficient"),
     "sample-count-for-token-loss": ({"gradient_integrity"}, "coefficient"),
     "pipeline-schedule-extra-division": ({"gradient_integrity"}, "coefficient"),
     "pipeline-grads-wiped": ({"gradient_integrity"}, "coefficient"),

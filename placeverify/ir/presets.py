@@ -17,6 +17,7 @@ from enum import StrEnum
 from placeverify.ir.placement import Mode, Role, Schedule
 
 MAX_MICROBATCHES = 10**6  # a sanity bound: more micro-batches per step is a typing mistake
+MAX_STEPS = 16  # consecutive optimizer steps verified together (microbatches = [4, 4, 2])
 
 R, S, SS = Mode.R, Mode.S, Mode.S_STAR
 Modes = tuple[Mode, Mode, Mode, Mode]

@@ -43,7 +43,8 @@ def step_text(strategy: Strategy) -> str:
 
 def step_lines(step: Step) -> list[str]:
     """The body of the step block, one statement per line, blocks indented by :data:`INDENT`."""
-    lines = [f"microbatches = {step.microbatches}"]
+    lines = [f"microbatches = {step.microbatches}" if len(step.windows) < 2 else
+             f"microbatches = [{', '.join(map(str, step.windows))}]"]
     lines += _with_waits(step, "pre", [op_text(op) for op in step.pre])
     for header, texts in _loop_blocks(step):
         lines.append(header + " {")
@@ -72,17 +73,22 @@ def _with_waits(step: Step, phase: str, texts: list[str]) -> list[str]:
 
 def _loop_blocks(step: Step) -> list[tuple[str, list[str]]]:
     """Consecutive loop ops (and waits) that run on the same micro-batches share one block."""
-    items: list[tuple[int | None, str]] = []
+    items: list[tuple[int | None, int, str]] = []  # (micro-batch, loop position, text)
     for index in range(len(step.loop) + 1):
-        items += [(w.microbatch, f"wait {target_text(w.target)}") for w in step.waits
+        items += [(w.microbatch, index, f"wait {target_text(w.target)}") for w in step.waits
                   if w.phase == "loop" and w.index == index]
         if index < len(step.loop):
             lo = step.loop[index]
-            items += [(lo.microbatch, text) for text in [*_gather_lines(lo.op), op_text(lo.op)]]
+            items += [(lo.microbatch, index, text)
+                      for text in [*_gather_lines(lo.op), op_text(lo.op)]]
     blocks: list[tuple[str, list[str]]] = []
-    for index, (which, text) in enumerate(items):
-        if index == 0 or which != items[index - 1][0]:
-            blocks.append((_block_header(LoopOp(step.loop[0].op, which), step.microbatches), []))
+    for n, (which, index, text) in enumerate(items):
+        if n == 0 or which != items[n - 1][0]:
+            header = _block_header(LoopOp(step.loop[0].op, which), step.microbatches)
+            if len(step.windows) > 1 and which is not None:  # several steps' windows
+                header = "on microbatch last" if index in step.last_ops else \
+                    f"on microbatch {which}"
+            blocks.append((header, []))
         blocks[-1][1].append(text)
     return blocks
 
@@ -113,7 +119,7 @@ def op_text(op: Op) -> str:
     if isinstance(op, Update):
         return "update params"
     if isinstance(op, Free):
-        return f"free {target_text(op.target)}"
+        return f"{'zero' if op.zero else 'free'} {target_text(op.target)}"
     raise AssertionError(f"no text for {op!r}")
 
 
@@ -135,7 +141,7 @@ def op_label(op: Op) -> str:
     if isinstance(op, Update):
         return "update params"
     if isinstance(op, Free):
-        return f"free {op.target.label()}"
+        return f"{'zero' if op.zero else 'free'} {op.target.label()}"
     raise AssertionError(op)
 
 

@@ -297,8 +297,13 @@ class Update:
 
 @node
 class Free:
+    """``free grads`` drops the full gradient buffer; ``zero grads`` (``zero``) is the optimizer's
+    zero_grad: the full buffer and the accumulated shard both start again from zero (what several
+    consecutive steps carry, :mod:`placeverify.semantics.steps`)."""
+
     target: Target
     span: Span
+    zero: bool = False
 
 
 @node
@@ -344,6 +349,12 @@ class Step:
     # micro-batches that no rank uses it in; () for the files that declare no 'unused' groups
     idle: tuple[tuple[ParamGroup, frozenset[int]], ...] = ()
     waits: tuple[Wait, ...] = ()  # where asynchronous collectives complete (in written order)
+    # State across steps (placeverify.semantics.steps): the accumulation window of each of k
+    # consecutive optimizer steps, ``microbatches = [4, 4, 2]`` (empty: one step of
+    # ``microbatches``), and the positions in ``loop`` of the ops written 'on microbatch last'
+    # (the last micro-batch of each step's own window).
+    windows: tuple[int, ...] = ()
+    last_ops: tuple[int, ...] = ()
 
     def idle_in(self, group: ParamGroup) -> frozenset[int]:
         """The micro-batches that leave ``group`` unused on every rank in this pattern."""

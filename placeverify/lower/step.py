@@ -10,10 +10,11 @@ from dataclasses import replace
 
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.flights import flight_errors
-from placeverify.ir.presets import MAX_MICROBATCHES
+from placeverify.ir.presets import MAX_MICROBATCHES, MAX_STEPS
 from placeverify.ir.step import (
     Backward,
     Collective,
+    Free,
     LoopOp,
     LossGather,
     Op,
@@ -50,6 +51,7 @@ class StepLowerer(OpReader):
         super().__init__(ctx, config)
         self.microbatches: int = config.microbatches
         self.microbatches_span: Span | None = None
+        self.windows: tuple[int, ...] = ()  # microbatches = [4, 4, 2]: one optimizer step each
 
     def run(self, stmt: ast.StepStmt) -> Step:
         pre: list[Op] = []
@@ -124,9 +126,11 @@ class StepLowerer(OpReader):
                     self.check_post_scale(op)
                     post.append(op)
                 else:
-                    if not (isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS):
+                    if not ((isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS)
+                            or (isinstance(op, Free) and op.zero)):
                         self.error("this runs before 'backward'; only token counts are reduced "
-                                   "before the micro-batch loop", Code.BAD_VALUE, item.span)
+                                   "(and 'zero grads' run) before the micro-batch loop",
+                                   Code.BAD_VALUE, item.span)
                     pre.append(op)
         if not top_gather_used:
             unused_gather(self.ctx, top_gather)
@@ -135,6 +139,7 @@ class StepLowerer(OpReader):
                        "e.g. 'backward sum / tokens(dp, step)')", Code.MISSING, stmt.span)
         # resolve 'on microbatch' blocks now that the micro-batch count is known
         resolved: list[LoopOp] = []
+        last_ops: list[int] = []
         pending = iter(deferred_on)
         in_loop = iter([w for w in waits if w.phase == "loop"])
         placed: list[Wait] = []
@@ -145,6 +150,7 @@ class StepLowerer(OpReader):
             if lo.microbatch == -1:
                 block = next(pending)
                 index = self.which(block.which)
+                is_last = isinstance(block.which, ast.NameValue) and block.which.name.text == "last"
                 for inner in block.items:
                     if isinstance(inner, ast.BackwardStmt):
                         self.error("'backward' belongs in the step or in 'each microbatch'",
@@ -158,6 +164,8 @@ class StepLowerer(OpReader):
                         continue
                     op = self.inner_op(inner)
                     if op is not None and index is not None:
+                        if is_last:
+                            last_ops.append(len(resolved))
                         resolved.append(LoopOp(op, index))
             else:
                 resolved.append(lo)
@@ -169,7 +177,8 @@ class StepLowerer(OpReader):
             self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
         placed += [w for w in waits if w.phase == "post"]
         step = Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
-                    False, stmt.span, waits=tuple(placed))
+                    False, stmt.span, waits=tuple(placed), windows=self.windows,
+                    last_ops=tuple(last_ops) if self.windows else ())
         if backward_seen:
             for message, code, span in flight_errors(step):
                 self.error(message, code, span)
@@ -224,6 +233,9 @@ class StepLowerer(OpReader):
                            Code.BAD_VALUE, op.span)
 
     def set_microbatches(self, item: ast.MicrobatchesStmt) -> None:
+        if isinstance(item.value, ast.ListValue):
+            self.set_windows(item)
+            return
         n = self.ctx.integer(item.value, "microbatches", 1, MAX_MICROBATCHES)
         if n is None:
             return
@@ -233,12 +245,42 @@ class StepLowerer(OpReader):
         self.microbatches = n
         self.microbatches_span = item.span
 
+    def set_windows(self, item: ast.MicrobatchesStmt) -> None:
+        """``microbatches = [4, 4, 2]``: k consecutive optimizer steps, each accumulating its
+        own window of micro-batches (:mod:`placeverify.semantics.steps`)."""
+        assert isinstance(item.value, ast.ListValue)
+        if self.microbatches_span is not None:
+            self.error("duplicate 'microbatches'", Code.DUPLICATE, item.span)
+        if self.config.pipeline is not None:
+            self.error("several optimizer steps ('microbatches = [...]') are not modelled with a "
+                       "pipeline", Code.BAD_VALUE, item.span,
+                       "write one step with 'microbatches = m'")
+            return
+        values = [self.ctx.integer(v, "a step's micro-batches", 1, MAX_MICROBATCHES)
+                  for v in item.value.items]
+        if len(values) < 2:
+            self.error("a list of micro-batches names one window per optimizer step: give two or "
+                       "more, or write 'microbatches = m' for one step", Code.BAD_VALUE,
+                       item.value.span)
+            return
+        if len(values) > MAX_STEPS:
+            self.error(f"{len(values)} optimizer steps: at most {MAX_STEPS} are verified together",
+                       Code.BAD_VALUE, item.value.span)
+            return
+        windows = [v for v in values if v is not None]
+        if len(windows) != len(values):
+            return
+        self.windows = tuple(windows)
+        self.microbatches = windows[0]
+        self.microbatches_span = item.span
+
     def which(self, value: ast.Value) -> int | None:
         if isinstance(value, ast.NameValue) and value.name.text in ("first", "last"):
             return 0 if value.name.text == "first" else self.microbatches - 1
         index = self.ctx.integer(value, "micro-batch index", 0, MAX_MICROBATCHES)
-        if index is not None and index >= self.microbatches:
-            self.error(f"micro-batch {index} does not exist: the step has {self.microbatches} "
+        largest = max(self.windows, default=self.microbatches)
+        if index is not None and index >= largest:
+            self.error(f"micro-batch {index} does not exist: the step has {largest} "
                        "(numbered from 0)", Code.BAD_VALUE, value.span)
             return None
         return index

@@ -41,7 +41,7 @@ from placeverify.lower.settings import read_norm
 from placeverify.lower.values import Context, value_text
 from placeverify.syntax import ast
 
-OPS = (*(k.value for k in COLLECTIVES), "update", "free", "clip", "wait")
+OPS = (*(k.value for k in COLLECTIVES), "update", "free", "clip", "wait", "zero")
 TARGETS = {k.value: k for k in TargetKind}
 GROUP_NAMES = {g.value: g for g in ParamGroup}
 MAX_POWER = 16  # |g| ^ e with |e| above this is a typing mistake (and an unrolled product)
@@ -240,7 +240,7 @@ class OpReader:
             group = read_group(self.ctx, item.group, self.mesh)
             if group is None:
                 return None
-        if name in ("update", "free"):
+        if name in ("update", "free", "zero"):
             if item.args:
                 self.error(f"'{name}' takes no options", Code.BAD_VALUE, item.args[0].span)
             if item.group is not None:
@@ -250,7 +250,7 @@ class OpReader:
                 target = self.target(item.target, [TargetKind.PARAMS])
                 return None if target is None else Update(item.span)
             target = self.target(item.target, [TargetKind.GRADS])
-            return None if target is None else Free(target, item.span)
+            return None if target is None else Free(target, item.span, zero=name == "zero")
         if name == "clip":
             return self.clip_op(item, group)
         if name == "wait":

@@ -42,6 +42,12 @@ def check_microbatches(trace: Trace, strategy: Strategy) -> None:
     names micro-batch indices (``on microbatch 0 { ... }``)."""
     declared, m = strategy.step.microbatches, trace.microbatches
     indexed = any(lo.microbatch is not None for lo in strategy.step.loop)
+    if len(strategy.step.windows) > 1:  # several steps: the trace is one window's
+        if m not in strategy.step.windows:
+            raise inconsistent(trace, f"the trace has {m} micro-batches but no step of its "
+                               f"source's {len(strategy.step.windows)} has that window "
+                               f"({', '.join(map(str, strategy.step.windows))})", "microbatches")
+        return
     if m > declared:
         raise inconsistent(trace, f"the trace has {m} micro-batches but its source's step has "
                            f"{declared}: a counterexample never has more micro-batches than its "

@@ -105,6 +105,10 @@ def check_layout(strategy: Strategy) -> None:
         raise EmitRefused(f"line {seed.span.line}: 'seed dropout({seed.region.value}) {word} over "
                           f"{seed.group.label()}': dropout seeds are not emitted (the "
                           "reproducer's model has no dropout; `placeverify replay` runs this trace)")
+    if strategy.step.windows and strategy.step.span is not None:
+        raise EmitRefused(f"line {strategy.step.span.line}: several optimizer steps ('microbatches "
+                          "= [...]'): the reproducer runs one window and zeroes its buffers "
+                          "every step (`placeverify replay` runs this trace)")
     rc = strategy.recompute
     arch = strategy.model.arch
     if rc.kind is not RecomputeKind.NONE and not rc.restore_rng and arch is not None and arch.dropout:

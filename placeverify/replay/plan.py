@@ -155,7 +155,12 @@ class Plan:
 
 def at_microbatches(strategy: Strategy, m: int) -> Strategy:
     """The strategy with the micro-batch count a run uses (a trace's may be below the file's):
-    Z3 is asked about the step the run executes, not the one the file declares."""
+    Z3 is asked about the step the run executes, not the one the file declares. A strategy of
+    several optimizer steps runs the step of a window of ``m`` (:mod:`placeverify.semantics.steps`)."""
+    if strategy.step.windows:
+        from placeverify.semantics.steps import projection
+
+        return projection(strategy, m)
     if m == strategy.step.microbatches:
         return strategy
     placements = tuple(replace(p, microbatches=m) if p.microbatches is not None else p
@@ -300,6 +305,10 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
     sizes, reason = replayed_sizes(strategy, declared, world, "declared mesh")
     m = strategy.step.microbatches
     notes: list[str] = []
+    if len(strategy.step.windows) > 1:  # several steps: one window's step (semantics/steps.py)
+        m = _window_replayed(strategy, known)
+        notes.append(f"{len(strategy.step.windows)} optimizer steps: the replay runs the step of "
+                     f"a window of {m} micro-batches (the refuted one, or else the smallest)")
     if m > MAX_MICROBATCHES and not any(lo.microbatch is not None for lo in strategy.step.loop):
         notes.append(f"{m} micro-batches replayed as {MAX_MICROBATCHES} (the step does not "
                      "name micro-batches, so its meaning does not depend on their number)")
@@ -330,6 +339,13 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
         control, control_expect, origin = _control(strategy.source.path, main, timeout_ms)
     return Plan(main, expect, Claim(claimed, declared, "file"), control, control_expect, origin,
                 reason, tuple(notes))
+
+
+def _window_replayed(strategy: Strategy, known: Verification | None) -> int:
+    """The window a several-step strategy's replay runs: the refuted step's, else the smallest."""
+    if known is not None and known.trace is not None:
+        return known.trace.microbatches
+    return min(strategy.step.windows)
 
 
 def _control(path: str, main: RunSpec,

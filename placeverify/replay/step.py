@@ -83,7 +83,10 @@ class RankRun(RankCollectives):
             self.run_step(t)
 
     def run_step(self, t: int) -> None:
-        for buf in self.buffers.values():
+        # one of several consecutive steps (semantics/steps.py) starts from what the previous one
+        # left: only 'zero grads' empties the buffers; a single step starts from empty ones
+        carried = bool(self.strategy.step.windows) and t > 0
+        for buf in self.buffers.values() if not carried else ():
             buf.full = self._zeros(buf.numel)
             buf.shard, buf.shard_at, buf.sharded, buf.scattered = None, None, False, set()
         self.overflow = False
@@ -112,6 +115,8 @@ class RankRun(RankCollectives):
         elif isinstance(op, Free):
             for buf in self.targeted(op.target.applies_to):
                 buf.full = self._zeros(buf.numel)
+                if op.zero and buf.shard is not None:  # zero grads: the shard too
+                    buf.shard = torch.zeros_like(buf.shard)
         elif isinstance(op, Clip):
             self.clip(op)
         elif isinstance(op, Update):

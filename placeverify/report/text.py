@@ -233,8 +233,12 @@ def _render_comm(costs: Costs, console: Console) -> None:
 def _render_step(result: CheckResult, console: Console) -> None:
     s = result.strategy
     title = "step (canonical, derived from the placement)" if s.step.canonical else "step"
-    console.print(Text(f"{title}, {s.step.microbatches} micro-batch"
-                       f"{'es' if s.step.microbatches != 1 else ''}", style="bold"))
+    if len(s.step.windows) > 1:  # several optimizer steps (semantics/steps.py)
+        console.print(Text(f"{title}, {len(s.step.windows)} optimizer steps of "
+                           f"{', '.join(map(str, s.step.windows))} micro-batches", style="bold"))
+    else:
+        console.print(Text(f"{title}, {s.step.microbatches} micro-batch"
+                           f"{'es' if s.step.microbatches != 1 else ''}", style="bold"))
     for row in step_lines(s):
         line = "" if s.step.canonical or row["line"] is None else f"{row['line']:>4}  "
         console.print(f"  {line}{row['phase']:<17} {row['op']}")

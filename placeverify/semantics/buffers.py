@@ -12,7 +12,8 @@ denotes the full buffer until a reduce-scatter runs, and the shard from then unt
 - ``reduce_scatter(op[, accumulate]) grads over G`` reduces the full buffer and keeps this
   device's part as the shard (assigned, or added to the previous shard of the same layout);
 - ``all_gather grads`` makes the gathered shards the full buffer again;
-- ``scale grads by f`` multiplies the denoted buffer, ``free grads`` zeroes the full buffer;
+- ``scale grads by f`` multiplies the denoted buffer, ``free grads`` zeroes the full buffer,
+  ``zero grads`` the full buffer and the shard (the optimizer's zero_grad);
 - ``clip`` and ``update`` read the denoted buffer: the machine records what each one saw (its
   value, whether it was a shard and over which axes, whether the update had already run), and the
   obligations judge it;
@@ -207,6 +208,8 @@ class GradMachine(Generic[V]):
         elif isinstance(op, Free):
             if op.target.applies_to(self.group):
                 self.full = self.domain.zero()
+                if op.zero and self.shard is not None:  # zero grads: the shard too
+                    self.shard = self.domain.zero()
         elif isinstance(op, Clip):
             if op.target.applies_to(self.group):
                 self.clips.append(self._seen(op, k))

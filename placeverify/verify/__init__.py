@@ -45,9 +45,18 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
 def _verify_one(strategy: Strategy, timeout_ms: int, budget_s: float | None) -> Verification:
     budget = None if budget_s is None else Budget.start(budget_s, timeout_ms)
     ctx = Context(timeout_ms, budget)
+    if strategy.step.windows:  # several steps, or one window of them (semantics/steps.py)
+        return _verify_steps(strategy, ctx)
+    findings = _findings(strategy, ctx)
+    notes = tuple(w.render(strategy.source) for f in findings for w in f.warnings)
+    return Verification(tuple(f.obligation for f in findings), _trace(strategy, findings), 0.0,
+                        notes)
+
+
+def _findings(strategy: Strategy, ctx: Context) -> list[Finding]:
     findings: list[Finding] = []
     for check in CHECKS:
-        if budget is not None and budget.exhausted():
+        if ctx.budget is not None and ctx.budget.exhausted():
             findings.append(out_of_time(check, strategy))
             continue
         if has_async(strategy.step):
@@ -57,9 +66,34 @@ def _verify_one(strategy: Strategy, timeout_ms: int, budget_s: float | None) -> 
             findings.extend(outcomes(check, strategy, ctx))
             continue
         findings.extend(run_check(check, strategy, ctx))
-    notes = tuple(w.render(strategy.source) for f in findings for w in f.warnings)
-    return Verification(tuple(f.obligation for f in findings), _trace(strategy, findings), 0.0,
-                        notes)
+    return findings
+
+
+def _verify_steps(strategy: Strategy, ctx: Context) -> Verification:
+    """k consecutive optimizer steps: every obligation of every distinct window's step, its claim
+    naming the steps it is about; the trace is the first refuted step's."""
+    from dataclasses import replace
+
+    from placeverify.semantics.steps import projection, windows
+    from placeverify.verify.checks.carried_state import carried_obligations
+
+    obligations = []
+    notes: list[str] = []
+    trace = None
+    for carry, m in carried_obligations(strategy):
+        obligations.append(carry)
+        if trace is None and m is not None:
+            trace = _trace(projection(strategy, m), [Finding(carry)])
+    for window in windows(strategy):
+        projected = projection(strategy, window.microbatches)
+        findings = _findings(projected, ctx)
+        found = [replace(f, obligation=replace(
+            f.obligation, claim=f"{f.obligation.claim}, at {window.label()}")) for f in findings]
+        obligations.extend(f.obligation for f in found)
+        notes.extend(w.render(strategy.source) for f in found for w in f.warnings)
+        if trace is None:
+            trace = _trace(projected, found)
+    return Verification(tuple(obligations), trace, 0.0, tuple(dict.fromkeys(notes)))
 
 
 def _trace(strategy: Strategy, findings: list[Finding]) -> Trace | None:

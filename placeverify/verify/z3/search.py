@@ -35,7 +35,9 @@ def candidate_meshes(strategy: Strategy, view: GroupView) -> list[tuple[dict[str
     m_declared = strategy.step.microbatches
     relevant = set(view.coordinates) | set(view.complete) | set(_mentioned_axes(strategy))
     axes = [a for a in declared if a in relevant]
-    indexed = any(lo.microbatch is not None for lo in strategy.step.loop)
+    # a window of several optimizer steps keeps its count (semantics/steps.py)
+    indexed = any(lo.microbatch is not None for lo in strategy.step.loop) or \
+        bool(strategy.step.windows)
     ms = [m_declared] if indexed else sorted({m for m in (1, 2, 3, m_declared) if m <= m_declared})
     options = []
     for combo in itertools.product(*(range(1, min(MAX_SEARCH_SIZE, declared[a]) + 1) for a in axes)):
