@@ -344,13 +344,17 @@ class Step:
     # micro-batches that no rank uses it in; () for the files that declare no 'unused' groups
     idle: tuple[tuple[ParamGroup, frozenset[int]], ...] = ()
     waits: tuple[Wait, ...] = ()  # where asynchronous collectives complete (in written order)
+    # the micro-batches that hold no tokens on any rank (placeverify.semantics.empty); a
+    # micro-batch without tokens uses no parameter group, so it is idle for every group
+    empty: frozenset[int] = frozenset()
 
     def idle_in(self, group: ParamGroup) -> frozenset[int]:
-        """The micro-batches that leave ``group`` unused on every rank in this pattern."""
+        """The micro-batches that leave ``group`` unused on every rank in this pattern (an
+        empty micro-batch leaves every group unused)."""
         for g, ks in self.idle:
             if g is group:
-                return ks
-        return frozenset()
+                return ks | self.empty
+        return self.empty
 
     def ops(self) -> tuple[Op, ...]:
         return (*self.pre, *(lo.op for lo in self.loop), *self.post)

@@ -75,6 +75,9 @@ class RunSpec:
     # the participation pattern the run realises: (group, idle micro-batches) pairs
     # (placeverify.semantics.participation); empty for files without 'unused' groups
     idle: list[tuple[str, list[int]]] = field(default_factory=list)
+    # the micro-batches that hold no tokens on any rank (placeverify.semantics.empty): their
+    # atoms get 0 tokens, every label ignored; empty for files without 'empty microbatches'
+    empty: list[int] = field(default_factory=list)
 
     @property
     def world(self) -> int:
@@ -96,6 +99,7 @@ class RunSpec:
         raw["samples"] = [(tuple(int(c) for c in b), int(k), int(n)) for b, k, n in raw["samples"]]
         raw["sizes"] = {str(a): int(n) for a, n in raw["sizes"].items()}
         raw["idle"] = [(str(g), [int(k) for k in ks]) for g, ks in raw.get("idle", [])]
+        raw["empty"] = [int(k) for k in raw.get("empty", [])]
         return RunSpec(**raw)
 
 
@@ -189,6 +193,10 @@ def strategy_of(spec: RunSpec) -> Strategy:
         from placeverify.replay.participation import realised
 
         strategy = realised(strategy, spec.idle)
+    if spec.empty:
+        from placeverify.semantics.empty import with_empty
+
+        strategy = with_empty(strategy, frozenset(spec.empty))
     return outcome_replayed(strategy)
 
 
@@ -279,6 +287,10 @@ def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
 
         spec_base = replace(spec_base, idle=trace_idle(trace) if trace.values.get("participation")
                             else chosen_idle(strategy_of(spec_base), timeout_ms))
+    if case.strategy.config.empty:
+        from placeverify.replay.empty import chosen_empty
+
+        spec_base = replace(spec_base, empty=chosen_empty(strategy_of(spec_base), timeout_ms))
     counts = trace_counts(trace, case.strategy, sizes, m) if sizes == keep else None
     tokens, samples = _counts(case.strategy, sizes, m, expect, counts, notes)
     main = replace(spec_base, tokens=tokens, samples=samples)
@@ -310,6 +322,10 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
         from placeverify.replay.participation import chosen_idle
 
         base = replace(base, idle=chosen_idle(strategy_of(base), timeout_ms))
+    if strategy.config.empty:
+        from placeverify.replay.empty import chosen_empty
+
+        base = replace(base, empty=chosen_empty(strategy_of(base), timeout_ms))
     resized = strategy_of(base)
     if sizes == declared:
         expect = expectation(known) if known is not None else verify(resized, timeout_ms)
@@ -383,4 +399,6 @@ def _counts(strategy: Strategy, sizes: dict[str, int], m: int, expect: Expectati
     if not found:
         notes.append("no token counts were found that the exact interpreter shows diverging at "
                      "this mesh")
+    if strategy.step.empty:  # micro-batches without tokens: every label ignored (semantics/empty)
+        tokens = [(b, k, 0 if k in strategy.step.empty else n) for b, k, n in tokens]
     return tokens, samples

@@ -26,7 +26,17 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
     """Every family's obligations; ``budget_s`` bounds the whole verification (``None``: no
     bound) and ``timeout_ms`` each solver query. Families the budget leaves no time for are
     *unknown* ("time budget"). A file with ``unused`` groups is verified under every
-    participation pattern they allow (:mod:`placeverify.verify.checks.participation`)."""
+    participation pattern they allow (:mod:`placeverify.verify.checks.participation`), and a file
+    declaring ``empty microbatches`` under every pattern of micro-batches without tokens
+    (:mod:`placeverify.verify.checks.empty`)."""
+    if strategy.config.empty:
+        from placeverify.verify.checks.empty import over_empty
+
+        return over_empty(strategy, lambda s: _participation(s, timeout_ms, budget_s))
+    return _participation(strategy, timeout_ms, budget_s)
+
+
+def _participation(strategy: Strategy, timeout_ms: int, budget_s: float | None) -> Verification:
     if strategy.config.unused:
         import time
 
