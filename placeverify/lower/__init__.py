@@ -119,7 +119,8 @@ def lower(file: ast.File, source: Source) -> Strategy:
     named = [s for s in of(ast.LossStmt) if s.term is not None]
     terms = read_terms(ctx, named, model) if named else ()
     unused = read_unused(ctx, of(ast.UnusedStmt), model) if of(ast.UnusedStmt) else frozenset()
-    empty = read_empty(ctx, of(ast.EmptyStmt), loss.kind) if of(ast.EmptyStmt) else False
+    kinds = [loss.kind, *(t.loss.kind for t in terms)]
+    empty = read_empty(ctx, of(ast.EmptyStmt), kinds) if of(ast.EmptyStmt) else False
     microbatches = read_microbatches(ctx, microbatch_stmt, placements)
     clip = read_clip(ctx, clip_stmt)
     loss_scale = read_loss_scale(ctx, scale_stmt, precision.loss_scale)

@@ -11,9 +11,24 @@ divergence the verdict claims; for a file proved under every pattern, micro-batc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.empty import patterns, with_empty
 from placeverify.semantics.schedule import Unmodelled
+
+if TYPE_CHECKING:
+    from placeverify.trace import Trace
+
+
+def trace_empty(trace: Trace) -> list[int]:
+    """The micro-batches without tokens a trace refutes (its ``values.empty``), checked: a
+    malformed list is a ValueError (the replay refuses the trace)."""
+    raw = trace.values.get("empty")
+    if not (isinstance(raw, list) and all(isinstance(k, int) and 0 <= k < trace.microbatches
+                                          for k in raw)):
+        raise ValueError(f"the trace's empty micro-batches {raw!r} are not a list of micro-batches")
+    return sorted(raw)
 
 
 def chosen_empty(strategy: Strategy, timeout_ms: int) -> list[int]:

@@ -264,6 +264,11 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
         from placeverify.replay.participation import realised, trace_idle
 
         at_file = realised(at_file, trace_idle(trace))
+    if "empty" in trace.values:  # the micro-batches without tokens the trace refutes
+        from placeverify.replay.empty import trace_empty
+        from placeverify.semantics.empty import with_empty
+
+        at_file = with_empty(at_file, frozenset(trace_empty(trace)))
     resized = at_microbatches(at_file, trace.microbatches)
     if sizes == keep:  # the trace's own mesh: its counts are replayed, so they must fit
         check_counts(trace, resized, sizes, at_file)
@@ -288,11 +293,13 @@ def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
         spec_base = replace(spec_base, idle=trace_idle(trace) if trace.values.get("participation")
                             else chosen_idle(strategy_of(spec_base), timeout_ms))
     if case.strategy.config.empty:
-        from placeverify.replay.empty import chosen_empty
+        from placeverify.replay.empty import chosen_empty, trace_empty
 
-        spec_base = replace(spec_base, empty=chosen_empty(strategy_of(spec_base), timeout_ms))
+        spec_base = replace(spec_base, empty=trace_empty(trace) if "empty" in trace.values
+                            else chosen_empty(strategy_of(spec_base), timeout_ms))
     counts = trace_counts(trace, case.strategy, sizes, m) if sizes == keep else None
     tokens, samples = _counts(case.strategy, sizes, m, expect, counts, notes)
+    tokens = _emptied(tokens, spec_base.empty)
     main = replace(spec_base, tokens=tokens, samples=samples)
     control, control_expect, origin = _control(path, main, timeout_ms)
     return Plan(main, expect, Claim(Verdict.REFUTED, keep, "trace"), control, control_expect,
@@ -340,6 +347,7 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
             and trace.microbatches == m:
         counts = trace_counts(trace, resized, sizes, m)
     tokens, samples = _counts(resized, sizes, m, expect, counts, notes)
+    tokens = _emptied(tokens, base.empty)
     main = replace(base, tokens=tokens, samples=samples)
     control = control_expect = origin = None
     if claimed is Verdict.REFUTED:
@@ -399,6 +407,10 @@ def _counts(strategy: Strategy, sizes: dict[str, int], m: int, expect: Expectati
     if not found:
         notes.append("no token counts were found that the exact interpreter shows diverging at "
                      "this mesh")
-    if strategy.step.empty:  # micro-batches without tokens: every label ignored (semantics/empty)
-        tokens = [(b, k, 0 if k in strategy.step.empty else n) for b, k, n in tokens]
     return tokens, samples
+
+
+def _emptied(tokens: AtomCounts, empty: list[int]) -> AtomCounts:
+    """The counts with the micro-batches ``empty`` holding no tokens: every label of theirs
+    ignored (placeverify.semantics.empty)."""
+    return [(b, k, 0 if k in empty else n) for b, k, n in tokens]

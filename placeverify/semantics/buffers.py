@@ -127,6 +127,9 @@ class GradMachine(Generic[V]):
     group: ParamGroup
     live: Callable[[str], bool]  # does this axis have more than one rank?
     observe: Callable[[GradMachine[V], Op, MicroBatch], None] | None = None
+    # a domain of values (exact numbers, solver terms) has no value for 0/0 (semantics/empty);
+    # one of which ranks hold the same value (agreement, placement) takes NaN as any other
+    judges_values: bool = True
     full: V = field(init=False)
     shard: V | None = None
     sharded: bool = False
@@ -232,7 +235,8 @@ class GradMachine(Generic[V]):
     def _backward(self, op: Backward, k: MicroBatch) -> None:
         self._backwards_left -= 1
         self.sharded = False
-        check_backward(op, k, self._empty)  # 0/0 in a micro-batch without tokens (semantics/empty)
+        if self.judges_values:  # 0/0 in a micro-batch without tokens (semantics/empty)
+            check_backward(op, k, self._empty)
         if op.adds_to(self.group) and not idle_at(self._idle, k):
             # a loss term that does not reach the group adds nothing, nor does a micro-batch that
             # leaves the group unused on every rank (placeverify.semantics.participation)

@@ -15,13 +15,17 @@ Assumption: not every micro-batch of a rank is empty, so a count over the step i
 single-device loss over the global batch is defined).
 
 Which patterns are judged (:func:`patterns`): the one with every micro-batch holding tokens, and
-for each micro-batch k the one where k holds no tokens on any rank. Whether a backward is NaN
-depends only on its own micro-batch: a micro-batch empty on some ranks only makes a subset of the
-counts zero, so every NaN it makes the all-ranks pattern makes too, and the patterns with one
-empty micro-batch find every (backward, micro-batch) pair that is NaN. Where no backward is NaN,
-an empty micro-batch's zero gradient is one of the gradient values every backend already
-quantifies over, so several empty micro-batches at once decide nothing new. At most
-:data:`MAX_MICROBATCHES` micro-batches are judged; more are *not modelled* (unknown).
+for each kind of micro-batch one where a micro-batch of that kind holds no tokens on any rank. A
+micro-batch empty on some ranks only makes a subset of the counts zero, so every NaN it makes the
+all-ranks pattern makes too. Where no backward is NaN, an empty micro-batch's zero gradient is
+one of the gradient values every backend already quantifies over (and the counts over the step
+stay positive), so several empty micro-batches at once decide nothing new. What an empty
+micro-batch k can change beyond its values is decided by the statements that run in it — a
+backward that divides by its count, an ``only = used`` reduction that skips when no rank used a
+group — so micro-batches running the same loop statements, neither being the first (the
+statements before the loop run there) nor the last (those after it), are of one kind and the
+first of each kind stands for all. More than :data:`MAX_KINDS` kinds are *not modelled*
+(unknown).
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from dataclasses import replace
 
 from placeverify.ir.step import Backward, Count, Scope, TermKind
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.schedule import Unmodelled
+from placeverify.semantics.schedule import Unmodelled, microbatch_ops
 
-MAX_MICROBATCHES = 16
+MAX_KINDS = 16  # kinds of micro-batch judged (module docstring)
 
 
 class Undefined(Unmodelled):
@@ -73,13 +77,18 @@ def patterns(strategy: Strategy) -> list[frozenset[int]]:
     has one (a replay realising a chosen one)."""
     if strategy.step.empty or not strategy.config.empty:
         return [strategy.step.empty]
-    m = strategy.step.microbatches
-    if m > MAX_MICROBATCHES:
-        raise Unmodelled(f"{m} micro-batches that may hold no tokens; at most {MAX_MICROBATCHES} "
-                         "are judged", strategy.step.span)
+    step = strategy.step
+    m = step.microbatches
     if m == 1:
         return [frozenset()]  # the only micro-batch holds tokens (module docstring's assumption)
-    return [frozenset(), *(frozenset({k}) for k in range(m))]
+    kinds: dict[tuple[object, ...], int] = {}
+    for k in range(m):
+        key = (*(id(op) for op in microbatch_ops(step, k)), k == 0, k == m - 1)
+        kinds.setdefault(key, k)
+        if len(kinds) > MAX_KINDS:
+            raise Unmodelled(f"more than {MAX_KINDS} kinds of micro-batch that may hold no tokens "
+                             "(micro-batches running different statements)", step.span)
+    return [frozenset(), *(frozenset({k}) for k in sorted(kinds.values()))]
 
 
 def with_empty(strategy: Strategy, empty: frozenset[int]) -> Strategy:

@@ -30,9 +30,17 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
     declaring ``empty microbatches`` under every pattern of micro-batches without tokens
     (:mod:`placeverify.verify.checks.empty`)."""
     if strategy.config.empty:
+        import time
+
         from placeverify.verify.checks.empty import over_empty
 
-        return over_empty(strategy, lambda s: _participation(s, timeout_ms, budget_s))
+        began = time.monotonic()  # the patterns share one budget: what is left of it
+
+        def each(s: Strategy) -> Verification:
+            left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began))
+            return _participation(s, timeout_ms, left)
+
+        return over_empty(strategy, each)
     return _participation(strategy, timeout_ms, budget_s)
 
 
