@@ -230,3 +230,20 @@ def test_the_replay_realises_an_empty_microbatch(text: str, verdict: Verdict) ->
     if verdict is Verdict.REFUTED:  # the run's parameters are NaN: an infinite difference
         assert math.isinf(report.main.outcome.max_vs_reference)
     assert report.verdict == "confirmed"
+
+
+def test_prove_over_unbounded_sizes_is_not_modelled() -> None:
+    # a rule over every dp and micro-batch count would otherwise prove bergson#461's step, whose
+    # NaN exists only under the pattern that check judges
+    from placeverify.prove.engine import _integrity_for_every_size
+
+    strategy = load_text(MEAN_TIMES_TOKENS, "e.place")
+    verdict, _method, reason, _found = _integrity_for_every_size(strategy, ["dp"], True, 10_000)
+    assert verdict is Verdict.UNKNOWN and "not modelled" in reason
+
+
+def test_emit_refuses_empty_microbatches_by_name() -> None:
+    from placeverify.replay.emit import EmitRefused, check_layout
+
+    with pytest.raises(EmitRefused, match="empty microbatches"):
+        check_layout(load_text(MEAN_TIMES_TOKENS, "e.place"))
