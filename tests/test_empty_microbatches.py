@@ -160,7 +160,8 @@ def test_verdicts_name_the_pattern() -> None:
     assert result.verdict(Condition.GRADIENT_INTEGRITY) is Verdict.REFUTED
     assert result.verdict(Condition.STATE_CONSISTENCY) is Verdict.PROVED
     refuted = result.first_refuted()
-    assert refuted is not None and refuted.span is not None and refuted.span.line == 10  # the backward (HEAD opens with a blank line)
+    assert refuted is not None and refuted.span is not None
+    assert refuted.span.line == 10  # the backward (HEAD opens with a blank line)
     assert "holds no tokens" in refuted.reason and "0/0 is NaN" in refuted.reason
     assert "(with micro-batch 0 holding no tokens)" in refuted.reason
     assert result.trace is not None and result.trace.values["empty"] == [0]
