@@ -23,7 +23,6 @@ from placeverify.verdicts import (
     Verdict,
     Verification,
 )
-from placeverify.verify.fixes import EMPTY_MICROBATCH
 
 RANK = {Verdict.PROVED: 0, Verdict.UNKNOWN: 1, Verdict.REFUTED: 2}
 
@@ -64,6 +63,8 @@ def over_empty(strategy: Strategy, verify_one: Callable[[Strategy], Verification
 
 def undefined_obligation(err: Undefined, claim: str) -> Obligation:
     """The gradient-integrity obligation of a step whose backward is NaN under the pattern."""
+    from placeverify.verify.fixes import EMPTY_MICROBATCH  # loaded where a proof failed only
+
     assert err.span is not None
     return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, err.span,
                       ObligationKind.COEFFICIENT, reason=str(err),

@@ -29,7 +29,6 @@ from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.budget import TooLarge
 from placeverify.verify.check import Check, Context, Finding
-from placeverify.verify.checks.empty import undefined_obligation
 from placeverify.verify.z3 import solve
 from placeverify.verify.z3.integrity import encode, mismatch_formula
 from placeverify.verify.z3.solve import SolverStatus
@@ -110,6 +109,8 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
         encoded = encode(strategy, view, sizes, strategy.step.microbatches, f"{group.value}_clip_",
                          integer=False)
     except Undefined as err:  # a NaN backward in a micro-batch without tokens (semantics/empty)
+        from placeverify.verify.checks.empty import undefined_obligation
+
         return [(replace(undefined_obligation(err, claim), kind=ObligationKind.CLIP_INPUT,
                          span=clips[0].span), None)]
     except Unmodelled as err:
@@ -161,6 +162,8 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
     try:
         encoded = encode(strategy, view, sizes, m, f"{group.value}_", integer=False)
     except Undefined as err:  # a NaN backward in a micro-batch without tokens (semantics/empty)
+        from placeverify.verify.checks.empty import undefined_obligation
+
         return undefined_obligation(err, claim), None
     except Unmodelled as err:
         return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span,
