@@ -320,6 +320,7 @@ class Context:
     param_groups: tuple[str, ...]
     dropout: bool
     unused: tuple[str, ...] = ()  # the groups the file declares 'unused' (participation)
+    empty: bool = False  # the file declares 'empty microbatches' (semantics/empty)
 
     @staticmethod
     def of(strategy: Strategy) -> Context:
@@ -327,7 +328,8 @@ class Context:
         return Context(strategy.mesh.names, batch_axes(strategy), strategy.axes(Role.PIPELINE),
                        tuple(g.value for g in strategy.model.groups_present()),
                        arch is not None and bool(arch.dropout),
-                       tuple(sorted(g.value for g in strategy.config.unused)))
+                       tuple(sorted(g.value for g in strategy.config.unused)),
+                       strategy.config.empty)
 
 
 # ---- mutation operators -------------------------------------------------------------------------
@@ -865,6 +867,31 @@ def toggle_only_used(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         for mutant in edited_bodies:
             yield replace(mutant, preamble=declaration)
 
+
+EMPTY = "empty microbatches"
+
+
+@operator
+def empty_microbatches(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Micro-batches that may hold no tokens (a micro-batch of padding rows,
+    EleutherAI/bergson#461): the file declares 'empty microbatches' with its step as it was, and
+    with each backward's loss sum written as the micro-batch's mean times its tokens (the model's
+    mean loss weighted by the micro-batch's count: 0/0 = NaN without tokens) or its step-wide
+    counts made the micro-batch's own."""
+    declaration = () if ctx.empty else (EMPTY,)
+    if declaration:
+        yield replace(body, preamble=declaration)  # declared, every backward as it was
+    for loc, match in term_backwards(body):
+        factors = expr_factors(match["expr"])
+        variants = []
+        if factors[0] == "sum":
+            variants.append(" ".join(["mean * tokens", *factors[1:]]))
+        for i, factor in enumerate(factors):
+            local = re.sub(r"\((\w[^()]*?),\s*step\)", r"(\1)", factor).replace("(step)", "")
+            if local != factor:
+                variants.append(" ".join([*factors[:i], local, *factors[i + 1:]]))
+        for expr in variants:
+            yield replace(body.replaced(loc, backward_head(match) + expr), preamble=declaration)
 
 
 def is_loss_gather(statement: str) -> bool:

@@ -322,6 +322,8 @@ def build(strategy: Strategy, obligation: Obligation, evidence: Evidence | None)
     if strategy.step.idle:  # the participation pattern refuted (semantics/participation.py)
         values = {**values, "participation": [[g.value, sorted(ks)] for g, ks in
                                                strategy.step.idle]}
+    if strategy.step.empty:  # the micro-batches without tokens refuted (semantics/empty.py)
+        values = {**values, "empty": sorted(strategy.step.empty)}
     return Trace(__version__, strategy.source.path, strategy.source.text, strategy.name,
                  obligation.condition, obligation.kind, obligation.claim, obligation.reason,
                  obligation.fix, span.line if span else None, span.column if span else None,

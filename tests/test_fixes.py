@@ -56,6 +56,8 @@ CALLS_FOR: dict[str, str] = {
                                  "multiply its backward by |dp|",
     "ddp-unused-params-no-sync": "reduce every group after the last micro-batch, whichever "
                                  "micro-batches used it",
+    # bergson#461: the model's mean loss over a micro-batch of padding is 0/0
+    "empty-microbatch-mean": "normalise by a count over the step",
     # lightly#1980: torch.distributed.nn.all_reduce, whose backward carries the gradient
     "barlow-twins-detached-all-reduce": "make it differentiable (torch.distributed.nn)",
     # DeCLUTR#212: the contrastive loss multiplied by the world size

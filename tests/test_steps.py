@@ -250,3 +250,38 @@ def test_prove_leaves_several_steps_unknown() -> None:
     verdict, _, reason, _ = _integrity_for_every_size(
         load_text(carry("[2, 2]", "none")), ["dp"], False, 10_000)
     assert verdict is Verdict.UNKNOWN and reason.startswith("not modelled: several optimizer steps")
+
+
+# ---- several steps beside the other step constructs -------------------------------------------
+
+SEVERAL = """
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }
+precision fp32_adam
+mesh { dp = 2 }
+place ddp over dp
+DECLARATION
+step {
+    microbatches = [2, 2]
+    backward sum / tokens(dp, step)
+    REDUCTION
+    update params
+    zero grads
+}
+"""
+
+
+@pytest.mark.parametrize(("declaration", "reduction", "what"), [
+    ("empty microbatches", "all_reduce(sum) grads over dp", "micro-batches without tokens"),
+    ("unused dense", "all_reduce(sum, only = used) grads over dp", "'only = used' reductions"),
+])
+def test_patterns_over_several_steps_are_not_modelled(declaration: str, reduction: str,
+                                                       what: str) -> None:
+    # the patterns index the micro-batches of one step; over several windows they are not
+    # enumerated, so every verdict that needs them is unknown at the step, never proved
+    text = SEVERAL.replace("DECLARATION", declaration).replace("REDUCTION", reduction)
+    verification = verify(load_text(text))
+    unknown = [o for o in verification.obligations if o.verdict is Verdict.UNKNOWN]
+    assert unknown and all(o.verdict is not Verdict.PROVED for o in verification.obligations
+                           if what in (o.reason or ""))
+    assert any(what in (o.reason or "") and "several optimizer steps" in (o.reason or "")
+               for o in unknown)

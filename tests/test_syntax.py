@@ -93,7 +93,7 @@ def test_statement_spans_start_at_their_keyword(path: Path) -> None:
                 ast.MeshStmt: "mesh", ast.PlaceStmt: "place", ast.RecomputeStmt: "recompute",
                 ast.OffloadStmt: "offload", ast.LossStmt: "loss", ast.StepStmt: "step",
                 ast.MicrobatchesStmt: "microbatches", ast.ClipStmt: "clip",
-                ast.LossScaleStmt: "loss_scale", ast.UnusedStmt: "unused"}
+                ast.LossScaleStmt: "loss_scale", ast.UnusedStmt: "unused", ast.EmptyStmt: "empty"}
     for statement in parse_source(source).statements:
         text = slice_span(source, statement.span)
         assert text.startswith(keywords[type(statement)])

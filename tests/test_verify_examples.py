@@ -110,6 +110,9 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # DDP's find_unused_parameters reducer under no_sync reduces only the groups the last
     # micro-batch used (pytorch#69031, composer#9): a skipped block keeps its local gradient
     "ddp-unused-params-no-sync": ({"gradient_integrity", "state_consistency"}, "coefficient"),
+    # a micro-batch of padding rows: the model's mean loss over it is 0/0 = NaN, weighted by its
+    # token count it stays NaN (bergson#461)
+    "empty-microbatch-mean": ({"gradient_integrity"}, "coefficient"),
     # a collective inside the loss without gradient, the ranks' shares then averaged by DDP:
     # |dp|x too small, the refutation at the detached collective (lightly#1977, DeCLUTR#212)
     "barlow-twins-detached-all-reduce": ({"gradient_integrity"}, "coefficient"),

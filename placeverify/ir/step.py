@@ -355,13 +355,17 @@ class Step:
     # (the last micro-batch of each step's own window).
     windows: tuple[int, ...] = ()
     last_ops: tuple[int, ...] = ()
+    # the micro-batches that hold no tokens on any rank (placeverify.semantics.empty); a
+    # micro-batch without tokens uses no parameter group, so it is idle for every group
+    empty: frozenset[int] = frozenset()
 
     def idle_in(self, group: ParamGroup) -> frozenset[int]:
-        """The micro-batches that leave ``group`` unused on every rank in this pattern."""
+        """The micro-batches that leave ``group`` unused on every rank in this pattern (an
+        empty micro-batch leaves every group unused)."""
         for g, ks in self.idle:
             if g is group:
-                return ks
-        return frozenset()
+                return ks | self.empty
+        return self.empty
 
     def ops(self) -> tuple[Op, ...]:
         return (*self.pre, *(lo.op for lo in self.loop), *self.post)

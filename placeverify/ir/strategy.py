@@ -90,6 +90,8 @@ class Config:
     terms: tuple[LossTerm, ...] = ()  # named loss terms beside the main loss (README "Loss terms")
     # 'unused dense': groups a micro-batch may leave unused on any rank (README "Participation")
     unused: frozenset[ParamGroup] = frozenset()
+    # 'empty microbatches': a micro-batch may hold no tokens (README "Empty micro-batches")
+    empty: bool = False
 
     def placement(self, axis: str) -> AxisPlacement:
         for p in self.placements:

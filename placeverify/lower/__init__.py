@@ -22,7 +22,7 @@ from placeverify.lower.groups import check_offload
 from placeverify.lower.mesh import read_mesh
 from placeverify.lower.model import read_model
 from placeverify.lower.overrides import Settings, apply
-from placeverify.lower.participation import read_unused
+from placeverify.lower.participation import read_empty, read_unused
 from placeverify.lower.placement import read_placements
 from placeverify.lower.precision import read_precision
 from placeverify.lower.settings import (
@@ -119,6 +119,8 @@ def lower(file: ast.File, source: Source) -> Strategy:
     named = [s for s in of(ast.LossStmt) if s.term is not None]
     terms = read_terms(ctx, named, model) if named else ()
     unused = read_unused(ctx, of(ast.UnusedStmt), model) if of(ast.UnusedStmt) else frozenset()
+    kinds = [loss.kind, *(t.loss.kind for t in terms)]
+    empty = read_empty(ctx, of(ast.EmptyStmt), kinds) if of(ast.EmptyStmt) else False
     microbatches = read_microbatches(ctx, microbatch_stmt, placements)
     clip = read_clip(ctx, clip_stmt)
     loss_scale = read_loss_scale(ctx, scale_stmt, precision.loss_scale)
@@ -131,7 +133,7 @@ def lower(file: ast.File, source: Source) -> Strategy:
         model_span=model_stmt.span, precision=precision,
         precision_span=precision_stmt.span if precision_stmt else None, mesh=mesh,
         placements=placements, recompute=recompute, loss=loss, microbatches=microbatches,
-        clip=clip, loss_scale=loss_scale, terms=terms, unused=unused)
+        clip=clip, loss_scale=loss_scale, terms=terms, unused=unused, empty=empty)
     step = lower_step(ctx, step_stmt, config) if step_stmt is not None else canonical.derive(config)
     ctx.diag.raise_if_errors()
     if step.microbatches != config.microbatches:  # the written step declares its own count

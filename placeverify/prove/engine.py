@@ -225,6 +225,9 @@ def _integrity_for_every_size(strategy: Strategy, axes: list[str], quantified_m:
     if strategy.step.windows:  # several optimizer steps (semantics/steps.py): check judges them
         return (Verdict.UNKNOWN, "z3", "not modelled: several optimizer steps ('microbatches = "
                 "[...]') for every size; `placeverify check` judges them at the file's sizes", None)
+    if strategy.config.empty:  # semantics/empty.py
+        return (Verdict.UNKNOWN, "z3", "not modelled: micro-batches without tokens over unbounded "
+                "sizes (check judges them pattern by pattern)", None)
     bounded = quantified_m and not loop_is_uniform(with_microbatches(strategy, 3))
     m_cases: list[Any] = (["one", "many"] if quantified_m and not bounded else
                           list(range(1, BOUNDED_MICROBATCHES + 1)) if bounded else

@@ -15,6 +15,7 @@ from typing import Any
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.relations import batch_axes, sample_axes
+from placeverify.semantics.empty import Undefined
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import run, uniform_instance
 from placeverify.semantics.terms import projection, term_views
@@ -68,6 +69,8 @@ def pick_counts(strategy: Strategy, sizes: dict[str, int], m: int,
             try:
                 result = run(judged, view, uniform_instance(judged, view, sizes, m, tokens,
                                                             samples))
+            except Undefined:  # NaN in a micro-batch without tokens, whatever the counts
+                return _listed(tokens), _listed(samples), True
             except (ArithmeticError, KeyError):
                 continue
             if result.mismatches():

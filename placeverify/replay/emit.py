@@ -91,6 +91,10 @@ def check_layout(strategy: Strategy) -> None:
         raise EmitRefused(f"'unused' groups ({groups}): participation patterns are not emitted "
                           "(the reproducer's model uses every parameter in every micro-batch; "
                           "`placeverify replay` runs this trace)")
+    if strategy.config.empty:
+        raise EmitRefused("'empty microbatches': micro-batches without tokens are not emitted "
+                          "(the reproducer's data holds tokens in every micro-batch; "
+                          "`placeverify replay` runs this trace)")
     for op in strategy.step.ops():
         if isinstance(op, Backward) and op.gather is not None:
             raise EmitRefused(f"line {op.gather.span.line}: '{op.gather.label()}': a collective "

@@ -75,6 +75,9 @@ class RunSpec:
     # the participation pattern the run realises: (group, idle micro-batches) pairs
     # (placeverify.semantics.participation); empty for files without 'unused' groups
     idle: list[tuple[str, list[int]]] = field(default_factory=list)
+    # the micro-batches that hold no tokens on any rank (placeverify.semantics.empty): their
+    # atoms get 0 tokens, every label ignored; empty for files without 'empty microbatches'
+    empty: list[int] = field(default_factory=list)
 
     @property
     def world(self) -> int:
@@ -96,6 +99,7 @@ class RunSpec:
         raw["samples"] = [(tuple(int(c) for c in b), int(k), int(n)) for b, k, n in raw["samples"]]
         raw["sizes"] = {str(a): int(n) for a, n in raw["sizes"].items()}
         raw["idle"] = [(str(g), [int(k) for k in ks]) for g, ks in raw.get("idle", [])]
+        raw["empty"] = [int(k) for k in raw.get("empty", [])]
         return RunSpec(**raw)
 
 
@@ -194,6 +198,10 @@ def strategy_of(spec: RunSpec) -> Strategy:
         from placeverify.replay.participation import realised
 
         strategy = realised(strategy, spec.idle)
+    if spec.empty:
+        from placeverify.semantics.empty import with_empty
+
+        strategy = with_empty(strategy, frozenset(spec.empty))
     return outcome_replayed(strategy)
 
 
@@ -261,6 +269,11 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
         from placeverify.replay.participation import realised, trace_idle
 
         at_file = realised(at_file, trace_idle(trace))
+    if "empty" in trace.values:  # the micro-batches without tokens the trace refutes
+        from placeverify.replay.empty import trace_empty
+        from placeverify.semantics.empty import with_empty
+
+        at_file = with_empty(at_file, frozenset(trace_empty(trace)))
     resized = at_microbatches(at_file, trace.microbatches)
     if sizes == keep:  # the trace's own mesh: its counts are replayed, so they must fit
         check_counts(trace, resized, sizes, at_file)
@@ -284,8 +297,14 @@ def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
 
         spec_base = replace(spec_base, idle=trace_idle(trace) if trace.values.get("participation")
                             else chosen_idle(strategy_of(spec_base), timeout_ms))
+    if case.strategy.config.empty:
+        from placeverify.replay.empty import chosen_empty, trace_empty
+
+        spec_base = replace(spec_base, empty=trace_empty(trace) if "empty" in trace.values
+                            else chosen_empty(strategy_of(spec_base), timeout_ms))
     counts = trace_counts(trace, case.strategy, sizes, m) if sizes == keep else None
     tokens, samples = _counts(case.strategy, sizes, m, expect, counts, notes)
+    tokens = _emptied(tokens, spec_base.empty)
     main = replace(spec_base, tokens=tokens, samples=samples)
     control, control_expect, origin = _control(path, main, timeout_ms)
     return Plan(main, expect, Claim(Verdict.REFUTED, keep, "trace"), control, control_expect,
@@ -319,6 +338,10 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
         from placeverify.replay.participation import chosen_idle
 
         base = replace(base, idle=chosen_idle(strategy_of(base), timeout_ms))
+    if strategy.config.empty:
+        from placeverify.replay.empty import chosen_empty
+
+        base = replace(base, empty=chosen_empty(strategy_of(base), timeout_ms))
     resized = strategy_of(base)
     if sizes == declared:
         expect = expectation(known) if known is not None else verify(resized, timeout_ms)
@@ -333,6 +356,7 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
             and trace.microbatches == m:
         counts = trace_counts(trace, resized, sizes, m)
     tokens, samples = _counts(resized, sizes, m, expect, counts, notes)
+    tokens = _emptied(tokens, base.empty)
     main = replace(base, tokens=tokens, samples=samples)
     control = control_expect = origin = None
     if claimed is Verdict.REFUTED:
@@ -400,3 +424,9 @@ def _counts(strategy: Strategy, sizes: dict[str, int], m: int, expect: Expectati
         notes.append("no token counts were found that the exact interpreter shows diverging at "
                      "this mesh")
     return tokens, samples
+
+
+def _emptied(tokens: AtomCounts, empty: list[int]) -> AtomCounts:
+    """The counts with the micro-batches ``empty`` holding no tokens: every label of theirs
+    ignored (placeverify.semantics.empty)."""
+    return [(b, k, 0 if k in empty else n) for b, k, n in tokens]

@@ -202,7 +202,11 @@ class RankRun(RankCollectives):
                 from placeverify.replay.gather import group_loss
 
                 part = group_loss(part, op.gather, self.handle(op.gather.group))
-            total = part * (float(self.factor(op.loss, k)) * self.alpha)
+            try:
+                factor = float(self.factor(op.loss, k))
+            except ZeroDivisionError:  # a micro-batch without tokens: its count is 0, 0/0 is
+                factor = float("nan")  # NaN, as the model's mean loss there (semantics/empty)
+            total = part * (factor * self.alpha)
             total.backward()
         else:
             dist.send(h.detach().contiguous(), dst=nxt)
@@ -213,8 +217,9 @@ class RankRun(RankCollectives):
             assert x.grad is not None
             dist.send(x.grad.contiguous(), dst=prev)
         for buf in self.buffers.values():
-            if buf.specs and op.adds_to(buf.group) and \
-                    not idle_at(self.strategy.step.idle_in(buf.group), k):
+            if buf.specs and op.adds_to(buf.group) and not idle_at(
+                    self.strategy.step.idle_in(buf.group) - self.strategy.step.empty, k):
+                # a micro-batch without tokens adds what it computed: 0, or NaN (semantics/empty)
                 # a loss term reaching other groups adds 0, and so does a group this micro-batch
                 # leaves unused (semantics/participation: the replay realises the pattern)
                 grad = torch.cat([_grad(self.params[sp.name]) for sp in buf.specs])

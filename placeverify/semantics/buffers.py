@@ -50,6 +50,7 @@ from placeverify.ir.step import (
     TargetKind,
     Update,
 )
+from placeverify.semantics.empty import check_backward
 from placeverify.semantics.participation import idle_at, skips
 from placeverify.semantics.schedule import MicroBatch, Phase, Unmodelled, events, last_indexed
 
@@ -127,6 +128,9 @@ class GradMachine(Generic[V]):
     group: ParamGroup
     live: Callable[[str], bool]  # does this axis have more than one rank?
     observe: Callable[[GradMachine[V], Op, MicroBatch], None] | None = None
+    # a domain of values (exact numbers, solver terms) has no value for 0/0 (semantics/empty);
+    # one of which ranks hold the same value (agreement, placement) takes NaN as any other
+    judges_values: bool = True
     full: V = field(init=False)
     shard: V | None = None
     sharded: bool = False
@@ -140,6 +144,7 @@ class GradMachine(Generic[V]):
     scatter_op: Collective | None = None  # the reduce-scatter that left the current shard
     _backwards_left: int = 0
     _idle: frozenset[int] = frozenset()  # micro-batches no rank uses the group in (participation)
+    _empty: frozenset[int] = frozenset()  # micro-batches holding no tokens (semantics/empty)
 
     def __post_init__(self) -> None:
         self.full = self.domain.zero()
@@ -172,6 +177,7 @@ class GradMachine(Generic[V]):
         called at the end of each one that runs."""
         schedule = list(events(step, microbatches, generic=generic, indices=indices))
         self._idle = step.idle_in(self.group)
+        self._empty = step.empty
         self._backwards_left = sum(isinstance(e.op, Backward) for e in schedule)
         indexed = last_indexed(step)
         previous: Hashable | None = None
@@ -232,6 +238,8 @@ class GradMachine(Generic[V]):
     def _backward(self, op: Backward, k: MicroBatch) -> None:
         self._backwards_left -= 1
         self.sharded = False
+        if self.judges_values:  # 0/0 in a micro-batch without tokens (semantics/empty)
+            check_backward(op, k, self._empty)
         if op.adds_to(self.group) and not idle_at(self._idle, k):
             # a loss term that does not reach the group adds nothing, nor does a micro-batch that
             # leaves the group unused on every rank (placeverify.semantics.participation)

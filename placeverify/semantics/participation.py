@@ -98,6 +98,9 @@ def patterns(strategy: Strategy) -> list[Pattern]:
     chosen = selective(strategy)
     if not groups or not chosen:
         return [Pattern()]
+    if strategy.step.windows:
+        raise Unmodelled("'only = used' reductions over several optimizer steps "
+                         "('microbatches = [...]')", strategy.step.span)
     sizes = {a.name: a.size for a in strategy.mesh.axes}
     for group in groups:
         batch = [a for a in group_view(strategy, group).batch if sizes[a] > 1]

@@ -50,7 +50,8 @@ class Unmodelled(PlaceverifyError):
 def is_uniform(step: Step) -> bool:
     """True when the loop only runs backward: every micro-batch then behaves the same (not under a
     participation pattern with idle micro-batches, placeverify.semantics.participation)."""
-    return not step.idle and all(isinstance(lo.op, Backward) and lo.microbatch is None for lo in step.loop)
+    return not step.idle and not step.empty and \
+        all(isinstance(lo.op, Backward) and lo.microbatch is None for lo in step.loop)
 
 
 def microbatch_ops(step: Step, k: int) -> list[Op]:
@@ -96,7 +97,8 @@ def summary_indices(step: Step, microbatches: int) -> list[int] | None:
     """The micro-batches a summarised loop runs: 0 .. last indexed + STEADY_WINDOW, then the last
     one; None when that would leave none out (or the loop reads the gradient: a clip or update
     inside the loop sees a buffer that grows with every micro-batch)."""
-    if any(isinstance(lo.op, Clip | Update) for lo in step.loop) or step.idle:
+    if any(isinstance(lo.op, Clip | Update) for lo in step.loop) or step.idle \
+            or step.empty:
         return None
     middle = last_indexed(step) + 1 + STEADY_WINDOW
     if microbatches <= middle + 1:

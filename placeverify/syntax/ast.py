@@ -405,6 +405,14 @@ class UnusedStmt:
 
 
 @node
+class EmptyStmt:
+    """``empty microbatches``: a micro-batch may hold no token of the loss's kind."""
+
+    what: Name
+    span: Span
+
+
+@node
 class StepStmt:
     items: tuple[StepItem, ...]
     span: Span
@@ -412,7 +420,7 @@ class StepStmt:
 
 Statement = (StrategyStmt | ModelStmt | PrecisionStmt | MeshStmt | PlaceStmt | RecomputeStmt
              | OffloadStmt | LossStmt | MicrobatchesStmt | ClipStmt | LossScaleStmt | StepStmt
-             | UnusedStmt)
+             | UnusedStmt | EmptyStmt)
 
 
 @node

@@ -26,7 +26,25 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
     """Every family's obligations; ``budget_s`` bounds the whole verification (``None``: no
     bound) and ``timeout_ms`` each solver query. Families the budget leaves no time for are
     *unknown* ("time budget"). A file with ``unused`` groups is verified under every
-    participation pattern they allow (:mod:`placeverify.verify.checks.participation`)."""
+    participation pattern they allow (:mod:`placeverify.verify.checks.participation`), and a file
+    declaring ``empty microbatches`` under every pattern of micro-batches without tokens
+    (:mod:`placeverify.verify.checks.empty`)."""
+    if strategy.config.empty:
+        import time
+
+        from placeverify.verify.checks.empty import over_empty
+
+        began = time.monotonic()  # the patterns share one budget: what is left of it
+
+        def each(s: Strategy) -> Verification:
+            left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began))
+            return _participation(s, timeout_ms, left)
+
+        return over_empty(strategy, each)
+    return _participation(strategy, timeout_ms, budget_s)
+
+
+def _participation(strategy: Strategy, timeout_ms: int, budget_s: float | None) -> Verification:
     if strategy.config.unused:
         import time
 

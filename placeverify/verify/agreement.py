@@ -115,7 +115,7 @@ def agreement(strategy: Strategy, view: GroupView, sizes: dict[str, int] | None 
         shard = m.shard.key() if m.shard is not None else None
         return (m.full.key(), shard, m.sharded, m.scattered)
 
-    machine = GradMachine(domain, view.group, domain.live)
+    machine = GradMachine(domain, view.group, domain.live, judges_values=False)
     machine.run(strategy.step, strategy.step.microbatches, fixpoint=state)
     update = machine.update
     if update is None:

@@ -361,6 +361,10 @@ ASYNC_WRITE = FixRule(
     "its stream wait for every stream that writes them): a write that lands while it is in "
     "flight is overwritten by its result ({reference[0]}, {reference[1]})",
     ("Megatron-LM#3670", "DeepSpeed#8061"))
+EMPTY_MICROBATCH = FixRule(
+    "empty-microbatch", None,
+    "normalise by a count over the step (sum / tokens(dp, step)), which stays > 0, or skip a "
+    "micro-batch without tokens ({reference[0]})", ("EleutherAI/bergson#461",))
 
 FIXES: tuple[FixRule, ...] = (
     # Integrity counterexamples (verify.checks.integrity), in order: the first match wins.

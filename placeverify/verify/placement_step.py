@@ -159,7 +159,7 @@ def _walk(step: Step, group: ParamGroup, live: frozenset[str]) -> _Facts:
     def state(machine: GradMachine[bool]) -> tuple[object, ...]:
         return (machine.full, machine.shard, machine.sharded, machine.scattered)
 
-    machine = GradMachine(_Held(), group, live.__contains__, observe)
+    machine = GradMachine(_Held(), group, live.__contains__, observe, judges_values=False)
     machine.run(step, step.microbatches, fixpoint=state)
     facts.held_full = any(held for k, held in held_after.items() if k < step.microbatches - 1)
     facts.gathers = [p.op for p in machine.positions

@@ -23,6 +23,7 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.render import op_label
 from placeverify.ir.step import Backward, Clip, Update
 from placeverify.ir.strategy import Strategy
+from placeverify.semantics.empty import Undefined
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
@@ -107,6 +108,11 @@ def clip_input_obligations(strategy: Strategy, group: ParamGroup,
     try:
         encoded = encode(strategy, view, sizes, strategy.step.microbatches, f"{group.value}_clip_",
                          integer=False)
+    except Undefined as err:  # a NaN backward in a micro-batch without tokens (semantics/empty)
+        from placeverify.verify.checks.empty import undefined_obligation
+
+        return [(replace(undefined_obligation(err, claim), kind=ObligationKind.CLIP_INPUT,
+                         span=clips[0].span), None)]
     except Unmodelled as err:
         return [(Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN,
                             err.span or clips[0].span, ObligationKind.CLIP_INPUT,
@@ -155,6 +161,10 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
     span = _consume_span(strategy)
     try:
         encoded = encode(strategy, view, sizes, m, f"{group.value}_", integer=False)
+    except Undefined as err:  # a NaN backward in a micro-batch without tokens (semantics/empty)
+        from placeverify.verify.checks.empty import undefined_obligation
+
+        return undefined_obligation(err, claim), None
     except Unmodelled as err:
         return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN, span,
                           ObligationKind.COEFFICIENT,
