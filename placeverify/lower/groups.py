@@ -76,6 +76,8 @@ def expert_column(ctx: Context, product: AxisPlacement, other: AxisPlacement,
                   "shard the optimizer state over the product with 'zero1' or 'zero2', or the "
                   "parameters over the data axes only")
         return None
+    if not any(m.sharded for m in product.modes[:3]):
+        return other  # ddp: the dense groups are already data-parallel along an expert axis
     dense = tuple((g.value, product.modes) for g in groups if g is not ParamGroup.EXPERTS)
     return replace(other, group_modes=dense)
 
