@@ -9,8 +9,12 @@ Every expected number below is worked out by hand in the comments, from the byte
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 from dataclasses import replace
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -363,3 +367,32 @@ def test_parameters_sharded_over_an_expert_axis_are_not_modelled(place: str) -> 
     assert first.code is Code.BAD_VALUE
     assert "shards the parameters over the expert axis 'ep': not modelled" in first.message
     assert first.span is not None and (first.span.line, first.span.column) == (8, 1)
+
+
+STALE_ALONG_EP = EP_DP + """\
+step {
+    backward sum / tokens(dp, ep, step)
+    all_reduce(sum) grads[dense, embedding, norms] over dp * ep
+    reduce_scatter(sum) grads[experts] over dp
+    update params
+    all_gather params over dp
+}
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize(("text", "rc", "words"), [
+    # the dense groups updated on shards over dp x ep, each group gathered over its own group
+    (EP_DP, 0, "the replay agrees with Z3 (proved; the real run matches)"),
+    # the dense shards updated along ep, gathered over dp only: ep ranks keep stale parameters
+    (STALE_ALONG_EP, 1, "the replay agrees with Z3 (refuted; the real run diverges)"),
+])
+def test_zero1_over_ep_dp_replay(tmp_path: Path, text: str, rc: int, words: str) -> None:
+    path = tmp_path / "ep-dp.place"
+    path.write_text(text, encoding="utf-8")
+    run = subprocess.run([sys.executable, "-m", "placeverify", "check", "--replay", "-q",
+                          "--width", "200", str(path)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == rc, run.stdout + run.stderr
+    assert words in run.stdout
