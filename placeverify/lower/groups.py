@@ -12,8 +12,12 @@ so memory, traffic and every verdict read the same per-axis IR as before:
   the preset's Ω and G modes (``place context over cp`` with ``place zero1 over dp * cp`` is
   ``place context(R, S, R, S) over cp``). A preset that shards the parameters (``zero3``,
   ``fsdp``) over a context axis is not modelled (the context role holds whole layers: Θ = R);
-* an expert axis in the product is not modelled: the expert column has one mode per state for
-  the experts, and the dense groups' optimizer sharded along it would need a mode per group;
+* an expert axis keeps its role and the experts' modes (they are split over it, so their states
+  are sharded over the product's other axes only, the expert data-parallel group); every other
+  parameter group is a copy along it and takes the preset's Θ, Ω and G as a per-group placement
+  of that column (``zero1 over ep * dp``: the dense groups' Ω sharded over ep x dp, the experts'
+  over dp, as Megatron-LM's distributed optimizer). A preset that shards the parameters
+  (``zero3``, ``fsdp``) over an expert axis is not modelled;
 * a tensor or pipeline axis in the product is an error: those ranks hold different parameters,
   not copies whose states a data preset could shard.
 """
@@ -32,7 +36,8 @@ from placeverify.lower.values import Context, at
 from placeverify.syntax import ast
 
 
-def merge(ctx: Context, product: AxisPlacement, other: AxisPlacement) -> AxisPlacement | None:
+def merge(ctx: Context, product: AxisPlacement, other: AxisPlacement,
+          groups: Sequence[ParamGroup] = ()) -> AxisPlacement | None:
     """The column of an axis that a data preset over a product and another statement both
     place; None (with an error) when the two do not combine."""
     where = f"'{product.preset}' over a product group (line {product.span.line})"
@@ -47,11 +52,7 @@ def merge(ctx: Context, product: AxisPlacement, other: AxisPlacement) -> AxisPla
         modes = (other.modes[0], product.modes[1], product.modes[2], other.modes[3])
         return replace(other, modes=modes)
     if other.role is Role.EXPERT:
-        ctx.error(f"{where} includes the expert axis '{other.axis}': not modelled",
-                  Code.BAD_VALUE, product.span,
-                  "the expert column has one mode per state; sharding the dense groups' "
-                  "optimizer state along it needs a mode per parameter group")
-        return None
+        return expert_column(ctx, product, other, groups, where)
     if other.role is Role.DATA:
         ctx.error(f"axis '{other.axis}' is placed twice", Code.DUPLICATE, product.span,
                   f"first placed at {at(other.span)}")
@@ -60,6 +61,25 @@ def merge(ctx: Context, product: AxisPlacement, other: AxisPlacement) -> AxisPla
               product.span, "a data preset shards copies of the same parameters: its product "
                             "group has data and context axes only")
     return None
+
+
+def expert_column(ctx: Context, product: AxisPlacement, other: AxisPlacement,
+                  groups: Sequence[ParamGroup], where: str) -> AxisPlacement | None:
+    """The expert axis of a product (``place zero1 over ep * dp``): the experts keep the expert
+    column's modes (split over the axis, their states sharded along the other axes only: the
+    expert data-parallel group); every other group is a copy along the axis and takes the
+    preset's Θ, Ω and G as a per-group placement, as Megatron-LM's distributed optimizer shards
+    the dense parameters' state over the whole data-parallel group (data x expert ranks)."""
+    if product.modes[0] is not Mode.R:
+        ctx.error(f"{where} shards the parameters over the expert axis '{other.axis}': "
+                  "not modelled", Code.BAD_VALUE, product.span,
+                  "shard the optimizer state over the product with 'zero1' or 'zero2', or the "
+                  "parameters over the data axes only")
+        return None
+    if not any(m.sharded for m in product.modes[:3]):
+        return other  # ddp: the dense groups are already data-parallel along an expert axis
+    dense = tuple((g.value, product.modes) for g in groups if g is not ParamGroup.EXPERTS)
+    return replace(other, group_modes=dense)
 
 
 def product_placements(name: str, role: Role, modes: tuple[Mode, Mode, Mode, Mode],

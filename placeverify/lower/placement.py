@@ -54,7 +54,8 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
             continue
         merged_from[placement.axis] = placement
         other = by_axis.get(placement.axis)
-        merged = placement if other is None else merge(ctx, placement, other)
+        merged = (placement if other is None
+                  else merge(ctx, placement, other, model.groups_present()))
         if merged is not None:
             by_axis[placement.axis] = merged
     read_group_placements(ctx, [s for s in statements if s.groups is not None], by_axis, mesh,

@@ -18,17 +18,22 @@ from placeverify.roles import ROLES
 from placeverify.roles.relations import relation
 
 
-def replicates_model(p: AxisPlacement) -> bool:
+def replicates_model(p: AxisPlacement, group: ParamGroup | None = None) -> bool:
     """Do the ranks along this axis hold the same parameters (data, context), so that a sharded
-    state along it is a partition of one copy?"""
-    return ROLES[p.role].replicates_model
+    state along it is a partition of one copy? Of ``group``, when given: along an expert axis
+    placed by a data preset over a product (``place zero1 over ep * dp``, README "Per-group
+    meshes") the groups it does not split are copies too, and their states are partitioned."""
+    if ROLES[p.role].replicates_model:
+        return True
+    return (group is not None and p.role is Role.EXPERT and bool(p.group_modes)
+            and not ROLES[p.role].splits_model(group))
 
 
 def partitions(strategy: Layout, axis: str, state: State, group: ParamGroup | None = None) -> bool:
     """Is ``state`` (of ``group``, when given: README "Per-group meshes") along ``axis`` a
     partition of one replicated copy (ZeRO-style)?"""
     p = strategy.placement(axis)
-    return replicates_model(p) and p.mode_of(state, group).sharded
+    return replicates_model(p, group) and p.mode_of(state, group).sharded
 
 
 def optimizer_axes(strategy: Layout, group: ParamGroup) -> tuple[str, ...]:
@@ -67,7 +72,7 @@ def gathered_after_update(strategy: Layout, group: ParamGroup | None = None) -> 
     """Axes where the parameters (of ``group``, when given) stay replicated but are updated on
     shards, so they must be all-gathered after the update (ZeRO-1/2, an offloaded optimizer)."""
     return tuple(p.axis for p in strategy.placements
-                 if replicates_model(p) and p.mode_of(State.PARAMS, group) is Mode.R
+                 if replicates_model(p, group) and p.mode_of(State.PARAMS, group) is Mode.R
                  and p.mode_of(State.OPTIMIZER, group).sharded)
 
 

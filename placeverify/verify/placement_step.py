@@ -92,7 +92,7 @@ def memory_sharded(strategy: Strategy, group: ParamGroup, p: AxisPlacement,
     """Does memory divide this group's state by the axis (True), keep it whole (False), or is the
     split fixed by the axis's role (None)? Mirrors :func:`placeverify.cost.memory.model_split`
     and :func:`~placeverify.cost.memory.data_split`."""
-    if replicates_model(p):
+    if replicates_model(p, group):
         return p.mode_of(state, group).sharded
     return None if ROLES[p.role].splits_model(group) else False
 
@@ -285,7 +285,7 @@ def _statement(step: Step, op: Collective) -> str:
 
 def _layout(p: AxisPlacement, state: State, group: ParamGroup) -> str:
     """A group's state's mode along an axis as memory reads it."""
-    return p.mode_of(state, group).value if replicates_model(p) else Mode.R.value
+    return p.mode_of(state, group).value if replicates_model(p, group) else Mode.R.value
 
 
 def _why_whole(p: AxisPlacement) -> str:

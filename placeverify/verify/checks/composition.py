@@ -111,7 +111,9 @@ def _groups(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation]:
         if kind is TargetKind.GRADS and op.op is ReduceOp.MAX and op.group.size_of(sizes) > 1:
             problems.append("gradients are reduced with sum or mean, not max")
         idle = [a for a in op.group.axes if sizes[a] > 1 and kind is TargetKind.PARAMS
-                and replicates_model(strategy.placement(a))
+                and (replicates_model(strategy.placement(a))
+                     or any(replicates_model(strategy.placement(a), g)
+                            for g in strategy.model.groups_present() if op.target.applies_to(g)))
                 and not any(partitions(strategy, a, State.OPTIMIZER, g)
                             for g in strategy.model.groups_present() if op.target.applies_to(g))]
         if idle:
@@ -152,7 +154,7 @@ def _axis_problem(strategy: Strategy, op: Collective, group: ParamGroup, axis: s
     placement = strategy.placement(axis)
     view = group_view(strategy, group)
     if op.target.kind is TargetKind.PARAMS:
-        if replicates_model(placement):
+        if replicates_model(placement, group):
             return ""  # each element from its owner; with Ω whole there, every rank owns it
         return (f"{axis}: ranks along this {placement.role.value} axis hold different "
                 f"{group.value} parameters; gathering them would assemble other ranks' shards")
