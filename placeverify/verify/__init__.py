@@ -14,6 +14,7 @@ from placeverify.ir.flights import has_async
 from placeverify.ir.strategy import Strategy
 from placeverify.verdicts import Verdict, Verification
 from placeverify.verify.budget import DEFAULT_BUDGET_S, DEFAULT_QUERY_CAP_MS, Budget
+from placeverify.verify.cases import sharing_budget
 from placeverify.verify.check import Context, Finding, out_of_time, run_check
 from placeverify.verify.checks import CHECKS
 
@@ -30,33 +31,19 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
     declaring ``empty microbatches`` under every pattern of micro-batches without tokens
     (:mod:`placeverify.verify.checks.empty`)."""
     if strategy.config.empty:
-        import time
-
         from placeverify.verify.checks.empty import over_empty
 
-        began = time.monotonic()  # the patterns share one budget: what is left of it
-
-        def each(s: Strategy) -> Verification:
-            left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began))
-            return _participation(s, timeout_ms, left)
-
-        return over_empty(strategy, each)
+        return over_empty(strategy, sharing_budget(
+            budget_s, lambda s, left: _participation(s, timeout_ms, left)))
     return _participation(strategy, timeout_ms, budget_s)
 
 
 def _participation(strategy: Strategy, timeout_ms: int, budget_s: float | None) -> Verification:
     if strategy.config.unused:
-        import time
-
         from placeverify.verify.checks.participation import over_patterns
 
-        started = time.monotonic()  # the patterns share one budget: what is left of it
-
-        def one(s: Strategy) -> Verification:
-            left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - started))
-            return _verify_one(s, timeout_ms, left)
-
-        return over_patterns(strategy, one)
+        return over_patterns(strategy, sharing_budget(
+            budget_s, lambda s, left: _verify_one(s, timeout_ms, left)))
     return _verify_one(strategy, timeout_ms, budget_s)
 
 

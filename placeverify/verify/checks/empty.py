@@ -15,16 +15,8 @@ from dataclasses import replace
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.empty import Undefined, describe, patterns, with_empty
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.verdicts import (
-    CONDITIONS,
-    Condition,
-    Obligation,
-    ObligationKind,
-    Verdict,
-    Verification,
-)
-
-RANK = {Verdict.PROVED: 0, Verdict.UNKNOWN: 1, Verdict.REFUTED: 2}
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict, Verification
+from placeverify.verify.cases import not_modelled, over_cases
 
 
 def over_empty(strategy: Strategy, verify_one: Callable[[Strategy], Verification]) -> Verification:
@@ -32,33 +24,18 @@ def over_empty(strategy: Strategy, verify_one: Callable[[Strategy], Verification
     try:
         found = patterns(strategy)
     except Unmodelled as err:
-        span = err.span or strategy.step.span
-        return Verification(tuple(
-            Obligation(c, "every pattern of micro-batches without tokens is judged",
-                       Verdict.UNKNOWN, span, ObligationKind.NOT_MODELLED,
-                       reason=f"not modelled: {err}")
-            for c in CONDITIONS))
+        return not_modelled(strategy, "every pattern of micro-batches without tokens is judged",
+                            err)
     if len(found) == 1:
         return verify_one(with_empty(strategy, found[0]))
-    merged: dict[tuple[object, str], Obligation] = {}
-    trace = None
-    notes: list[str] = []
-    seconds = 0.0
-    for empty in found:
-        result = verify_one(with_empty(strategy, empty))
-        seconds += result.seconds
-        notes.extend(n for n in result.notes if n not in notes)
-        if trace is None and result.trace is not None:
-            trace = result.trace
-        for obligation in result.obligations:
-            key = (obligation.condition, obligation.claim)
-            before = merged.get(key)
-            if before is None or RANK[obligation.verdict] > RANK[before.verdict]:
-                if empty and obligation.verdict is not Verdict.PROVED:
-                    obligation = replace(obligation,
-                                         reason=f"{obligation.reason} (with {describe(empty)})")
-                merged[key] = obligation
-    return Verification(tuple(merged.values()), trace, seconds, tuple(notes))
+    return over_cases(strategy, found, with_empty, verify_one, lambda empty: not empty, _named)
+
+
+def _named(obligation: Obligation, empty: frozenset[int], _holds: bool) -> Obligation:
+    """The obligation as decided with the micro-batches ``empty`` holding no tokens."""
+    if empty and obligation.verdict is not Verdict.PROVED:
+        return replace(obligation, reason=f"{obligation.reason} (with {describe(empty)})")
+    return obligation
 
 
 def undefined_obligation(err: Undefined, claim: str) -> Obligation:

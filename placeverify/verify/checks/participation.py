@@ -17,16 +17,9 @@ from dataclasses import replace
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.participation import Pattern, patterns, selective, with_pattern
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.verdicts import (
-    CONDITIONS,
-    Obligation,
-    ObligationKind,
-    Verdict,
-    Verification,
-)
+from placeverify.verdicts import Obligation, Verdict, Verification
+from placeverify.verify.cases import not_modelled, over_cases
 from placeverify.verify.fixes import UNUSED_GROUPS
-
-RANK = {Verdict.PROVED: 0, Verdict.UNKNOWN: 1, Verdict.REFUTED: 2}
 
 
 def over_patterns(strategy: Strategy,
@@ -35,33 +28,12 @@ def over_patterns(strategy: Strategy,
     try:
         found = patterns(strategy)
     except Unmodelled as err:
-        span = err.span or strategy.step.span
-        return Verification(tuple(
-            Obligation(c, "every participation pattern is judged", Verdict.UNKNOWN, span,
-                       ObligationKind.NOT_MODELLED, reason=f"not modelled: {err}")
-            for c in CONDITIONS))
+        return not_modelled(strategy, "every participation pattern is judged", err)
     if len(found) == 1 and not found[0].idle:
         return verify_one(strategy)
-    merged: dict[tuple[object, str], Obligation] = {}
-    everyone = {}  # the obligations with every group used everywhere (the first pattern)
-    trace = None
-    notes: list[str] = []
-    seconds = 0.0
-    for pattern in found:
-        result = verify_one(with_pattern(strategy, pattern))
-        seconds += result.seconds
-        notes.extend(n for n in result.notes if n not in notes)
-        if trace is None and result.trace is not None:
-            trace = result.trace
-        for obligation in result.obligations:
-            key = (obligation.condition, obligation.claim)
-            if not pattern.idle or not any(ks for _g, ks in pattern.idle):
-                everyone[key] = obligation.verdict
-            before = merged.get(key)
-            if before is None or RANK[obligation.verdict] > RANK[before.verdict]:
-                merged[key] = _named(strategy, obligation, pattern,
-                                     everyone.get(key) is Verdict.PROVED)
-    return Verification(tuple(merged.values()), trace, seconds, tuple(notes))
+    return over_cases(strategy, found, with_pattern, verify_one,
+                      lambda p: not any(ks for _g, ks in p.idle),
+                      lambda o, p, holds: _named(strategy, o, p, holds))
 
 
 def _named(strategy: Strategy, obligation: Obligation, pattern: Pattern,
