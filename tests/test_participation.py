@@ -285,3 +285,26 @@ def test_the_patterns_share_one_time_budget(monkeypatch: pytest.MonkeyPatch) -> 
     left = [b for b in given if b is not None]
     assert left[0] <= 10.0 and left[-1] <= 10.0 - 7 * 0.05  # seven sleeps spent before the last
     assert left == sorted(left, reverse=True)
+
+
+def test_a_refutation_that_holds_with_every_group_used_is_replayed_with_every_group_used() -> None:
+    # found by the soundness harness (toggle_only_used on zero1-no-allgather): the parameters are
+    # never gathered after the sharded update, refuted whatever micro-batches leave dense unused;
+    # replayed with dense unused in the only micro-batch, its gradient and so its update are zero
+    # and the stale shards do not show. The replay must run the pattern where they do: every
+    # group used (no idle micro-batch).
+    from placeverify.replay.participation import chosen_idle
+
+    text = """
+model { params = 1.3e9 }
+precision megatron
+mesh { dp = 8 }
+place zero1 over dp
+unused dense
+step {
+    backward sum / tokens(dp, step)
+    reduce_scatter(sum, only = used) grads over dp
+    update params
+}
+"""
+    assert chosen_idle(load_text(text, "stale.place"), 10_000) == []

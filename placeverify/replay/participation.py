@@ -4,9 +4,11 @@ A run realises one pattern (``RunSpec.idle``): a backward in a micro-batch that 
 unused adds nothing to that group's gradient on any rank, and an ``only = used`` collective leaves
 the group's buffer as it is there (:mod:`placeverify.replay.step`,
 :mod:`placeverify.replay.collectives`); the single-device reference leaves that micro-batch's
-sequences out of the group's gradient (:func:`idle_grads`). The pattern replayed is the first one
-under which Z3 refutes the file, so the run shows the divergence the verdict claims; for a file
-proved under every pattern, the one with the most idle micro-batches.
+sequences out of the group's gradient (:func:`idle_grads`). A file refuted with every group used
+is replayed so (an idle micro-batch can hide a divergence: a zero gradient updates nothing);
+otherwise the pattern replayed is the first one under which Z3 refutes the file, so the run shows
+the divergence the verdict claims; for a file proved under every pattern, the one with the most
+idle micro-batches.
 """
 
 from __future__ import annotations
@@ -56,10 +58,14 @@ def chosen_idle(strategy: Strategy, timeout_ms: int) -> list[tuple[str, list[int
     from placeverify.api import verify
 
     try:
-        found = [p for p in patterns(strategy) if any(ks for _g, ks in p.idle)]
+        every = patterns(strategy)
     except Unmodelled:
         return []
+    found = [p for p in every if any(ks for _g, ks in p.idle)]
     refuted = verify(strategy, timeout_ms).first_refuted() is not None
+    used = replace(strategy, config=replace(strategy.config, unused=frozenset()))  # all used
+    if refuted and verify(used, timeout_ms).first_refuted() is not None:
+        return []  # refuted with every group used: the run shows it without idling any
     pick: Pattern | None = None
     for pattern in found:
         if verify(with_pattern(strategy, pattern), timeout_ms).first_refuted() is not None:
