@@ -48,7 +48,8 @@ The goal line is printed for both; only the first is the issue's goal as written
 layout, where the step time goes: compute, the pipeline bubble's idle compute, the exposed
 communication per axis (tensor, context, pipeline, expert, data: every collective over a data
 axis, with its share of the bubble), the host, and the optimizer step, which add up to the step
-time; then the published layout minus the fastest, term by term (README "Which layout?").
+time; then the published layout minus the fastest, term by term (README "Which layout?"). For
+Llama 3 it adds the published degrees with ZeRO-1 in place of ZeRO-2, and whether they fit.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +114,9 @@ def main() -> int:
         screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
                                 float(pb.pcie_bandwidth)))
         mine = evaluate(pb, published, screen.estimate(published))
+        zero1 = replace(published, sharding=Sharding.ZERO1)
+        variant = (evaluate(pb, zero1, screen.estimate(zero1))
+                   if published.sharding is Sharding.ZERO2 else None)
         print(f"== {name}")
         for title, space in [("every layout", Space()), *spaces]:
             started = time.perf_counter()
@@ -135,7 +140,7 @@ def main() -> int:
                 continue
             ranked(result, mine, published)
             if args.breakdown:
-                breakdown(result, mine, args.breakdown)
+                breakdown(result, mine, args.breakdown, variant)
     return 0
 
 
@@ -179,15 +184,18 @@ def terms(e: Evaluated) -> dict[str, float]:
     return out
 
 
-def breakdown(result: SearchResult, own: Evaluated, n: int) -> None:
-    """The terms of the ``n`` fastest layouts that fit and of the published one, and the
-    published layout minus the fastest, term by term."""
+def breakdown(result: SearchResult, own: Evaluated, n: int,
+              variant: Evaluated | None = None) -> None:
+    """The terms of the ``n`` fastest layouts that fit, of the published one and of a variant
+    of it (the published degrees with ZeRO-1), and the published layout minus the fastest,
+    term by term."""
     print(f"  step-time terms, seconds (the {n} fastest that fit, and the published layout; "
           "bubble: its idle compute; each axis: its exposed communication)")
     head = " ".join(f"{t:>9s}" for t in TERMS)
     print(f"    {'layout':48s} {'step':>7s} {head} {'peak GB':>8s}  verified")
     rows = [(e, result.verdicts.get(e.label, "-")) for e in result.evaluated[:n]]
-    for e, verdict in [*rows, (own, "published")]:
+    extra = [] if variant is None else [(variant, f"zero1 variant, fits {variant.fits}")]
+    for e, verdict in [*rows, (own, "published"), *extra]:
         t = terms(e)
         cells = " ".join(f"{t[k]:9.3f}" for k in TERMS)
         print(f"    {e.label:48s} {e.step_seconds:7.3f} {cells} {e.needed_bytes / 1e9:8.1f}  "
