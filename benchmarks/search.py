@@ -41,7 +41,8 @@ every layout use ``zero2`` (gradients reduce-scattered every micro-batch) with p
 parallelism, which Megatron-LM does not offer and DeepSpeed's pipeline engine refuses (README
 "Which layout?").
 
-The goal line is printed for both; only the first is the issue's goal as written.
+The goal line is printed for every search; only the first (every layout) is the issue's goal as
+written.
 
 ``--breakdown N`` also prints, for the N fastest layouts that fit (full model; each marked
 ``proved`` when the search verified it, ``-`` when it did not need to) and for the published
