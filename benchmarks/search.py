@@ -35,19 +35,37 @@ authors could have launched:
   for resharding, ``hsdp`` for hybrid sharding), every other degree open (the paper uses context
   parallelism for long sequences).
 
-The goal line is printed for both; only the first is the issue's goal as written.
+GPT-3 is searched a third time over what Megatron-LM offered once it had its distributed
+optimizer (ZeRO-1, ``zero1``): DDP or ``zero1``, no context parallelism. The fastest layouts over
+every layout use ``zero2`` (gradients reduce-scattered every micro-batch) with pipeline
+parallelism, which Megatron-LM does not offer and DeepSpeed's pipeline engine refuses (README
+"Which layout?").
+
+The goal line is printed for every search; only the first (every layout) is the issue's goal as
+written.
+
+``--breakdown N`` also prints, for the N fastest layouts that fit (full model; each marked
+``proved`` when the search verified it, ``-`` when it did not need to) and for the published
+layout, where the step time goes: compute, the pipeline bubble's idle compute, the exposed
+communication per axis (tensor, context, pipeline, expert, data: every collective over a data
+axis, with its share of the bubble), the host, and the optimizer step, which add up to the step
+time; then the published layout minus the fastest, term by term (README "Which layout?"). For
+Llama 3 it adds the published degrees with ZeRO-1 in place of ZeRO-2, and whether they fit.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from placeverify.api import load_text, parse  # noqa: E402
+from placeverify.cost.time import step_time  # noqa: E402
 from placeverify.diagnostics import Source  # noqa: E402
 from placeverify.search.problem import Problem, problem_from  # noqa: E402
 from placeverify.search.run import Evaluated, SearchResult, evaluate, search  # noqa: E402
@@ -63,7 +81,7 @@ def problem(model: str, dev: str, devices: int, batch: int, seq: int) -> Problem
                         global_batch=batch)
 
 
-def llama3_405b() -> tuple[str, Problem, Layout, Space, str]:
+def llama3_405b() -> tuple[str, Problem, Layout, list[tuple[str, Space]]]:
     pb = problem("llama3_405b", "h100_sxm", 16384, 2048, 8192)
     stages = stage_layers(126, 16, 4, uneven=True)
     assert isinstance(stages, tuple)
@@ -71,26 +89,37 @@ def llama3_405b() -> tuple[str, Problem, Layout, Space, str]:
                        sp=True, recompute=Recompute.NONE, offload=False, b=1, m=16,
                        stages=stages)
     own = Space(shardings=(Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP))
-    return ("Llama 3 405B, 16,384 x H100, 16M tokens x 8192", pb, published, own,
-            "the FSDP family (zero2, zero3, hsdp)")
+    return ("Llama 3 405B, 16,384 x H100, 16M tokens x 8192", pb, published,
+            [("the run's own choices: the FSDP family (zero2, zero3, hsdp)", own)])
 
 
-def gpt3_175b() -> tuple[str, Problem, Layout, Space, str]:
+def gpt3_175b() -> tuple[str, Problem, Layout, list[tuple[str, Space]]]:
     pb = problem("gpt3_175b", "a100_80gb_sxm", 1024, 1536, 2048)
     published = Layout(tp=8, cp=1, pp=8, v=3, ep=1, dp=16, sharding=Sharding.DDP, shard=16,
                        sp=True, recompute=Recompute.SELECTIVE, offload=False, b=1, m=96)
     own = Space(shardings=(Sharding.DDP,), max_cp=1)
-    return ("GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048", pb, published, own,
-            "Megatron-LM 2021-22: DDP, no context parallelism")
+    later = Space(shardings=(Sharding.DDP, Sharding.ZERO1), max_cp=1)
+    return ("GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048", pb, published,
+            [("the run's own choices: Megatron-LM 2021-22: DDP, no context parallelism", own),
+             ("Megatron-LM with its distributed optimizer: DDP or zero1, no context "
+              "parallelism", later)])
 
 
 def main() -> int:
-    for name, pb, published, own, own_name in (llama3_405b(), gpt3_175b()):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--breakdown", type=int, default=0, metavar="N",
+                        help="print the step-time terms of the N fastest layouts that fit and "
+                             "of the published layout (default: 0, none)")
+    args = parser.parse_args()
+    for name, pb, published, spaces in (llama3_405b(), gpt3_175b()):
         screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
                                 float(pb.pcie_bandwidth)))
         mine = evaluate(pb, published, screen.estimate(published))
+        zero1 = replace(published, sharding=Sharding.ZERO1)
+        variant = (evaluate(pb, zero1, screen.estimate(zero1))
+                   if published.sharding is Sharding.ZERO2 else None)
         print(f"== {name}")
-        for title, space in (("every layout", Space()), (f"the run's own choices: {own_name}", own)):
+        for title, space in [("every layout", Space()), *spaces]:
             started = time.perf_counter()
             result = search(pb, space, top=5)
             wall = time.perf_counter() - started
@@ -111,6 +140,8 @@ def main() -> int:
                 print(f"  published layout {published.label()}: rejected by the language")
                 continue
             ranked(result, mine, published)
+            if args.breakdown:
+                breakdown(result, mine, args.breakdown, variant)
     return 0
 
 
@@ -125,6 +156,56 @@ def ranked(result: SearchResult, own: Evaluated, published: Layout) -> None:
     print(f"  goal (published or one within 5% of it in the top 5): "
           f"{'met' if faster < 5 or near else 'NOT met'} "
           f"({len(near)} of the top 5 within 5%)")
+
+
+TERMS = ("compute", "bubble", "tp", "cp", "pp", "ep", "data", "host", "optimizer")
+DATA_AXES = {"dp", "replica", "shard"}
+
+
+def terms(e: Evaluated) -> dict[str, float]:
+    """Where one layout's step time goes, in seconds; the terms add up to the step time.
+
+    ``bubble`` is the pipeline's idle compute time, (p - 1) / v micro-batches of compute; the
+    per-micro-batch communication (tensor, context, expert, pipeline) is under its axis with its
+    own share of the bubble, as the step-time model reports it. A collective over a data axis
+    (alone or with the context axis: the gradient reduction over dp x cp) is ``data``; another
+    group of several axes is counted under its first axis."""
+    st = step_time(e.strategy, e.costs)
+    assert st is not None and st.step_seconds is not None and st.compute_seconds is not None
+    out = dict.fromkeys(TERMS, 0.0)
+    for label, seconds in st.exposed:
+        axes = label.split(" * ")
+        key = "data" if DATA_AXES.intersection(axes) else axes[0]
+        if key not in TERMS:
+            raise ValueError(f"an exposed-communication label this breakdown does not know: {label}")
+        out[key] += seconds
+    out["compute"] = st.compute_seconds
+    out["optimizer"] = st.optimizer_seconds or 0.0
+    out["bubble"] = st.step_seconds - sum(out.values())
+    return out
+
+
+def breakdown(result: SearchResult, own: Evaluated, n: int,
+              variant: Evaluated | None = None) -> None:
+    """The terms of the ``n`` fastest layouts that fit, of the published one and of a variant
+    of it (the published degrees with ZeRO-1), and the published layout minus the fastest,
+    term by term."""
+    print(f"  step-time terms, seconds (the {n} fastest that fit, and the published layout; "
+          "bubble: its idle compute; each axis: its exposed communication)")
+    head = " ".join(f"{t:>9s}" for t in TERMS)
+    print(f"    {'layout':48s} {'step':>7s} {head} {'peak GB':>8s}  verified")
+    rows = [(e, result.verdicts.get(e.label, "-")) for e in result.evaluated[:n]]
+    extra = [] if variant is None else [(variant, f"zero1 variant, fits {variant.fits}")]
+    for e, verdict in [*rows, (own, "published"), *extra]:
+        t = terms(e)
+        cells = " ".join(f"{t[k]:9.3f}" for k in TERMS)
+        print(f"    {e.label:48s} {e.step_seconds:7.3f} {cells} {e.needed_bytes / 1e9:8.1f}  "
+              f"{verdict}")
+    if result.evaluated:
+        best, mine = terms(result.evaluated[0]), terms(own)
+        cells = " ".join(f"{mine[k] - best[k]:+9.3f}" for k in TERMS)
+        gap = own.step_seconds - result.evaluated[0].step_seconds
+        print(f"    {'published minus the fastest':48s} {gap:+7.3f} {cells}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ Sources (measured step time from the published figure):
 - TORCHTITAN: pytorch/torchtitan docs/performance.md, commit
   041336434916bdc0f88c1f89fda176fd3c2092e4 (FSDP2 on 64 A100 80GB, bf16): step time = local
   batch · sequence length / WPS (tokens per second per GPU).
+- MEGATRON_BRIDGE: NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md, commit
+  97ad8cc6f ("Added 25.11 starter pack"), 25.11 NeMo container, DGX-H100 table: step time =
+  GBS · sequence length / (tokens/s/GPU · GPUs). Held out only: it checks the layout family
+  ``placeverify search`` prefers for Llama 3 405B at sequence 8,192 (context parallelism 2
+  with Megatron's distributed optimizer, README "Which layout?") on the model itself.
 """
 
 from __future__ import annotations
@@ -279,9 +284,41 @@ def torchtitan_rows() -> list[Row]:
     return rows
 
 
+# ---- Megatron-Bridge 25.11 performance summary (DGX-H100) -------------------------------------
+
+# (GPUs, GBS, t, p, cp, v, tokens/s/GPU): LLAMA3.1_405B, FP8-CS, MBS 1, sequence 8192, FSDP 0.
+MEGATRON_BRIDGE = [(1024, 512, 8, 8, 2, 8, 292)]
+
+
+def megatron_bridge_rows() -> list[Row]:
+    """The recipe at the same commit (scripts/performance/configs/llama/): the layout above,
+    ``grad_reduce_in_fp32 = False`` (bf16 gradients: ``precision bf16_adam``), Megatron's
+    distributed optimizer (``zero1``), ``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split`` (126 layers + 2 over p · v = 64 virtual stages:
+    1, 2 x 62, 1), and TP communication overlap (userbuffers), which the model does not
+    model: its tensor-parallel traffic stays exposed."""
+    rows = []
+    for n, gbs, t, p, cp, v, tps in MEGATRON_BRIDGE:
+        d = n // (t * p * cp)
+        m = gbs // d
+        layers = ", ".join(["1", *["2"] * (v * p - 2), "1"])
+        text = (f'strategy "Megatron-Bridge 25.11 FP8-CS: Llama 3.1 405B on {n} H100"\n'
+                "model llama3_405b { seq = 8192, micro_batch = 1 }\nprecision bf16_adam\n"
+                + mesh("h100_sxm", [("dp", d), ("pp", p), ("cp", cp), ("tp", t)],
+                       "    matmul = fp8\n") + "\n"
+                "place zero1 over dp\nplace megatron(sequence_parallel) over tp\n"
+                "place context over cp\n"
+                f"place pipeline(interleaved, microbatches = {m}, chunks = {v}, "
+                f"layers = [{layers}]) over pp\n"
+                "recompute none\n")
+        rows.append(Row("megatron-bridge", f"LLAMA3.1-405B {n} GPUs t{t} p{p} cp{cp} v{v}",
+                        text, gbs * 8192 / (tps * n), False))
+    return rows
+
+
 def all_rows() -> list[Row]:
     return [*narayanan_rows(), *korthikanti_rows(), *llama3_rows(), *nemo_rows(),
-            *torchtitan_rows()]
+            *torchtitan_rows(), *megatron_bridge_rows()]
 
 
 # ---- fitting ------------------------------------------------------------------------------------
@@ -363,11 +400,11 @@ def main() -> int:
     calibration = [r for r in loaded if r[0].calibrate]
     held = [r for r in loaded if not r[0].calibrate]
     cal = CALIBRATION if args.shipped else fit(calibration)
-    print(f"{'source':<12} {'row':<38} {'set':<5} {'measured s':>11} {'predicted s':>12} "
+    print(f"{'source':<15} {'row':<38} {'set':<5} {'measured s':>11} {'predicted s':>12} "
           f"{'error':>7}")
     for r in loaded:
         p = predict(r, cal)
-        print(f"{r[0].source:<12} {r[0].label:<38} {'cal' if r[0].calibrate else 'held':<5} "
+        print(f"{r[0].source:<15} {r[0].label:<38} {'cal' if r[0].calibrate else 'held':<5} "
               f"{r[0].measured:>11.3f} {p:>12.3f} {p / r[0].measured - 1:>+7.1%}")
     print()
     print(f"constants: efficiency {dict(cal.efficiency)}, score_passes {cal.score_passes}, "

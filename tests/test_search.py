@@ -288,3 +288,43 @@ def test_search_draws_its_frontier(tmp_path: Path) -> None:
     root = ET.fromstring(picture.read_text("utf-8"))
     assert root.tag.endswith("svg")
     assert "step time" in picture.read_text("utf-8").lower()
+
+
+def _search_benchmark() -> Any:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("search_bench", ROOT / "benchmarks" / "search.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_search_benchmark_breakdown_splits_the_step_time() -> None:
+    """``benchmarks/search.py --breakdown``: the terms add up to the step time, and the bubble
+    is the interleaved schedule's idle compute, (p - 1) / v micro-batches of compute (Narayanan
+    et al. 2021 §2.2.2: bubble fraction (p - 1) / (v · m) of the m micro-batches' time)."""
+    from placeverify.search.run import evaluate
+
+    bench = _search_benchmark()
+    _name, pb, published, _spaces = bench.gpt3_175b()  # t8 p8v3 d16 ddp, m = 96
+    screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
+                            float(pb.pcie_bandwidth)))
+    hsdp = Layout(tp=8, cp=1, pp=1, v=1, ep=1, dp=128, sharding=Sharding.HSDP, shard=8,
+                  sp=True, recompute=Recompute.FULL, offload=False, b=1, m=12)
+    for lay in (published, hsdp):
+        e = evaluate(pb, lay, screen.estimate(lay))
+        assert e is not None
+        terms = bench.terms(e)
+        assert set(terms) == set(bench.TERMS)
+        assert sum(terms.values()) == pytest.approx(e.step_seconds, rel=1e-12)
+        idle = (lay.pp - 1) / lay.v * terms["compute"] / lay.m
+        assert terms["bubble"] == pytest.approx(idle, rel=1e-9, abs=1e-12)
+        assert terms["cp"] == terms["ep"] == 0.0 and terms["data"] > 0
+        st = step_time(e.strategy, e.costs)
+        assert st is not None
+        # every collective over a data axis (dp, or HSDP's replica and shard) is "data"
+        data = sum(sec for label, sec in st.exposed
+                   if {"dp", "replica", "shard"} & set(label.split(" * ")))
+        assert terms["data"] == pytest.approx(data, rel=1e-12)
+    assert published.pp == 8 and published.v == 3 and published.m == 96

@@ -381,3 +381,18 @@ def test_benchmark_held_out_error_with_the_shipped_constants() -> None:
     median, worst = bench.summary(held, CALIBRATION)
     assert median <= 0.10 and worst <= 0.25
     assert replace(CALIBRATION) == CALIBRATION
+
+
+def test_megatron_bridge_row_is_the_published_run() -> None:
+    """Megatron-Bridge 25.11, DGX-H100: LLAMA3.1_405B on 1,024 GPUs, GBS 512, MBS 1, sequence
+    8,192, TP 8, PP 8, CP 2, VP 8, 292 tokens/s/GPU; held out, written as the recipe ran."""
+    bench = _benchmark()
+    (row,) = bench.megatron_bridge_rows()
+    assert not row.calibrate and row.source == "megatron-bridge"
+    assert row.measured == pytest.approx(512 * 8192 / (292 * 1024), rel=1e-12)  # 14.03 s
+    s = load_text(row.text)
+    sizes = {a.name: a.size for a in s.mesh.axes}
+    assert sizes == {"dp": 1024 // (8 * 8 * 2), "pp": 8, "cp": 2, "tp": 8}
+    assert s.microbatches == 512 // 8  # GBS / (MBS x data-parallel replicas)
+    assert s.mesh.matmul == "fp8" and s.precision.grads_dtype == "bf16"  # grad_reduce_in_fp32 off
+    assert s.pipeline is not None and s.pipeline.chunks == 8
