@@ -4,10 +4,13 @@ data parallelism under a pipeline at 8 to 512 micro-batches.
 The Z3 encoding reasons about classes of ranks rather than ranks, so checking must not grow with
 the mesh; a micro-batch loop whose micro-batches reach a steady state is summarised, so it must
 not grow with the micro-batch count either. Run: python benchmarks/verify_scaling.py
+[--clock cpu] [--skip-examples] (``--clock cpu`` times the process's CPU, which other jobs on a
+loaded machine disturb far less than the wall clock).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -20,6 +23,7 @@ from placeverify.api import resize, verify  # noqa: E402
 from placeverify.lower import load, load_text  # noqa: E402
 
 REPEATS = 5
+CLOCK = time.perf_counter
 
 # Sharded data parallelism under a 1F1B pipeline: the canonical step reduce-scatters in every
 # micro-batch (issue 16's slow shapes: 79 s for FSDP at 128 micro-batches before the summary).
@@ -40,23 +44,32 @@ def under_pipeline(preset: str, microbatches: int) -> str:
 def timed(strategy) -> float:  # type: ignore[no-untyped-def]
     times = []
     for _ in range(REPEATS):
-        started = time.perf_counter()
+        started = CLOCK()
         verify(strategy)
-        times.append(time.perf_counter() - started)
+        times.append(CLOCK() - started)
     return statistics.median(times)
 
 
 def main() -> None:
+    global CLOCK
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time the wall clock (default) or the process's CPU")
+    parser.add_argument("--skip-examples", action="store_true",
+                        help="only the data-parallel and micro-batch scaling tables")
+    args = parser.parse_args()
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     verify(load(str(ROOT / "examples/zero-paper/zero3.place")))  # warm up z3
-    print("verification time per example (median of 5, in process)")
-    rows = []
-    for path in sorted((ROOT / "examples").rglob("*.place")):
-        seconds = timed(load(str(path)))
-        rows.append(seconds)
-        print(f"  {seconds * 1000:8.1f} ms  {path.relative_to(ROOT)}")
-    print(f"  median {statistics.median(rows) * 1000:.1f} ms, max {max(rows) * 1000:.1f} ms over "
-          f"{len(rows)} files")
-    print()
+    if not args.skip_examples:
+        print(f"verification time per example (median of 5, in process, {args.clock} clock)")
+        rows = []
+        for path in sorted((ROOT / "examples").rglob("*.place")):
+            seconds = timed(load(str(path)))
+            rows.append(seconds)
+            print(f"  {seconds * 1000:8.1f} ms  {path.relative_to(ROOT)}")
+        print(f"  median {statistics.median(rows) * 1000:.1f} ms, max {max(rows) * 1000:.1f} ms "
+              f"over {len(rows)} files")
+        print()
     print("the same strategy at growing data-parallel size (median of 5)")
     cases = ["examples/ok/ga-token-normalisation-fixed.place",
              "examples/bugs/ga-token-normalisation.place",
