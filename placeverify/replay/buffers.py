@@ -96,6 +96,8 @@ class RankState:
                                 setup.dropout)
         self.buffers = {g: self._buffers(g) for g in self.strategy.model.groups_present()}
         self.counts: dict[tuple[Count, int], int] = {}
+        # counts over the run (semantics/counters.py): the total of the steps replayed so far
+        self.run_totals: dict[Count, int] = {}
         self.overflow = False
         self.skipped: list[int] = []
         self.step_index = 0
