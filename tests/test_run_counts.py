@@ -1,6 +1,7 @@
-"""Counts over the run (issue 12, construct 2, counters): ``tokens(dp, run)`` in a step of several
-optimizer steps is a normaliser that nobody resets, so step j divides by the tokens of steps
-1..j (placeverify/semantics/counters.py).
+"""Counts across steps (issue 12, construct 2, counters): in a step of several optimizer steps,
+``tokens(dp, run)`` is a normaliser that nobody resets, so step j divides by the tokens of steps
+1..j, and ``tokens(dp, batch)`` counts the whole batch the steps split, so every step divides by
+all k steps' tokens (placeverify/semantics/counters.py).
 
 Expected values are worked out by hand in the comments. The small instance: dp = 2, windows of 2
 micro-batches, one token per micro-batch, gradient sums 1, 2 (dp 0, micro-batches 0 and 1) and
@@ -81,7 +82,7 @@ def test_a_run_count_in_one_step_is_an_error_at_the_word() -> None:
     # line 9 is "        backward sum / tokens(dp, run)": 'run' starts at column 35
     assert error.span is not None and (error.span.line, error.span.column) == (9, 35)
     assert error.code is Code.BAD_VALUE
-    assert "kept across optimizer steps" in error.message
+    assert "spans several optimizer steps" in error.message
 
 
 def test_the_cli_prints_the_error_with_its_caret(tmp_path: object) -> None:
@@ -95,7 +96,7 @@ def test_the_cli_prints_the_error_with_its_caret(tmp_path: object) -> None:
     done = subprocess.run([sys.executable, "-m", "placeverify", "check", str(path)],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2
-    assert f"{path}:9:35: error: a count over the run" in done.stderr
+    assert f"{path}:9:35: error: a count over the run ('run') or the batch" in done.stderr
     assert "   9 |         backward sum / tokens(dp, run)" in done.stderr
     assert "     |                                   ^^^" in done.stderr
 
@@ -125,6 +126,23 @@ def test_the_exact_domain_at_step_2_by_hand() -> None:
         assert {d.consumed for d in result.devices} == {consumed}
 
 
+def test_the_exact_domain_over_the_batch_by_hand() -> None:
+    # tokens(dp, batch) over [2, 2]: every step divides by both steps' 8 tokens, so step 1 and
+    # step 2 both consume 10/8 = 5/4; over [2, 2, 2] by 12: 10/12 = 5/6 at every step.
+    for windows, consumed in (("[2, 2]", Fraction(5, 4)), ("[2, 2, 2]", Fraction(5, 6))):
+        strategy = load_text(text("sum / tokens(dp, batch)", windows=windows))
+        window = projection(strategy, 2)
+        view = group_view(window, strategy.model.groups_present()[0])
+        base = uniform_instance(window, view, {"dp": 2}, 2)
+        keys = atoms(view, {"dp": 2}, 2)
+        for j in (1, 2):
+            instance = Instance(base.sizes, 2, base.tokens, base.samples, base.grads,
+                                before(strategy, keys, base.tokens, base.samples, j))
+            result = run(window, view, instance)
+            assert result.reference == Fraction(5, 2)
+            assert {d.consumed for d in result.devices} == {consumed}
+
+
 def test_the_exponent_domain_by_hand() -> None:
     # backward sum / tokens(dp, run): exponent -1 on the path; a scale by tokens(dp, run) adds +1
     # (net 0, the per-step value); a scale by 0 empties the buffer.
@@ -133,7 +151,7 @@ def test_the_exponent_domain_by_hand() -> None:
     ops = strategy.step.ops()
     backward, scale = ops[0], ops[2]
     domain = Exponents()
-    key = (CountKind.TOKENS, ("dp",))
+    key = (CountKind.TOKENS, ("dp",), Scope.RUN)
     after_backward = domain.backward(domain.zero(), backward, 0)  # type: ignore[arg-type]
     assert after_backward == {((key, -1),)}
     assert domain.scale(after_backward, scale, 0) == {()}  # type: ignore[arg-type]
@@ -146,6 +164,11 @@ def test_the_exponent_domain_by_hand() -> None:
     ("sum", "scale grads by 1 / tokens(dp, run)", Verdict.REFUTED),
     # reset every step: right at every step
     ("sum / tokens(dp, step)", "", Verdict.PROVED),
+    # the whole batch's count: wrong at step 1 already
+    ("sum / tokens(dp, batch)", "", Verdict.REFUTED),
+    # divided by the batch's count and multiplied back: net exponent 0
+    ("sum / tokens(dp, batch)", "scale grads by tokens(dp, batch) / tokens(dp, step)",
+     Verdict.PROVED),
     # divided by the run's count, multiplied back and divided by the step's: net exponent 0
     ("sum / tokens(dp, run)", "scale grads by tokens(dp, run) / tokens(dp, step)",
      Verdict.PROVED),
@@ -163,6 +186,14 @@ def test_the_refutation_names_step_2_the_backward_and_the_exact_values() -> None
     # the windows' own obligations (each run count read as the step's) are all proved
     others = [o for o in verification.obligations if "own window's count" not in o.claim]
     assert others and all(o.verdict is Verdict.PROVED for o in others)
+
+
+def test_a_count_over_the_batch_is_refuted_at_step_1() -> None:
+    verification = verify(load_text(text("sum / tokens(dp, batch)")))
+    refuted = [o for o in verification.obligations if o.verdict is Verdict.REFUTED]
+    assert refuted and all(o.claim.endswith("at step 1 of 2") for o in refuted)
+    assert "counts the whole batch of the 2 steps" in refuted[0].reason
+    assert "consumes 5/4 where the single-device gradient is 5/2" in refuted[0].reason
 
 
 def test_exponents_of_both_signs_are_not_modelled_at_the_line() -> None:
@@ -188,7 +219,7 @@ def test_every_solver_domain_judges_the_per_step_projection() -> None:
     window = projection(strategy, 2)
     assert uses_run(window.step) and not uses_run(per_step(window.step))
     # Z3 refuses a run count by name (never silently read as another scope) ...
-    with pytest.raises(Unmodelled, match="a count over the run"):
+    with pytest.raises(Unmodelled, match="a count across optimizer steps"):
         encode(window, group_view(window, group), {"dp": 2}, 2, "t_", integer=False)
     # ... and models the per-step projection, as the agreement analysis does
     reset = per_step_strategy(window)
@@ -209,7 +240,8 @@ def test_the_bug_and_its_twin() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
-@pytest.mark.parametrize(("scope", "verdict"), [("step", Verdict.PROVED), ("run", Verdict.REFUTED)])
+@pytest.mark.parametrize(("scope", "verdict"), [("step", Verdict.PROVED), ("run", Verdict.REFUTED),
+                                               ("batch", Verdict.REFUTED)])
 def test_the_replay_keeps_the_count_over_the_steps(scope: str, verdict: Verdict) -> None:
     from placeverify.backend.runtime import pool
     from placeverify.replay.cli import execute

@@ -33,6 +33,7 @@ class Scope(StrEnum):
     MICROBATCH = "microbatch"  # this micro-batch only
     STEP = "step"  # every micro-batch of the step
     RUN = "run"  # every micro-batch since the run began: never reset (semantics/counters.py)
+    BATCH = "batch"  # every micro-batch of every step listed: the batch they split (ditto)
 
 
 @node

@@ -1,25 +1,29 @@
-"""Counts kept over the run: a loss normaliser that nobody resets between optimizer steps.
+"""Counts across optimizer steps: a loss normaliser that is not reset at the optimizer step.
 
-``tokens(dp, run)`` (or ``samples(G, run)``) in a step of several optimizer steps
-(``microbatches = [4, 4]``, :mod:`placeverify.semantics.steps`) is a count summed over G and over
-every micro-batch since the run began: in step j it is the count of steps 1..j, because the
-variable that holds it (a ``num_tokens += ...`` before the loop) is never set back to zero.
-Single-device training normalises each step by its own window, so step j's count is right only
-for j = 1; from step 2 on it is step j's own count plus E_j > 0, the earlier steps' (every step
-holds tokens). ``tokens(G, step)`` is the count reset every step.
+In a step of several optimizer steps (``microbatches = [4, 4]``,
+:mod:`placeverify.semantics.steps`), ``tokens(G, run)`` (or ``samples(G, run)``) is a count summed
+over G and over every micro-batch since the run began: in step j it is the count of steps 1..j,
+because the variable that holds it (a ``num_tokens += ...`` before the loop) is never set back
+to zero. ``tokens(G, batch)`` is the count of the whole batch the listed steps split (an RL
+generation or rollout batch cut into several optimizer steps, its tokens counted once): in every
+step j it is the count of all k steps. Single-device training normalises each step by its own
+window, which ``tokens(G, step)`` counts. So in step j such a count is step j's own count T plus
+E_j, what the other steps add: for ``run`` E_1 = 0 and E_j > 0 from step 2 on, for ``batch``
+E_j > 0 at every step (k >= 2; every step holds tokens).
 
 Step j over its window is judged as follows (each domain runs the definition below):
 
-- Its *per-step* projection (:func:`per_step`: every ``run`` count read as ``step``) is step 1's
-  meaning exactly (E_1 = 0); every domain judges it as any step, once per window
+- Its *per-step* projection (:func:`per_step`: every ``run`` and ``batch`` count read as
+  ``step``, E = 0) is judged by every domain as any step, once per window
   (:mod:`placeverify.semantics.steps`).
-- What the count adds from step 2 on is decided on the buffer rules themselves
+- What E_j > 0 adds is decided on the buffer rules themselves
   (:mod:`placeverify.semantics.buffers`) in the *exponent* domain (:class:`Exponents`): a buffer
-  is the set of vectors of net exponents of the run counts along each path from a backward to it
-  (a backward contributes its loss factor's exponents, a scale adds its own). In step j every
-  such path's coefficient is its per-step coefficient times the product over the run counts of
-  ((T + E)/T) ^ e, T the step's count. A vector of zeros leaves it as it is; so when only zero
-  vectors reach what a ``clip`` or ``update`` reads, step j reads exactly its per-step
+  is the set of vectors of net exponents of the counts across steps along each path from a
+  backward to it (a backward contributes its loss factor's exponents, a scale adds its own). In
+  step j every such path's coefficient is its per-step coefficient times the product over the
+  counts with E_j > 0 of ((T + E_j)/T) ^ e, T the step's count (a count with E_j = 0 gives 1).
+  A vector of zeros leaves it as it is; so when only zero vectors (over the counts with
+  E_j > 0) reach what a ``clip`` or ``update`` reads, step j reads exactly its per-step
   projection's value. When a non-zero vector reaches it and every non-zero exponent has the same
   sign, that path's coefficient is strictly smaller (negative exponents) or larger (positive), and
   the others unchanged: every factor of a loss or a scale is positive, so the atom's coefficient
@@ -28,12 +32,13 @@ Step j over its window is judged as follows (each domain runs the definition bel
   signs could cancel on some instance; that is *not modelled* (unknown at the line), and so is a
   ``max`` reduction of the gradients (not a sum of paths).
 
-The exact interpreter evaluates a run count as its step's count plus ``Instance.before``, the
-earlier steps' tokens (:mod:`placeverify.semantics.interpreter`): the refutation's numbers are
-its values at step 2 of the window. Z3 judges the per-step projection only; a run count reaching
-the Z3 encoding is *not modelled*. The agreement analysis judges the per-step projection: the
-earlier steps' count is summed over the same axes as the step's, so it is the same on the same
-ranks. The torch replay keeps the running total across the steps it replays
+The exact interpreter evaluates such a count as its step's count plus ``Instance.before``, the
+other steps' tokens (:mod:`placeverify.semantics.interpreter`): the refutation's numbers are its
+values at the refuted step. Z3 judges the per-step projection only; a count across steps
+reaching the Z3 encoding is *not modelled*. The agreement analysis judges the per-step
+projection: the other steps' count is summed over the same axes as the step's, so it is the same
+on the same ranks. The torch replay keeps the running total across the steps it replays for
+``run``, and takes the steps it replays as one batch for ``batch``
 (:mod:`placeverify.replay.step`).
 """
 
@@ -62,18 +67,20 @@ from placeverify.ir.step import (
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.buffers import GradMachine
 from placeverify.semantics.schedule import MicroBatch, Unmodelled
+from placeverify.semantics.steps import projection_step
 
-Key = tuple[CountKind, tuple[str, ...]]
-Vector = tuple[tuple[Key, int], ...]  # the non-zero net exponents of the run counts, sorted
+ACROSS = (Scope.RUN, Scope.BATCH)  # the scopes of counts that span several optimizer steps
+Key = tuple[CountKind, tuple[str, ...], Scope]
+Vector = tuple[tuple[Key, int], ...]  # the non-zero net exponents of those counts, sorted
 
 
 def run_counts(monomial: Monomial) -> Counter[Key]:
-    """The net exponent of each run count in a loss or scale factor."""
+    """The net exponent of each count across steps in a loss or scale factor."""
     out: Counter[Key] = Counter()
     for term, exponent in monomial.factors:
         if term.kind is TermKind.COUNT and term.count is not None \
-                and term.count.scope is Scope.RUN:
-            out[(term.count.kind, term.count.axes)] += exponent
+                and term.count.scope in ACROSS:
+            out[(term.count.kind, term.count.axes, term.count.scope)] += exponent
     return out
 
 
@@ -86,10 +93,8 @@ def _factor(op: Op) -> Monomial | None:
 
 
 def uses_run(step: Step) -> bool:
-    """Does any loss or scale of the step name a count over the run?"""
-    return any(f is not None and any(t.count is not None and t.count.scope is Scope.RUN
-                                     for t, _ in f.factors)
-               for f in map(_factor, step.ops()))
+    """Does any loss or scale of the step name a count across steps (run or batch)?"""
+    return any(f is not None and uses_run_monomial(f) for f in map(_factor, step.ops()))
 
 
 def first_run_span(step: Step) -> Span | None:
@@ -102,7 +107,7 @@ def first_run_span(step: Step) -> Span | None:
 
 def _reset(monomial: Monomial) -> Monomial:
     factors = tuple((replace(t, count=replace(t.count, scope=Scope.STEP))
-                     if t.count is not None and t.count.scope is Scope.RUN else t, e)
+                     if t.count is not None and t.count.scope in ACROSS else t, e)
                     for t, e in monomial.factors)
     return replace(monomial, factors=factors)
 
@@ -116,12 +121,12 @@ def _op_per_step(op: Op) -> Op:
 
 
 def uses_run_monomial(monomial: Monomial) -> bool:
-    return any(t.count is not None and t.count.scope is Scope.RUN for t, _ in monomial.factors)
+    return any(t.count is not None and t.count.scope in ACROSS for t, _ in monomial.factors)
 
 
 def per_step(step: Step) -> Step:
-    """The step with every run count read as its step's count: step 1's meaning (nothing was
-    counted before it), and the projection every domain judges for a window."""
+    """The step with every count across steps read as its step's count (E = 0): the
+    projection every domain judges for a window."""
     if not uses_run(step):
         return step
     return replace(step, pre=tuple(map(_op_per_step, step.pre)),
@@ -160,7 +165,7 @@ class Exponents:
 
     def reduce(self, buffer: frozenset[Vector], op: Collective) -> frozenset[Vector] | None:
         if op.op is ReduceOp.MAX:
-            raise Unmodelled(f"'{op.label()}' with a count over the run (a maximum of gradients "
+            raise Unmodelled(f"'{op.label()}' with a count across steps (a maximum of gradients "
                              "is not a sum of paths)", op.span)
         return buffer
 
@@ -177,7 +182,7 @@ class Exponents:
 @dataclass(frozen=True, slots=True)
 class Counted:
     """At step ``step`` (1-based), what ``reader`` (a clip or the update) reads for ``group``
-    carries the run counts with these net ``exponents`` (all of one sign)."""
+    carries the counts across steps with these net ``exponents`` (all of one sign)."""
 
     step: int
     group: ParamGroup
@@ -192,15 +197,14 @@ def windows_judged(strategy: Strategy) -> tuple[int, ...]:
 
 
 def counted(strategy: Strategy, group: ParamGroup) -> Counted | None:
-    """The first step (from step 2 on) where a run count reaches what a clip or the update reads,
-    or None when only zero exponents do. Exponents of both signs are not modelled."""
-    from placeverify.semantics.steps import projection_step
-
+    """The first step where a count with E_j > 0 (``batch`` at every step, ``run`` from step 2
+    on) reaches what a clip or the update reads, or None when only zero exponents do. Exponents
+    of both signs are not modelled."""
     if not uses_run(strategy.step):
         return None
     live = {a.name: a.size > 1 for a in strategy.mesh.axes}
     sizes = windows_judged(strategy)
-    for j in range(2, len(sizes) + 1):
+    for j in range(1, len(sizes) + 1):
         step = projection_step(strategy.step, sizes[j - 1])
         machine: GradMachine[frozenset[Vector]] = GradMachine(Exponents(), group,
                                                              lambda a: live.get(a, False))
@@ -209,12 +213,14 @@ def counted(strategy: Strategy, group: ParamGroup) -> Counted | None:
         if machine.update is not None:
             seen.append((machine.update.op, machine.update.value))
         for reader, value in seen:
-            vectors = [v for v in value if v]
+            # the counts with E_j > 0: over the batch at every step, over the run from step 2
+            vectors = [a for a in (tuple((key, e) for key, e in v
+                                         if key[2] is Scope.BATCH or j > 1) for v in value) if a]
             if not vectors:
                 continue
             signs = {e > 0 for v in vectors for _, e in v}
             if len(signs) > 1:
-                raise Unmodelled("a count over the run with exponents of both signs reaching "
+                raise Unmodelled("counts across steps with exponents of both signs reaching "
                                  f"'{_label(reader)}' (they could cancel)",
                                  first_run_span(strategy.step))
             return Counted(j, group, max(vectors, key=lambda v: sum(abs(e) for _, e in v)),
@@ -232,14 +238,18 @@ def _label(op: Op) -> str:
 
 def before(strategy: Strategy, keys: list[tuple[tuple[int, ...], int]], tokens: dict[
         tuple[tuple[int, ...], int], int], samples: dict[tuple[tuple[int, ...], int], int],
-           j: int) -> dict[tuple[CountKind, tuple[int, ...]], int]:
-    """``Instance.before`` for step j of an exact instance whose earlier steps' micro-batches hold,
-    per batch coordinate, what this window's micro-batch 0 holds: each earlier step of m_i
-    micro-batches adds m_i times it."""
-    earlier = sum(windows_judged(strategy)[:j - 1])
-    out: dict[tuple[CountKind, tuple[int, ...]], int] = {}
+           j: int) -> dict[tuple[CountKind, Scope, tuple[int, ...]], int]:
+    """``Instance.before`` for step j of an exact instance whose other steps' micro-batches hold,
+    per batch coordinate, what this window's micro-batch 0 holds: each other step of m_i
+    micro-batches adds m_i times it (the earlier ones to a count over the run, every other one
+    to a count over the batch)."""
+    sizes = windows_judged(strategy)
+    earlier = sum(sizes[:j - 1])
+    others = sum(sizes) - sizes[j - 1]
+    out: dict[tuple[CountKind, Scope, tuple[int, ...]], int] = {}
     for b, k in keys:
         if k == 0:
-            out[(CountKind.TOKENS, b)] = earlier * tokens[(b, k)]
-            out[(CountKind.SAMPLES, b)] = earlier * samples[(b, k)]
+            for scope, n in ((Scope.RUN, earlier), (Scope.BATCH, others)):
+                out[(CountKind.TOKENS, scope, b)] = n * tokens[(b, k)]
+                out[(CountKind.SAMPLES, scope, b)] = n * samples[(b, k)]
     return out

@@ -1,23 +1,25 @@
-"""Counts over the run: does each optimizer step normalise by its own window's count?
+"""Counts across steps: does each optimizer step normalise by its own window's count?
 
 Judged in the exponent domain of :mod:`placeverify.semantics.counters` (the buffer rules run on
-one window, a buffer being the set of net exponents of the run counts along its paths): one
-obligation per parameter group, refuted at the first step (from step 2 on) where a count over
-the run reaches what a clip or the update reads, with the exact interpreter's values there (the
-earlier steps' tokens added to the count). That the window's own step, each run count read as
-the step's, is right is judged by the other obligations on its per-step projection.
+one window, a buffer being the set of net exponents along its paths of the counts that span
+steps, ``tokens(G, run)`` and ``tokens(G, batch)``): one obligation per parameter group, refuted
+at the first step where such a count, holding other steps' tokens there, reaches what a clip or
+the update reads, with the exact interpreter's values (the other steps' tokens added to the
+count). That the window's own step, each such count read as the step's, is right is judged by
+the other obligations on its per-step projection.
 """
 
 from __future__ import annotations
 
 from placeverify.ir.model import ParamGroup
+from placeverify.ir.step import Scope
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.counters import Counted, before, counted, first_run_span, \
     windows_judged
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 
-METHOD = "exponents of the run counts over the buffer rules (semantics/counters.py)"
+METHOD = "exponents of the counts across steps over the buffer rules (semantics/counters.py)"
 
 
 def run_count_obligations(strategy: Strategy) -> list[tuple[Obligation, int | None]]:
@@ -40,21 +42,36 @@ def run_count_obligations(strategy: Strategy) -> list[tuple[Obligation, int | No
             out.append((Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span,
                                    ObligationKind.COEFFICIENT, method=METHOD), None))
             continue
-        names = ", ".join(f"{kind.value}({', '.join([*axes, 'run'])})"
-                          for (kind, axes), _ in found.exponents)
-        reason = (f"{names} is never reset: at step {found.step} it also counts the micro-batches "
-                  f"of step{'s' if found.step > 2 else ''} "
-                  f"{', '.join(map(str, range(1, found.step)))}, while single-device training "
-                  f"normalises step {found.step} by its own window"
-                  f"{_exact(strategy, group, found)}")
+        reason = (f"{_what(found, k)}, while single-device training normalises step "
+                  f"{found.step} by its own window{_exact(strategy, group, found)}")
         out.append((Obligation(Condition.GRADIENT_INTEGRITY, f"{claim}, at step {found.step} "
                                f"of {k}", Verdict.REFUTED, span, ObligationKind.COEFFICIENT,
                                reason=reason,
-                               fix="count the step's own window: write (..., step) for (..., run) "
-                                   "(reset the count after every optimizer step)",
+                               fix="count the step's own window: write (..., step) (reset the "
+                                   "count at every optimizer step)",
                                method=METHOD),
                     sizes[found.step - 1]))
     return out
+
+
+def _what(found: Counted, k: int) -> str:
+    """What the counts of the refutation take in at its step."""
+    parts = []
+    for (kind, axes, scope), _ in found.exponents:
+        name = f"{kind.value}({', '.join([*axes, scope.value])})"
+        if scope is Scope.RUN:
+            earlier = list(range(1, found.step))
+            parts.append(f"{name} is never reset: at step {found.step} it also counts the "
+                         f"micro-batches of {_steps(earlier)}")
+        else:
+            others = [i for i in range(1, k + 1) if i != found.step]
+            parts.append(f"{name} counts the whole batch of the {k} steps: at step {found.step} "
+                         f"it also counts the micro-batches of {_steps(others)}")
+    return "; ".join(parts)
+
+
+def _steps(steps: list[int]) -> str:
+    return f"step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}"
 
 
 def _exact(strategy: Strategy, group: ParamGroup, found: Counted) -> str:
