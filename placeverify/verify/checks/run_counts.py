@@ -11,6 +11,7 @@ the other obligations on its per-step projection.
 
 from __future__ import annotations
 
+from placeverify.ir.flights import has_async
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import Scope
 from placeverify.ir.strategy import Strategy
@@ -32,6 +33,10 @@ def run_count_obligations(strategy: Strategy) -> list[tuple[Obligation, int | No
         claim = (f"each of the {k} optimizer steps normalises the {group.value} gradients by its "
                  "own window's count (no count carries from one step to the next)")
         try:
+            if has_async(strategy.step):
+                raise Unmodelled("asynchronous collectives with a count across optimizer steps "
+                                 "(each window's step is judged on its outcomes; what the count "
+                                 "adds is not)", strategy.step.span)
             found = counted(strategy, group)
         except Unmodelled as err:
             out.append((Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN,
