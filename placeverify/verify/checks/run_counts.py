@@ -15,8 +15,7 @@ from placeverify.ir.flights import has_async
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import Scope
 from placeverify.ir.strategy import Strategy
-from placeverify.semantics.counters import Counted, before, counted, first_run_span, \
-    windows_judged
+from placeverify.semantics.counters import Counted, before, counted, first_run_span, windows_judged
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 
