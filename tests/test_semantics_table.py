@@ -9,8 +9,8 @@ statement's line — never be skipped, never be proved.
 from __future__ import annotations
 
 import itertools
-from fractions import Fraction
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 import pytest
 
