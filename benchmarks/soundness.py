@@ -978,6 +978,36 @@ def move_zero_grads(body: StepBody, ctx: Context) -> Iterator[StepBody]:
                 yield result
 
 
+COUNT_SCOPE = re.compile(r"\b(tokens|samples)\(([^()]*), (step|run|batch)\)")
+SCOPES_INSTEAD = {"step": ("run", "batch"), "run": ("step", "batch"), "batch": ("step", "run")}
+
+
+@operator
+def run_counts(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Counts across steps (state across steps, semantics/counters.py): a normaliser counted over
+    the step turned into one never reset (over the run, as a num_tokens kept before the loop) or
+    one over the whole batch the steps split (trl#6024's generation batch), verified over two
+    consecutive steps with the gradients zeroed between them; and such counts reset every step
+    or turned into the other."""
+    windows = next(((loc, m) for loc, s in body.statements()
+                    if (m := WINDOWS.match(s)) is not None and loc[0] is None), None)
+    if windows is None:
+        return
+    (wloc, match) = windows
+    several = match[1] if match[1].startswith("[") else f"[{match[1]}, {match[1]}]"
+    for loc, statement in body.statements():
+        if not statement.startswith(("backward", "scale")):
+            continue
+        for found in COUNT_SCOPE.finditer(statement):
+            for other in SCOPES_INSTEAD[found[3]]:
+                edited_ = (statement[:found.start()] + f"{found[1]}({found[2]}, {other})"
+                           + statement[found.end():])
+                mutant = body.replaced(loc, edited_).replaced(wloc, f"microbatches = {several}")
+                if not any(s == "zero grads" for _, s in mutant.statements()):
+                    mutant = after_update(mutant, "zero grads") or mutant
+                yield mutant
+
+
 def is_clip(statement: str) -> bool:
     return statement.startswith("clip(")
 

@@ -78,6 +78,7 @@ BUGS: dict[str, tuple[set[str], str]] = {
     "ga-loss-not-divided": ({"gradient_integrity"}, "coefficient"),
     "ga-tail-window": ({"gradient_integrity"}, "coefficient"),
     "grads-not-zeroed": ({"gradient_integrity"}, "coefficient"),
+    "generation-batch-token-count": ({"gradient_integrity"}, "coefficient"),
     "sample-count-for-token-loss": ({"gradient_integrity"}, "coefficient"),
     "pipeline-schedule-extra-division": ({"gradient_integrity"}, "coefficient"),
     "pipeline-grads-wiped": ({"gradient_integrity"}, "coefficient"),

@@ -123,7 +123,7 @@ def step_items(d: Domain, strategy: Strategy) -> list[CommItem]:
         if isinstance(op, Backward):
             for term, _ in op.loss.factors:
                 if term.kind is TermKind.COUNT and term.count is not None and term.count.axes:
-                    per_step = term.count.scope.value == "step"
+                    per_step = term.count.scope.value in ("step", "run", "batch")  # once a step
                     group = strategy.mesh.group(*term.count.axes)
                     items.append(_item(d, strategy, "all_reduce", group, term.count.label(),
                                        d.const(COUNT_BYTES), d.const(1) if per_step else m,

@@ -32,6 +32,8 @@ class CountKind(StrEnum):
 class Scope(StrEnum):
     MICROBATCH = "microbatch"  # this micro-batch only
     STEP = "step"  # every micro-batch of the step
+    RUN = "run"  # every micro-batch since the run began: never reset (semantics/counters.py)
+    BATCH = "batch"  # every micro-batch of every step listed: the batch they split (ditto)
 
 
 @node
@@ -43,7 +45,7 @@ class Count:
     scope: Scope
 
     def label(self) -> str:
-        parts = [*self.axes, *(["step"] if self.scope is Scope.STEP else [])]
+        parts = [*self.axes, *([self.scope.value] if self.scope is not Scope.MICROBATCH else [])]
         return f"{self.kind.value}({', '.join(parts)})" if parts else self.kind.value
 
 

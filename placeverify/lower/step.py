@@ -176,6 +176,11 @@ class StepLowerer(OpReader):
         for extra in updates[1:]:
             self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
         placed += [w for w in waits if w.phase == "post"]
+        if self.run_counts and len(self.windows) < 2:
+            self.error("a count over the run ('run') or the batch ('batch') spans several "
+                       "optimizer steps, but this step verifies one", Code.BAD_VALUE,
+                       self.run_counts[0],
+                       "write the steps' windows as 'microbatches = [4, 4]' (state across steps)")
         step = Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
                     False, stmt.span, waits=tuple(placed), windows=self.windows,
                     last_ops=tuple(last_ops) if self.windows else ())

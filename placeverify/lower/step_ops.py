@@ -55,6 +55,7 @@ class OpReader:
         self.config = config
         self.mesh: Mesh = config.mesh
         self.loss_kind: LossKind | None = None  # a named term's while its backward is read
+        self.run_counts: list[Span] = []  # where 'tokens(..., run | batch)' is (several steps)
 
     def error(self, message: str, code: Code, span: Span | None, *notes: str) -> None:
         self.ctx.error(message, code, span, *notes)
@@ -170,8 +171,10 @@ class OpReader:
             scope = Scope.MICROBATCH
             for g in factor.groups:
                 if len(g.terms) == 1 and isinstance(g.terms[0], ast.AxisRef) and \
-                        g.terms[0].name.text in ("step", "microbatch"):
+                        g.terms[0].name.text in ("step", "microbatch", "run", "batch"):
                     scope = Scope(g.terms[0].name.text)
+                    if scope in (Scope.RUN, Scope.BATCH):  # across steps (semantics/counters.py)
+                        self.run_counts.append(g.span)
                     continue
                 group = read_group(self.ctx, g, self.mesh)
                 if group is None:

@@ -96,6 +96,10 @@ class RankState:
                                 setup.dropout)
         self.buffers = {g: self._buffers(g) for g in self.strategy.model.groups_present()}
         self.counts: dict[tuple[Count, int], int] = {}
+        # counts across steps (semantics/counters.py): over the run, the total of the steps
+        # replayed so far; over the batch, the steps replayed are one batch of this many
+        self.run_totals: dict[Count, int] = {}
+        self.total_steps = 1
         self.overflow = False
         self.skipped: list[int] = []
         self.step_index = 0

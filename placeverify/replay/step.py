@@ -77,6 +77,7 @@ class RankRun(RankCollectives):
     # ---- training ------------------------------------------------------------------------------
 
     def train(self, steps: int) -> None:
+        self.total_steps = steps
         for t in range(steps):
             self.step_index = t
             self.progress(f"step {t + 1}/{steps}")
@@ -143,13 +144,19 @@ class RankRun(RankCollectives):
         for count in wanted:
             table = self.s.tokens if count.kind is CountKind.TOKENS else self.s.samples
             local = [table[(b, k)] for k in range(m)]
-            if count.scope is Scope.STEP:
+            if count.scope is not Scope.MICROBATCH:
                 local = [sum(local)] * m
             values = torch.tensor(local, dtype=torch.int64, device=self.device)
             handle = self.handle(Group(tuple(a for a in self.grid.names if a in count.axes)))
             comm.all_reduce(values, handle)
+            earlier, times = 0, 1
+            if count.scope is Scope.RUN:  # never reset: every step replayed so far counts too
+                earlier = self.run_totals.get(count, 0)
+                self.run_totals[count] = earlier + int(values[0])
+            elif count.scope is Scope.BATCH:  # the steps replayed, one batch: each holds the
+                times = self.total_steps      # same tokens, so the batch holds this many times
             for k, v in enumerate(values.tolist()):
-                out[(count, k)] = int(v)
+                out[(count, k)] = earlier + times * int(v)
         return out
 
     def factor(self, monomial: Monomial, k: int) -> Real:

@@ -57,6 +57,10 @@ class Instance:
     tokens: dict[AtomKey, int]
     samples: dict[AtomKey, int]  # the samples of the atom's micro-batch (same along context axes)
     grads: dict[ChunkKey, Fraction]
+    # the tokens (samples) the other optimizer steps' micro-batches hold, per count kind, scope
+    # and batch coordinates: what a count over the run (the earlier steps) or over the batch
+    # (every other step listed) adds to its step's (semantics/counters.py)
+    before: dict[tuple[CountKind, Scope, Coords], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,6 +173,10 @@ class _Exact:
             if any(b[i] != home[i] for i, a in enumerate(batch) if a not in axes):
                 continue
             total += (self.inst.tokens if kind is CountKind.TOKENS else self.inst.samples)[(b, kk)]
+        if scope in (Scope.RUN, Scope.BATCH):  # across steps: the other steps' micro-batches
+            total += sum(n for (kk_, sc, b), n in self.inst.before.items()
+                         if kk_ is kind and sc is scope
+                         and all(b[i] == home[i] for i, a in enumerate(batch) if a not in axes))
         replicated = math.prod(self.sizes[a] for a in axes if a not in batch)
         return Fraction(total * replicated)
 

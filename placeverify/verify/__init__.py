@@ -89,8 +89,17 @@ def _verify_steps(strategy: Strategy, ctx: Context) -> Verification:
         obligations.append(carry)
         if trace is None and m is not None:
             trace = _trace(projection(strategy, m), [Finding(carry)])
+    from placeverify.semantics.counters import per_step_strategy, uses_run
+
+    if uses_run(strategy.step):  # counts never reset (semantics/counters.py)
+        from placeverify.verify.checks.run_counts import run_count_obligations
+
+        for counter, m in run_count_obligations(strategy):
+            obligations.append(counter)
+            if trace is None and m is not None:
+                trace = _trace(per_step_strategy(projection(strategy, m)), [Finding(counter)])
     for window in windows(strategy):
-        projected = projection(strategy, window.microbatches)
+        projected = per_step_strategy(projection(strategy, window.microbatches))
         findings = _findings(projected, ctx)
         found = [replace(f, obligation=replace(
             f.obligation, claim=f"{f.obligation.claim}, at {window.label()}")) for f in findings]

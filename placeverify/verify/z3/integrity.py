@@ -151,6 +151,11 @@ class _Coefficients:
 
     def factor(self, monomial: Monomial, key: Key, at_atom: bool, k_now: KSpec) -> Any:
         k: KSpec = key.k if at_atom else k_now
+        for term, _ in monomial.factors:
+            if term.count is not None and term.count.scope in (Scope.RUN, Scope.BATCH):
+                # judged on the per-step projection and in semantics/counters.py, never here
+                raise Unmodelled(f"'{term.count.label()}' (a count across optimizer steps) in "
+                                 "the Z3 encoding", monomial.span)
         anchor = self.anchor(key, at_atom)
         return monomial.evaluate(
             one=z3.RealVal(1), number=lambda n: z3.RealVal(str(n)), microbatches=_real(self.m),
