@@ -314,7 +314,13 @@ class OpReader:
             self.error("'only = used' reduces the gradients of the groups used in the micro-batch; "
                        "it applies to 'grads'", Code.BAD_VALUE, item.span)
             return None
-        if "async" in options and target.kind is not TargetKind.GRADS:
+        gathers = kind in (CollectiveKind.ALL_GATHER, CollectiveKind.BROADCAST)
+        if "async" in options and gathers and target.kind is not TargetKind.PARAMS:
+            # a parameter gather overlapped with the next forward (semantics/param_flights.py)
+            self.error("'async' on a gather is modelled for the parameters: 'all_gather(async) "
+                       "params over dp'", Code.BAD_VALUE, item.span)
+            return None
+        if "async" in options and target.kind is not TargetKind.GRADS and not gathers:
             self.error("'async' is modelled for collectives of the gradients", Code.BAD_VALUE,
                        item.span)
             return None
@@ -334,7 +340,7 @@ class OpReader:
         if item.group is not None:
             self.error("'wait' names the buffer, not a group: 'wait grads'", Code.BAD_VALUE,
                        item.group.span)
-        target = self.target(item.target, [TargetKind.GRADS])
+        target = self.target(item.target, [TargetKind.GRADS, TargetKind.PARAMS])
         return None if target is None else Wait(target, item.span, phase, index, microbatch)
 
     def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:

@@ -55,6 +55,7 @@ from placeverify.ir.flights import (
     groups_of,
     has_async,
     starts_flight,
+    starts_param_flight,
     touches_loop,
 )
 from placeverify.ir.model import ParamGroup
@@ -107,6 +108,9 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
     Also returns the collectives whose flight lost a write (the statements a wrong consumed
     gradient is blamed on). Raises :class:`Unmodelled` for the combinations the module docstring
     lists."""
+    from placeverify.semantics.param_flights import param_flights  # parameter gathers
+
+    param_flights(step)  # raises Unmodelled for what a parameter gather in flight does not model
     unroll = touches_loop(step)
     if unroll and step.microbatches > MAX_UNROLLED:
         first = next(op for op in step.ops() if starts_flight(op))
@@ -117,6 +121,14 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
     blamed: list[Collective] = []
     for e in entries(step, unroll=unroll):
         item = e.item
+        if isinstance(item, Wait) and item.target.kind is not TargetKind.GRADS:
+            continue  # a parameter wait: its forwards in flight are param_flights.stale_reads
+        if starts_param_flight(item):
+            # the families judge the parameters after the step, once the gather has completed;
+            # the forwards it overlaps are judged by verify/checks/param_flights.py
+            assert isinstance(item, Collective)
+            out.append((e.phase, e.k, replace(item, asynchronous=False)))
+            continue
         if isinstance(item, Wait):
             done = [f for f in flying if f.groups & groups_of(item.target)]
             for f in done:
@@ -248,5 +260,11 @@ def replayed(strategy: Strategy) -> Strategy:
     """The strategy the torch replay runs: the late outcome, which a stream that never waited on
     the collective realises (the synchronous one is the step without ``async``)."""
     if not has_async(strategy.step):
+        return strategy
+    from placeverify.semantics.param_flights import has_param_flights, param_flights
+
+    if has_param_flights(strategy.step):
+        # the replay runs the gather itself where its wait completes it (replay/step.py)
+        param_flights(strategy.step)  # raises Unmodelled for what is not modelled
         return strategy
     return replace(strategy, step=late(strategy.step))
