@@ -98,9 +98,10 @@ def _obligation(strategy: Strategy, flight: ParamFlight, group: ParamGroup, axis
               f"{bad.values[other]}, from before the update, instead of "
               f"{exact.reference[other]} (exact two-step run; Z3: theta0 against "
               "upd(theta0, g, omega0))")
-    fix = (f"'wait {start.target.label()}' before the forward that reads them (before line "
-           f"{op.span.line}): Megatron-LM's forward pre-hook finishing each bucket's gather "
-           "(finish_param_sync) before the module that uses it")
+    from placeverify.verify.fixes import PARAM_GATHER  # deferred, as every fix is
+
+    fix = PARAM_GATHER.text(target=start.target.label(), line=op.span.line,
+                            collective=start.label(), wait=wait.span.line)
     return Finding(Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, op.span,
                               ObligationKind.STALE_SHARD, reason=reason, counterexample=values,
                               fix=fix, seconds=outcome.seconds, method=METHOD),
