@@ -14,9 +14,10 @@ once:
 - a ``backward`` (the micro-batch's forward and backward) run while it is in flight reads the
   parameters with the other ranks' shards stale: the gradient it adds is computed at the wrong
   parameters;
-- an ``update params`` while it is in flight (the gather's input rewritten), a second gather of the
-  same parameters started while it is in flight, and a step that also has asynchronous gradient
-  collectives are not modelled (*unknown* at the line, never proved);
+- an ``update params`` while it is in flight (the gather's input rewritten) and a second gather of
+  the same parameters started while it is in flight are not modelled (*unknown* at the line, never
+  proved); asynchronous gradient collectives in the same step are independent of it (they neither
+  read nor write the parameters) and keep their own two outcomes;
 - at its ``wait`` the gather has completed on every rank.
 
 As with :mod:`placeverify.semantics.asynchrony`, the step has two extreme outcomes: the gather
@@ -44,7 +45,6 @@ from placeverify.ir.flights import (
     MAX_UNROLLED,
     entries,
     groups_of,
-    starts_flight,
     starts_param_flight,
 )
 from placeverify.ir.model import ParamGroup
@@ -80,10 +80,6 @@ def param_flights(step: Step) -> list[ParamFlight]:
     Raises :class:`Unmodelled` for the combinations the module docstring lists."""
     if not has_param_flights(step):
         return []
-    grads = next((op for op in step.ops() if starts_flight(op)), None)
-    if grads is not None:
-        raise Unmodelled(f"'{grads.label()}' in a step with an asynchronous parameter gather "
-                         "(the two kinds of flight together)", grads.span)
     if step.microbatches > MAX_UNROLLED:
         first = next(op for op in step.ops() if starts_param_flight(op))
         raise Unmodelled(f"an asynchronous parameter gather in a step of more than "
