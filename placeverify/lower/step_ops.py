@@ -294,6 +294,9 @@ class OpReader:
         reducing = spec.reduces
         ops = [op.value for op in REDUCE_OPS] if reducing else []
         positional = [*ops, *spec.positional]
+        if kind in (CollectiveKind.ALL_GATHER, CollectiveKind.BROADCAST) and \
+                item.target.name.text not in ("params", "parameters"):
+            positional.remove("async")  # a gather in flight is modelled for the parameters
         allowed: dict[str, Sequence[str]] = {"order": ["fixed", "rank_dependent"]}
         if reducing:
             allowed["op"] = ops
@@ -315,11 +318,6 @@ class OpReader:
                        "it applies to 'grads'", Code.BAD_VALUE, item.span)
             return None
         gathers = kind in (CollectiveKind.ALL_GATHER, CollectiveKind.BROADCAST)
-        if "async" in options and gathers and target.kind is not TargetKind.PARAMS:
-            # a parameter gather overlapped with the next forward (semantics/param_flights.py)
-            self.error("'async' on a gather is modelled for the parameters: 'all_gather(async) "
-                       "params over dp'", Code.BAD_VALUE, item.span)
-            return None
         if "async" in options and target.kind is not TargetKind.GRADS and not gathers:
             self.error("'async' is modelled for collectives of the gradients", Code.BAD_VALUE,
                        item.span)
