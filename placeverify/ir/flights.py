@@ -118,7 +118,7 @@ def _param_errors(step: Step) -> list[tuple[str, Code, Span]]:
     """A parameter gather is waited in the same step or the next one (the step repeats), so only
     a gather with no ``wait params`` of its groups anywhere, and a ``wait params`` with no
     asynchronous gather of its groups anywhere, are errors."""
-    gathers = [op for op in step.ops() if starts_param_flight(op)]
+    gathers = [op for op in step.ops() if isinstance(op, Collective) and starts_param_flight(op)]
     waits = [w for w in step.waits if waits_on(w, TargetKind.PARAMS)]
     out: list[tuple[str, Code, Span]] = []
     for c in gathers:

@@ -75,6 +75,7 @@ from placeverify.ir.step import (
     Wait,
 )
 from placeverify.ir.strategy import Strategy
+from placeverify.semantics.param_flights import has_param_flights, param_flights
 from placeverify.semantics.schedule import Unmodelled
 
 __all__ = ["MAX_UNROLLED", "World", "entries", "flight_errors", "has_async", "late",
@@ -110,8 +111,6 @@ def late_outcome(step: Step, *, keep_params: bool = False) -> tuple[Step, list[C
     lists. With ``keep_params`` the parameter gathers stay asynchronous and their waits stay in
     place (the step the replay runs, :func:`replayed`); otherwise they complete where they start
     (what the families judge: the forwards they overlap are param_flights')."""
-    from placeverify.semantics.param_flights import param_flights  # parameter gathers
-
     param_flights(step)  # raises Unmodelled for what a parameter gather in flight does not model
     unroll = touches_loop(step)
     if unroll and step.microbatches > MAX_UNROLLED:
@@ -274,8 +273,6 @@ def replayed(strategy: Strategy) -> Strategy:
     the collective realises (the synchronous one is the step without ``async``)."""
     if not has_async(strategy.step):
         return strategy
-    from placeverify.semantics.param_flights import has_param_flights, param_flights
-
     if has_param_flights(strategy.step):
         # the replay runs the gather itself where its wait completes it (replay/step.py)
         param_flights(strategy.step)  # raises Unmodelled for what is not modelled
