@@ -51,8 +51,10 @@ def waits_on(w: Wait, kind: TargetKind) -> bool:
 
 
 def touches_loop(step: Step) -> bool:
-    return any(w.phase == "loop" for w in step.waits) or any(
-        starts_flight(lo.op) for lo in step.loop)
+    """Does a flight of the gradients start or complete in the loop? (A parameter wait there is
+    placed without unrolling it.)"""
+    return any(w.phase == "loop" and w.target.kind is TargetKind.GRADS for w in step.waits) or \
+        any(starts_flight(lo.op) for lo in step.loop)
 
 
 def entries(step: Step, *, unroll: bool) -> Iterator[Entry]:
