@@ -186,6 +186,17 @@ def test_a_gather_without_a_sharded_optimizer_is_not_stale() -> None:
     assert verification.overall() is Verdict.PROVED
 
 
+def test_parameters_gathered_before_use_are_not_read_stale() -> None:
+    # FSDP: the parameters are sharded and gathered before use (S*), so the forward gathers them
+    # from their owners itself; the explicit gather in flight leaves nothing stale for it to read
+    # (the replay agrees: it gathers S* parameters before the next step).
+    text = WAIT_AFTER_FIRST_FORWARD.replace("place zero1 over dp", "place fsdp over dp")
+    verification = verify(load_text(text, "a.place"))
+    assert verification.verdict(Condition.STATE_CONSISTENCY) is Verdict.PROVED
+    assert not [o for o in verification.obligations if o.kind == ObligationKind.STALE_SHARD
+                and o.verdict is not Verdict.PROVED]
+
+
 @pytest.mark.parametrize(("step", "line", "why"), [
     # the update rewrites the shard the gather is still sending
     ("    microbatches = 2\n    each microbatch {\n        backward sum / tokens(dp, step)\n"

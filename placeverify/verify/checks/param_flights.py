@@ -2,7 +2,9 @@
 read the parameters the previous update wrote, on every rank?
 
 For each asynchronous parameter gather, each parameter group it gathers and each axis it spans
-where the optimizer state is sharded (ranks update different shards), one obligation. Z3 states it
+where the optimizer state is sharded (ranks update different shards) and the parameters are held
+whole (ZeRO-1/2; parameters sharded and gathered before use, FSDP's or ZeRO-3's, are gathered by
+the forward itself), one obligation. Z3 states it
 as :mod:`placeverify.verify.checks.consistency` states a sharded update: the update is an
 uninterpreted function ``upd(theta, g, omega)``; a rank's forward reads an element another rank
 owns as ``upd(theta0, g, omega0)`` once the gather has completed, and as ``theta0`` while it is in
@@ -21,7 +23,7 @@ import z3
 
 from placeverify.evidence import Cause, Divergence, small_mesh
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import State
+from placeverify.ir.placement import Mode, State
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.queries import partitions
 from placeverify.semantics.param_flights import (
@@ -48,6 +50,10 @@ def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
                 if sizes.get(axis, 1) < 2 or not partitions(strategy, axis, State.OPTIMIZER,
                                                              group):
                     continue  # one rank, or every rank updates all of it: nothing stale
+                if strategy.placement(axis).mode_of(State.PARAMS, group) in (Mode.S_STAR,
+                                                                             Mode.O):
+                    continue  # sharded and gathered before use (FSDP, ZeRO-3): the forward
+                    # gathers them from their owners itself, as the consistency check has it
                 yield _obligation(strategy, flight, group, axis, sizes, ctx.timeout_ms)
 
 
