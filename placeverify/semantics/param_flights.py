@@ -4,7 +4,7 @@ with the next step's forward.
 ``all_gather(async) params over dp`` after ``update params`` starts gathering the parameters each
 rank updated in its optimizer shard (ZeRO-1, Megatron-LM's distributed optimizer with
 ``overlap_param_gather``: ``start_param_sync`` after the optimizer step, ``finish_param_sync`` in a
-module's forward pre-hook; FSDP's forward prefetch). It completes at the first ``wait params`` of
+module's forward pre-hook). It completes at the first ``wait params`` of
 its groups after it, in the same step or, as the step repeats, in the next one: a ``wait params``
 before the step's ``backward`` (its forward) completes the gather the step before started. Until
 then a rank holds the value it updated itself for the elements it owns, and the value from before
