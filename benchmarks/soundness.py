@@ -1244,6 +1244,33 @@ def split_group_reduction(body: StepBody, ctx: Context) -> Iterator[StepBody]:
                 yield split.inserted((loc[0], loc[1] + 1), variant.text())
 
 
+@operator
+def overlap_param_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The parameter all-gather after the update made asynchronous (issue 12, construct 3:
+    overlapped with the next step's forward), its ``wait params`` before the loop or first in
+    the micro-batch block (before the forward reads them), right after it (the same step), last
+    in the micro-batch block or after the loop (the forward reads the other ranks' shards stale:
+    NVIDIA/Megatron-LM#950)."""
+    update = body.top_index(lambda s: s == "update params")
+    for loc, statement in body.statements():
+        call = Call.parse(statement)
+        if call is None or call.name != "all_gather" or not call.target.startswith("params") \
+                or "async" in call.options or loc[0] is not None or update is None \
+                or loc[1] < update:
+            continue
+        wait = f"wait {call.target}"
+        here = body.replaced(loc, replace(call, options=(*call.options, "async")).text())
+        yield here.inserted((None, loc[1] + 1), wait)  # completed in the same step
+        first = 1 if here.items and isinstance(here.items[0], str) and \
+            here.items[0].startswith("microbatches") else 0
+        yield here.inserted((None, first), wait)  # before the forward of the next step
+        each = here.block(EACH)
+        if each is not None:
+            yield here.inserted((each, 0), wait)  # first in the micro-batch block
+            yield here.inserted((each, len(here.container(each))), wait)  # after the forward
+        yield here.inserted((None, here.loop_end()), wait)  # after the loop
+
+
 # ---- bases and mutants ------------------------------------------------------------------------
 
 

@@ -104,6 +104,8 @@ CALLS_FOR: dict[str, str] = {
     # Asynchronous collectives: order the writes before the start; wait before the read.
     "overlap-reduce-before-grad-write": "after the last write of the gradients it reduces",
     "overlap-update-before-wait": "'wait grads' before the gradients are read",
+    # Megatron-LM#950: a parameter bucket waited before the forward that reads it
+    "param-gather-after-forward": "'wait params[dense]' before the forward that reads them",
 }
 
 # Issues a bug header names that its fix does not cite, and why.

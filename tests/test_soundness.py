@@ -426,3 +426,21 @@ def test_the_overlap_operator_makes_a_reduction_asynchronous() -> None:
     verdicts = [verify(load_text(base.text(body))).verdicts()["gradient_integrity"]
                 for body in soundness.OPERATORS["overlap_reduction"](base.body, base.context)]
     assert verdicts == ["proved", "refuted", "unknown", "refuted"]
+
+
+def test_the_param_gather_operator_makes_the_gather_asynchronous() -> None:
+    # RICH: zero1 over dp, 'all_gather params over dp' after the update, one micro-batch block.
+    made = _mutants("overlap_param_gather", RICH)
+    started = "all_gather(async) params over dp"
+    assert all(started in m and "all_gather params over dp" not in m for m in made)
+    waits = [[line for line in m if line.endswith("wait params")] for m in made]
+    assert waits == [["wait params"], ["wait params"], ["each microbatch: wait params"],
+                     ["each microbatch: wait params"], ["wait params"]]
+    # By the semantics (placeverify.semantics.param_flights): waited right after the gather, before
+    # the loop, or first in the block, no forward runs in flight; last in the block, micro-batch
+    # 0's forward does; after the loop, every forward of the next step does (the other dp rank's
+    # shard from before the update).
+    base = _base(RICH)
+    verdicts = [verify(load_text(base.text(body))).verdicts()["state_consistency"]
+                for body in soundness.OPERATORS["overlap_param_gather"](base.body, base.context)]
+    assert verdicts == ["proved", "proved", "proved", "refuted", "refuted"]

@@ -70,6 +70,10 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # the update reads the gradients before the asynchronous all-reduce completes
     # (sc24-dl-tutorial#1): each rank consumes its own unreduced share, and the replicas diverge
     "overlap-update-before-wait": ({"gradient_integrity", "state_consistency"}, "coefficient"),
+    # a parameter gather in flight: the next step's first forward reads a bucket whose
+    # all-gather has not completed, with the other ranks' shards from before the update
+    # (Megatron-LM#950)
+    "param-gather-after-forward": ({"state_consistency"}, "stale-shard"),
     # The corpus of examples/bugs/README.md (each header names its report): a normalisation
     # off by a factor, a reduction missing or averaging, an overwritten or wiped accumulation
     "sequence-parallel-norm-grads-mean": ({"gradient_integrity"}, "coefficient"),

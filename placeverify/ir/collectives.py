@@ -38,9 +38,10 @@ COLLECTIVES: dict[CollectiveKind, CollectiveSpec] = {
         positional=("async",), ring_steps=Fraction(2)),
     CollectiveKind.REDUCE_SCATTER: CollectiveSpec((TargetKind.GRADS,), reduces=True,
                                                   positional=("accumulate", "async")),
-    CollectiveKind.ALL_GATHER: CollectiveSpec((TargetKind.PARAMS, TargetKind.GRADS), reduces=False),
+    CollectiveKind.ALL_GATHER: CollectiveSpec((TargetKind.PARAMS, TargetKind.GRADS), reduces=False,
+                                              positional=("async",)),  # async: of params only
     CollectiveKind.BROADCAST: CollectiveSpec((TargetKind.PARAMS,), reduces=False,
-                                             keywords=("from",)),
+                                             positional=("async",), keywords=("from",)),
     CollectiveKind.ALL_TO_ALL: CollectiveSpec((TargetKind.TOKENS,), reduces=False),
     CollectiveKind.SEND: CollectiveSpec((TargetKind.ACTIVATIONS,), reduces=False, ring_steps=None),
     CollectiveKind.RECV: CollectiveSpec((TargetKind.ACTIVATIONS,), reduces=False, ring_steps=None),

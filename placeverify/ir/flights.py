@@ -40,9 +40,21 @@ def starts_flight(op: Op | Wait) -> bool:
     return isinstance(op, Collective) and op.asynchronous and op.target.kind is TargetKind.GRADS
 
 
+def starts_param_flight(op: Op | Wait) -> bool:
+    """An asynchronous gather of the parameters (completed at a later ``wait params``, in this
+    step or the next one: :mod:`placeverify.semantics.param_flights`)."""
+    return isinstance(op, Collective) and op.asynchronous and op.target.kind is TargetKind.PARAMS
+
+
+def waits_on(w: Wait, kind: TargetKind) -> bool:
+    return w.target.kind is kind
+
+
 def touches_loop(step: Step) -> bool:
-    return any(w.phase == "loop" for w in step.waits) or any(
-        starts_flight(lo.op) for lo in step.loop)
+    """Does a flight of the gradients start or complete in the loop? (A parameter wait there is
+    placed without unrolling it.)"""
+    return any(w.phase == "loop" and w.target.kind is TargetKind.GRADS for w in step.waits) or \
+        any(starts_flight(lo.op) for lo in step.loop)
 
 
 def entries(step: Step, *, unroll: bool) -> Iterator[Entry]:
@@ -81,6 +93,8 @@ def flight_errors(step: Step) -> list[tuple[str, Code, Span]]:
     reported: set[int] = set()
     unroll = touches_loop(step) and step.microbatches <= MAX_UNROLLED
     for e in entries(step, unroll=unroll):
+        if isinstance(e.item, Wait) and not waits_on(e.item, TargetKind.GRADS):
+            continue  # parameter waits: _param_errors
         if isinstance(e.item, Wait):
             done = [c for c in flying if groups_of(c.target) & groups_of(e.item.target)]
             if done:
@@ -95,8 +109,28 @@ def flight_errors(step: Step) -> list[tuple[str, Code, Span]]:
             out.append((f"the asynchronous '{c.label()}' is never waited: write 'wait "
                         f"{c.target.label()}' before the step ends", Code.MISSING, c.span))
     for w in step.waits:
-        if id(w) not in useful:
+        if id(w) not in useful and waits_on(w, TargetKind.GRADS):
             out.append((f"nothing is in flight on {w.target.label()} here: 'wait' completes an "
                         "asynchronous collective started before it (all_reduce(sum, async) ...)",
+                        Code.BAD_VALUE, w.span))
+    return out + _param_errors(step)
+
+
+def _param_errors(step: Step) -> list[tuple[str, Code, Span]]:
+    """A parameter gather is waited in the same step or the next one (the step repeats), so only
+    a gather with no ``wait params`` of its groups anywhere, and a ``wait params`` with no
+    asynchronous gather of its groups anywhere, are errors."""
+    gathers = [op for op in step.ops() if isinstance(op, Collective) and starts_param_flight(op)]
+    waits = [w for w in step.waits if waits_on(w, TargetKind.PARAMS)]
+    out: list[tuple[str, Code, Span]] = []
+    for c in gathers:
+        if not any(groups_of(c.target) & groups_of(w.target) for w in waits):
+            out.append((f"the asynchronous '{c.label()}' is never waited: write 'wait "
+                        f"{c.target.label()}' before the forward that reads them", Code.MISSING,
+                        c.span))
+    for w in waits:
+        if not any(groups_of(c.target) & groups_of(w.target) for c in gathers):
+            out.append((f"nothing is in flight on {w.target.label()} here: 'wait params' completes "
+                        "an asynchronous parameter gather (all_gather(async) params ...)",
                         Code.BAD_VALUE, w.span))
     return out

@@ -39,6 +39,12 @@ def is_wait(item: ast.StepItem) -> bool:
     return isinstance(item, ast.OpStmt) and item.name.text == "wait"
 
 
+def waits_params(item: ast.StepItem) -> bool:
+    """``wait params``: completes an asynchronous parameter gather (it may stand before the
+    forward it guards)."""
+    return isinstance(item, ast.OpStmt) and item.target.name.text in ("params", "parameters")
+
+
 def lower_step(ctx: Context, stmt: ast.StepStmt, config: Config) -> Step:
     """The step a file writes, read against its configuration."""
     return StepLowerer(ctx, config).run(stmt)
@@ -118,6 +124,13 @@ class StepLowerer(OpReader):
                 wait = self.wait(item, "post", len(post), None)
                 if wait is not None:
                     waits.append(wait)
+            elif is_wait(item) and waits_params(item):
+                # 'wait params' before the forward: completes the parameter gather the step
+                # before started (placeverify.semantics.param_flights)
+                assert isinstance(item, ast.OpStmt)
+                wait = self.wait(item, "pre", len(pre), None)
+                if wait is not None:
+                    waits.append(wait)
             else:
                 op = self.op(item)
                 if op is None:
@@ -181,6 +194,7 @@ class StepLowerer(OpReader):
                        "optimizer steps, but this step verifies one", Code.BAD_VALUE,
                        self.run_counts[0],
                        "write the steps' windows as 'microbatches = [4, 4]' (state across steps)")
+        placed += [w for w in waits if w.phase == "pre"]  # 'wait params' before the forward
         step = Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
                     False, stmt.span, waits=tuple(placed), windows=self.windows,
                     last_ops=tuple(last_ops) if self.windows else ())

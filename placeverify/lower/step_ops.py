@@ -297,6 +297,9 @@ class OpReader:
         reducing = spec.reduces
         ops = [op.value for op in REDUCE_OPS] if reducing else []
         positional = [*ops, *spec.positional]
+        if kind in (CollectiveKind.ALL_GATHER, CollectiveKind.BROADCAST) and \
+                item.target.name.text not in ("params", "parameters"):
+            positional.remove("async")  # a gather in flight is modelled for the parameters
         allowed: dict[str, Sequence[str]] = {"order": ["fixed", "rank_dependent"]}
         if reducing:
             allowed["op"] = ops
@@ -317,7 +320,8 @@ class OpReader:
             self.error("'only = used' reduces the gradients of the groups used in the micro-batch; "
                        "it applies to 'grads'", Code.BAD_VALUE, item.span)
             return None
-        if "async" in options and target.kind is not TargetKind.GRADS:
+        gathers = kind in (CollectiveKind.ALL_GATHER, CollectiveKind.BROADCAST)
+        if "async" in options and target.kind is not TargetKind.GRADS and not gathers:
             self.error("'async' is modelled for collectives of the gradients", Code.BAD_VALUE,
                        item.span)
             return None
@@ -337,7 +341,7 @@ class OpReader:
         if item.group is not None:
             self.error("'wait' names the buffer, not a group: 'wait grads'", Code.BAD_VALUE,
                        item.group.span)
-        target = self.target(item.target, [TargetKind.GRADS])
+        target = self.target(item.target, [TargetKind.GRADS, TargetKind.PARAMS])
         return None if target is None else Wait(target, item.span, phase, index, microbatch)
 
     def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:

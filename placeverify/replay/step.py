@@ -82,6 +82,10 @@ class RankRun(RankCollectives):
             self.step_index = t
             self.progress(f"step {t + 1}/{steps}")
             self.run_step(t)
+        pending = getattr(self, "pending", None)
+        if pending is not None:  # a parameter gather still in flight completes before the end
+            for op in pending.complete(None):
+                self.collective(op, self.s.microbatches - 1)
 
     def run_step(self, t: int) -> None:
         # one of several consecutive steps (semantics/steps.py) starts from what the previous one
@@ -92,14 +96,35 @@ class RankRun(RankCollectives):
             buf.shard, buf.shard_at, buf.sharded, buf.scattered = None, None, False, set()
         self.overflow = False
         self.counts = self._counts()
-        for event in events(self.strategy.step, self.s.microbatches):
-            assert isinstance(event.k, int)
-            self.apply(event.op, t, event.k)
+        from placeverify.semantics.param_flights import has_param_flights
+
+        if has_param_flights(self.strategy.step):  # a gather overlapped with the next forward
+            self._run_param_flights(t)
+        else:
+            for event in events(self.strategy.step, self.s.microbatches):
+                assert isinstance(event.k, int)
+                self.apply(event.op, t, event.k)
         for buf in self.buffers.values():
             gathered = gathered_axes(self.strategy, buf.group)  # per-group meshes: its own
             if gathered:
                 self.gather_params(buf, Group(tuple(a for a in self.grid.names if a in gathered)),
                                    "owner")
+
+    def _run_param_flights(self, t: int) -> None:
+        """The step with its parameter gathers completed at their waits (replay/param_flights)."""
+        from placeverify.ir.step import Wait
+        from placeverify.replay.param_flights import Pending, param_events
+
+        if getattr(self, "pending", None) is None:
+            self.pending = Pending()
+        for item, k in param_events(self.strategy.step):
+            if isinstance(item, Wait):
+                for op in self.pending.complete(item):
+                    self.collective(op, k)
+            elif isinstance(item, Collective) and item.asynchronous:
+                self.pending.start(item)
+            else:
+                self.apply(item, t, k)
 
     def apply(self, op: Op, t: int, k: int) -> None:
         if isinstance(op, Backward):

@@ -30,8 +30,10 @@ def step_lines(strategy: Strategy) -> list[dict[str, Any]]:
                     else f"micro-batch {w.microbatch}"
                 rows.append({"phase": at, "op": f"wait {w.target.label()}", "line": w.span.line})
 
-    for op in step.pre:
+    for index, op in enumerate(step.pre):
+        waits("pre", index, "before the loop")  # 'wait params' before the forward
         rows.append({"phase": "before the loop", "op": op_label(op), "line": _line(op)})
+    waits("pre", len(step.pre), "before the loop")
     for index, lo in enumerate(step.loop):
         waits("loop", index)
         phase = "each micro-batch" if lo.microbatch is None else f"micro-batch {lo.microbatch}"

@@ -55,6 +55,7 @@ from placeverify.ir.flights import (
     groups_of,
     has_async,
     starts_flight,
+    starts_param_flight,
     touches_loop,
 )
 from placeverify.ir.model import ParamGroup
@@ -74,6 +75,7 @@ from placeverify.ir.step import (
     Wait,
 )
 from placeverify.ir.strategy import Strategy
+from placeverify.semantics.param_flights import has_param_flights, param_flights
 from placeverify.semantics.schedule import Unmodelled
 
 __all__ = ["MAX_UNROLLED", "World", "entries", "flight_errors", "has_async", "late",
@@ -99,24 +101,37 @@ def late(step: Step) -> Step:
     return late_outcome(step)[0]
 
 
-def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
+def late_outcome(step: Step, *, keep_params: bool = False) -> tuple[Step, list[Collective]]:
     """The outcome where every asynchronous collective completed at its wait: reads in flight see
     the buffer without it, writes in flight are overwritten by its result (they reach no group the
     collective reduces), and the collective itself runs where it is waited.
 
     Also returns the collectives whose flight lost a write (the statements a wrong consumed
     gradient is blamed on). Raises :class:`Unmodelled` for the combinations the module docstring
-    lists."""
+    lists. With ``keep_params`` the parameter gathers stay asynchronous and their waits stay in
+    place (the step the replay runs, :func:`replayed`); otherwise they complete where they start
+    (what the families judge: the forwards they overlap are param_flights')."""
+    param_flights(step)  # raises Unmodelled for what a parameter gather in flight does not model
     unroll = touches_loop(step)
     if unroll and step.microbatches > MAX_UNROLLED:
         first = next(op for op in step.ops() if starts_flight(op))
         raise Unmodelled(f"an asynchronous collective through a loop of more than {MAX_UNROLLED} "
                          "micro-batches", first.span)
-    out: list[tuple[str, int | None, Op]] = []
+    out: list[tuple[str, int | None, Op | Wait]] = []
     flying: list[_Flight] = []
     blamed: list[Collective] = []
     for e in entries(step, unroll=unroll):
         item = e.item
+        if isinstance(item, Wait) and item.target.kind is not TargetKind.GRADS:
+            if keep_params:  # a parameter wait: its forwards in flight are param_flights'
+                out.append((e.phase, e.k, item))
+            continue
+        if starts_param_flight(item):
+            # the families judge the parameters after the step, once the gather has completed;
+            # the forwards it overlaps are judged by verify/checks/param_flights.py
+            assert isinstance(item, Collective)
+            out.append((e.phase, e.k, item if keep_params else replace(item, asynchronous=False)))
+            continue
         if isinstance(item, Wait):
             done = [f for f in flying if f.groups & groups_of(item.target)]
             for f in done:
@@ -172,11 +187,20 @@ def late_outcome(step: Step) -> tuple[Step, list[Collective]]:
         raise Unmodelled(f"'{_label(item)}' while '{hit[0].op.label()}' (line "
                          f"{hit[0].op.span.line}) is in flight on the same gradients",
                          getattr(item, "span", None))
-    pre = tuple(op for phase, _, op in out if phase == "pre")
-    post = tuple(op for phase, _, op in out if phase == "post")
-    loop = tuple(LoopOp(op, k if unroll else _filter(step, op)) for phase, k, op in out
-                 if phase == "loop")
-    return replace(step, pre=pre, loop=loop, post=post, waits=()), blamed
+    blocks: dict[str, list[Op | LoopOp]] = {"pre": [], "loop": [], "post": []}
+    waits: list[Wait] = []  # the parameter waits kept, where they now stand
+    for phase, k, op in out:
+        if isinstance(op, Wait):
+            waits.append(replace(op, phase=phase, index=len(blocks[phase]),
+                                 microbatch=k if phase == "loop" else None))
+        elif phase == "loop":
+            blocks[phase].append(LoopOp(op, k if unroll else _filter(step, op)))
+        else:
+            blocks[phase].append(op)
+    pre = tuple(op for op in blocks["pre"] if not isinstance(op, LoopOp))
+    post = tuple(op for op in blocks["post"] if not isinstance(op, LoopOp))
+    loop = tuple(lo for lo in blocks["loop"] if isinstance(lo, LoopOp))
+    return replace(step, pre=pre, loop=loop, post=post, waits=tuple(waits)), blamed
 
 
 def _filter(step: Step, op: Op) -> int | None:
@@ -249,4 +273,10 @@ def replayed(strategy: Strategy) -> Strategy:
     the collective realises (the synchronous one is the step without ``async``)."""
     if not has_async(strategy.step):
         return strategy
+    if has_param_flights(strategy.step):
+        # the replay runs the gather itself where its wait completes it (replay/step.py)
+        param_flights(strategy.step)  # raises Unmodelled for what is not modelled
+        if not any(starts_flight(op) for op in strategy.step.ops()):
+            return strategy
+        return replace(strategy, step=late_outcome(strategy.step, keep_params=True)[0])
     return replace(strategy, step=late(strategy.step))

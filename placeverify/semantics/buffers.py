@@ -22,7 +22,8 @@ denotes the full buffer until a reduce-scatter runs, and the shard from then unt
   judged from their recorded positions);
 - an asynchronous collective (``async``, completed at a ``wait``) is judged on the two synchronous
   steps :mod:`placeverify.semantics.asynchrony` reduces it to; one that reaches the machine as it
-  is raises :class:`Unmodelled`.
+  is raises :class:`Unmodelled`. An asynchronous parameter gather leaves the gradient as it is, as
+  a synchronous one does (the forwards it overlaps: :mod:`placeverify.semantics.param_flights`).
 
 A :class:`GradDomain` gives the arithmetic: exact rationals per device
 (:mod:`placeverify.semantics.interpreter`), Z3 terms per relation class
@@ -246,7 +247,10 @@ class GradMachine(Generic[V]):
             self.full = self.domain.backward(self.full, op, k)
 
     def _collective(self, op: Collective, k: MicroBatch) -> None:
-        if op.asynchronous:  # judged on its outcomes (placeverify.semantics.asynchrony), never here
+        if op.asynchronous and op.target.kind is not TargetKind.PARAMS:
+            # judged on its outcomes (placeverify.semantics.asynchrony), never here; a parameter
+            # gather leaves the gradient as it is wherever it completes (the forwards it overlaps
+            # are placeverify.semantics.param_flights')
             raise Unmodelled(f"'{op.label()}' outside its outcomes", op.span)
         pair = (op.kind, op.target.kind)
         if pair in NEUTRAL_COLLECTIVES:

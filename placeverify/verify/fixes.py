@@ -361,6 +361,13 @@ ASYNC_WRITE = FixRule(
     "its stream wait for every stream that writes them): a write that lands while it is in "
     "flight is overwritten by its result ({reference[0]}, {reference[1]})",
     ("Megatron-LM#3670", "DeepSpeed#8061"))
+PARAM_GATHER = FixRule(
+    "param-gather-in-flight", None,
+    "'wait {target}' before the forward that reads them (before line {line}): '{collective}' "
+    "completes only at its wait (line {wait}), and a forward before it computes with the other "
+    "ranks' shards from before the update (the forward pre-hook waits for the gather of every "
+    "bucket its module reads, dispatching one not yet dispatched; {reference[0]})",
+    ("Megatron-LM#950",))
 EMPTY_MICROBATCH = FixRule(
     "empty-microbatch", None,
     "normalise by a count over the step (sum / tokens(dp, step)), which stays > 0, or skip a "
@@ -456,7 +463,7 @@ FIXES: tuple[FixRule, ...] = (
             "reduce the gradients over {axis} after the last backward"),
     CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_COMBINE, CLIP_POLICY_NORM, CLIP_INPUT,
     RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, LOST_UPDATE, UNUSED_GROUPS, ASYNC_READ,
-    ASYNC_WRITE,
+    ASYNC_WRITE, PARAM_GATHER,
 )
 
 

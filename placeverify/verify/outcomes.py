@@ -17,7 +17,7 @@ from dataclasses import replace
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.asynchrony import World, worlds
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.verdicts import Obligation, ObligationKind, Verdict
+from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.check import Check, Context, Finding, run_check
 
 RANK = {Verdict.PROVED: 0, Verdict.UNKNOWN: 1, Verdict.REFUTED: 2}
@@ -52,7 +52,21 @@ def outcomes(check: Check, strategy: Strategy, ctx: Context) -> list[Finding]:
         out.append(_noted(other, late, alone=found.obligation.verdict is not Verdict.REFUTED))
     for rest in matched.values():
         out.extend(_noted(f, late, alone=True) for f in rest)
+    if check.condition is Condition.STATE_CONSISTENCY:
+        out.extend(_param_flights(strategy, ctx))
     return out
+
+
+def _param_flights(strategy: Strategy, ctx: Context) -> list[Finding]:
+    """The forwards a parameter gather in flight overlaps (semantics/param_flights.py), judged
+    once on the written step: the outcomes above judge the parameters after it completes."""
+    from placeverify.semantics.param_flights import has_param_flights
+
+    if not has_param_flights(strategy.step):
+        return []
+    from placeverify.verify.checks.param_flights import CHECK
+
+    return run_check(CHECK, strategy, ctx)
 
 
 def _raising(err: Unmodelled) -> Callable[[Strategy, Context], list[Finding]]:
