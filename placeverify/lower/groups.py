@@ -70,12 +70,6 @@ def expert_column(ctx: Context, product: AxisPlacement, other: AxisPlacement,
     expert data-parallel group); every other group is a copy along the axis and takes the
     preset's Θ, Ω and G as a per-group placement, as Megatron-LM's distributed optimizer shards
     the dense parameters' state over the whole data-parallel group (data x expert ranks)."""
-    if product.modes[0] is not Mode.R:
-        ctx.error(f"{where} shards the parameters over the expert axis '{other.axis}': "
-                  "not modelled", Code.BAD_VALUE, product.span,
-                  "shard the optimizer state over the product with 'zero1' or 'zero2', or the "
-                  "parameters over the data axes only")
-        return None
     if not any(m.sharded for m in product.modes[:3]):
         return other  # ddp: the dense groups are already data-parallel along an expert axis
     dense = tuple((g.value, product.modes) for g in groups if g is not ParamGroup.EXPERTS)
