@@ -359,14 +359,144 @@ def test_one_group_for_both_is_refuted(rs: str, ag: str, refuted: set[str]) -> N
     assert got == refuted
 
 
-@pytest.mark.parametrize("place", ["place zero3 over ep * dp", "place fsdp over dp * ep"])
-def test_parameters_sharded_over_an_expert_axis_are_not_modelled(place: str) -> None:
+# ---- parameters sharded over a product with an expert axis: place fsdp over ep * dp ----------
+
+# torchtitan's FSDP2 with expert parallelism (torchtitan/distributed/fsdp.py, apply_fsdp_to_decoder;
+# earlier torchtitan/experiments/llama4/infra/parallelize.py, apply_fsdp): the dense parameters
+# fully_shard'ed over dp_shard, which includes the ep ranks, the routed experts over
+# dp_shard_mod_ep, the expert data-parallel group.
+FSDP_EP = MOE.format(place="place fsdp over ep * dp\nplace expert over ep")
+
+
+def test_fsdp_over_ep_dp_columns() -> None:
+    strategy = load_text(FSDP_EP)
+    ep = strategy.placement("ep")
+    for group in (ParamGroup.DENSE, ParamGroup.NORMS, ParamGroup.EMBEDDING):
+        # the dense groups: Θ gathered before use (S*), Ω and G sharded, along ep as along dp
+        assert [ep.mode_of(st, group.value) for st in (State.PARAMS, State.OPTIMIZER,
+                                                        State.GRADIENTS)] == [SS, S, S]
+        assert optimizer_axes(strategy, group) == ("dp", "ep")
+    # the experts keep the expert column's modes: split over ep, not gathered along it
+    assert ep.mode_of(State.PARAMS, ParamGroup.EXPERTS.value) is S
+    assert optimizer_axes(strategy, ParamGroup.EXPERTS) == ("dp",)
+
+
+def test_fsdp_over_ep_dp_memory_by_hand() -> None:
+    # Every rank holds its ep rank's half of the experts (Ψ_e / 2) and a copy of the dense groups.
+    # Θ: the dense groups over dp x ep = 4 ranks, the experts' half over dp = 2:
+    #   2 Ψ_d / 4 + 2 (Ψ_e / 2) / 2 = 20,584,960 + 23,068,672 = 43,653,632
+    # Ω: 12 Ψ_d / 4 + 12 (Ψ_e / 2) / 2 = 3 Ψ_d + 3 Ψ_e = 261,921,792
+    # G: 4 Ψ_d / 4 + 4 (Ψ_e / 2) / 2 = Ψ_d + Ψ_e = 87,307,264
+    got = bytes_of(FSDP_EP)
+    assert (got["params"], got["optimizer"], got["gradients"]) == (
+        Fraction(43_653_632), Fraction(261_921_792), Fraction(87_307_264))
+    assert PSI_D // 2 + PSI_E // 2 == 43_653_632
+    # fsdp over dp keeps the dense groups whole along ep: Θ 2 Ψ_d / 2, Ω 12 Ψ_d / 2, G 4 Ψ_d / 2,
+    # so Ψ_d / 2, 3 Ψ_d and Ψ_d more bytes
+    plain = bytes_of(MOE.format(place="place fsdp over dp\nplace expert over ep"))
+    assert plain["params"] - got["params"] == Fraction(PSI_D, 2)
+    assert plain["optimizer"] - got["optimizer"] == 3 * PSI_D
+    assert plain["gradients"] - got["gradients"] == PSI_D
+    # the gather buffer is one whole unit whatever its shards: the embedding, 32,768,000
+    # elements x 2 bytes (a layer holds 4,194,304 + 6,144 + 23,068,672 / 2 = 15,734,784)
+    assert got["buffers"] == plain["buffers"] == 65_536_000
+
+
+def test_fsdp_over_ep_dp_traffic_by_hand() -> None:
+    # each gather once for forward and once for backward (reshard after forward):
+    # dense: all-gather of 2 Ψ_d bytes over dp x ep moves 3/4 of it, 1.5 Ψ_d = 61,754,880
+    # experts: all-gather of 2 (Ψ_e / 2) bytes over dp moves 1/2 of it, 23,068,672
+    # reduce-scatters as zero2 over ep * dp: 3 Ψ_d = 123,509,760 and Ψ_e = 46,137,344
+    comm = comm_of(FSDP_EP)
+    for when in ("forward", "backward"):
+        assert comm[("all_gather", ("dp", "ep"),
+                     f"params[dense, embedding, norms] (gather for {when})")] == 61_754_880
+        assert comm[("all_gather", ("dp",), f"params[experts] (gather for {when})")] \
+            == 23_068_672
+    assert comm[("reduce_scatter", ("dp", "ep"), "grads[dense, embedding, norms]")] == 123_509_760
+    assert comm[("reduce_scatter", ("dp",), "grads[experts]")] == 46_137_344
+    assert not any(op == "all_gather" and axes == ("ep",) for op, axes, _ in comm)
+
+
+@pytest.mark.parametrize("preset", ["fsdp", "zero3"])
+def test_fsdp_over_ep_dp_canonical_step_is_proved(preset: str) -> None:
+    strategy = load_text(MOE.format(place=f"place {preset} over ep * dp\nplace expert over ep"))
+    assert "    reduce_scatter(sum) grads[dense, embedding, norms] over dp * ep" in \
+        step_text(strategy).splitlines()
+    assert "    reduce_scatter(sum) grads[experts] over dp" in step_text(strategy).splitlines()
+    result = check_strategy(strategy)
+    assert result.verification is not None
+    assert result.verification.overall() is Verdict.PROVED
+
+
+FSDP_STEP = FSDP_EP + """\
+step {
+    backward sum / tokens(dp, ep, step)
+    reduce_scatter(sum) grads[dense, embedding, norms] over DENSE
+    reduce_scatter(sum) grads[experts] over EXPERTS
+    update params
+}
+"""
+
+
+@pytest.mark.parametrize(("dense", "experts", "refuted"), [
+    ("dp * ep", "dp", set()),
+    # the dense gradient over the expert data-parallel group only: never summed over ep, and its
+    # shard is not the one the optimizer (over dp x ep) updates
+    ("dp", "dp", {"gradient_integrity", "composition_safety"}),
+    # the experts over the whole data-parallel group: different experts summed
+    ("dp * ep", "dp * ep", {"gradient_integrity", "composition_safety"}),
+])
+def test_fsdp_over_ep_dp_groups(dense: str, experts: str, refuted: set[str]) -> None:
+    text = FSDP_STEP.replace("DENSE", dense).replace("EXPERTS", experts)
+    result = check_strategy(load_text(text))
+    assert result.verification is not None
+    got = {o.condition.value for o in result.verification.obligations
+           if o.verdict is Verdict.REFUTED}
+    assert got == refuted
+
+
+def test_fsdp_over_a_context_axis_is_still_not_modelled() -> None:
     with pytest.raises(PlaceError) as raised:
-        load_text(MOE.format(place=place + "\nplace expert over ep"), "f.place")
-    first = raised.value.diagnostics[0]
-    assert first.code is Code.BAD_VALUE
-    assert "shards the parameters over the expert axis 'ep': not modelled" in first.message
-    assert first.span is not None and (first.span.line, first.span.column) == (8, 1)
+        load_text(CP.format(place="place fsdp over dp * cp\nplace context over cp"), "f.place")
+    assert "shards the parameters over the context axis 'cp': not modelled" in \
+        raised.value.diagnostics[0].message
+
+
+# ---- a reduce-scatter whose mixed shard is overwritten before it is read ----------------------
+
+# Found by the soundness harness (change_selector on examples/ok/distributed-optimizer-ep-dp): the
+# experts' gradients reduce-scattered with the dense groups over dp * ep (summing different
+# experts), then over dp on their own. The second reduce-scatter reduces the full buffer again and
+# replaces the shard, so the update consumes the right gradient: gradient integrity holds (it was
+# refuted, and the replay matched), and composition safety refutes the wasted collective's group.
+DEAD_MIX = EP_DP + """\
+step {
+    backward sum / tokens(dp, ep, step)
+    reduce_scatter(sum) grads over dp * ep
+    SECOND
+    update params
+    all_gather params[dense, embedding, norms] over dp * ep
+    all_gather params[experts] over dp
+}
+"""
+
+
+@pytest.mark.parametrize(("second", "refuted"), [
+    # the mixed shard overwritten: only the group is wrong
+    ("reduce_scatter(sum) grads[experts] over dp", {"composition_safety"}),
+    # the mixed shard read: the update consumes sums of different experts
+    ("scale grads[experts] by 1", {"gradient_integrity", "composition_safety"}),
+    # accumulated into: the mixed sums stay in the shard
+    ("reduce_scatter(sum, accumulate) grads[experts] over dp * ep",
+     {"gradient_integrity", "composition_safety"}),
+])
+def test_a_mixed_shard_counts_once_something_reads_it(second: str, refuted: set[str]) -> None:
+    result = check_strategy(load_text(DEAD_MIX.replace("SECOND", second)))
+    assert result.verification is not None
+    got = {o.condition.value for o in result.verification.obligations
+           if o.verdict is Verdict.REFUTED}
+    assert got == refuted
 
 
 STALE_ALONG_EP = EP_DP + """\
@@ -387,6 +517,15 @@ step {
     (EP_DP, 0, "the replay agrees with Z3 (proved; the real run matches)"),
     # the dense shards updated along ep, gathered over dp only: ep ranks keep stale parameters
     (STALE_ALONG_EP, 1, "the replay agrees with Z3 (refuted; the real run diverges)"),
+    # fsdp over ep * dp: the dense parameters gathered over dp x ep, the experts over dp
+    (FSDP_EP, 0, "the replay agrees with Z3 (proved; the real run matches)"),
+    # the experts' reduce-scatter over dp * ep: different experts summed, and the run shows it
+    (FSDP_STEP.replace("DENSE", "dp * ep").replace("EXPERTS", "dp * ep"), 1,
+     "the replay agrees with Z3 (refuted; the real run diverges)"),
+    # the mixed shard overwritten before it is read: the values are right (composition safety
+    # refutes the group, which no run can show: exit 1, the replay matches)
+    (DEAD_MIX.replace("SECOND", "reduce_scatter(sum) grads[experts] over dp"), 1,
+     "the replay agrees with Z3 (proved; the real run matches)"),
 ])
 def test_zero1_over_ep_dp_replay(tmp_path: Path, text: str, rc: int, words: str) -> None:
     path = tmp_path / "ep-dp.place"

@@ -207,7 +207,12 @@ def strategy_of(spec: RunSpec) -> Strategy:
 
 # Refutations about the placement's own bookkeeping (its modes, and whether memory's layout is
 # what the step does), not about the values a run computes: a numeric replay cannot witness them.
-UNWITNESSED = frozenset({ObligationKind.PLACEMENT_STEP, ObligationKind.REALISABLE})
+# A collective's group against the placement (composition safety) neither: what a reduction over
+# ranks holding different parameters does to the values the update consumes is gradient
+# integrity's (its mixes), and one whose result is overwritten before it is read changes none
+# (semantics/buffers.py, GradMachine._settle_mix).
+UNWITNESSED = frozenset({ObligationKind.PLACEMENT_STEP, ObligationKind.REALISABLE,
+                         ObligationKind.REDUCTION_GROUP})
 
 
 def expectation(verification: Verification) -> Expectation:
