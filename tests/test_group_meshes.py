@@ -535,3 +535,65 @@ def test_zero1_over_ep_dp_replay(tmp_path: Path, text: str, rc: int, words: str)
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == rc, run.stdout + run.stderr
     assert words in run.stdout
+
+
+# ---- a per-group placement along an expert axis: place zero1 over ep for dense, ... -----------
+
+# The groups an expert axis does not split are copies along it (data-parallel there), so a data
+# preset may place them along it as along a data axis; the experts, split over it, may not.
+PER_GROUP_EP = MOE.format(place="place PRESET over dp\nplace expert over ep\n"
+                                "place PRESET over ep for GROUPS")
+
+
+def _columns(text: str) -> list[tuple[str, str, tuple[Mode, ...], tuple[object, ...]]]:
+    return [(p.axis, p.role.value, p.modes, tuple(sorted(p.group_modes)))
+            for p in load_text(text).placements]
+
+
+@pytest.mark.parametrize("preset", ["zero1", "zero2", "fsdp"])
+def test_every_copied_group_over_ep_is_the_product(preset: str) -> None:
+    # zero1 over dp and zero1 over ep for the dense groups is zero1 over ep * dp, column by column
+    text = PER_GROUP_EP.replace("PRESET", preset).replace("GROUPS", "dense, norms, embedding")
+    assert _columns(text) == _columns(MOE.format(place=f"place {preset} over ep * dp\n"
+                                                      "place expert over ep"))
+    assert bytes_of(text) == bytes_of(MOE.format(place=f"place {preset} over ep * dp\n"
+                                                       "place expert over ep"))
+
+
+def test_only_the_dense_group_over_ep_by_hand() -> None:
+    # dense Ψ = 8,388,608 (two layers of 4 h^2); norms and embedding, N = 13,312 + 32,768,000 =
+    # 32,781,312, stay replicas along ep: Ω = 12 x 8,388,608 / 4 + 12 x 32,781,312 / 2
+    # + 12 (Ψ_e / 2) / 2 = 25,165,824 + 196,687,872 + 138,412,032 = 360,265,728
+    dense, rest = 8_388_608, 13_312 + 32_768_000
+    assert dense + rest == PSI_D
+    text = PER_GROUP_EP.replace("PRESET", "zero1").replace("GROUPS", "dense")
+    got = bytes_of(text)
+    assert got["optimizer"] == 3 * dense + 6 * rest + 3 * PSI_E == 360_265_728
+    strategy = load_text(text)
+    assert optimizer_axes(strategy, ParamGroup.DENSE) == ("dp", "ep")
+    assert optimizer_axes(strategy, ParamGroup.NORMS) == ("dp",)
+    lines = step_text(strategy).splitlines()
+    assert "    reduce_scatter(sum) grads[dense] over dp * ep" in lines
+    assert "    all_reduce(sum) grads[embedding, norms] over ep" in lines
+    result = check_strategy(strategy)
+    assert result.verification is not None
+    assert result.verification.overall() is Verdict.PROVED
+
+
+def test_the_experts_cannot_be_placed_along_their_own_axis() -> None:
+    text = PER_GROUP_EP.replace("PRESET", "zero1").replace("GROUPS", "dense, experts")
+    with pytest.raises(PlaceError) as raised:
+        load_text(text, "f.place")
+    first = raised.value.diagnostics[0]
+    assert first.code is Code.BAD_VALUE
+    assert "the experts are split over the expert axis 'ep'" in first.message
+    # line 10, at 'experts': 'place zero1 over ep for dense, ' is 31 characters
+    assert first.span is not None and (first.span.line, first.span.column) == (10, 32)
+
+
+def test_a_group_placed_over_ep_twice_is_an_error() -> None:
+    text = MOE.format(place="place zero1 over ep * dp\nplace expert over ep\n"
+                            "place ddp over ep for norms")
+    with pytest.raises(PlaceError) as raised:
+        load_text(text, "f.place")
+    assert raised.value.diagnostics[0].code is Code.DUPLICATE

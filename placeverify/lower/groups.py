@@ -131,10 +131,18 @@ def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
                           f"e.g. 'place ddp over {placement.axis}' as well", Code.MISSING,
                           stmt.span)
                 continue
-            if column.role is not Role.DATA:
+            if column.role is Role.EXPERT and ParamGroup.EXPERTS in groups:
+                ctx.error(f"the experts are split over the expert axis '{column.axis}': a data "
+                          "preset cannot place them along it", Code.BAD_VALUE,
+                          next(sel.span for sel in stmt.groups.groups
+                               if sel.text == ParamGroup.EXPERTS.value),
+                          "name the groups the expert axis copies (dense, norms, embedding); "
+                          "the experts' states are sharded along the data axes")
+                continue
+            if column.role is not Role.DATA and column.role is not Role.EXPERT:
                 ctx.error(f"a placement for some parameter groups over the {column.role.value} "
                           f"axis '{column.axis}': not modelled", Code.BAD_VALUE, stmt.group.span,
-                          "per-group placements are along data axes")
+                          "per-group placements are along data and expert axes")
                 continue
             placed = dict(column.group_modes)
             for g in groups:
@@ -144,6 +152,15 @@ def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
                     continue
                 placed[g.value] = placement.modes
             columns[placement.axis] = replace(column, group_modes=tuple(placed.items()))
+    for axis, column in list(columns.items()):
+        if column.role is Role.EXPERT and column.group_modes:
+            # the groups an expert axis copies and no statement placed along it stay replicas
+            # there (data-parallel: reduced over it, whole), not the experts' split modes
+            placed = dict(column.group_modes)
+            for g in present:
+                if g is not ParamGroup.EXPERTS and g.value not in placed:
+                    placed[g.value] = (Mode.R, Mode.R, Mode.R, column.modes[3])
+            columns[axis] = replace(column, group_modes=tuple(placed.items()))
 
 
 def check_offload(ctx: Context, placements: Sequence[AxisPlacement],
