@@ -1248,7 +1248,7 @@ def group_divide_factor(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         call = Call.parse(statement)
         if call is None or not call.reduces_grads() or call.group is None:
             continue
-        name, selectors = target_name(call.target)
+        _, selectors = target_name(call.target)
         for group in selectors or list(ctx.param_groups):
             for axis in ctx.axes:
                 for factor in (f"1 / |{axis}|", f"|{axis}|"):

@@ -319,12 +319,18 @@ class GradMachine(Generic[V]):
                 if id(pending) not in self._read_mixes and pending in self.mixes:
                     self.mixes.remove(pending)
                 return
-        elif isinstance(op, (Scale, Free, Clip)) and not op.target.applies_to(self.group):
-            return
-        elif isinstance(op, Backward) and not op.adds_to(self.group):
+        elif not self._touches(op):
             return
         self._pending_mix = None
         self._read_mixes.add(id(pending))
+
+    def _touches(self, op: Op) -> bool:
+        """Does a statement other than a collective run on this group's gradients?"""
+        if isinstance(op, Scale | Free | Clip):
+            return op.target.applies_to(self.group)
+        if isinstance(op, Backward):
+            return op.adds_to(self.group)
+        return True
 
     def _mix(self, op: Op) -> None:
         if op not in self.mixes:
