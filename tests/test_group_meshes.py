@@ -402,6 +402,17 @@ def test_fsdp_over_ep_dp_memory_by_hand() -> None:
     assert got["buffers"] == plain["buffers"] == 65_536_000
 
 
+def test_fsdp_over_ep_dp_peak_by_hand() -> None:
+    # persistent states: Θ + Ω + G above, 43,653,632 + 261,921,792 + 87,307,264 = 392,882,688;
+    # the optimizer step (fused Adam, profile megatron) holds just them; the end of backward holds
+    # them and one gathered unit, the embedding's 65,536,000 bytes
+    peak = analyse(load_text(FSDP_EP)).peak
+    assert peak is not None and peak.persistent == 392_882_688
+    moments = {m.name: sum(b for _, b in m.parts) for m in peak.moments}
+    assert moments["optimizer step"] == 392_882_688
+    assert moments["end of backward"] == 392_882_688 + 65_536_000
+
+
 def test_fsdp_over_ep_dp_traffic_by_hand() -> None:
     # each gather once for forward and once for backward (reshard after forward):
     # dense: all-gather of 2 Ψ_d bytes over dp x ep moves 3/4 of it, 1.5 Ψ_d = 61,754,880
