@@ -537,6 +537,11 @@ step {
     # refutes the group, which no run can show: exit 1, the replay matches)
     (DEAD_MIX.replace("SECOND", "reduce_scatter(sum) grads[experts] over dp"), 1,
      "the replay agrees with Z3 (proved; the real run matches)"),
+    # a max reduction: integrity does not model it (unknown), so composition's refutation of the
+    # group is what the run must show, and it does
+    (FSDP_STEP.replace("DENSE", "dp * ep").replace("reduce_scatter(sum) grads[experts] over EXPERTS",
+                                                    "reduce_scatter(max) grads[experts] over dp"),
+     1, "the replay agrees with Z3 (refuted; the real run diverges)"),
 ])
 def test_zero1_over_ep_dp_replay(tmp_path: Path, text: str, rc: int, words: str) -> None:
     path = tmp_path / "ep-dp.place"
