@@ -467,6 +467,34 @@ def test_fsdp_over_ep_dp_groups(dense: str, experts: str, refuted: set[str]) -> 
     assert got == refuted
 
 
+@pytest.mark.parametrize("order", ["place hsdp over dp * ep\nplace expert over ep",
+                                   "place expert over ep\nplace hsdp over ep * dp"])
+def test_hsdp_over_an_expert_axis_is_not_modelled(order: str) -> None:
+    with pytest.raises(PlaceError) as raised:
+        load_text(MOE.format(place=order), "f.place")
+    first = raised.value.diagnostics[0]
+    assert first.code is Code.BAD_VALUE
+    assert "'hsdp' over the expert axis 'ep': not modelled" in first.message
+    assert first.span is not None and first.span.line == 9  # the second statement
+
+
+def test_hsdp_with_experts_is_fsdp_over_ep_dp_and_ddp_over_the_replicas() -> None:
+    # torchtitan's HSDP with EP: the dense groups sharded over dp_shard (dp x ep here), the
+    # experts over dp_shard_mod_ep (dp), both replicated over dp_replicate (rep)
+    text = FSDP_EP.replace("mesh { dp = 2, ep = 2 }", "mesh { rep = 2, dp = 2, ep = 2 }") + \
+        "place ddp over rep\n"
+    strategy = load_text(text)
+    lines = step_text(strategy).splitlines()
+    assert "    reduce_scatter(sum) grads[dense, embedding, norms] over dp * ep" in lines
+    assert "    reduce_scatter(sum) grads[experts] over dp" in lines
+    assert "    all_reduce(sum) grads over rep" in lines
+    result = check_strategy(strategy)
+    assert result.verification is not None
+    assert result.verification.overall() is Verdict.PROVED
+    # memory as fsdp over ep * dp: nothing is sharded over rep
+    assert bytes_of(text)["params"] == 43_653_632
+
+
 def test_fsdp_over_a_context_axis_is_still_not_modelled() -> None:
     with pytest.raises(PlaceError) as raised:
         load_text(CP.format(place="place fsdp over dp * cp\nplace context over cp"), "f.place")
