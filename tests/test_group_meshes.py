@@ -641,3 +641,22 @@ def test_a_group_placed_over_ep_twice_is_an_error() -> None:
     with pytest.raises(PlaceError) as raised:
         load_text(text, "f.place")
     assert raised.value.diagnostics[0].code is Code.DUPLICATE
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_the_trace_of_a_dead_mix_is_unconfirmed_and_says_why(tmp_path: Path) -> None:
+    # the only refutation is composition safety's group, which changes no value: the replay of
+    # its trace cannot confirm it (exit 3, never 0), and says so at the same mesh
+    path, trace = tmp_path / "dead.place", tmp_path / "dead.json"
+    path.write_text(DEAD_MIX.replace("SECOND", "reduce_scatter(sum) grads[experts] over dp"),
+                    encoding="utf-8")
+    check = subprocess.run([sys.executable, "-m", "placeverify", "check", "-q", "--trace",
+                            str(trace), str(path)], capture_output=True, text=True, timeout=300,
+                           check=False)
+    assert check.returncode == 1, check.stdout + check.stderr
+    run = subprocess.run([sys.executable, "-m", "placeverify", "replay", "-q", "--width", "400",
+                          str(trace)], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "UNCONFIRMED: Z3 says refuted at dp = 2, ep = 2 on a condition about no value" \
+        in run.stdout
