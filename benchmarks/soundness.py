@@ -1271,6 +1271,52 @@ def overlap_param_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
         yield here.inserted((None, here.loop_end()), wait)  # after the loop
 
 
+@operator
+def merge_group_reductions(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Per-group meshes, the reverse of ``split_group_reduction``: two gradient reductions of
+    different parameter groups made one, over either's group (the experts reduced with the dense
+    groups over the whole data-parallel group, or the dense groups over the expert data-parallel
+    group); and a reduction of every group over one's group put before the other's own (the
+    experts added into the dense reduce-scatter over dp * ep, then reduce-scattered over dp:
+    a mixed shard the second overwrites, semantics/buffers.py)."""
+    found = [(loc, call) for loc, statement in body.statements()
+             if (call := Call.parse(statement)) is not None and call.reduces_grads()
+             and call.group is not None and "[" in call.target]
+    for (loc_a, a), (loc_b, b) in itertools.combinations(found, 2):
+        if loc_a[0] != loc_b[0] or a.name != b.name or a.group == b.group:
+            continue
+        name, first = target_name(a.target)
+        _, second = target_name(b.target)
+        both = with_selectors(name, sorted({*first, *second}))
+        for group in (a.group, b.group):
+            merged = body.replaced(loc_a, replace(a, target=both, group=group).text())
+            yield merged.removed(loc_b)
+        for loc, call in ((loc_a, a), (loc_b, b)):  # every group's gradients, the other's kept
+            yield body.replaced(loc, replace(call, target=name).text())
+
+
+@operator
+def group_divide_factor(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """Per-group meshes: one parameter group's gradients divided (or multiplied) by the size of
+    one axis before its own reduction, as FSDP2's per-module gradient divide factor
+    (``set_gradient_divide_factor``, pytorch/torchtitan#1551, Megatron-LM#5956's grad_divisor),
+    and a group's averaging reduction turned into a sum."""
+    for loc, statement in body.statements():
+        call = Call.parse(statement)
+        if call is None or not call.reduces_grads() or call.group is None:
+            continue
+        _, selectors = target_name(call.target)
+        for group in selectors or list(ctx.param_groups):
+            for axis in ctx.axes:
+                for factor in (f"1 / |{axis}|", f"|{axis}|"):
+                    yield body.inserted(loc, f"scale grads[{group}] by {factor}")
+        op = call.reduce_op
+        if op in ("mean", "sum"):
+            other = "sum" if op == "mean" else "mean"
+            options = tuple(other if o == op else o for o in call.options)
+            yield body.replaced(loc, replace(call, options=options).text())
+
+
 # ---- bases and mutants ------------------------------------------------------------------------
 
 

@@ -80,6 +80,7 @@ CALLS_FOR: dict[str, str] = {
     "dp-local-token-count": "normalise by the global count",
     "dropout-seed-whole-mesh": "seed dropout(sharded) differ over dp",
     "expert-grads-not-divided": "gradients are |ep|x too large",
+    "fsdp-ep-expert-divide-factor": "gradients are |ep|x too large",
     "fsdp-gloo-avg-as-sum": "gradients are |dp|x too large",
     "ddp-divide-by-processes": "gradients are |local|x too large",
     "ga-loss-not-divided": "never divided by their number",
@@ -132,6 +133,7 @@ UNCITED: dict[str, str] = {
     # The corpus of examples/bugs/README.md: generic fixes, one repair for many reports.
     "gpt-neox#1259": "double-division fix", "open-instruct#1498": "overwritten-shard fix",
     "pytorch#160285": "sum-without-average fix", "torchtitan#1551": "sum-without-average fix",
+    "Megatron-LM#5956": "sum-without-average fix", "torchtitan#1793": "sum-without-average fix",
     "ColossalAI#2192": "clip fix", "Megatron-LM#5916": "clip fix", "RL#3788": "clip fix",
     "TransformerEngine#715": "clip fix", "pytorch#88955": "clip fix", "twinkle#290": "clip fix",
     "DeepSpeed#1252": "clip fix", "tt-metal#55947": "dropout fix", "verl#3332": "microbatch fix",

@@ -359,14 +359,183 @@ def test_one_group_for_both_is_refuted(rs: str, ag: str, refuted: set[str]) -> N
     assert got == refuted
 
 
-@pytest.mark.parametrize("place", ["place zero3 over ep * dp", "place fsdp over dp * ep"])
-def test_parameters_sharded_over_an_expert_axis_are_not_modelled(place: str) -> None:
+# ---- parameters sharded over a product with an expert axis: place fsdp over ep * dp ----------
+
+# torchtitan's FSDP2 with expert parallelism (torchtitan/distributed/fsdp.py, apply_fsdp_to_decoder;
+# earlier torchtitan/experiments/llama4/infra/parallelize.py, apply_fsdp): the dense parameters
+# fully_shard'ed over dp_shard, which includes the ep ranks, the routed experts over
+# dp_shard_mod_ep, the expert data-parallel group.
+FSDP_EP = MOE.format(place="place fsdp over ep * dp\nplace expert over ep")
+
+
+def test_fsdp_over_ep_dp_columns() -> None:
+    strategy = load_text(FSDP_EP)
+    ep = strategy.placement("ep")
+    for group in (ParamGroup.DENSE, ParamGroup.NORMS, ParamGroup.EMBEDDING):
+        # the dense groups: Θ gathered before use (S*), Ω and G sharded, along ep as along dp
+        assert [ep.mode_of(st, group.value) for st in (State.PARAMS, State.OPTIMIZER,
+                                                        State.GRADIENTS)] == [SS, S, S]
+        assert optimizer_axes(strategy, group) == ("dp", "ep")
+    # the experts keep the expert column's modes: split over ep, not gathered along it
+    assert ep.mode_of(State.PARAMS, ParamGroup.EXPERTS.value) is S
+    assert optimizer_axes(strategy, ParamGroup.EXPERTS) == ("dp",)
+
+
+def test_fsdp_over_ep_dp_memory_by_hand() -> None:
+    # Every rank holds its ep rank's half of the experts (Ψ_e / 2) and a copy of the dense groups.
+    # Θ: the dense groups over dp x ep = 4 ranks, the experts' half over dp = 2:
+    #   2 Ψ_d / 4 + 2 (Ψ_e / 2) / 2 = 20,584,960 + 23,068,672 = 43,653,632
+    # Ω: 12 Ψ_d / 4 + 12 (Ψ_e / 2) / 2 = 3 Ψ_d + 3 Ψ_e = 261,921,792
+    # G: 4 Ψ_d / 4 + 4 (Ψ_e / 2) / 2 = Ψ_d + Ψ_e = 87,307,264
+    got = bytes_of(FSDP_EP)
+    assert (got["params"], got["optimizer"], got["gradients"]) == (
+        Fraction(43_653_632), Fraction(261_921_792), Fraction(87_307_264))
+    assert PSI_D // 2 + PSI_E // 2 == 43_653_632
+    # fsdp over dp keeps the dense groups whole along ep: Θ 2 Ψ_d / 2, Ω 12 Ψ_d / 2, G 4 Ψ_d / 2,
+    # so Ψ_d / 2, 3 Ψ_d and Ψ_d more bytes
+    plain = bytes_of(MOE.format(place="place fsdp over dp\nplace expert over ep"))
+    assert plain["params"] - got["params"] == Fraction(PSI_D, 2)
+    assert plain["optimizer"] - got["optimizer"] == 3 * PSI_D
+    assert plain["gradients"] - got["gradients"] == PSI_D
+    # the gather buffer is one whole unit whatever its shards: the embedding, 32,768,000
+    # elements x 2 bytes (a layer holds 4,194,304 + 6,144 + 23,068,672 / 2 = 15,734,784)
+    assert got["buffers"] == plain["buffers"] == 65_536_000
+
+
+def test_fsdp_over_ep_dp_peak_by_hand() -> None:
+    # persistent states: Θ + Ω + G above, 43,653,632 + 261,921,792 + 87,307,264 = 392,882,688;
+    # the optimizer step (fused Adam, profile megatron) holds just them; the end of backward holds
+    # them and one gathered unit, the embedding's 65,536,000 bytes
+    peak = analyse(load_text(FSDP_EP)).peak
+    assert peak is not None and peak.persistent == 392_882_688
+    moments = {m.name: sum(b for _, b in m.parts) for m in peak.moments}
+    assert moments["optimizer step"] == 392_882_688
+    assert moments["end of backward"] == 392_882_688 + 65_536_000
+
+
+def test_fsdp_over_ep_dp_traffic_by_hand() -> None:
+    # each gather once for forward and once for backward (reshard after forward):
+    # dense: all-gather of 2 Ψ_d bytes over dp x ep moves 3/4 of it, 1.5 Ψ_d = 61,754,880
+    # experts: all-gather of 2 (Ψ_e / 2) bytes over dp moves 1/2 of it, 23,068,672
+    # reduce-scatters as zero2 over ep * dp: 3 Ψ_d = 123,509,760 and Ψ_e = 46,137,344
+    comm = comm_of(FSDP_EP)
+    for when in ("forward", "backward"):
+        assert comm[("all_gather", ("dp", "ep"),
+                     f"params[dense, embedding, norms] (gather for {when})")] == 61_754_880
+        assert comm[("all_gather", ("dp",), f"params[experts] (gather for {when})")] \
+            == 23_068_672
+    assert comm[("reduce_scatter", ("dp", "ep"), "grads[dense, embedding, norms]")] == 123_509_760
+    assert comm[("reduce_scatter", ("dp",), "grads[experts]")] == 46_137_344
+    assert not any(op == "all_gather" and axes == ("ep",) for op, axes, _ in comm)
+
+
+@pytest.mark.parametrize("preset", ["fsdp", "zero3"])
+def test_fsdp_over_ep_dp_canonical_step_is_proved(preset: str) -> None:
+    strategy = load_text(MOE.format(place=f"place {preset} over ep * dp\nplace expert over ep"))
+    assert "    reduce_scatter(sum) grads[dense, embedding, norms] over dp * ep" in \
+        step_text(strategy).splitlines()
+    assert "    reduce_scatter(sum) grads[experts] over dp" in step_text(strategy).splitlines()
+    result = check_strategy(strategy)
+    assert result.verification is not None
+    assert result.verification.overall() is Verdict.PROVED
+
+
+FSDP_STEP = FSDP_EP + """\
+step {
+    backward sum / tokens(dp, ep, step)
+    reduce_scatter(sum) grads[dense, embedding, norms] over DENSE
+    reduce_scatter(sum) grads[experts] over EXPERTS
+    update params
+}
+"""
+
+
+@pytest.mark.parametrize(("dense", "experts", "refuted"), [
+    ("dp * ep", "dp", set()),
+    # the dense gradient over the expert data-parallel group only: never summed over ep, and its
+    # shard is not the one the optimizer (over dp x ep) updates
+    ("dp", "dp", {"gradient_integrity", "composition_safety"}),
+    # the experts over the whole data-parallel group: different experts summed
+    ("dp * ep", "dp * ep", {"gradient_integrity", "composition_safety"}),
+])
+def test_fsdp_over_ep_dp_groups(dense: str, experts: str, refuted: set[str]) -> None:
+    text = FSDP_STEP.replace("DENSE", dense).replace("EXPERTS", experts)
+    result = check_strategy(load_text(text))
+    assert result.verification is not None
+    got = {o.condition.value for o in result.verification.obligations
+           if o.verdict is Verdict.REFUTED}
+    assert got == refuted
+
+
+@pytest.mark.parametrize("order", ["place hsdp over dp * ep\nplace expert over ep",
+                                   "place expert over ep\nplace hsdp over ep * dp"])
+def test_hsdp_over_an_expert_axis_is_not_modelled(order: str) -> None:
     with pytest.raises(PlaceError) as raised:
-        load_text(MOE.format(place=place + "\nplace expert over ep"), "f.place")
+        load_text(MOE.format(place=order), "f.place")
     first = raised.value.diagnostics[0]
     assert first.code is Code.BAD_VALUE
-    assert "shards the parameters over the expert axis 'ep': not modelled" in first.message
-    assert first.span is not None and (first.span.line, first.span.column) == (8, 1)
+    assert "'hsdp' over the expert axis 'ep': not modelled" in first.message
+    assert first.span is not None and first.span.line == 9  # the second statement
+
+
+def test_hsdp_with_experts_is_fsdp_over_ep_dp_and_ddp_over_the_replicas() -> None:
+    # torchtitan's HSDP with EP: the dense groups sharded over dp_shard (dp x ep here), the
+    # experts over dp_shard_mod_ep (dp), both replicated over dp_replicate (rep)
+    text = FSDP_EP.replace("mesh { dp = 2, ep = 2 }", "mesh { rep = 2, dp = 2, ep = 2 }") + \
+        "place ddp over rep\n"
+    strategy = load_text(text)
+    lines = step_text(strategy).splitlines()
+    assert "    reduce_scatter(sum) grads[dense, embedding, norms] over dp * ep" in lines
+    assert "    reduce_scatter(sum) grads[experts] over dp" in lines
+    assert "    all_reduce(sum) grads over rep" in lines
+    result = check_strategy(strategy)
+    assert result.verification is not None
+    assert result.verification.overall() is Verdict.PROVED
+    # memory as fsdp over ep * dp: nothing is sharded over rep
+    assert bytes_of(text)["params"] == 43_653_632
+
+
+def test_fsdp_over_a_context_axis_is_still_not_modelled() -> None:
+    with pytest.raises(PlaceError) as raised:
+        load_text(CP.format(place="place fsdp over dp * cp\nplace context over cp"), "f.place")
+    assert "shards the parameters over the context axis 'cp': not modelled" in \
+        raised.value.diagnostics[0].message
+
+
+# ---- a reduce-scatter whose mixed shard is overwritten before it is read ----------------------
+
+# Found by the soundness harness (change_selector on examples/ok/distributed-optimizer-ep-dp): the
+# experts' gradients reduce-scattered with the dense groups over dp * ep (summing different
+# experts), then over dp on their own. The second reduce-scatter reduces the full buffer again and
+# replaces the shard, so the update consumes the right gradient: gradient integrity holds (it was
+# refuted, and the replay matched), and composition safety refutes the wasted collective's group.
+DEAD_MIX = EP_DP + """\
+step {
+    backward sum / tokens(dp, ep, step)
+    reduce_scatter(sum) grads over dp * ep
+    SECOND
+    update params
+    all_gather params[dense, embedding, norms] over dp * ep
+    all_gather params[experts] over dp
+}
+"""
+
+
+@pytest.mark.parametrize(("second", "refuted"), [
+    # the mixed shard overwritten: only the group is wrong
+    ("reduce_scatter(sum) grads[experts] over dp", {"composition_safety"}),
+    # the mixed shard read: the update consumes sums of different experts
+    ("scale grads[experts] by 1", {"gradient_integrity", "composition_safety"}),
+    # accumulated into: the mixed sums stay in the shard
+    ("reduce_scatter(sum, accumulate) grads[experts] over dp * ep",
+     {"gradient_integrity", "composition_safety"}),
+])
+def test_a_mixed_shard_counts_once_something_reads_it(second: str, refuted: set[str]) -> None:
+    result = check_strategy(load_text(DEAD_MIX.replace("SECOND", second)))
+    assert result.verification is not None
+    got = {o.condition.value for o in result.verification.obligations
+           if o.verdict is Verdict.REFUTED}
+    assert got == refuted
 
 
 STALE_ALONG_EP = EP_DP + """\
@@ -387,6 +556,20 @@ step {
     (EP_DP, 0, "the replay agrees with Z3 (proved; the real run matches)"),
     # the dense shards updated along ep, gathered over dp only: ep ranks keep stale parameters
     (STALE_ALONG_EP, 1, "the replay agrees with Z3 (refuted; the real run diverges)"),
+    # fsdp over ep * dp: the dense parameters gathered over dp x ep, the experts over dp
+    (FSDP_EP, 0, "the replay agrees with Z3 (proved; the real run matches)"),
+    # the experts' reduce-scatter over dp * ep: different experts summed, and the run shows it
+    (FSDP_STEP.replace("DENSE", "dp * ep").replace("EXPERTS", "dp * ep"), 1,
+     "the replay agrees with Z3 (refuted; the real run diverges)"),
+    # the mixed shard overwritten before it is read: the values are right (composition safety
+    # refutes the group, which no run can show: exit 1, the replay matches)
+    (DEAD_MIX.replace("SECOND", "reduce_scatter(sum) grads[experts] over dp"), 1,
+     "the replay agrees with Z3 (proved; the real run matches)"),
+    # a max reduction: integrity does not model it (unknown), so composition's refutation of the
+    # group is what the run must show, and it does
+    (FSDP_STEP.replace("DENSE", "dp * ep").replace("reduce_scatter(sum) grads[experts] over EXPERTS",
+                                                    "reduce_scatter(max) grads[experts] over dp"),
+     1, "the replay agrees with Z3 (refuted; the real run diverges)"),
 ])
 def test_zero1_over_ep_dp_replay(tmp_path: Path, text: str, rc: int, words: str) -> None:
     path = tmp_path / "ep-dp.place"
@@ -396,3 +579,84 @@ def test_zero1_over_ep_dp_replay(tmp_path: Path, text: str, rc: int, words: str)
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == rc, run.stdout + run.stderr
     assert words in run.stdout
+
+
+# ---- a per-group placement along an expert axis: place zero1 over ep for dense, ... -----------
+
+# The groups an expert axis does not split are copies along it (data-parallel there), so a data
+# preset may place them along it as along a data axis; the experts, split over it, may not.
+PER_GROUP_EP = MOE.format(place="place PRESET over dp\nplace expert over ep\n"
+                                "place PRESET over ep for GROUPS")
+
+
+def _columns(text: str) -> list[tuple[str, str, tuple[Mode, ...], tuple[object, ...]]]:
+    return [(p.axis, p.role.value, p.modes, tuple(sorted(p.group_modes)))
+            for p in load_text(text).placements]
+
+
+@pytest.mark.parametrize("preset", ["zero1", "zero2", "fsdp"])
+def test_every_copied_group_over_ep_is_the_product(preset: str) -> None:
+    # zero1 over dp and zero1 over ep for the dense groups is zero1 over ep * dp, column by column
+    text = PER_GROUP_EP.replace("PRESET", preset).replace("GROUPS", "dense, norms, embedding")
+    assert _columns(text) == _columns(MOE.format(place=f"place {preset} over ep * dp\n"
+                                                      "place expert over ep"))
+    assert bytes_of(text) == bytes_of(MOE.format(place=f"place {preset} over ep * dp\n"
+                                                       "place expert over ep"))
+
+
+def test_only_the_dense_group_over_ep_by_hand() -> None:
+    # dense Ψ = 8,388,608 (two layers of 4 h^2); norms and embedding, N = 13,312 + 32,768,000 =
+    # 32,781,312, stay replicas along ep: Ω = 12 x 8,388,608 / 4 + 12 x 32,781,312 / 2
+    # + 12 (Ψ_e / 2) / 2 = 25,165,824 + 196,687,872 + 138,412,032 = 360,265,728
+    dense, rest = 8_388_608, 13_312 + 32_768_000
+    assert dense + rest == PSI_D
+    text = PER_GROUP_EP.replace("PRESET", "zero1").replace("GROUPS", "dense")
+    got = bytes_of(text)
+    assert got["optimizer"] == 3 * dense + 6 * rest + 3 * PSI_E == 360_265_728
+    strategy = load_text(text)
+    assert optimizer_axes(strategy, ParamGroup.DENSE) == ("dp", "ep")
+    assert optimizer_axes(strategy, ParamGroup.NORMS) == ("dp",)
+    lines = step_text(strategy).splitlines()
+    assert "    reduce_scatter(sum) grads[dense] over dp * ep" in lines
+    assert "    all_reduce(sum) grads[embedding, norms] over ep" in lines
+    result = check_strategy(strategy)
+    assert result.verification is not None
+    assert result.verification.overall() is Verdict.PROVED
+
+
+def test_the_experts_cannot_be_placed_along_their_own_axis() -> None:
+    text = PER_GROUP_EP.replace("PRESET", "zero1").replace("GROUPS", "dense, experts")
+    with pytest.raises(PlaceError) as raised:
+        load_text(text, "f.place")
+    first = raised.value.diagnostics[0]
+    assert first.code is Code.BAD_VALUE
+    assert "the experts are split over the expert axis 'ep'" in first.message
+    # line 10, at 'experts': 'place zero1 over ep for dense, ' is 31 characters
+    assert first.span is not None and (first.span.line, first.span.column) == (10, 32)
+
+
+def test_a_group_placed_over_ep_twice_is_an_error() -> None:
+    text = MOE.format(place="place zero1 over ep * dp\nplace expert over ep\n"
+                            "place ddp over ep for norms")
+    with pytest.raises(PlaceError) as raised:
+        load_text(text, "f.place")
+    assert raised.value.diagnostics[0].code is Code.DUPLICATE
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_the_trace_of_a_dead_mix_is_unconfirmed_and_says_why(tmp_path: Path) -> None:
+    # the only refutation is composition safety's group, which changes no value: the replay of
+    # its trace cannot confirm it (exit 3, never 0), and says so at the same mesh
+    path, trace = tmp_path / "dead.place", tmp_path / "dead.json"
+    path.write_text(DEAD_MIX.replace("SECOND", "reduce_scatter(sum) grads[experts] over dp"),
+                    encoding="utf-8")
+    check = subprocess.run([sys.executable, "-m", "placeverify", "check", "-q", "--trace",
+                            str(trace), str(path)], capture_output=True, text=True, timeout=300,
+                           check=False)
+    assert check.returncode == 1, check.stdout + check.stderr
+    run = subprocess.run([sys.executable, "-m", "placeverify", "replay", "-q", "--width", "400",
+                          str(trace)], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "UNCONFIRMED: Z3 says refuted at dp = 2, ep = 2 on a condition about no value" \
+        in run.stdout

@@ -150,6 +150,18 @@ step {
 """
 
 
+# Per-group meshes: FSDP over ep * dp, each group's gradients reduce-scattered over its own group.
+EP_DP = """\
+model transformer {
+    layers = 2, hidden = 256, heads = 4, vocab = 1000, seq = 64
+    experts = 4, top_k = 2, expert_ffn = 512
+}
+mesh { dp = 2, ep = 2 }
+place fsdp over ep * dp
+place expert over ep
+"""
+
+
 def _harness() -> ModuleType:
     spec = importlib.util.spec_from_file_location("soundness", ROOT / "benchmarks" / "soundness.py")
     assert spec is not None and spec.loader is not None
@@ -201,7 +213,7 @@ def test_a_rendered_step_parses_back_to_the_same_text(path: Path) -> None:
 @pytest.mark.parametrize("name", list(soundness.OPERATORS))
 def test_every_operator_makes_a_mutant_that_lowers(name: str) -> None:
     made = [(base, body) for base in (_base(RICH), _base(PLAIN), _base(DIVIDED), _base(TERMS),
-                                       _base(GATHER), _base(STEPS))
+                                       _base(GATHER), _base(STEPS), _base(EP_DP))
             for body in soundness.OPERATORS[name](base.body, base.context)]
     assert made, f"{name} made no mutant of a step with every construct, nor of a plain one"
     lowered = 0
@@ -444,3 +456,19 @@ def test_the_param_gather_operator_makes_the_gather_asynchronous() -> None:
     verdicts = [verify(load_text(base.text(body))).verdicts()["state_consistency"]
                 for body in soundness.OPERATORS["overlap_param_gather"](base.body, base.context)]
     assert verdicts == ["proved", "proved", "proved", "refuted", "refuted"]
+
+
+
+def test_the_per_group_operators_merge_groups_and_divide_one() -> None:
+    # the canonical step of fsdp over ep * dp reduce-scatters the dense groups over dp * ep and
+    # the experts over dp
+    merged = _diffs("merge_group_reductions", EP_DP)
+    assert ["- reduce_scatter(sum) grads[dense, embedding, norms] over dp * ep",
+            "- reduce_scatter(sum) grads[experts] over dp",
+            "+ reduce_scatter(sum) grads[dense, embedding, experts, norms] over dp"] in merged
+    # the soundness harness's finding: the experts added into the dense reduce-scatter first
+    assert ["- reduce_scatter(sum) grads[dense, embedding, norms] over dp * ep",
+            "+ reduce_scatter(sum) grads over dp * ep"] in merged
+    divided = _diffs("group_divide_factor", EP_DP)
+    assert ["+ scale grads[experts] by 1 / |ep|"] in divided
+    assert ["+ scale grads[dense] by |dp|"] in divided

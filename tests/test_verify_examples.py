@@ -64,6 +64,9 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # the MoE aux loss's gradient averaged over dp by FSDP, meant to count in full per rank
     # (Automodel#1412)
     "moe-aux-loss-fsdp-average": ({"gradient_integrity"}, "coefficient"),
+    # FSDP over ep * dp: the experts' reduce-scatter averaged over the expert data-parallel group
+    # only, |ep|x too large (Megatron-LM#5956, torchtitan#1793)
+    "fsdp-ep-expert-divide-factor": ({"gradient_integrity"}, "coefficient"),
     # asynchronous collectives: the last micro-batch's gradient written while the reduce-scatter
     # is in flight, lost under its result (Megatron-LM#3670, DeepSpeed#8061)
     "overlap-reduce-before-grad-write": ({"gradient_integrity"}, "coefficient"),

@@ -47,7 +47,7 @@ from placeverify.ir.step import (
     TermKind,
 )
 from placeverify.ir.strategy import Strategy
-from placeverify.roles.queries import gathered_axes, replicates_model
+from placeverify.roles.queries import gathered_axes, gathers_copies, replicates_model
 
 COUNT_BYTES = 8  # an int64 token or sample count
 FLAG_BYTES = 4  # an fp32 overflow flag or squared norm
@@ -201,6 +201,9 @@ def placement_items(d: Domain, strategy: Strategy,
         local_total = local_total + n
 
     gathered = set(gathered_axes(strategy)).union(*(gathered_axes(strategy, g) for g in local))
+    if any(gathers_copies(p, g) for p in strategy.placements for g in local):
+        items.extend(_gathers_by_group(d, strategy, local, m, param_bytes))
+        gathered = set()
     for p in strategy.placements:
         if p.axis not in gathered:
             continue
@@ -221,6 +224,34 @@ def placement_items(d: Domain, strategy: Strategy,
     if arch is not None:
         items.extend(_model_parallel_items(d, strategy, m))
     items.extend(_offload_items(d, strategy, m, local_total, activations))
+    return items
+
+
+def _gathers_by_group(d: Domain, strategy: Strategy, local: dict[ParamGroup, Num], m: Num,
+                      param_bytes: Num) -> list[CommItem]:
+    """The parameter gathers of a preset that shards the parameters over a product with an expert
+    axis (``place fsdp over ep * dp``, README "Per-group meshes"): each set of groups gathered
+    over the same axes in one all-gather over their product, as FSDP2 gathers a unit over the
+    mesh it was given (torchtitan's ``apply_fsdp``: the dense parameters over dp_shard, which
+    includes the ep ranks, the routed experts over dp_shard_mod_ep)."""
+    by_axes: dict[tuple[str, ...], list[ParamGroup]] = {}
+    for g in local:
+        axes = tuple(a for a in gathered_axes(strategy, g) if strategy.size(a) > 1)
+        if axes:
+            by_axes.setdefault(axes, []).append(g)
+    items: list[CommItem] = []
+    for axes, groups in by_axes.items():
+        payload: Num = 0
+        for g in groups:
+            payload = payload + local[g]
+        first = strategy.placement(axes[0])
+        label = "params" if len(groups) == len(local) else \
+            f"params[{', '.join(sorted(g.value for g in groups))}]"
+        reshard = any(strategy.placement(a).reshard_after_forward for a in axes)
+        for when in ("forward", "backward") if reshard else ("forward",):
+            items.append(_item(d, strategy, "all_gather", strategy.mesh.group(*axes),
+                               f"{label} (gather for {when})", payload * param_bytes, m,
+                               "params", "placement", first.span))
     return items
 
 

@@ -16,8 +16,12 @@ so memory, traffic and every verdict read the same per-axis IR as before:
   are sharded over the product's other axes only, the expert data-parallel group); every other
   parameter group is a copy along it and takes the preset's Θ, Ω and G as a per-group placement
   of that column (``zero1 over ep * dp``: the dense groups' Ω sharded over ep x dp, the experts'
-  over dp, as Megatron-LM's distributed optimizer). A preset that shards the parameters
-  (``zero3``, ``fsdp``) over an expert axis is not modelled;
+  over dp, as Megatron-LM's distributed optimizer). A preset that shards the parameters does
+  the same with Θ (``fsdp over ep * dp``: the dense groups' parameters S* over ep x dp, gathered
+  over it before use, the experts' over dp), as torchtitan applies FSDP2 with expert parallelism
+  (torchtitan/distributed/fsdp.py, ``apply_fsdp_to_decoder``: the dense parameters over
+  dp_shard, the routed experts over dp_shard_mod_ep with the whole data-parallel size as their
+  gradient divide factor, pytorch/torchtitan#1551);
 * a tensor or pipeline axis in the product is an error: those ranks hold different parameters,
   not copies whose states a data preset could shard.
 """
@@ -69,13 +73,13 @@ def expert_column(ctx: Context, product: AxisPlacement, other: AxisPlacement,
     column's modes (split over the axis, their states sharded along the other axes only: the
     expert data-parallel group); every other group is a copy along the axis and takes the
     preset's Θ, Ω and G as a per-group placement, as Megatron-LM's distributed optimizer shards
-    the dense parameters' state over the whole data-parallel group (data x expert ranks)."""
-    if product.modes[0] is not Mode.R:
-        ctx.error(f"{where} shards the parameters over the expert axis '{other.axis}': "
-                  "not modelled", Code.BAD_VALUE, product.span,
-                  "shard the optimizer state over the product with 'zero1' or 'zero2', or the "
-                  "parameters over the data axes only")
-        return None
+    the dense parameters' state over the whole data-parallel group (data x expert ranks), and
+    as torchtitan's FSDP2 shards the dense parameters themselves over dp_shard, which includes
+    the ep ranks, and the routed experts over dp_shard_mod_ep (torchtitan/distributed/fsdp.py,
+    ``apply_fsdp_to_decoder``; torchtitan/experiments/llama4/infra/parallelize.py before it,
+    where pytorch/torchtitan#1551 set the experts' ``set_gradient_divide_factor`` to the whole
+    data-parallel size). The dense groups' Θ is then S* along the expert axis: gathered over it
+    before use (:func:`placeverify.roles.queries.gathers_copies`)."""
     if not any(m.sharded for m in product.modes[:3]):
         return other  # ddp: the dense groups are already data-parallel along an expert axis
     dense = tuple((g.value, product.modes) for g in groups if g is not ParamGroup.EXPERTS)
@@ -91,6 +95,10 @@ def product_placements(name: str, role: Role, modes: tuple[Mode, Mode, Mode, Mod
 
 
 # ---- a parameter group over its own data-parallel group: place ddp over dp for norms ----------
+#
+# Along an expert axis too (``place zero1 over ep for dense``): the groups the axis copies (every
+# group but the experts) take the preset's Θ, Ω and G there, exactly as a product with the axis
+# gives them; the others it copies stay replicas (R) along it; naming the experts is an error.
 
 Reader = Callable[[Context, ast.PlaceStmt, Group, Mesh, "list[AxisPlacement] | None"],
                   list[AxisPlacement]]
@@ -102,7 +110,8 @@ def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
     """Apply each ``place P over G for g1, g2`` to the columns of G's axes: along each of them
     the named groups' Θ, Ω and G take P's modes (their activations stay the axis's). Each axis
     is placed for every group by a statement of its own first; only data axes take per-group
-    placements (a context, expert, tensor or pipeline axis is not modelled)."""
+    placements, and an expert axis for the groups it copies (a context, tensor or pipeline axis
+    is not modelled)."""
     names = {g.value: g for g in ParamGroup}
     present = model.groups_present()
     for stmt in statements:
@@ -137,10 +146,18 @@ def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
                           f"e.g. 'place ddp over {placement.axis}' as well", Code.MISSING,
                           stmt.span)
                 continue
-            if column.role is not Role.DATA:
+            if column.role is Role.EXPERT and ParamGroup.EXPERTS in groups:
+                ctx.error(f"the experts are split over the expert axis '{column.axis}': a data "
+                          "preset cannot place them along it", Code.BAD_VALUE,
+                          next(sel.span for sel in stmt.groups.groups
+                               if sel.text == ParamGroup.EXPERTS.value),
+                          "name the groups the expert axis copies (dense, norms, embedding); "
+                          "the experts' states are sharded along the data axes")
+                continue
+            if column.role is not Role.DATA and column.role is not Role.EXPERT:
                 ctx.error(f"a placement for some parameter groups over the {column.role.value} "
                           f"axis '{column.axis}': not modelled", Code.BAD_VALUE, stmt.group.span,
-                          "per-group placements are along data axes")
+                          "per-group placements are along data and expert axes")
                 continue
             placed = dict(column.group_modes)
             for g in groups:
@@ -150,6 +167,15 @@ def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
                     continue
                 placed[g.value] = placement.modes
             columns[placement.axis] = replace(column, group_modes=tuple(placed.items()))
+    for axis, column in list(columns.items()):
+        if column.role is Role.EXPERT and column.group_modes:
+            # the groups an expert axis copies and no statement placed along it stay replicas
+            # there (data-parallel: reduced over it, whole), not the experts' split modes
+            placed = dict(column.group_modes)
+            for g in present:
+                if g is not ParamGroup.EXPERTS and g.value not in placed:
+                    placed[g.value] = (Mode.R, Mode.R, Mode.R, column.modes[3])
+            columns[axis] = replace(column, group_modes=tuple(placed.items()))
 
 
 def check_offload(ctx: Context, placements: Sequence[AxisPlacement],

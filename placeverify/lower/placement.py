@@ -40,7 +40,12 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
         for placement in read_placement(ctx, stmt, group, mesh, products):
             if any(placement is column for column in products):
                 continue
-            if placement.axis in by_axis:
+            if placement.axis in by_axis and hsdp_with_experts(placement, by_axis[placement.axis]):
+                ctx.error(f"'hsdp' over the expert axis '{placement.axis}': not modelled",
+                          Code.BAD_VALUE, stmt.span,
+                          "shard over a product with the expert axis ('place fsdp over ep * dp') "
+                          "and keep hsdp's replica axis a data axis of its own")
+            elif placement.axis in by_axis:
                 first = by_axis[placement.axis].span
                 ctx.error(f"axis '{placement.axis}' is placed twice", Code.DUPLICATE,
                           stmt.span, f"first placed at {at(first)}")
@@ -65,6 +70,12 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
             ctx.error(f"axis '{axis.name}' has no placement; add e.g. 'place ddp over "
                       f"{axis.name}'", Code.MISSING, axis.span)
     return tuple(by_axis[a.name] for a in mesh.axes if a.name in by_axis)
+
+
+def hsdp_with_experts(a: AxisPlacement, b: AxisPlacement) -> bool:
+    """An ``hsdp`` statement and an ``expert`` statement over one axis (README "Per-group
+    meshes": HSDP with expert parallelism is not modelled)."""
+    return {a.preset, b.preset} == {"hsdp", "expert"}
 
 
 def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group, mesh: Mesh,

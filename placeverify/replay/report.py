@@ -217,7 +217,14 @@ def render(report: Report, console: Console) -> None:
         console.print(f"  control ({plan.control_origin}, Z3: {control.expect.verdict.value}): "
                       f"{control.replay}: {_numbers(control.outcome)}", markup=False)
         _judge(control, "the control", console, plan.resized)
-    if report.verdict == "unconfirmed":
+    if report.verdict == "unconfirmed" and claim.sizes == spec.sizes \
+            and claim.verdict is Verdict.REFUTED and expect.verdict is Verdict.PROVED:
+        console.print(
+            f"  UNCONFIRMED: Z3 says {claim.verdict.value} at {_mesh(claim.sizes)} on a condition "
+            f"about no value the run computes (a placement's bookkeeping, or a collective's "
+            f"group whose result nothing reads), and {expect.verdict.value} on every value; the "
+            "run agrees with the values", markup=False)
+    elif report.verdict == "unconfirmed":
         headline = (f"NOT REPLAYABLE AT THE {claim.mesh_name.upper()}"
                     if math.prod(claim.sizes.values()) > MAX_DEFAULT_WORLD
                     else f"UNCONFIRMED FOR THE {claim.mesh_name.upper()}")

@@ -351,6 +351,10 @@ def groups_needed(strategy: Strategy) -> list[Group]:
     gathered = gathered_axes(strategy)
     if gathered:
         out.append(ordered(gathered))
+    for group in strategy.model.groups_present():  # per-group meshes: each group's own gather
+        own = gathered_axes(strategy, group)
+        if own and ordered(own) not in out:
+            out.append(ordered(own))
     return out
 
 

@@ -60,7 +60,15 @@ def gathered_axes(strategy: Layout, group: ParamGroup | None = None) -> tuple[st
     """Data axes over which the parameters (of ``group``, when given) are gathered before use
     (S*, or O streamed in)."""
     return tuple(p.axis for p in strategy.placements
-                 if p.role is Role.DATA and p.mode_of(State.PARAMS, group) in (Mode.S_STAR, Mode.O))
+                 if (p.role is Role.DATA or gathers_copies(p, group))
+                 and p.mode_of(State.PARAMS, group) in (Mode.S_STAR, Mode.O))
+
+
+def gathers_copies(p: AxisPlacement, group: ParamGroup | None) -> bool:
+    """Is ``p`` an expert axis along which ``group`` is a copy with its own placement
+    (``place fsdp over ep * dp``: the dense groups' parameters sharded over ep x dp and gathered
+    over it, README "Per-group meshes")?"""
+    return group is not None and p.role is Role.EXPERT and replicates_model(p, group)
 
 
 def offloaded(strategy: Layout, state: State) -> bool:
