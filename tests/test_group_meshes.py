@@ -413,6 +413,32 @@ def test_fsdp_over_ep_dp_peak_by_hand() -> None:
     assert moments["end of backward"] == 392_882_688 + 65_536_000
 
 
+PRODUCT_FSDP = """strategy "fsdp over two data axes"
+model {{ params = 1000000 }}
+precision megatron
+mesh {{ dp = 2, dq = 4 }}
+{place}
+"""
+
+
+@pytest.mark.parametrize("place", ["place fsdp over dp * dq",
+                                   "place fsdp over dp\nplace fsdp over dq"])
+def test_parameters_sharded_over_two_axes_are_gathered_once_over_their_product(place: str) -> None:
+    # By hand: 10^6 bf16 parameters, 2,000,000 bytes, sharded over the 2 x 4 = 8 ranks; one
+    # all-gather over the 8 ranks (FSDP2 over the flattened mesh) brings each rank the 7/8 it
+    # lacks: 1,750,000 bytes, once for forward and once for backward. One gather per axis, each
+    # with the whole payload, gave 1/2 + 3/4 of it: 2,500,000 bytes (a hierarchical gather, over
+    # dq of the 1/8 shards then over dp of the 1/2 pieces, also moves 3/8 + 1/2 = 7/8).
+    comm = comm_of(PRODUCT_FSDP.format(place=place))
+    gathers = {k: v for k, v in comm.items() if k[0] == "all_gather"}
+    assert gathers == {("all_gather", ("dp", "dq"), "params (gather for forward)"): 1_750_000,
+                       ("all_gather", ("dp", "dq"), "params (gather for backward)"): 1_750_000}
+    # the same bytes as one axis of the same 8 ranks
+    flat = comm_of(PRODUCT_FSDP.format(place="place fsdp over dp").replace(
+        "mesh { dp = 2, dq = 4 }", "mesh { dp = 8 }"))
+    assert sorted(v for k, v in flat.items() if k[0] == "all_gather") == [1_750_000] * 2
+
+
 def test_fsdp_over_ep_dp_traffic_by_hand() -> None:
     # each gather once for forward and once for backward (reshard after forward):
     # dense: all-gather of 2 Ψ_d bytes over dp x ep moves 3/4 of it, 1.5 Ψ_d = 61,754,880

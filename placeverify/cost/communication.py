@@ -201,7 +201,8 @@ def placement_items(d: Domain, strategy: Strategy,
         local_total = local_total + n
 
     gathered = set(gathered_axes(strategy)).union(*(gathered_axes(strategy, g) for g in local))
-    if any(gathers_copies(p, g) for p in strategy.placements for g in local):
+    if any(gathers_copies(p, g) for p in strategy.placements for g in local) or \
+            any(len(_sharded_over(strategy, g)) > 1 for g in local):
         items.extend(_gathers_by_group(d, strategy, local, m, param_bytes))
         gathered = set()
     for p in strategy.placements:
@@ -227,16 +228,25 @@ def placement_items(d: Domain, strategy: Strategy,
     return items
 
 
+def _sharded_over(strategy: Strategy, group: ParamGroup) -> tuple[str, ...]:
+    """The axes of more than one rank a group's parameters are gathered over."""
+    return tuple(a for a in gathered_axes(strategy, group) if strategy.size(a) > 1)
+
+
 def _gathers_by_group(d: Domain, strategy: Strategy, local: dict[ParamGroup, Num], m: Num,
                       param_bytes: Num) -> list[CommItem]:
-    """The parameter gathers of a preset that shards the parameters over a product with an expert
-    axis (``place fsdp over ep * dp``, README "Per-group meshes"): each set of groups gathered
+    """The parameter gathers of parameters sharded over several axes: each set of groups gathered
     over the same axes in one all-gather over their product, as FSDP2 gathers a unit over the
-    mesh it was given (torchtitan's ``apply_fsdp``: the dense parameters over dp_shard, which
+    (flattened) mesh it was given. A preset over a product (``place fsdp over dp * dq``) or over
+    each axis moves (n - 1)/n of the payload per rank over the n = |dp x dq| ranks, not
+    (|dp| - 1)/|dp| + (|dq| - 1)/|dq| of it, as one gather per axis would (a hierarchical gather,
+    first over dq then over dp, also moves (n - 1)/n). With an expert axis (``place fsdp over ep
+    * dp``, README "Per-group meshes") the dense parameters are gathered over dp x ep and the
+    experts over dp (torchtitan's ``apply_fsdp``: the dense parameters over dp_shard, which
     includes the ep ranks, the routed experts over dp_shard_mod_ep)."""
     by_axes: dict[tuple[str, ...], list[ParamGroup]] = {}
     for g in local:
-        axes = tuple(a for a in gathered_axes(strategy, g) if strategy.size(a) > 1)
+        axes = _sharded_over(strategy, g)
         if axes:
             by_axes.setdefault(axes, []).append(g)
     items: list[CommItem] = []
