@@ -279,7 +279,9 @@ class StageModel:
         receive = comm.exchange_counts(send, self.ep, x.device)
         rows = comm.all_to_all(expert_in[token[order]], self.ep, send, receive)
         ids = comm.all_to_all_ids(flat[order], self.ep, send, receive)
-        out = torch.zeros_like(rows)
+        # zeros that stay in the graph: a rank no token was routed to (no expert runs) still
+        # takes part in both all-to-alls' backward, as every rank of the group must
+        out = rows * 0
         for e in sorted(set(ids.tolist())):
             mine = (ids == e).nonzero().flatten()
             q = f"{pre}experts.{e}."
