@@ -437,7 +437,11 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
         deadline = time.monotonic() + timeout
         while True:
             codes = [p.poll() for p in processes]
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            # A rank that wrote its whole result (the worker renames it into place) and then
+            # died in its teardown (gloo's threads can abort the process at exit) measured all
+            # it was asked to: only a rank that died without its result failed.
+            failed = [r for r, c in enumerate(codes)
+                      if c not in (None, 0) and not (folder / f"rank{r}.json").exists()]
             if failed:
                 rank = failed[0]
                 _stop_processes(processes)
@@ -445,7 +449,7 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
                 raise BackendFailure(FailureKind.CRASH,
                                      f"rank {rank} of {world} exited with status {codes[rank]}"
                                      + (f": {detail}" if detail else ""))
-            if all(c == 0 for c in codes):
+            if all(c is not None for c in codes):
                 break
             if time.monotonic() > deadline:
                 hung = [r for r, c in enumerate(codes) if c is None]

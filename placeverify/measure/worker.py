@@ -179,11 +179,17 @@ def batch(spec: RunSpec, data_rank: int, samples: int) -> tuple[torch.Tensor, to
     return (torch.randn(samples, width, generator=g), torch.randn(samples, width, generator=g))
 
 
-def fault(rank: int) -> None:
-    """Fault injection for the tests: crash or hang this rank."""
+def fault(rank: int, *, written: bool = False) -> None:
+    """Fault injection for the tests: crash or hang this rank before its result is written, or
+    abort it after (``abort-after-result``: as gloo's threads sometimes abort the process at its
+    teardown, "terminate called without an active exception")."""
     value = os.environ.get("PLACEVERIFY_MEASURE_FAULT", "")
     kind, _, target = value.partition(":")
     if not kind or target != str(rank):
+        return
+    if kind == "abort-after-result" and written:
+        os.abort()
+    if written:
         return
     if kind == "crash":
         raise RuntimeError(f"rank {rank}: crash injected by PLACEVERIFY_MEASURE_FAULT")
@@ -376,6 +382,7 @@ def main(argv: list[str]) -> int:
         tmp = Path(out_path + ".tmp")
         tmp.write_text(json.dumps(document), encoding="utf-8")
         tmp.replace(out_path)
+        fault(rank, written=True)
     finally:
         dist.destroy_process_group()
     return 0
