@@ -21,6 +21,8 @@ class Options:
     model: str | None = None  # a Hugging Face config.json
     world: int | None = None
     fmt: str | None = None
+    # the keys ``--set`` gives ('model.vocab'): a value the file lacks is then no error
+    given: frozenset[str] = frozenset()
 
 
 def is_importable(path: str) -> bool:

@@ -10,7 +10,7 @@ from placeverify.console import error_console, write_atomically
 from placeverify.diagnostics import ExitCode, Source
 from placeverify.importers import Options
 from placeverify.importers.common import Imported
-from placeverify.importers.registry import import_file, load
+from placeverify.importers.registry import import_file, load, with_given
 from placeverify.ir.strategy import Strategy
 from placeverify.lower.overrides import Settings, apply
 
@@ -26,7 +26,7 @@ def import_command(path: str, options: Options, out: str | None,
     """Print (or write atomically to ``out``) the .place text of a configuration file; under
     ``settings`` the text as overridden, lowered first so that a bad override is an error."""
     # The framework's consistency rules are judged on the values the overrides leave.
-    imported = import_file(path, options, judge=not settings)
+    imported = import_file(path, with_given(options, settings), judge=not settings)
     if settings:
         _, imported = load(path, options, settings, imported)  # every error of the overridden strategy
         edited = apply(Source(imported.path, imported.text), settings)

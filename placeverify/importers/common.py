@@ -80,8 +80,9 @@ class Imported:
 class Reader:
     """Diagnostics of one imported file (and of the model file, if any)."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, given: frozenset[str] = frozenset()) -> None:
         self.source = source
+        self.given = given  # keys an override gives (Options.given)
         self.diags = Diagnostics(source)
         self.extra: list[tuple[Diagnostic, Source]] = []  # warnings about other files
         self.pending: list[Diagnostic] = []  # rules judged after overrides, unless errors come first

@@ -1,4 +1,5 @@
-"""Megatron-LM arguments: a launch script (bash, read never run) or a file of arguments.
+"""Megatron-LM arguments: a launch script (bash, read never run), a file of arguments, or one of
+Megatron-LM's own test configurations (``MODEL_ARGS`` in YAML, :mod:`.megatron_yaml`).
 
 Flag names and defaults are NVIDIA/Megatron-LM's: explicit ones in
 ``megatron/training/arguments.py``, the rest generated from config dataclass fields by
@@ -23,12 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from placeverify.diagnostics import Code, Severity, Source
+from placeverify.importers import megatron_yaml
 from placeverify.importers.arguments import Arguments, split_launch
 from placeverify.importers.common import Line, Origin, Plan, Reader, Value, ignored_header
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.megatron_model import REFUSED, cross_check, model_lines
 from placeverify.importers.rules import Facts, Rule, batch_rule, reads_tensor, world_rule
-from placeverify.importers.shell import Script
+from placeverify.importers.shell import Script, Word
 
 # Flags with no effect on placement, memory or communication: listed once in the header.
 IGNORED = frozenset({
@@ -63,8 +65,11 @@ NOT_MODELLED = {
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    script = Script(source)
-    launch, words, launched = split_launch(script)
+    launch: list[Word]
+    if megatron_yaml.is_test_config(source):
+        launch, words, launched = [], megatron_yaml.arguments(source), False
+    else:
+        launch, words, launched = split_launch(Script(source))
     plan = Plan("megatron", source.path)
     args = Arguments(reader, words, source)
     runner = Arguments(reader, launch, source)

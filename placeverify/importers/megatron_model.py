@@ -13,13 +13,15 @@ from placeverify.importers.hf_config import HFModel
 
 # GPT-2 BPE (Megatron's GPT2BPETokenizer): 50,257 tokens before padding.
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
+# A hybrid Mamba / attention stack (megatron/core/models/hybrid, arguments.py): its layers come
+# from a pattern, not --num-layers; refused at the flag.
+HYBRID = ("--hybrid-layer-pattern", "--hybrid-override-pattern", "--is-hybrid-model")
 # Flags that change the model in ways placeverify does not model: an error at the flag.
 REFUSED = {
     "--multi-latent-attention": "multi-head latent attention",
     "--moe-shared-expert-intermediate-size": "shared experts",
     "--moe-layer-freq": "a mix of dense and MoE layers",
     "--use-megatron-fsdp": "Megatron-FSDP (use --use-torch-fsdp2 or the distributed optimizer)",
-    "--kv-channels": "a head dimension other than hidden / heads",
 }
 
 
@@ -30,6 +32,16 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
             return Line(f"{entry} = 1")
         return Line(f"{entry} = {v.value if text is None else text}", v.origin.key, v.origin)
 
+    provider = args.text("--model-provider")  # which model pretrain_*.py builds; default gpt
+    if provider is not None and provider.value != "gpt":
+        reader.error(f"not modelled: --model-provider {provider.value} (placeverify models "
+                     "GPT-style transformers)", provider.origin, code=Code.NOT_MODELLED)
+        return []
+    for flag in HYBRID:
+        if args.has(flag):
+            reader.error(f"not modelled: {flag} (a hybrid Mamba / attention stack)",
+                         args.origin(args.flags[flag][0]), code=Code.NOT_MODELLED)
+            return []
     for flag, what in REFUSED.items():
         if args.has(flag):
             reader.error(f"not modelled: {flag} ({what})", args.origin(args.flags[flag][0]),
@@ -44,6 +56,11 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
     if layers is None or hidden is None or heads is None:
         return []
     h = int(str(hidden.value))
+    channels = args.integer("--kv-channels")  # the head dimension; Megatron's default hidden / heads
+    if channels is not None and int(str(channels.value)) * int(str(heads.value)) != h:
+        reader.error(f"not modelled: --kv-channels {channels.value}, a head dimension other than "
+                     f"hidden / heads = {h} / {heads.value}", channels.origin,
+                     code=Code.NOT_MODELLED)
     gqa = args.flag("--group-query-attention")
     groups = args.integer("--num-query-groups")
     kv = groups if gqa is not None and groups is not None else Value(
@@ -58,10 +75,11 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
         tokenizer = args.text("--tokenizer-type")
         if tokenizer is not None and tokenizer.value in TOKENIZER_VOCAB:
             vocab = Value(TOKENIZER_VOCAB[str(tokenizer.value)], tokenizer.origin)
-        else:
+        elif "model.vocab" not in reader.given:  # else the override's value replaces 'vocab = 1'
             reader.error("the vocabulary size is not in the arguments (it comes from the "
-                         "tokenizer): add --vocab-size N or give --model config.json",
-                         tokenizer.origin if tokenizer else None, code=Code.MISSING)
+                         "tokenizer): add --vocab-size N, give --model config.json, or "
+                         "--set model.vocab=N", tokenizer.origin if tokenizer else None,
+                         code=Code.MISSING)
     divisible = args.integer("--make-vocab-size-divisible-by", 128)
     untie = args.flag("--untie-embeddings-and-output-weights")
     norm = args.text("--normalization") or Value("LayerNorm", Origin("--normalization (default)",

@@ -70,7 +70,7 @@ def import_file(path: str, options: Options = DEFAULTS, *, judge: bool = True) -
     fmt = options.fmt or detect(source)
     if fmt not in FORMATS:
         raise _refuse(source, f"unknown format '{fmt}'; expected one of " + ", ".join(FORMATS))
-    reader = Reader(source)
+    reader = Reader(source, options.given)
     plan = FORMATS[fmt](reader, source, options.model, options.world)
     reader.raise_if_errors()
     text, origins = render(plan)
@@ -87,7 +87,7 @@ def load(path: str, options: Options = DEFAULTS, settings: Settings | None = Non
     consistency rules are decided on the strategy as lowered: a broken one is an error (raised)
     or a warning (added to the import's), at its key, or at the override that broke it."""
     if imported is None:
-        imported = import_file(path, options, judge=False)
+        imported = import_file(path, with_given(options, settings), judge=False)
     strategy = _lower(imported, settings)
     if settings and any(s.parts[0] in ("mesh", "place") for s in settings.items):
         strategy = _retitled(strategy, imported)
@@ -104,6 +104,12 @@ def load(path: str, options: Options = DEFAULTS, settings: Settings | None = Non
     if errors:
         raise PlaceError([d for d, _ in errors], errors[0][1])
     return strategy, replace(imported, warnings=[*imported.warnings, *found], rules=[])
+
+
+def with_given(options: Options, settings: Settings | None) -> Options:
+    """The options, told which keys the overrides give (a value the file lacks is then the
+    override's, not an error)."""
+    return replace(options, given=frozenset(s.key for s in settings.items)) if settings else options
 
 
 def _retitled(strategy: Strategy, imported: Imported) -> Strategy:
