@@ -157,3 +157,13 @@ def test_a_model_other_than_a_gpt_transformer_is_refused_at_its_flag(
     [d] = [d for d in error.value.diagnostics if flag in d.message]
     assert d.code.value == "not-modelled" and d.span is not None
     assert (d.span.line, d.span.column) == (10, 3)
+
+
+def test_an_inference_test_is_refused_at_its_mode(tmp_path: Path) -> None:
+    # MODE: inference runs text generation (no backward, no optimizer): not a training step.
+    with pytest.raises(PlaceError) as error:
+        import_file(write(tmp_path, CONFIG + "MODE: inference\n"), Options(world=8))
+    [d] = error.value.diagnostics
+    assert d.code.value == "not-modelled" and "inference" in d.message
+    assert d.span is not None and d.span.line == 24
+    assert import_file(write(tmp_path, CONFIG + "MODE: pretraining\n"), Options(world=8)).text

@@ -4,10 +4,11 @@ NVIDIA/Megatron-LM keeps the configurations of its functional and release tests 
 (``tests/functional_tests/test_cases/<model>/<test>/model_config.yaml``): a mapping
 ``MODEL_ARGS`` of ``--flag: value`` beside keys that decide no placement (``ENV_VARS``,
 ``METRICS``, ``TEST_TYPE``, ``LAUNCHER``, ``BEFORE_SCRIPT`` / ``AFTER_SCRIPT`` shell blocks, which
-are never run). The test harness (``tests/functional_tests/shell_test_utils/_run_training.sh``)
-turns each entry into arguments: ``true`` is the bare flag, a flow list ``[a, b]`` gives its items
-as the flag's values, anything else is the flag's one value (``false`` included, as the harness
-passes it). ``MODEL_ARGS_2`` and later keys are the arguments of a resumed run; the first run's
+are never run); ``MODE: inference`` marks an inference test, refused (it has no training step).
+The test harness (``tests/functional_tests/shell_test_utils/_run_training.sh``) turns each entry
+into arguments: ``true`` is the bare flag, a flow list ``[a, b]`` gives its items as the flag's
+values, anything else is the flag's one value (``false`` included, as the harness passes it).
+``MODEL_ARGS_2`` and later keys are the arguments of a resumed run; the first run's
 ``MODEL_ARGS`` is read. Values naming the harness's environment (``${DATA_PATH}``) stay
 unresolved: an error only where such a value would decide placement. The launch (nodes and GPUs
 per node) is in the harness's recipe, not in this file: the world size comes from ``--world``.
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import re
 
-from placeverify.diagnostics import Source, Span
+from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
 from placeverify.importers.positions import _scalar, _strip_comment, syntax_error
 from placeverify.importers.shell import Word
 
 _TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:", re.M)
 _ENTRY = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9_\-]*)\s*:(\s+|$)")
+_MODE = re.compile(r"MODE\s*:\s*(\S+)\s*$")  # the test's kind: pretraining, inference, rl
 _ENVIRONMENT = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
 KEY = "MODEL_ARGS"
 
@@ -39,6 +41,13 @@ def arguments(source: Source) -> list[Word]:
     anchors that decide nothing here). A flag written twice is passed twice, as the harness's
     ``to_entries`` does, and argparse keeps the last (the argument reader warns)."""
     lines = source.lines
+    for number, line in enumerate(lines, start=1):
+        mode = _MODE.match(_strip_comment(line))
+        if mode is not None and mode.group(1).strip("'\"") == "inference":
+            raise PlaceError([Diagnostic(
+                Severity.ERROR, "not modelled: MODE inference (a Megatron-LM inference test: "
+                "placeverify checks training steps)", Code.NOT_MODELLED,
+                Span(number, 1, number, len(line.rstrip()) + 1))], source)
     start = next(i for i, line in enumerate(lines) if re.match(rf"{KEY}\s*:", line))
     head = _strip_comment(lines[start])
     if head.split(":", 1)[1].strip():
