@@ -32,8 +32,10 @@ from placeverify.search.space import Layout, Recompute, Sharding, Space, layouts
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def problem(model: str, dev: str, devices: int, batch: int, seq: int, memory: str = "") -> Any:
-    text = (f'strategy "base"\nmodel {model} {{ seq = {seq}, micro_batch = 1 }}\nprecision megatron\n'
+def problem(model: str, dev: str, devices: int, batch: int, seq: int, memory: str = "",
+            entries: str = "") -> Any:
+    text = (f'strategy "base"\nmodel {model} {{ {entries}seq = {seq}, micro_batch = 1 }}\n'
+            "precision megatron\n"
             f"mesh {{\n    dp = {devices}\n    device = {dev}\n{memory}}}\nplace ddp over dp\n"
             f"microbatches = {max(1, batch // devices)}\n")
     from placeverify.api import parse
@@ -98,14 +100,15 @@ def test_tensor_parallelism_that_splits_kv_heads_is_not_enumerated() -> None:
 # ---- the screen tracks the full model ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("model, dev, devices, batch, seq", [
-    ("llama3_8b", "h100_sxm", 64, 256, 8192),
-    ("gpt3_175b", "a100_80gb_sxm", 512, 1024, 2048),
-    ("mixtral_8x7b", "h100_sxm", 64, 256, 4096),
+@pytest.mark.parametrize("model, dev, devices, batch, seq, entries", [
+    ("llama3_8b", "h100_sxm", 64, 256, 8192, ""),
+    ("gpt3_175b", "a100_80gb_sxm", 512, 1024, 2048, ""),
+    ("mixtral_8x7b", "h100_sxm", 64, 256, 4096, ""),
+    ("llama3_8b", "h100_sxm", 64, 256, 8192, "head_dim = 96, "),  # heads narrower than h / a
 ])
 def test_screen_agrees_with_the_full_model(model: str, dev: str, devices: int, batch: int,
-                                           seq: int) -> None:
-    pb = problem(model, dev, devices, batch, seq)
+                                           seq: int, entries: str) -> None:
+    pb = problem(model, dev, devices, batch, seq, entries=entries)
     screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
                             float(pb.pcie_bandwidth)))
     every = list(layouts(pb.arch, pb.devices, pb.global_batch, pb.device.gpus_per_node, Space()))

@@ -66,14 +66,16 @@ class LayerShape:
     f: Num
     e: Num
     k: Num  # MoE top-k (1 for a dense MLP)
+    head: Num | None = None  # the width of a head when it is not h / a (Transformer.head_size)
 
 
 def layer_shape(d: Domain, arch: Transformer, activation_bytes: Num) -> LayerShape:
     ffn = arch.expert_ffn or arch.ffn
+    h, a, kv = d.sym("h", arch.hidden), d.sym("a", arch.heads), d.sym("a_kv", arch.kv_heads)
     return LayerShape(
-        s=d.sym("s", arch.seq), b=d.sym("b", arch.micro_batch), h=d.sym("h", arch.hidden),
-        a=d.sym("a", arch.heads), kv=d.sym("a_kv", arch.kv_heads), f=d.sym("f", ffn),
-        e=activation_bytes, k=d.sym("k", arch.top_k) if arch.moe else d.const(1))
+        s=d.sym("s", arch.seq), b=d.sym("b", arch.micro_batch), h=h, a=a, kv=kv,
+        f=d.sym("f", ffn), e=activation_bytes, k=d.sym("k", arch.top_k) if arch.moe else d.const(1),
+        head=d.sym("d_head", arch.head_dim) if arch.head_size else None)
 
 
 def _norm(arch: Transformer, x: LayerShape, where: str, kernels: LayerKernels) -> list[Saved]:
@@ -97,16 +99,19 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
     the norms as ``kernels`` (the memory profile's, :func:`placeverify.ir.profiles.layer_kernels`)
     save them."""
     sbh = x.s * x.b * x.h
-    kv_ratio = x.kv / x.a
+    if x.head is None:  # Q and the attention output hidden wide, K and V kv / heads of that
+        q, kv = x.e * sbh, x.e * sbh * (x.kv / x.a)
+    else:
+        q, kv = x.e * x.s * x.b * x.a * x.head, x.e * x.s * x.b * x.kv * x.head
     rep, tp = Split.REPLICATED, Split.TENSOR
     mask = x.e if kernels.float_masks else 1  # bytes per element of a dropout mask
     out = [
         *_norm(arch, x, "attention", kernels),
         Saved("QKV projection input", x.e * sbh, rep),
-        Saved("Q", x.e * sbh, tp),
-        Saved("K", x.e * sbh * kv_ratio, tp),
-        Saved("V", x.e * sbh * kv_ratio, tp),
-        Saved("output projection input", x.e * sbh, tp),
+        Saved("Q", q, tp),
+        Saved("K", kv, tp),
+        Saved("V", kv, tp),
+        Saved("output projection input", q, tp),
         *_norm(arch, x, "MLP", kernels),
         Saved("MLP input", x.e * sbh, rep),
     ]

@@ -348,7 +348,9 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
 
     for p in strategy.placements:
         if p.role is Role.CONTEXT and strategy.size(p.axis) > 1:
-            kv = 2 * b * s * h * (d.sym("a_kv", arch.kv_heads) / d.sym("a", arch.heads)) * e / t
+            kv = (2 * b * s * h * (d.sym("a_kv", arch.kv_heads) / d.sym("a", arch.heads)) * e / t
+                  if not arch.head_size else  # K and V: kv_heads heads of head_dim
+                  2 * b * s * d.sym("a_kv", arch.kv_heads) * d.sym("d_head", arch.head_dim) * e / t)
             group = mesh.group(p.axis)
             items.append(_item(d, strategy, "all_gather", group,
                                "K and V (context parallel, forward" + (", recompute" if refwd else "")

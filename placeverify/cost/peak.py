@@ -91,7 +91,7 @@ def _largest_tensor(strategy: Strategy) -> Fraction:
         if p.role is Role.TENSOR:
             t *= strategy.size(p.axis)
     ffn = arch.expert_ffn or arch.ffn
-    largest = max(arch.hidden * arch.hidden, arch.hidden * ffn,
+    largest = max(arch.hidden * arch.q_dim, arch.hidden * ffn,
                   arch.padded_vocab(t) * arch.hidden)
     return Fraction(largest, t)
 
@@ -366,7 +366,7 @@ def accumulation_temporaries(strategy: Strategy) -> list[tuple[str, Fraction]]:
     assert arch is not None
     t = _sizes(strategy, Role.TENSOR)
     ffn = arch.expert_ffn or arch.ffn
-    weight = Fraction(max(arch.hidden * arch.hidden, arch.hidden * ffn), t) \
+    weight = Fraction(max(arch.hidden * arch.q_dim, arch.hidden * ffn), t) \
         * strategy.precision.grads
     flowing = Fraction(strategy.precision.activations) * arch.micro_batch * arch.seq * ffn / t \
         / _sizes(strategy, Role.CONTEXT)

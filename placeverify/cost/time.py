@@ -141,16 +141,16 @@ def layer_flops(arch: Transformer, tokens: float, keys: float, t: float, causal_
 
     ``tokens`` queries per device attend to ``keys`` keys; ``t`` tensor-parallel ranks split
     heads and the MLP."""
-    h, f = arch.hidden, arch.ffn
-    kv = arch.kv_heads * arch.head_dim
-    dense = 2 * tokens * (h * (h + 2 * kv) + h * h)
+    h, f, q = arch.hidden, arch.ffn, arch.q_dim
+    kv = arch.kv_dim
+    dense = 2 * tokens * (h * (q + 2 * kv) + q * h)
     mlp_mats = 3 if arch.gated else 2
     if arch.moe:
         f_e = arch.expert_ffn or f
         dense += 2 * tokens * (arch.top_k * mlp_mats * h * f_e + h * arch.experts * t)
     else:
         dense += 2 * tokens * mlp_mats * h * f
-    core = 4 * tokens * keys * h * (0.5 if causal_skip else 1.0)
+    core = 4 * tokens * keys * q * (0.5 if causal_skip else 1.0)
     return (dense + core) / t, core / t
 
 
@@ -158,10 +158,10 @@ def op_policy_flops(arch: Transformer, tokens: float, t: float) -> float:
     """Forward matmul FLOPs ``recompute selective_op`` runs again per layer on one device: the
     matmuls torchtitan's op policy does not save (every second one, README "Step time"): K, the
     output projection, and the up projection (gated) or the second MLP matmul (plain)."""
-    h = arch.hidden
-    kv = arch.kv_heads * arch.head_dim
+    h, q = arch.hidden, arch.q_dim
+    kv = arch.kv_dim
     f = (arch.expert_ffn or arch.ffn) * (arch.top_k if arch.moe else 1)
-    return 2 * tokens * (h * kv + h * h + h * f) / t
+    return 2 * tokens * (h * kv + q * h + h * f) / t
 
 
 def gemm_inputs(arch: Transformer, tokens: float, t: float, sp: bool) -> float:
@@ -170,7 +170,7 @@ def gemm_inputs(arch: Transformer, tokens: float, t: float, sp: bool) -> float:
     which casts before its all-gather), of the output projection and of the last MLP matmul."""
     h = arch.hidden
     f = (arch.expert_ffn or arch.ffn) * (arch.top_k if arch.moe else 1)
-    return tokens * (2 * h / (t if sp else 1) + (h + f) / t)
+    return tokens * (2 * h / (t if sp else 1) + (arch.q_dim + f) / t)
 
 
 def output_flops(arch: Transformer, tokens: float, t: int) -> float:

@@ -120,11 +120,7 @@ class HFModel:
                 "num_key_value_heads (default: num_attention_heads)", self.source)))
         ffn = self.integer("intermediate_size")
         vocab = self.integer("vocab_size")
-        head_dim = self.get("head_dim")
-        if head_dim is not None and hidden and heads and head_dim.value != hidden.value // heads.value:
-            self.reader.error(f"not modelled: head_dim = {head_dim.value} differs from hidden_size "
-                              f"/ num_attention_heads = {hidden.value // heads.value}",
-                              head_dim.origin, code=Code.NOT_MODELLED)
+        head_dim = self.get("head_dim")  # None (or null): hidden_size / num_attention_heads
         tied = self.get("tie_word_embeddings", False)
         attention_bias = self.get("attention_bias", False)
         mlp_bias = self.get("mlp_bias", False)
@@ -138,6 +134,8 @@ class HFModel:
         lines = [self._line("layers", layers), self._line("hidden", hidden),
                  self._line("heads", heads), self._line("kv_heads", kv),
                  self._line("ffn", ffn),
+                 *([self._line("head_dim", head_dim)] if head_dim is not None
+                   and head_dim.value is not None else []),
                  Line("mlp = gated", "SwiGLU (LlamaMLP: gate, up and down projections)"),
                  self._line("vocab", vocab),
                  self._line("embeddings", tied, "tied" if tied.value else "untied"),

@@ -57,10 +57,6 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
         return []
     h = int(str(hidden.value))
     channels = args.integer("--kv-channels")  # the head dimension; Megatron's default hidden / heads
-    if channels is not None and int(str(channels.value)) * int(str(heads.value)) != h:
-        reader.error(f"not modelled: --kv-channels {channels.value}, a head dimension other than "
-                     f"hidden / heads = {h} / {heads.value}", channels.origin,
-                     code=Code.NOT_MODELLED)
     gqa = args.flag("--group-query-attention")
     groups = args.integer("--num-query-groups")
     kv = groups if gqa is not None and groups is not None else Value(
@@ -101,6 +97,7 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
     standard = backend is not None and backend.value in ("unfused", "local")
     lines = [line("layers", layers), line("hidden", hidden), line("heads", heads),
              line("kv_heads", kv), line("ffn", ffn),
+             *([line("head_dim", channels)] if channels is not None else []),
              Line("mlp = gated", "--swiglu", swiglu.origin) if swiglu else
              Line("mlp = plain", "no --swiglu: GeLU"),
              line("vocab", vocab), line("vocab_divisible_by", divisible),

@@ -52,11 +52,20 @@ class Transformer:
     experts: int = 0  # 0: dense MLP in every layer
     top_k: int = 0
     expert_ffn: int = 0  # 0 means ffn
+    # the width of one attention head; 0 means hidden / heads. Another width (Megatron-LM's
+    # --kv-channels, Hugging Face's head_dim) makes Q, K, V and the attention output heads x
+    # head_dim wide, not hidden.
+    head_size: int = 0
 
     # ---- shapes ----
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """The width of Q and of the attention output (hidden unless head_size says otherwise)."""
+        return self.head_dim * self.heads if self.head_size else self.hidden
 
     @property
     def kv_dim(self) -> int:
@@ -82,9 +91,9 @@ class Transformer:
 
     def attention_params(self) -> tuple[int, int]:
         """(sharded by tp, replicated over tp) of one attention block."""
-        h, kv = self.hidden, self.kv_dim
-        weights = h * h + 2 * h * kv + h * h  # q, k, v, o
-        column_bias = (h + 2 * kv) if self.bias else 0
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        weights = h * q + 2 * h * kv + q * h  # q, k, v, o
+        column_bias = (q + 2 * kv) if self.bias else 0
         row_bias = h if self.bias else 0
         return weights + column_bias, row_bias
 

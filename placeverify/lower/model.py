@@ -12,7 +12,7 @@ from placeverify.syntax import ast
 ARCH_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab",
              "vocab_divisible_by", "embeddings", "seq", "micro_batch", "position",
              "max_position", "norm", "bias", "dropout", "attention", "experts", "top_k",
-             "expert_ffn")
+             "expert_ffn", "head_dim")
 
 
 def read_model(ctx: Context, stmt: ast.ModelStmt) -> Model | None:
@@ -83,6 +83,8 @@ def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.
             low = 0 if key in ("experts", "top_k") else 1
             high = MAX_LAYERS if key == "layers" else MAX_DIM
             values[key] = ctx.integer(v, key, low, high)
+        elif key == "head_dim":
+            values["head_size"] = ctx.integer(v, key, 1, MAX_DIM)
         elif key in ("hidden", "ffn", "vocab", "micro_batch", "vocab_divisible_by",
                      "max_position", "expert_ffn"):
             low = 0 if key in ("max_position", "expert_ffn") else 1
@@ -125,7 +127,9 @@ def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.
                               and base.kv_heads == base.heads):
         arch = replace(arch, kv_heads=arch.heads)
     span = stmt.span
-    if arch.hidden % arch.heads:
+    if arch.head_size == arch.hidden // arch.heads and not arch.hidden % arch.heads:
+        arch = replace(arch, head_size=0)  # the default width, written out
+    if arch.hidden % arch.heads and not arch.head_size:
         ctx.error(f"hidden ({arch.hidden}) must be divisible by heads ({arch.heads})",
                   Code.NOT_DIVISIBLE, entry_span(entries, "hidden", span))
     elif arch.heads % arch.kv_heads:

@@ -37,11 +37,11 @@ def _norm(arch: Transformer) -> nn.Module:
 class Attention(nn.Module):
     def __init__(self, arch: Transformer) -> None:
         super().__init__()
-        h, kv = arch.hidden, arch.kv_dim
-        self.q = nn.Linear(h, h, bias=arch.bias)
+        h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
+        self.q = nn.Linear(h, q, bias=arch.bias)
         self.k = nn.Linear(h, kv, bias=arch.bias)
         self.v = nn.Linear(h, kv, bias=arch.bias)
-        self.o = nn.Linear(h, h, bias=arch.bias)
+        self.o = nn.Linear(q, h, bias=arch.bias)
         self.head_dim = arch.head_dim
         self.group = arch.heads // arch.kv_heads
         self.flash = arch.attention == "flash"

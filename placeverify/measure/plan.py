@@ -226,7 +226,7 @@ def _model(strategy: Strategy, notes: list[str]) -> tuple[Transformer | None, Ml
                      "large to run at small scale on CPU", span,
                      f"measure runs up to {MAX_TOKENS:,} tokens per micro-batch")
     if arch.head_dim % 2 and arch.position == "rotary":
-        raise _error(strategy, f"rotary positions need an even head dimension (hidden / heads = "
+        raise _error(strategy, f"rotary positions need an even head dimension (head_dim = "
                      f"{arch.head_dim})", span)
     check_params(arch)
     return arch, None

@@ -55,7 +55,8 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
     else:
         a = model.arch
         console.print(f"model      {model.name}: {model.params:,} parameters; {a.layers} layers, "
-                      f"hidden {a.hidden}, {a.heads} heads ({a.kv_heads} kv), seq {a.seq}, "
+                      f"hidden {a.hidden}, {a.heads} heads ({a.kv_heads} kv"
+                      + (f", {a.head_dim} wide" if a.head_size else "") + f"), seq {a.seq}, "
                       f"micro-batch {a.micro_batch}" + (f", {a.experts} experts top-{a.top_k}"
                                                         if a.moe else ""))
     p = s.precision

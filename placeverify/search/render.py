@@ -22,6 +22,7 @@ _WORDS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "tied_embeddings": ("embeddings", lambda v: "tied" if v else "untied"),
     "bias": ("bias", lambda v: "true" if v else "false"),
     "dropout": ("dropout", lambda v: "true" if v else "false"),
+    "head_size": ("head_dim", str),
 }
 
 
@@ -35,6 +36,8 @@ def model_text(name: str, arch: Transformer) -> str:
         if base is not None and getattr(base, f.name) == value and f.name not in ("seq",
                                                                                     "micro_batch"):
             continue
+        if f.name == "head_size" and not value:
+            continue  # the default width, hidden / heads
         key, write = _WORDS.get(f.name, (f.name, str))
         entries.append(f"{key} = {write(value)}")
     head = name if base is not None else "transformer"

@@ -75,7 +75,8 @@ class Screen:
         shape = LayerShape(s=float(arch.seq), b=float(b), h=float(arch.hidden),
                            a=float(arch.heads), kv=float(arch.kv_heads),
                            f=float(arch.expert_ffn or arch.ffn), e=self.E,
-                           k=float(arch.top_k) if arch.moe else 1.0)
+                           k=float(arch.top_k) if arch.moe else 1.0,
+                           head=float(arch.head_dim) if arch.head_size else None)
         saved = saved_tensors(arch, shape, layer_kernels("megatron"))
         full = float(per_layer_bytes(saved, float(t), sp, float(c), drop_core=False))
         if rc is Recompute.FULL:
@@ -235,7 +236,9 @@ class Screen:
         if lay.cp > 1:
             bw, lat = links["cp"]
             n = lay.cp
-            kv = 2 * lay.b * arch.seq * arch.hidden * (arch.kv_heads / arch.heads) * self.E / lay.tp
+            width = arch.hidden * (arch.kv_heads / arch.heads) if not arch.head_size \
+                else arch.kv_dim  # K and V: kv_heads heads of head_dim
+            kv = 2 * lay.b * arch.seq * width * self.E / lay.tp
             exposed_mb += layers * (3 + refwd) * (kv * (n - 1) / n / bw + lat * (n - 1))
         if lay.ep > 1 and arch.moe:
             bw, lat = links["ep"]

@@ -60,7 +60,7 @@ def _norm(prefix: str, arch: Transformer, layer: int | None, unit: str,
 
 def transformer_params(arch: Transformer) -> list[ParamTensor]:
     """The parameters of :class:`placeverify.measure.models.TinyTransformer`, in its order."""
-    h, kv, f = arch.hidden, arch.kv_dim, arch.ffn
+    h, q, kv, f = arch.hidden, arch.q_dim, arch.kv_dim, arch.ffn
     out = [ParamTensor("embed.weight", (arch.vocab, h), ParamGroup.EMBEDDING, "", None, 0,
                        first_stage=True)]
     if arch.position == "learned":
@@ -69,10 +69,10 @@ def transformer_params(arch: Transformer) -> list[ParamTensor]:
     for i in range(arch.layers):
         unit = f"layers.{i}"
         out += _norm(f"{unit}.attn_norm", arch, i, unit)
-        out += _linear(f"{unit}.attn.q", h, h, arch.bias, "colwise", i, unit)
+        out += _linear(f"{unit}.attn.q", q, h, arch.bias, "colwise", i, unit)
         out += _linear(f"{unit}.attn.k", kv, h, arch.bias, "colwise", i, unit)
         out += _linear(f"{unit}.attn.v", kv, h, arch.bias, "colwise", i, unit)
-        out += _linear(f"{unit}.attn.o", h, h, arch.bias, "rowwise", i, unit)
+        out += _linear(f"{unit}.attn.o", h, q, arch.bias, "rowwise", i, unit)
         out += _norm(f"{unit}.mlp_norm", arch, i, unit)
         if arch.gated:
             out += _linear(f"{unit}.mlp.gate", f, h, arch.bias, "colwise", i, unit)
