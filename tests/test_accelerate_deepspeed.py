@@ -344,3 +344,15 @@ def test_ulysses_communication_dtype_says_what_it_is(tmp_path: Path) -> None:
     [warning] = [w for w, _ in imported.warnings if "seq_parallel" in w.message]
     assert "sequence parallelism" in warning.message and "none assumed" in warning.message
     assert warning.span is not None and warning.span.line == 2
+
+
+def test_config_file_accumulation_auto_with_both_batch_sizes(tmp_path: Path) -> None:
+    # DeepSpeed's _batch_assertion fixes the accumulation the script must use: 64 / (2 x 8) = 4
+    write(tmp_path, "ds.json", '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, '
+          '"gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2}}\n')
+    path = write(tmp_path, "a.yaml", "distributed_type: DEEPSPEED\nnum_processes: 8\n"
+                 "deepspeed_config:\n  deepspeed_config_file: ds.json\n")
+    imported = import_file(path, Options(model=LLAMA))
+    body = statements(imported.text)
+    assert "microbatches = 4" in body and "micro_batch = 2" in body
+    assert not [w for w, _ in imported.warnings if "accumulation" in w.message]

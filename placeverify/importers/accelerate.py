@@ -241,7 +241,6 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     return plan
 
 
-
 def _size(reader: Reader, size: Value) -> int | None:
     """A parallelism_config size: a whole number >= 1 (ParallelismConfig refuses less); None,
     after an error at the key, for anything else."""
@@ -378,9 +377,11 @@ def _assumed(reader: Reader, doc: deepspeed.Config, at: Origin) -> None:
     """The warning that names what the launcher or the training script decides: the values
     assumed for the "auto" keys accelerate fills."""
     assumed = []
-    if deepspeed.MICRO in doc.filled and doc.get("train_batch_size") is None:
+    train, micro = doc.get("train_batch_size"), doc.get(*deepspeed.MICRO)
+    if deepspeed.MICRO in doc.filled and train is None:
         assumed.append(("batch size", "micro_batch = 1"))
-    if ("gradient_accumulation_steps",) in doc.filled:
+    # with both batch sizes given, the accumulation is derived from them (translate)
+    if ("gradient_accumulation_steps",) in doc.filled and (train is None or micro is None):
         assumed.append(("gradient accumulation", "no accumulation"))
     if ("gradient_clipping",) in doc.filled:
         assumed.append(("clipping", "max_norm 1.0 (accelerate's default)"))
