@@ -11,6 +11,10 @@ offload_param, zero_hpz_partition_size, mics_shard_size) and ``zero/offload_conf
 (device none|cpu|nvme). The pipeline lives in code (PipelineModule), not in the JSON: the whole
 world is one data-parallel axis. The engine scales each micro-batch's loss by
 1 / gradient_accumulation_steps and averages gradients over dp (gradient_allreduce_op mean).
+
+:func:`translate` reads a :class:`Config` under a :class:`Launch` (the world, and the "auto"
+values the launcher fills): a JSON file here, and the configuration accelerate builds or names
+(``importers/accelerate.py``).
 """
 
 from __future__ import annotations
