@@ -55,6 +55,7 @@ class Plan:
     fmt: str  # the format's name, as --format spells it
     path: str
     title: str = ""
+    framework: str | None = None  # the engine that runs it (FRAMEWORKS), when not fmt's own
     header: list[str] = field(default_factory=list)  # comment lines at the top
     model_name: str = "transformer"
     model: list[Line] = field(default_factory=list)  # entries of the model block
@@ -240,7 +241,7 @@ def render(plan: Plan) -> tuple[str, dict[int, Origin]]:
     out.append("mesh {")
     for line in plan.mesh:
         emit(line, "    ")
-    framework = FRAMEWORKS.get(plan.fmt)
+    framework = FRAMEWORKS.get(plan.framework or plan.fmt)
     if framework is not None:
         emit(Line(f"memory_profile = {framework.memory_profile}", framework.why), "    ")
     out.append("}")

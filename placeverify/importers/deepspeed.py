@@ -11,24 +11,29 @@ offload_param, zero_hpz_partition_size, mics_shard_size) and ``zero/offload_conf
 (device none|cpu|nvme). The pipeline lives in code (PipelineModule), not in the JSON: the whole
 world is one data-parallel axis. The engine scales each micro-batch's loss by
 1 / gradient_accumulation_steps and averages gradients over dp (gradient_allreduce_op mean).
+
+:func:`translate` reads a :class:`Config` under a :class:`Launch` (the world, and the "auto"
+values the launcher fills): a JSON file here, and the configuration accelerate builds or names
+(``importers/accelerate.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from placeverify.diagnostics import Code, Severity, Source
+from placeverify.diagnostics import Code, Severity, Source, Span
 from placeverify.importers.common import Keys, Line, Origin, Plan, Reader, Value, leftovers
 from placeverify.importers.hf_config import attach_model
-from placeverify.importers.positions import load_json
+from placeverify.importers.positions import load_json, syntax_error
 from placeverify.importers.rules import Facts, Rule, batch_rule, reads_placement
 
 TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
        "zero_optimization", "bf16", "bfloat16", "fp16", "gradient_clipping", "optimizer",
        "prescale_gradients", "gradient_predivide_factor", "gradient_allreduce_op",
-       "sequence_parallel_size", "activation_checkpointing"}
+       "sequence_parallel_size", "activation_checkpointing", "seq_parallel_communication_data_type"}
 IGNORED_TOP = {"steps_per_print", "wall_clock_breakdown", "scheduler", "zero_allow_untested_optimizer",
                "tensorboard", "wandb", "csv_monitor", "comms_logger", "flops_profiler",
                "dump_state", "checkpoint", "dataloader_drop_last", "memory_breakdown",
@@ -41,18 +46,53 @@ ZERO_IGNORED = {"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduc
                 "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
                 "sub_group_size", "round_robin_gradients", "elastic_checkpoint",
                 "load_from_fp32_weights", "ignore_unused_parameters"}
+MICRO = ("train_micro_batch_size_per_gpu",)
 KEYS = Keys(TOP, IGNORED_TOP, unknown=lambda key: f"not modelled: DeepSpeed key '{key}'")
 ZERO_KEYS = Keys(ZERO_READ, ZERO_IGNORED, name=lambda key: f"zero_optimization.{key}")
 
 
-class _Doc:
-    def __init__(self, reader: Reader, source: Source) -> None:
-        self.reader, self.source = reader, source
-        data, self.spans = load_json(source)
-        if not isinstance(data, dict):
-            reader.error("a DeepSpeed configuration is a JSON object", None, code=Code.SYNTAX)
-            data = {}
-        self.data: dict[str, Any] = data
+KeyPath = tuple[str, ...]
+Fill = tuple[Any, str] | None  # an "auto" a launcher fills: (value, why), or None: left unset
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the program that starts the engine decides around a DeepSpeed configuration: the
+    world size and where it comes from, and the ``"auto"`` values it fills in. DeepSpeed itself
+    takes no ``"auto"``; transformers' Trainer and accelerate replace them before
+    ``deepspeed.initialize``. ``fills`` maps a key to what the launcher puts there (None: a value
+    the training script decides, left unset here); any other ``"auto"`` is an error that says
+    ``filler``."""
+
+    world: int
+    world_why: str = "--world (placeverify option)"
+    world_origin: Origin | None = None
+    filler: str = "transformers' Trainer fills it at launch"
+    fills: Mapping[KeyPath, Fill] = field(default_factory=dict)
+    what: str = "a DeepSpeed JSON"  # the file, as messages name it
+
+
+class Config:
+    """A DeepSpeed configuration as the engine would receive it: the JSON object, where each key
+    is written (``spans``) and how messages name it (``names``: by default its dotted path; an
+    importer that builds the object from other keys names those)."""
+
+    def __init__(self, reader: Reader, source: Source, data: dict[str, Any],
+                 spans: Mapping[KeyPath, Span], launch: Launch,
+                 names: Mapping[KeyPath, str] | None = None) -> None:
+        self.reader, self.source, self.data, self.spans = reader, source, data, spans
+        self.launch = launch
+        self.names: Mapping[KeyPath, str] = names or {}
+        self.filled: dict[KeyPath, Origin] = {}  # the "auto" values the launcher filled, by key
+
+    @staticmethod
+    def load(reader: Reader, source: Source, launch: Launch) -> Config:
+        """The configuration of a DeepSpeed JSON file."""
+        data, spans = _object(source)
+        return Config(reader, source, data, spans, launch)
+
+    def origin(self, *path: str) -> Origin:
+        return Origin(self.names.get(path, ".".join(path)), self.source, self.spans.get(path))
 
     def get(self, *path: str) -> Value | None:
         node: Any = self.data
@@ -60,10 +100,15 @@ class _Doc:
             if not isinstance(node, dict) or key not in node:
                 return None
             node = node[key]
-        origin = Origin(".".join(path), self.source, self.spans.get(path))
+        origin = self.origin(*path)
         if node == "auto":
-            self.reader.error(f"{'.'.join(path)} is \"auto\": transformers' Trainer fills it at "
-                              "launch; write the value", origin, code=Code.NOT_STATIC)
+            if path in self.launch.fills:
+                self.filled[path] = origin
+                fill = self.launch.fills[path]
+                return None if fill is None else Value(fill[0], Origin(
+                    f'{origin.key} "auto": {fill[1]}', origin.source, origin.span))
+            self.reader.error(f'{origin.key} is "auto": {self.launch.filler}; write the value',
+                              origin, code=Code.NOT_STATIC)
             return None
         return Value(node, origin)
 
@@ -78,18 +123,45 @@ class _Doc:
         return v
 
 
+def _object(source: Source) -> tuple[dict[str, Any], dict[KeyPath, Span]]:
+    data, spans = load_json(source)
+    if not isinstance(data, dict):
+        raise syntax_error(source, "a DeepSpeed configuration is a JSON object", None)
+    return data, spans
+
+
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    doc = _Doc(reader, source)
     plan = Plan("deepspeed", source.path)
+    data, spans = _object(source)
     if world is None:
         reader.error("world size unknown: a DeepSpeed JSON leaves it to the launcher; pass "
                      "--world N", None, code=Code.MISSING)
         reader.raise_if_errors()
     assert world is not None
+    doc = Config(reader, source, data, spans, Launch(world))
+    stage = translate(doc, plan, model)
+    plan.title = f"{Path(source.path).name}: DeepSpeed ZeRO-{stage}, dp = {world}"
+    # The top level first, then zero_optimization's keys (each in turn, not where they stand).
+    leftovers(reader, plan, source, doc.data, doc.spans, ((), KEYS),
+              (("zero_optimization",), ZERO_KEYS))
+    return plan
+
+
+def translate(doc: Config, plan: Plan, model: str | None) -> int:
+    """Fill ``plan`` with what a DeepSpeed configuration means (model, precision, mesh, ZeRO
+    stage, micro-batches, loss, clipping, offload) and give its ZeRO stage; the title and the
+    leftover keys are the caller's, who knows the file."""
+    reader, source, launch = doc.reader, doc.source, doc.launch
+    world = launch.world
     sp = doc.integer("sequence_parallel_size")
     if sp is not None and sp.value != 1:
         reader.error("not modelled: sequence_parallel_size > 1 (DeepSpeed-Ulysses)", sp.origin,
                      code=Code.NOT_MODELLED)
+    ulysses = doc.get("seq_parallel_communication_data_type")
+    if ulysses is not None:  # runtime/constants.py: the dtype of DeepSpeed-Ulysses' all-to-alls
+        reader.warning("not modelled: seq_parallel_communication_data_type is for DeepSpeed-Ulysses "
+                       "sequence parallelism, whose size the training script sets (an mpu, or "
+                       "accelerate's ParallelismConfig(sp_size)); none assumed", ulysses.origin)
 
     # ---- batch: DeepSpeedConfig._set_batch_related_parameters and _batch_assertion ----
     train = doc.integer("train_batch_size")
@@ -98,6 +170,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     t = None if train is None else int(train.value)
     mb = None if micro is None else int(micro.value)
     ga = None if acc is None else int(acc.value)
+    micro_value = micro
     # A missing one is derived as _set_batch_related_parameters does (rounded down, at least 1);
     # the rule train = micro x accumulation x world is judged on the final values (rules.py).
     if t is not None and mb is not None and ga is None:
@@ -107,9 +180,15 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         mb = max(1, t // (world * ga))
     elif mb is not None:
         ga = ga or 1
+    elif MICRO in doc.filled:  # the launcher gives the dataloader's batch size: not in the file
+        mb, ga = 1, ga or 1
+        at = doc.filled[MICRO]
+        micro_value = Value(1, Origin(f'{at.key} "auto": set by the training script; 1 assumed',
+                                      at.source, at.span))
     else:
         reader.error("either train_batch_size or train_micro_batch_size_per_gpu is needed "
-                     "(DeepSpeed asserts it)", None, code=Code.MISSING)
+                     "(DeepSpeed asserts it)", Origin("train_batch_size", source),
+                     code=Code.MISSING)
     if train is not None and t is not None:
         given = ("train_micro_batch_size_per_gpu" if micro is not None else "micro-batch",
                  "gradient_accumulation_steps" if acc is not None else "accumulation steps")
@@ -121,10 +200,10 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                     "(DeepSpeed asserts train = micro x accumulation x world)")
 
         plan.rules.append(batch_rule(train.origin, t, broken))
-    micro_value = micro or (Value(mb, Origin("train_batch_size / world / accumulation", source))
-                            if mb else None)
+    if micro_value is None and mb:
+        micro_value = Value(mb, Origin("train_batch_size / world / accumulation", source))
 
-    attach_model(plan, reader, model, None, micro_value, None, "a DeepSpeed JSON")
+    attach_model(plan, reader, model, None, micro_value, None, launch.what)
 
     # ---- precision ----
     bf16 = doc.get("bf16", "enabled") or doc.get("bfloat16", "enabled")
@@ -138,7 +217,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         reader.error(f"not modelled: optimizer {opt.value} (Adam-like optimizers are modelled)",
                      opt.origin, code=Code.NOT_MODELLED)
     if bf16 is not None and bf16.value is True:
-        plan.precision = Line("precision bf16_adam", "bf16.enabled: bf16 Θ and G, Adam 12 B",
+        plan.precision = Line("precision bf16_adam", f"{bf16.origin.key}: bf16 Θ and G, Adam 12 B",
                               bf16.origin)
     elif fp16 is not None and fp16.value is True:
         scale = doc.get("fp16", "loss_scale")
@@ -147,7 +226,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                                "activations = fp16, loss_scale = static }",
                                "fp16.enabled, fp16.loss_scale != 0", scale.origin)
                           if static and scale is not None else
-                          Line("precision mixed_adam", "fp16.enabled (loss_scale 0: dynamic)",
+                          Line("precision mixed_adam", f"{fp16.origin.key} (loss_scale 0: dynamic)",
                                fp16.origin))
     else:
         plan.precision = Line("precision fp32_adam", "neither bf16 nor fp16 enabled")
@@ -155,16 +234,15 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     # ---- ZeRO ----
     stage_v = doc.integer("zero_optimization", "stage", low=0)
     stage = 0 if stage_v is None else int(stage_v.value)
-    if stage > 3:
-        reader.error(f"zero_optimization.stage is 0 to 3, not {stage}", stage_v.origin
-                     if stage_v else None)
+    if stage > 3 and stage_v is not None:
+        reader.error(f"{stage_v.origin.key} is 0 to 3, not {stage}", stage_v.origin)
     mics = doc.integer("zero_optimization", "mics_shard_size", low=-1)
     hpz = doc.integer("zero_optimization", "zero_hpz_partition_size", low=0)
     if hpz is not None and int(hpz.value) > 1:
         reader.warning("not modelled: zero_hpz_partition_size (ZeRO++ secondary parameter "
                        "partition); modelled as plain ZeRO-3", hpz.origin)
     preset = ("ddp", "zero1", "zero2", "zero3")[min(stage, 3)]
-    why = f"zero_optimization.stage {stage}" if stage_v else "no zero_optimization: stage 0"
+    why = f"{stage_v.origin.key} {stage}" if stage_v else "no zero_optimization: stage 0"
     origin = stage_v.origin if stage_v else None
     if mics is not None and int(mics.value) > 0 and stage == 3:
         shard = int(mics.value)
@@ -174,15 +252,16 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
             shard = 1
         plan.mesh += [Line(f"shard = {shard}", "zero_optimization.mics_shard_size", mics.origin),
                       Line(f"replica = {world // shard}", "world / mics_shard_size"),
-                      Line(f"world = {world}", "--world (placeverify option)")]
+                      Line(f"world = {world}", launch.world_why, launch.world_origin)]
         plan.body.append(Line("place hsdp over shard * replica", "MiCS: ZeRO-3 inside "
                               "mics_shard_size ranks, replicated across groups", mics.origin))
     else:
-        plan.mesh += [Line(f"dp = {world}", "--world (placeverify option): all data-parallel")]
+        plan.mesh += [Line(f"dp = {world}", f"{launch.world_why}: all data-parallel",
+                           launch.world_origin)]
         plan.body.append(Line(f"place {preset} over dp", why, origin))
     if ga and ga > 1:
-        plan.body.append(Line(f"microbatches = {ga}", "gradient_accumulation_steps",
-                              acc.origin if acc else None))
+        plan.body.append(Line(f"microbatches = {ga}", acc.origin.key if acc else
+                              "gradient_accumulation_steps", acc.origin if acc else None))
     op = doc.get("gradient_allreduce_op")
     if op is not None and op.value == "sum":
         plan.body.append(Line("loss token_mean", "gradient_allreduce_op sum: correct only with a "
@@ -197,7 +276,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     doc.get("gradient_predivide_factor")  # divides before and multiplies after: same gradient
     clip = doc.get("gradient_clipping")
     if clip is not None and isinstance(clip.value, (int, float)) and clip.value > 0:
-        plan.body.append(Line(f"clip max_norm = {clip.value}", "gradient_clipping", clip.origin))
+        plan.body.append(Line(f"clip max_norm = {clip.value}", clip.origin.key, clip.origin))
     ckpt = doc.get("activation_checkpointing")
     if ckpt is not None:
         reader.warning("not modelled: activation_checkpointing configures DeepSpeed's "
@@ -221,14 +300,10 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         if device.value == "nvme":
             reader.warning("nvme offload is modelled as host memory", device.origin)
         plan.body.append(Line(f"offload {what} to cpu", device.origin.key, device.origin))
-    plan.title = f"{Path(source.path).name}: DeepSpeed ZeRO-{stage}, dp = {world}"
-    # The top level first, then zero_optimization's keys (each in turn, not where they stand).
-    leftovers(reader, plan, source, doc.data, doc.spans, ((), KEYS),
-              (("zero_optimization",), ZERO_KEYS))
-    return plan
+    return stage
 
 
-def _offloads_optimizer(doc: _Doc) -> bool:
+def _offloads_optimizer(doc: Config) -> bool:
     device = doc.get("zero_optimization", "offload_optimizer", "device")
     return device is not None and device.value in ("cpu", "nvme")
 
