@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -803,3 +804,34 @@ def test_offload_param_is_judged_on_the_overridden_stage(tmp_path: Path) -> None
     assert "--set offload=params,optimizer" in w.message
     assert source.path == str(path) and w.notes == ("checked with --set place.dp=zero3",)
     assert offload_warnings("place.dp=zero3", "offload=params,optimizer") == []
+
+
+def test_deepspeed_trainer_auto_values_given_by_overrides(tmp_path: Path) -> None:
+    # A DeepSpeed JSON written for transformers' Trainer: its "auto" values come from
+    # TrainingArguments at launch. train_batch_size is world x micro x accumulation (derived);
+    # the others are errors naming the override that gives them, and accepted under it.
+    config = tmp_path / "ds.json"
+    config.write_text('{\n  "train_batch_size": "auto",\n  "train_micro_batch_size_per_gpu": '
+                      '"auto",\n  "gradient_accumulation_steps": "auto",\n  "bf16": {"enabled": '
+                      '"auto"},\n  "gradient_clipping": "auto",\n  "zero_optimization": '
+                      '{"stage": 2}\n}\n')
+    options = Options(world=8, model=fixture("llama3-8b-config.json"))
+    with pytest.raises(PlaceError) as error:
+        import_file(str(config), options)
+    hints = {d.message.split("--set ")[-1] for d in error.value.diagnostics}
+    assert hints == {"model.micro_batch=...", "microbatches=...", "precision=...",
+                     "clip.max_norm=..."}
+    assert not any("train_batch_size" in d.message for d in error.value.diagnostics)
+    given = settings("model.micro_batch=4", "microbatches=2", "precision=bf16_adam",
+                     "clip.max_norm=0.5")
+    strategy, _ = load(str(config), options, given)
+    assert strategy.model.arch is not None and strategy.model.arch.micro_batch == 4
+    assert strategy.precision.name == "bf16_adam" and strategy.mesh.world == 8
+    assert {p.axis: p.preset for p in strategy.placements} == {"dp": "zero2"}
+    # ZeRO-2 under bf16_adam, 8 ranks: Θ 2Ψ + (2 + 12)Ψ / 8 bytes per device (ZeRO, Table 1)
+    psi = strategy.model.params
+    from placeverify.cost import analyse
+
+    device = analyse(strategy).device_bytes()
+    assert device["params"] + device["optimizer"] + device["gradients"] == 2 * psi + Fraction(
+        14 * psi, 8)

@@ -70,6 +70,7 @@ class Launch:
     filler: str = "transformers' Trainer fills it at launch"
     fills: Mapping[KeyPath, Fill] = field(default_factory=dict)
     what: str = "a DeepSpeed JSON"  # the file, as messages name it
+    hints: Mapping[KeyPath, str] = field(default_factory=dict)  # the --set that gives an "auto"
 
 
 class Config:
@@ -107,7 +108,9 @@ class Config:
                 fill = self.launch.fills[path]
                 return None if fill is None else Value(fill[0], Origin(
                     f'{origin.key} "auto": {fill[1]}', origin.source, origin.span))
-            self.reader.error(f'{origin.key} is "auto": {self.launch.filler}; write the value',
+            hint = self.launch.hints.get(path)
+            self.reader.error(f'{origin.key} is "auto": {self.launch.filler}; write the value'
+                              + (f" or give it with --set {hint}" if hint else ""),
                               origin, code=Code.NOT_STATIC)
             return None
         return Value(node, origin)
@@ -138,13 +141,36 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                      "--world N", None, code=Code.MISSING)
         reader.raise_if_errors()
     assert world is not None
-    doc = Config(reader, source, data, spans, Launch(world))
+    doc = Config(reader, source, data, spans, trainer_launch(world, reader.given))
     stage = translate(doc, plan, model)
     plan.title = f"{Path(source.path).name}: DeepSpeed ZeRO-{stage}, dp = {world}"
     # The top level first, then zero_optimization's keys (each in turn, not where they stand).
     leftovers(reader, plan, source, doc.data, doc.spans, ((), KEYS),
               (("zero_optimization",), ZERO_KEYS))
     return plan
+
+
+# transformers' Trainer fills a DeepSpeed JSON's "auto" values from TrainingArguments at launch
+# (transformers/integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_process):
+# train_batch_size = world x micro x accumulation, derived here as DeepSpeed derives a missing one;
+# the others come from the training script, so an override must give them (KEY=VALUE as --set
+# names it, and the placeholder the import writes for the override to replace).
+TRAINER_GIVEN: dict[KeyPath, tuple[str, Any]] = {
+    MICRO: ("model.micro_batch", 1), ("gradient_accumulation_steps",): ("microbatches", 1),
+    ("bf16", "enabled"): ("precision", False), ("bfloat16", "enabled"): ("precision", False),
+    ("fp16", "enabled"): ("precision", False), ("gradient_clipping",): ("clip.max_norm", 1.0),
+}
+
+
+def trainer_launch(world: int, given: frozenset[str]) -> Launch:
+    """A standalone DeepSpeed JSON's launch: "auto" values are what transformers' Trainer fills,
+    each accepted where an override gives it (``given``, :attr:`Options.given`)."""
+    fills: dict[KeyPath, Fill] = {("train_batch_size",): None}
+    for path, (key, placeholder) in TRAINER_GIVEN.items():
+        if key in given:
+            fills[path] = (placeholder, f"given by --set {key}")
+    return Launch(world, fills=fills,
+                  hints={path: f"{key}=..." for path, (key, _) in TRAINER_GIVEN.items()})
 
 
 def translate(doc: Config, plan: Plan, model: str | None) -> int:
@@ -185,7 +211,7 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
         at = doc.filled[MICRO]
         micro_value = Value(1, Origin(f'{at.key} "auto": set by the training script; 1 assumed',
                                       at.source, at.span))
-    else:
+    elif doc.data.get(MICRO[0]) != "auto":  # an "auto" micro-batch is an error of its own
         reader.error("either train_batch_size or train_micro_batch_size_per_gpu is needed "
                      "(DeepSpeed asserts it)", Origin("train_batch_size", source),
                      code=Code.MISSING)
