@@ -75,25 +75,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     runner = Arguments(reader, launch, source)
 
     # ---- world size: torchrun --nproc-per-node x --nnodes, or --world ----
-    nproc = runner.integer("--nproc_per_node") or runner.integer("--nproc-per-node")
-    nnodes = runner.integer("--nnodes") or runner.integer("--nnodes", 1)
-    world_line: Line | None = None
-    world_value: int | None = None
-    if nproc is not None and nnodes is not None:
-        world_value = int(str(nproc.value)) * int(str(nnodes.value))
-        world_line = Line(f"world = {world_value}", f"{nproc.origin.key} {nproc.value} x "
-                          f"{nnodes.origin.key} {nnodes.value}", nproc.origin)
-        if world is not None and world != world_value:
-            reader.error(f"--world {world} contradicts the launcher's {nproc.value} x "
-                         f"{nnodes.value} = {world_value} processes", nproc.origin,
-                         code=Code.WORLD_MISMATCH)
-    elif world is not None:
-        world_value = world
-        world_line = Line(f"world = {world}", "--world (placeverify option)")
-    else:
-        why = ("the script launches no torchrun with --nproc-per-node/--nnodes" if launched
-               or not launch else "the launcher gives no --nproc-per-node")
-        reader.error(f"world size unknown: {why}; pass --world N", None, code=Code.MISSING)
+    world_value, world_line = _world(runner, reader, world, launched or not launch)
     for name in ("--nproc_per_node", "--nproc-per-node", "--nnodes"):
         runner.used.add(name)
 
@@ -127,7 +109,14 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         world_line = None
     elif world_value is not None:
         dp = world_value // (t * p * c)
-        if e > 1 and dp % e:
+        x = int(str(etp.value)) if etp is not None else t
+        if e > 1 and world_value % (x * e * p):
+            reader.error(f"world size {world_value} is not divisible by ETP * EP * PP = {x} * {e} "
+                         f"* {p} = {x * e * p}: Megatron-core refuses the launch "
+                         "(parallel_state.initialize_model_parallel: 'world_size is not divisible "
+                         "by expert_tensor_model_pipeline_parallel size')", ep.origin,
+                         code=Code.NOT_DIVISIBLE)
+        elif e > 1 and dp % e:
             reader.error(f"not modelled: --expert-model-parallel-size {e} does not divide the "
                          f"data-parallel size {dp} (Megatron takes EP ranks from DP * CP; "
                          "placeverify's ep axis is carved out of dp)", ep.origin,
@@ -281,7 +270,50 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         ([f"ep = {e}"] if e > 1 else [])
     plan.title = f"{Path(source.path).name}: Megatron-LM, " + ", ".join(parts)
     _leftovers(args, runner, reader, plan)
+    assumed = list(dict.fromkeys([*runner.assumed(), *args.assumed()]))
+    if assumed:
+        plan.header.append("Assumed about the launch (defaults of variables the environment or "
+                           "the script's arguments may set): " + "; ".join(assumed))
     return plan
+
+
+def _world(runner: Arguments, reader: Reader, world: int | None,
+           launched: bool) -> tuple[int | None, Line | None]:
+    """The world size: torchrun's --nproc-per-node x --nnodes, or --world. A launcher value only
+    running the script gives (``--nnodes $SLURM_NNODES``) leaves it to --world, which must then
+    be a multiple of a known --nproc-per-node."""
+    nproc_name = next((n for n in ("--nproc_per_node", "--nproc-per-node") if n in runner.flags),
+                      "--nproc-per-node")
+    unknown = [n for n in (nproc_name, "--nnodes") if runner.unresolved(n) is not None]
+    assumed = runner.assumed_of(nproc_name, "--nnodes")
+    guess = f"; assumed: {'; '.join(assumed)}" if assumed else ""
+    if unknown and world is not None:
+        nproc = None if nproc_name in unknown else runner.integer(nproc_name)
+        if nproc is not None and world % int(str(nproc.value)):
+            reader.error(f"--world {world} is not a multiple of {nproc.origin.key} {nproc.value} "
+                         "(torchrun starts that many processes on each node)", nproc.origin,
+                         code=Code.WORLD_MISMATCH)
+        runner.used.update(unknown)
+        return world, Line(f"world = {world}", "--world (placeverify option); the script's "
+                           + " and ".join(unknown) + " only running it gives" + guess)
+    fix = "write the number or pass --world N"
+    nproc = runner.integer(nproc_name, fix=fix)
+    nnodes = runner.integer("--nnodes", 1, fix=fix)
+    if nproc is not None and nnodes is not None:
+        world_value = int(str(nproc.value)) * int(str(nnodes.value))
+        if world is not None and world != world_value:
+            reader.error(f"--world {world} contradicts the launcher's {nproc.value} x "
+                         f"{nnodes.value} = {world_value} processes", nproc.origin,
+                         code=Code.WORLD_MISMATCH)
+        return world_value, Line(f"world = {world_value}", f"{nproc.origin.key} {nproc.value} x "
+                                 f"{nnodes.origin.key} {nnodes.value}" + guess, nproc.origin)
+    if world is not None and not unknown:
+        return world, Line(f"world = {world}", "--world (placeverify option)")
+    if not unknown:
+        why = ("the script launches no torchrun with --nproc-per-node/--nnodes" if launched
+               else "the launcher gives no --nproc-per-node")
+        reader.error(f"world size unknown: {why}; pass --world N", None, code=Code.MISSING)
+    return None, None
 
 
 def _uneven_stages(args: Arguments, reader: Reader, p: int, vpp: Value | None) -> Value | None:
