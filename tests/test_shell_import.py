@@ -191,6 +191,24 @@ def test_positional_and_environment_defaults_are_taken_and_said(tmp_path: Path) 
     assert "$SLURM_NNODES unset at line 3" in world and "'2'" in world
     [header] = [line for line in text.splitlines() if line.startswith("# Assumed")]
     assert "$1 not given at line 1" in header and "$PP unset at line 4" in header
+    # --world replaces the guess: 16 = 4 per node x 4 nodes, DP 16 / 4 = 4; the header keeps the
+    # other assumptions only
+    text = import_file(path, Options(world=16)).text
+    world = mesh_line(text, "world")
+    assert "world = 16" in world and "in place of the script's --nnodes" in world
+    assert "dp = 4" in mesh_line(text, "dp")
+    [header] = [line for line in text.splitlines() if line.startswith("# Assumed")]
+    assert "SLURM_NNODES" not in header and "$1 not given" in header
+    found = [m for m, _, _ in errors(path, world=6)]
+    assert any("--world 6 is not a multiple of --nproc-per-node 4" in m for m in found)
+
+
+def test_a_launcher_the_script_does_not_name_is_said(tmp_path: Path) -> None:
+    path = write(tmp_path, f"${{LAUNCHER}} pretrain_gpt.py {MODEL}\n")
+    [(message, line, column)] = errors(path)
+    assert message.startswith("world size unknown: the launcher ${LAUNCHER} is not known")
+    assert (line, column) == (1, 1)
+    assert "dp = 8" in mesh_line(import_file(path, Options(world=8)).text, "dp")
 
 
 # ---- quoting across lines, here-documents, syntax errors -------------------------------------

@@ -75,7 +75,8 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     runner = Arguments(reader, launch, source)
 
     # ---- world size: torchrun --nproc-per-node x --nnodes, or --world ----
-    world_value, world_line = _world(runner, reader, world, launched or not launch)
+    world_value, world_line, replaced = _world(runner, reader, world, launched or not launch,
+                                               launch)
     for name in ("--nproc_per_node", "--nproc-per-node", "--nnodes"):
         runner.used.add(name)
 
@@ -270,32 +271,36 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         ([f"ep = {e}"] if e > 1 else [])
     plan.title = f"{Path(source.path).name}: Megatron-LM, " + ", ".join(parts)
     _leftovers(args, runner, reader, plan)
-    assumed = list(dict.fromkeys([*runner.assumed(), *args.assumed()]))
+    assumed = [a for a in dict.fromkeys([*runner.assumed(), *args.assumed()]) if a not in replaced]
     if assumed:
         plan.header.append("Assumed about the launch (defaults of variables the environment or "
                            "the script's arguments may set): " + "; ".join(assumed))
     return plan
 
 
-def _world(runner: Arguments, reader: Reader, world: int | None,
-           launched: bool) -> tuple[int | None, Line | None]:
-    """The world size: torchrun's --nproc-per-node x --nnodes, or --world. A launcher value only
-    running the script gives (``--nnodes $SLURM_NNODES``) leaves it to --world, which must then
-    be a multiple of a known --nproc-per-node."""
+def _world(runner: Arguments, reader: Reader, world: int | None, launched: bool,
+           launch: list[Word]) -> tuple[int | None, Line | None, list[str]]:
+    """The world size: torchrun's --nproc-per-node x --nnodes, or --world; and the assumptions
+    --world replaced. A launcher value only running the script gives (``--nnodes $SLURM_NNODES``)
+    or a default of one (``${SLURM_NNODES:-1}``) leaves it to --world, which must then be a
+    multiple of a known --nproc-per-node."""
     nproc_name = next((n for n in ("--nproc_per_node", "--nproc-per-node") if n in runner.flags),
                       "--nproc-per-node")
     unknown = [n for n in (nproc_name, "--nnodes") if runner.unresolved(n) is not None]
     assumed = runner.assumed_of(nproc_name, "--nnodes")
     guess = f"; assumed: {'; '.join(assumed)}" if assumed else ""
-    if unknown and world is not None:
+    # a value taken from a default (NNODES=${SLURM_NNODES:-1}) is a guess that --world replaces
+    guessed = [n for n in (nproc_name, "--nnodes") if n not in unknown and runner.assumed_of(n)]
+    if (unknown or guessed) and world is not None:
         nproc = None if nproc_name in unknown else runner.integer(nproc_name)
         if nproc is not None and world % int(str(nproc.value)):
             reader.error(f"--world {world} is not a multiple of {nproc.origin.key} {nproc.value} "
                          "(torchrun starts that many processes on each node)", nproc.origin,
                          code=Code.WORLD_MISMATCH)
-        runner.used.update(unknown)
-        return world, Line(f"world = {world}", "--world (placeverify option); the script's "
-                           + " and ".join(unknown) + " only running it gives" + guess)
+        runner.used.update(unknown + guessed)
+        return world, Line(f"world = {world}", "--world (placeverify option), in place of the "
+                           "script's " + " and ".join(unknown + guessed)
+                           + (f" (a default: {'; '.join(assumed)})" if assumed else "")), assumed
     fix = "write the number or pass --world N"
     nproc = runner.integer(nproc_name, fix=fix)
     nnodes = runner.integer("--nnodes", 1, fix=fix)
@@ -306,14 +311,18 @@ def _world(runner: Arguments, reader: Reader, world: int | None,
                          f"{nnodes.value} = {world_value} processes", nproc.origin,
                          code=Code.WORLD_MISMATCH)
         return world_value, Line(f"world = {world_value}", f"{nproc.origin.key} {nproc.value} x "
-                                 f"{nnodes.origin.key} {nnodes.value}" + guess, nproc.origin)
+                                 f"{nnodes.origin.key} {nnodes.value}" + guess, nproc.origin), []
     if world is not None and not unknown:
-        return world, Line(f"world = {world}", "--world (placeverify option)")
+        return world, Line(f"world = {world}", "--world (placeverify option)"), []
     if not unknown:
-        why = ("the script launches no torchrun with --nproc-per-node/--nnodes" if launched
+        hidden = next((w for w in launch if w.unresolved), None)
+        why = (f"the launcher {hidden.text} is not known ({hidden.unresolved})" if hidden else
+               "the script launches no torchrun with --nproc-per-node/--nnodes" if launched
                else "the launcher gives no --nproc-per-node")
-        reader.error(f"world size unknown: {why}; pass --world N", None, code=Code.MISSING)
-    return None, None
+        reader.error(f"world size unknown: {why}; pass --world N",
+                     Origin("launcher", reader.source, hidden.span) if hidden else None,
+                     code=Code.MISSING)
+    return None, None, []
 
 
 def _uneven_stages(args: Arguments, reader: Reader, p: int, vpp: Value | None) -> Value | None:

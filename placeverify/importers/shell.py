@@ -173,14 +173,16 @@ class Script:
         self.functions: dict[str, Node] = {}
         self._doubts: list[Doubt] = []
         self._calls = 0
+        self.state = State()
         try:
-            tree = parse(source.text)
+            self._list(parse(source.text), self.state)
         except ShellSyntaxError as error:
             line, column = self.position(error.offset)
             raise _error(source, f"cannot read this script: {error.message}",
                          Span.point(line, column), Code.SYNTAX) from None
-        self.state = State()
-        self._list(tree, self.state)
+        except RecursionError:
+            raise _error(source, "cannot read this script: it nests statements too deeply",
+                         Span.point(1, 1), Code.TOO_DEEP) from None
 
     # ---- positions ----
 
