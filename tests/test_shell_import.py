@@ -263,3 +263,26 @@ def test_kv_channels_equal_to_the_head_dimension_is_megatrons_default(tmp_path: 
     [(message, row, column)] = errors(write(tmp_path, line))
     assert message.startswith("not modelled: --kv-channels 64") and "256 / 8" in message
     assert (row, column) == (1, line.index("--kv-channels") + 1)
+
+
+def test_the_readme_slurm_fixture() -> None:
+    # tests/importers/llama3-8b-megatron-slurm.sh: NNODES from $(scontrol ...) (line 11), used
+    # at line 15, column 14; with --world 32: DP = 32 / (TP 2 x PP 2) = 8, and $2's default
+    # "bf16" takes the elif branch (--bf16, not --fp16 nor the fp8 flags)
+    path = str(Path(__file__).parent / "importers" / "llama3-8b-megatron-slurm.sh")
+    [(message, line, column)] = errors(path)
+    assert (line, column) == (15, 14) and "command substitution at line 11" in message
+    text = import_file(path, Options(world=32)).text
+    assert "tp = 2" in mesh_line(text, "tp") and "pp = 2" in mesh_line(text, "pp")
+    assert "dp = 8" in mesh_line(text, "dp") and "precision megatron" in text
+    assert "fp8" not in text
+    [header] = [line for line in text.splitlines() if line.startswith("# Assumed")]
+    assert "$2 not given at line 7" in header and "deciding the test at line 30" in header
+
+
+def test_a_sourced_file_is_a_warning_at_its_name(tmp_path: Path) -> None:
+    path = write(tmp_path, f"source ./conf.sh\ntorchrun --nproc-per-node 8 pretrain_gpt.py {MODEL}\n")
+    imported = import_file(path)
+    [warning] = [w for w, _ in imported.warnings if "sources" in w.message]
+    assert warning.message.startswith("the script sources ./conf.sh, which placeverify does not")
+    assert warning.span is not None and (warning.span.line, warning.span.column) == (1, 8)

@@ -271,7 +271,12 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         ([f"ep = {e}"] if e > 1 else [])
     plan.title = f"{Path(source.path).name}: Megatron-LM, " + ", ".join(parts)
     _leftovers(args, runner, reader, plan)
-    assumed = [a for a in dict.fromkeys([*runner.assumed(), *args.assumed()]) if a not in replaced]
+    for sourced in script.sourced:
+        reader.warning(f"the script sources {sourced.text}, which placeverify does not read: a "
+                       "variable that file sets is taken as the script leaves it",
+                       Origin("source", source, sourced.span), code=Code.NOT_STATIC)
+    assumed = [a for a in dict.fromkeys([*runner.assumed(), *args.assumed(), *script.decided])
+               if a not in replaced]
     if assumed:
         plan.header.append("Assumed about the launch (defaults of variables the environment or "
                            "the script's arguments may set): " + "; ".join(assumed))

@@ -172,6 +172,8 @@ class Script:
         self.commands: list[Command] = []
         self.functions: dict[str, Node] = {}
         self._doubts: list[Doubt] = []
+        self.decided: list[str] = []  # defaults taken that decided a test (which branch ran)
+        self.sourced: list[Word] = []  # `source FILE` / `. FILE`: files not read
         self._calls = 0
         self.state = State()
         try:
@@ -399,7 +401,11 @@ class Script:
                 if not args or args[-1].text != "]":
                     return "a [ without its ] (only running the script would tell)"
                 args = args[:-1]
-            return _test([(t.text, True, t, False) for t in args])
+            return self._decided(_test([(t.text, True, t, False) for t in args]), args,
+                                 node.start)
+        if name in ("source", ".") and len(words) > 1:
+            self.sourced.append(self._word(words[1], None))
+            return "the exit status of a sourced file (only running the script gives it)"
         if name in self.functions and self._calls < _MAX_CALLS:
             self._calls += 1
             status = self._node(self.functions[name], state)
@@ -653,7 +659,16 @@ class Script:
                 for p in word.parts)
             args.append((text.text, literal is not None, text, pattern))
             previous = literal or ""
-        return _test(args, arithmetic=True)
+        return self._decided(_test(args, arithmetic=True), [a[2] for a in args], node.start)
+
+    def _decided(self, result: bool | str, operands: list[Text], start: int) -> bool | str:
+        """A test's result; the defaults its operands took are recorded when it is decided."""
+        if isinstance(result, bool):
+            line = self.line_of(start)
+            for t in operands:
+                for a in t.assumed:
+                    self.decided.append(f"{a} (deciding the test at line {line})")
+        return result
 
 
 def _end(item: AndOr) -> int:
