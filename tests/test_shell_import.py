@@ -286,3 +286,21 @@ def test_a_sourced_file_is_a_warning_at_its_name(tmp_path: Path) -> None:
     [warning] = [w for w, _ in imported.warnings if "sources" in w.message]
     assert warning.message.startswith("the script sources ./conf.sh, which placeverify does not")
     assert warning.span is not None and (warning.span.line, warning.span.column) == (1, 8)
+
+
+def test_a_value_given_only_under_an_undecided_test_is_an_error(tmp_path: Path) -> None:
+    # the flag is certain, its value is not; and a default reaches a value through $(( ))
+    path = write(tmp_path, "PAR=(--tensor-model-parallel-size)\n"
+                           'if [ -f big ]; then PAR+=(4); else PAR+=(2); fi\n'
+                           "N=${NODES:-2}\nWORLD=$((4 * N))\n"
+                           f"torchrun --nproc-per-node 4 --nnodes $((WORLD / 4)) pretrain_gpt.py "
+                           f"{MODEL} ${{PAR[@]}}\n")
+    [(message, line, column)] = errors(path)
+    assert message.startswith("--tensor-model-parallel-size: its value 4: it is given only if")
+    assert "`-f` tests the file system" in message and (line, column) == (2, 4)
+    path = write(tmp_path, "N=${NODES:-2}\nWORLD=$((4 * N))\n"
+                           f"torchrun --nproc-per-node 4 --nnodes $((WORLD / 4)) pretrain_gpt.py "
+                           f"{MODEL}\n")
+    text = import_file(path).text
+    # 4 x (4 * 2 / 4) = 8, from $NODES's default
+    assert "world = 8" in text and "$NODES unset at line 1" in mesh_line(text, "world")

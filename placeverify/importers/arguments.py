@@ -101,6 +101,12 @@ class Arguments:
         if not self.has(name):
             return None
         word, values = self.flags[name]
+        doubt = next((v for v in values if v.maybe and not word.maybe), None)
+        if doubt is not None:
+            self.reader.error(f"{name}: its value {doubt.text}: {doubt.maybe}",
+                              Origin(name, self.source, doubt.maybe_span or doubt.span),
+                              code=Code.NOT_STATIC)
+            return None
         if len(values) != 1:
             self.reader.error(f"{name} takes one value", self.origin(word))
             return None

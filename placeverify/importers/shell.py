@@ -514,6 +514,7 @@ class Script:
 
     def _arith(self, part: Arith, state: State) -> _Piece:
         problem: list[Unknown] = []
+        assumed: list[str] = []
 
         def value(match: re.Match[str]) -> str:
             name = match.group(1) or match.group(2) or match.group(3)
@@ -521,6 +522,7 @@ class Script:
             if isinstance(v, tuple):
                 v = v[0] if v else None
             if isinstance(v, Text) and v.problem() is None and re.fullmatch(r"\s*-?\d+\s*", v.text):
+                assumed.extend(v.assumed)
                 return v.text.strip()
             if isinstance(v, Text) and v.problem() is not None:
                 problem.append(v.problem())  # type: ignore[arg-type]
@@ -546,7 +548,8 @@ class Script:
                 f"the arithmetic $(({expression})) at line {self.line_of(part.start)} is not one "
                 "placeverify evaluates (integers with + - * / % and parentheses)"))
         digits = str(result)
-        return _Piece(tuple((c, part.start + i, None) for i, c in enumerate(digits)), False)
+        return _Piece(tuple((c, part.start + i, None) for i, c in enumerate(digits)), False, None,
+                      tuple(dict.fromkeys(assumed)))
 
     def _param(self, part: Param, state: State) -> list[_Piece]:
         name, split = part.name, not part.quoted
