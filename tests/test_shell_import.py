@@ -254,17 +254,6 @@ def test_expert_groups_that_megatron_refuses_are_its_error(tmp_path: Path) -> No
     assert message.startswith("not modelled: --expert-model-parallel-size 4")
 
 
-def test_kv_channels_equal_to_the_head_dimension_is_megatrons_default(tmp_path: Path) -> None:
-    # transformer_config.py: kv_channels defaults to hidden_size // num_attention_heads = 256 / 8
-    # = 32; Llama 3 8B's example passes --kv-channels 128 = 4096 / 32 explicitly
-    path = write(tmp_path, f"torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} --kv-channels 32\n")
-    assert "dp = 8" in mesh_line(import_file(path).text, "dp")
-    line = f"torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} --kv-channels 64\n"
-    [(message, row, column)] = errors(write(tmp_path, line))
-    assert message.startswith("not modelled: --kv-channels 64") and "256 / 8" in message
-    assert (row, column) == (1, line.index("--kv-channels") + 1)
-
-
 def test_the_readme_slurm_fixture() -> None:
     # tests/importers/llama3-8b-megatron-slurm.sh: NNODES from $(scontrol ...) (line 11), used
     # at line 15, column 14; with --world 32: DP = 32 / (TP 2 x PP 2) = 8, and $2's default

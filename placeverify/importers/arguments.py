@@ -112,7 +112,10 @@ class Arguments:
             return None
         if values[0].unresolved:
             where = values[0].unresolved_span or values[0].span
-            self.reader.error(f"{name}: {values[0].unresolved}; {fix}",
+            why = values[0].unresolved
+            if " " not in why:  # only the variable's name (a test configuration's ${VAR})
+                why += " is not assigned in this configuration (only running it would give the value)"
+            self.reader.error(f"{name}: {why}; {fix}",
                               Origin(name, self.source, where), code=Code.NOT_STATIC)
             return None
         return Value(values[0].text, Origin(name, self.source, word.span))

@@ -66,10 +66,12 @@ NOT_MODELLED = {
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
     launch: list[Word]
+    script: Script | None = None
     if megatron_yaml.is_test_config(source):
         launch, words, launched = [], megatron_yaml.arguments(source), False
     else:
-        launch, words, launched = split_launch(Script(source))
+        script = Script(source)
+        launch, words, launched = split_launch(script)
     plan = Plan("megatron", source.path)
     args = Arguments(reader, words, source)
     runner = Arguments(reader, launch, source)
@@ -271,11 +273,12 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         ([f"ep = {e}"] if e > 1 else [])
     plan.title = f"{Path(source.path).name}: Megatron-LM, " + ", ".join(parts)
     _leftovers(args, runner, reader, plan)
-    for sourced in script.sourced:
+    for sourced in script.sourced if script is not None else []:
         reader.warning(f"the script sources {sourced.text}, which placeverify does not read: a "
                        "variable that file sets is taken as the script leaves it",
                        Origin("source", source, sourced.span), code=Code.NOT_STATIC)
-    assumed = [a for a in dict.fromkeys([*runner.assumed(), *args.assumed(), *script.decided])
+    assumed = [a for a in dict.fromkeys([*runner.assumed(), *args.assumed(),
+                                                  *(script.decided if script is not None else [])])
                if a not in replaced]
     if assumed:
         plan.header.append("Assumed about the launch (defaults of variables the environment or "
