@@ -324,7 +324,7 @@ def _world(runner: Arguments, reader: Reader, world: int | None, launched: bool,
         return world, Line(f"world = {world}", "--world (placeverify option)"), []
     if not unknown:
         hidden = next((w for w in launch if w.unresolved), None)
-        why = (f"the launcher {hidden.text} is not known ({hidden.unresolved})" if hidden else
+        why = (f"the launcher {hidden.text} is not known: {hidden.unresolved}" if hidden else
                "the script launches no torchrun with --nproc-per-node/--nnodes" if launched
                else "the launcher gives no --nproc-per-node")
         reader.error(f"world size unknown: {why}; pass --world N",
