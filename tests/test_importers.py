@@ -225,9 +225,13 @@ def test_nothing_is_executed(tmp_path: Path, payload: str) -> None:
                       "torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size $TP\n")
     with pytest.raises(PlaceError) as error:
         import_file(str(script))
-    [d] = error.value.diagnostics
+    # TP is assigned but unknown: the error is where its value is needed, the `$TP` of line 2
+    # (column 74: "torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size " is
+    # 73 characters), and says where the value comes from
+    [d] = [d for d in error.value.diagnostics if "--tensor-model-parallel-size" in d.message]
     assert d.code.value == "not-static" and d.span is not None
-    assert (d.span.line, d.span.column) == (1, 4)
+    assert (d.span.line, d.span.column) == (2, 74)
+    assert "$TP is assigned from" in d.message and "at line 1" in d.message
     assert victim.exists()
 
 

@@ -6,6 +6,8 @@ Each read marks its flag used, so the importer can report every flag it did not 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from placeverify.diagnostics import Code, Source
 from placeverify.importers.common import Origin, Reader, Value
 from placeverify.importers.shell import Script, Word
@@ -21,6 +23,7 @@ class Arguments:
         self.source = source
         self.flags: dict[str, tuple[Word, list[Word]]] = {}
         self.used: set[str] = set()
+        self._doubted: set[str] = set()  # flags whose "given only if" error is reported
         i = 0
         while i < len(words):
             word = words[i]
@@ -28,7 +31,7 @@ class Arguments:
                 i += 1  # a positional word (the training script's own): not an argument
                 continue
             name, eq, inline = word.text.partition("=")
-            values: list[Word] = [Word(inline, word.span, word.unresolved)] if eq else []
+            values: list[Word] = [replace(word, text=inline)] if eq else []
             i += 1
             while not eq and i < len(words) and not words[i].text.startswith("--"):
                 values.append(words[i])
@@ -36,39 +39,90 @@ class Arguments:
             if name in self.flags:
                 reader.warning(f"{name} is given twice; the last one counts (argparse)",
                                self.origin(self.flags[name][0]), code=Code.DUPLICATE)
-            self.flags[name] = (Word(name, word.span, word.unresolved), values)
+            self.flags[name] = (replace(word, text=name, unresolved=None), values)
 
     def origin(self, word: Word, key: str | None = None) -> Origin:
         return Origin(key or word.text, self.source, word.span)
 
     def has(self, name: str) -> bool:
+        """Whether the flag is given; one given only under a test placeverify cannot decide is an
+        error, at the test."""
         self.used.add(name)
-        return name in self.flags
+        if name not in self.flags:
+            return False
+        word = self.flags[name][0]
+        if word.maybe and name not in self._doubted:
+            self._doubted.add(name)
+            self.reader.error(f"{name}: {word.maybe}",
+                              Origin(name, self.source, word.maybe_span or word.span),
+                              code=Code.NOT_STATIC)
+        return True
+
+    def unresolved(self, name: str) -> Word | None:
+        """The value word of ``name`` when it is given with a value that only running the
+        script would give."""
+        if name not in self.flags:
+            return None
+        values = self.flags[name][1]
+        return values[0] if len(values) == 1 and values[0].unresolved else None
+
+    def assumed_of(self, *names: str) -> list[str]:
+        """The defaults taken in the words of these flags."""
+        out: dict[str, None] = {}
+        for name in names:
+            if name in self.flags:
+                word, values = self.flags[name]
+                for w in (word, *values):
+                    out.update(dict.fromkeys(w.assumed))
+        return list(out)
+
+    def assumed(self) -> list[str]:
+        """The defaults taken for variables the launch may set, in the words of the flags read."""
+        out: dict[str, None] = {}
+        for name, (word, values) in self.flags.items():
+            if name in self.used:
+                for w in (word, *values):
+                    out.update(dict.fromkeys(w.assumed))
+        return list(out)
 
     def flag(self, name: str) -> Value | None:
         if not self.has(name):
             return None
         word, values = self.flags[name]
-        if values:
+        if values and values[0].unresolved:
+            self.reader.error(f"{name} takes no value, but {values[0].text} follows it, which "
+                              f"may be any words: {values[0].unresolved}",
+                              self.origin(values[0], name), code=Code.NOT_STATIC)
+        elif values:
             self.reader.error(f"{name} takes no value", self.origin(values[0], name))
         return Value(True, self.origin(word))
 
-    def text(self, name: str) -> Value | None:
+    def text(self, name: str, fix: str = "write the value") -> Value | None:
         if not self.has(name):
             return None
         word, values = self.flags[name]
+        doubt = next((v for v in values if v.maybe and not word.maybe), None)
+        if doubt is not None:
+            self.reader.error(f"{name}: its value {doubt.text}: {doubt.maybe}",
+                              Origin(name, self.source, doubt.maybe_span or doubt.span),
+                              code=Code.NOT_STATIC)
+            return None
         if len(values) != 1:
             self.reader.error(f"{name} takes one value", self.origin(word))
             return None
         if values[0].unresolved:
-            self.reader.error(f"{name}: {values[0].unresolved} is not assigned in this script "
-                              "(only running it would give the value); write the number",
-                              self.origin(values[0], name), code=Code.NOT_STATIC)
+            where = values[0].unresolved_span or values[0].span
+            why = values[0].unresolved
+            if " " not in why:  # only the variable's name (a test configuration's ${VAR})
+                why += " is not assigned in this configuration (only running it would give the value)"
+            self.reader.error(f"{name}: {why}; {fix}",
+                              Origin(name, self.source, where), code=Code.NOT_STATIC)
             return None
         return Value(values[0].text, Origin(name, self.source, word.span))
 
-    def integer(self, name: str, default: int | None = None, low: int = 1) -> Value | None:
-        v = self.text(name)
+    def integer(self, name: str, default: int | None = None, low: int = 1,
+                fix: str = "write the number") -> Value | None:
+        v = self.text(name, fix)
         if v is None:
             return None if default is None else Value(default, Origin(f"{name} (default)",
                                                                       self.source))
@@ -98,8 +152,8 @@ def split_launch(script: Script) -> tuple[list[Word], list[Word], bool]:
     for command in script.commands:
         words = list(command.words)
         texts = [w.text for w in words]
-        py = next((i for i, t in enumerate(texts) if t.endswith(".py")), None)
-        if py is None:
+        py = next((i for i, t in enumerate(texts) if t.endswith(".py") and " " not in t), None)
+        if py is None or texts[0] in ("echo", "printf"):
             continue
         launcher = any(t.endswith(LAUNCHERS) or t in LAUNCHERS for t in texts[:py])
         return words[:py], words[py + 1:], launcher

@@ -66,34 +66,19 @@ NOT_MODELLED = {
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
     launch: list[Word]
+    script: Script | None = None
     if megatron_yaml.is_test_config(source):
         launch, words, launched = [], megatron_yaml.arguments(source), False
     else:
-        launch, words, launched = split_launch(Script(source))
+        script = Script(source)
+        launch, words, launched = split_launch(script)
     plan = Plan("megatron", source.path)
     args = Arguments(reader, words, source)
     runner = Arguments(reader, launch, source)
 
     # ---- world size: torchrun --nproc-per-node x --nnodes, or --world ----
-    nproc = runner.integer("--nproc_per_node") or runner.integer("--nproc-per-node")
-    nnodes = runner.integer("--nnodes") or runner.integer("--nnodes", 1)
-    world_line: Line | None = None
-    world_value: int | None = None
-    if nproc is not None and nnodes is not None:
-        world_value = int(str(nproc.value)) * int(str(nnodes.value))
-        world_line = Line(f"world = {world_value}", f"{nproc.origin.key} {nproc.value} x "
-                          f"{nnodes.origin.key} {nnodes.value}", nproc.origin)
-        if world is not None and world != world_value:
-            reader.error(f"--world {world} contradicts the launcher's {nproc.value} x "
-                         f"{nnodes.value} = {world_value} processes", nproc.origin,
-                         code=Code.WORLD_MISMATCH)
-    elif world is not None:
-        world_value = world
-        world_line = Line(f"world = {world}", "--world (placeverify option)")
-    else:
-        why = ("the script launches no torchrun with --nproc-per-node/--nnodes" if launched
-               or not launch else "the launcher gives no --nproc-per-node")
-        reader.error(f"world size unknown: {why}; pass --world N", None, code=Code.MISSING)
+    world_value, world_line, replaced = _world(runner, reader, world, launched or not launch,
+                                               launch)
     for name in ("--nproc_per_node", "--nproc-per-node", "--nnodes"):
         runner.used.add(name)
 
@@ -127,7 +112,14 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         world_line = None
     elif world_value is not None:
         dp = world_value // (t * p * c)
-        if e > 1 and dp % e:
+        x = int(str(etp.value)) if etp is not None else t
+        if e > 1 and world_value % (x * e * p):
+            reader.error(f"world size {world_value} is not divisible by ETP * EP * PP = {x} * {e} "
+                         f"* {p} = {x * e * p}: Megatron-core refuses the launch "
+                         "(parallel_state.initialize_model_parallel: 'world_size is not divisible "
+                         "by expert_tensor_model_pipeline_parallel size')", ep.origin,
+                         code=Code.NOT_DIVISIBLE)
+        elif e > 1 and dp % e:
             reader.error(f"not modelled: --expert-model-parallel-size {e} does not divide the "
                          f"data-parallel size {dp} (Megatron takes EP ranks from DP * CP; "
                          "placeverify's ep axis is carved out of dp)", ep.origin,
@@ -281,7 +273,64 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         ([f"ep = {e}"] if e > 1 else [])
     plan.title = f"{Path(source.path).name}: Megatron-LM, " + ", ".join(parts)
     _leftovers(args, runner, reader, plan)
+    for sourced in script.sourced if script is not None else []:
+        reader.warning(f"the script sources {sourced.text}, which placeverify does not read: a "
+                       "variable that file sets is taken as the script leaves it",
+                       Origin("source", source, sourced.span), code=Code.NOT_STATIC)
+    assumed = [a for a in dict.fromkeys([*runner.assumed(), *args.assumed(),
+                                                  *(script.decided if script is not None else [])])
+               if a not in replaced]
+    if assumed:
+        plan.header.append("Assumed about the launch (defaults of variables the environment or "
+                           "the script's arguments may set): " + "; ".join(assumed))
     return plan
+
+
+def _world(runner: Arguments, reader: Reader, world: int | None, launched: bool,
+           launch: list[Word]) -> tuple[int | None, Line | None, list[str]]:
+    """The world size: torchrun's --nproc-per-node x --nnodes, or --world; and the assumptions
+    --world replaced. A launcher value only running the script gives (``--nnodes $SLURM_NNODES``)
+    or a default of one (``${SLURM_NNODES:-1}``) leaves it to --world, which must then be a
+    multiple of a known --nproc-per-node."""
+    nproc_name = next((n for n in ("--nproc_per_node", "--nproc-per-node") if n in runner.flags),
+                      "--nproc-per-node")
+    unknown = [n for n in (nproc_name, "--nnodes") if runner.unresolved(n) is not None]
+    assumed = runner.assumed_of(nproc_name, "--nnodes")
+    guess = f"; assumed: {'; '.join(assumed)}" if assumed else ""
+    # a value taken from a default (NNODES=${SLURM_NNODES:-1}) is a guess that --world replaces
+    guessed = [n for n in (nproc_name, "--nnodes") if n not in unknown and runner.assumed_of(n)]
+    if (unknown or guessed) and world is not None:
+        nproc = None if nproc_name in unknown else runner.integer(nproc_name)
+        if nproc is not None and world % int(str(nproc.value)):
+            reader.error(f"--world {world} is not a multiple of {nproc.origin.key} {nproc.value} "
+                         "(torchrun starts that many processes on each node)", nproc.origin,
+                         code=Code.WORLD_MISMATCH)
+        runner.used.update(unknown + guessed)
+        return world, Line(f"world = {world}", "--world (placeverify option), in place of the "
+                           "script's " + " and ".join(unknown + guessed)
+                           + (f" (a default: {'; '.join(assumed)})" if assumed else "")), assumed
+    fix = "write the number or pass --world N"
+    nproc = runner.integer(nproc_name, fix=fix)
+    nnodes = runner.integer("--nnodes", 1, fix=fix)
+    if nproc is not None and nnodes is not None:
+        world_value = int(str(nproc.value)) * int(str(nnodes.value))
+        if world is not None and world != world_value:
+            reader.error(f"--world {world} contradicts the launcher's {nproc.value} x "
+                         f"{nnodes.value} = {world_value} processes", nproc.origin,
+                         code=Code.WORLD_MISMATCH)
+        return world_value, Line(f"world = {world_value}", f"{nproc.origin.key} {nproc.value} x "
+                                 f"{nnodes.origin.key} {nnodes.value}" + guess, nproc.origin), []
+    if world is not None and not unknown:
+        return world, Line(f"world = {world}", "--world (placeverify option)"), []
+    if not unknown:
+        hidden = next((w for w in launch if w.unresolved), None)
+        why = (f"the launcher {hidden.text} is not known: {hidden.unresolved}" if hidden else
+               "the script launches no torchrun with --nproc-per-node/--nnodes" if launched
+               else "the launcher gives no --nproc-per-node")
+        reader.error(f"world size unknown: {why}; pass --world N",
+                     Origin("launcher", reader.source, hidden.span) if hidden else None,
+                     code=Code.MISSING)
+    return None, None, []
 
 
 def _uneven_stages(args: Arguments, reader: Reader, p: int, vpp: Value | None) -> Value | None:

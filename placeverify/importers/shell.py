@@ -1,36 +1,83 @@
-"""Reading a launch script as text: words with positions, never running a shell.
+"""Reading a launch script: what its commands' words are, as far as the text alone says; never run.
 
-A Megatron-LM launch script is bash. This module tokenises it with :mod:`shlex`, joins line
-continuations, records plain ``NAME=value`` and ``NAME=( ... )`` assignments and expands
-``$NAME``, ``${NAME}``, ``${NAME[@]}`` and ``${NAME:-literal}`` from them; arithmetic
-``$(( ... ))`` over integers and such variables is computed by a small parser here. Command
-substitution (``$( ... )``, backticks) and process substitution are errors at their text: only
-running the script would give their value. A variable the script does not assign (a positional
-parameter, the environment) stays *unresolved*: a word that needs it is an error only where its
-value decides placement.
+The script is parsed by :mod:`placeverify.importers.shell_syntax` and then read statement by
+statement, as bash would run it, on a table of variables:
+
+- ``NAME=word``, ``NAME+=word``, ``NAME=( words )``, ``NAME+=( words )`` (also after ``export``,
+  ``declare``, ``local``, ``readonly``) assign; ``unset NAME`` unsets; ``exit`` ends the script.
+- ``$NAME``, ``${NAME}``, ``${NAME[@]}``, ``${NAME[*]}``, ``${NAME[i]}``, ``${#NAME}``,
+  ``${NAME:-word}`` (``-``, ``:=``, ``=``, ``:+``, ``+``) and ``$(( ))`` over integers expand;
+  unquoted results are split into words on blanks and quoted ones are not, as bash does
+  (``"${A[@]}"`` gives one word per item).
+- Command substitution, backticks and process substitution are never run: their value is
+  *unknown*, like a variable the script does not assign (the environment's, an argument
+  ``$1``). A variable assigned from an unknown value is assigned but unknown. A word whose value
+  is unknown is an error only where the importer needs its value, with the reason.
+- ``${NAME:-default}`` for a variable the script does not assign (``$1``, ``$SLURM_NNODES``)
+  takes the default and records it as an assumption about the launch.
+- ``if``/``elif``/``else`` and ``&&``/``||`` run the branch a test decides when the test is
+  static: ``[[ ]]``, ``[ ]`` and ``test`` with ``=``, ``==`` (a pattern in ``[[ ]]``), ``!=``,
+  ``-z``, ``-n``, ``-eq``, ``-ne``, ``-lt``, ``-le``, ``-gt``, ``-ge``, ``!``, ``&&``, ``||``,
+  ``-a``, ``-o`` and parentheses, over known values; ``true``, ``false`` and ``:``. Any other
+  condition is undecided: each branch is read on its own, and afterwards a variable the branches
+  leave different is unknown (an error at the test, where the importer needs it), and the items a
+  branch appends to an array, or the commands it runs, are given "only if" the test holds.
+- Loops and ``case`` are not run: they are undecided the same way (run once, or not at all).
 """
 
 from __future__ import annotations
 
+import bisect
+import fnmatch
 import re
-import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
+from placeverify.importers.shell_syntax import (
+    NAME,
+    AndOr,
+    Arith,
+    Case,
+    Function,
+    Group,
+    If,
+    List,
+    Lit,
+    Loop,
+    Node,
+    Param,
+    Part,
+    Pipeline,
+    ShellSyntaxError,
+    Simple,
+    Substitution,
+    Test,
+    WordTok,
+    parse,
+)
 
-_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*)"
-                  r"|([0-9#@*?$!]))")
-_ARITH = re.compile(r"\$\(\((.*?)\)\)")
+_BLANKS = " \t\n"
+_DECLARES = ("export", "declare", "typeset", "local", "readonly")
+_FILE_TESTS = frozenset("-" + c for c in "abcdefghkprstuwxGLNOS")
+_INTEGER_TESTS = ("-eq", "-ne", "-lt", "-le", "-gt", "-ge")
+_BINARY = frozenset(("=", "==", "!=", "=~", "<", ">", "-nt", "-ot", "-ef", *_INTEGER_TESTS))
+_MAX_CALLS = 32  # nested function calls read before giving up
 
 
 @dataclass(frozen=True, slots=True)
 class Word:
-    """One word of a command, after expansion; ``unresolved`` names what could not be expanded."""
+    """One word of a command, after expansion. ``unresolved`` says why its value is not known
+    (``unresolved_span``: where that is decided, when not at the word: an undecided test);
+    ``maybe`` says why the word is given only under a test placeverify cannot decide;
+    ``assumed`` names the defaults taken for variables the launch may set."""
 
     text: str
     span: Span | None
     unresolved: str | None = None
+    unresolved_span: Span | None = None
+    maybe: str | None = None
+    maybe_span: Span | None = None
+    assumed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,196 +86,765 @@ class Command:
     line: int
 
 
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """Why a value is not known from the text; ``at``: the offsets of an undecided test."""
+
+    reason: str
+    at: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Doubt:
+    """An undecided test (or a loop, a case): what it is, why undecided, where."""
+
+    what: str
+    why: str
+    at: tuple[int, int]
+
+    def unknown(self, name: str) -> Unknown:
+        return Unknown(f"${name} depends on {self.what}, which placeverify cannot decide "
+                       f"({self.why})", self.at)
+
+    def given_only_if(self) -> Unknown:
+        return Unknown(f"it is given only if {self.what} holds, which placeverify cannot "
+                       f"decide ({self.why})", self.at)
+
+
+Char = tuple[str, int, Unknown | None]  # a character, its source offset (-1: none), and why it
+# stands for a value not known (the text of ``$(...)`` or ``$X`` where it is used)
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """An expanded value; ``whole``: why the whole value is not known (a variable the branches
+    of an undecided test leave different)."""
+
+    chars: tuple[Char, ...] = ()
+    whole: Unknown | None = None
+    maybe: Unknown | None = None
+    assumed: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return "".join(c for c, _, _ in self.chars)
+
+    def problem(self) -> Unknown | None:
+        return self.whole or next((u for _, _, u in self.chars if u is not None), None)
+
+    def key(self) -> tuple[str, Unknown | None, Unknown | None]:
+        return self.text, self.problem(), self.maybe
+
+
+Value = Text | tuple[Text, ...] | None  # a scalar, an array, or unset by the script
+
+
+@dataclass
+class State:
+    values: dict[str, Value] = field(default_factory=dict)
+    exited: bool = False
+
+    def copy(self) -> State:
+        return State(dict(self.values), self.exited)
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    chars: tuple[Char, ...]
+    split: bool  # from an unquoted expansion: blanks separate words
+    maybe: Unknown | None = None
+    assumed: tuple[str, ...] = ()
+
+
+_BREAK = _Piece((), False)  # between the items of "${A[@]}": a word ends
+
+
 def _error(source: Source, message: str, span: Span, code: Code = Code.NOT_STATIC) -> PlaceError:
     return PlaceError([Diagnostic(Severity.ERROR, message, code, span)], source)
 
 
-def _position(source: Source, offset: int) -> tuple[int, int]:
-    line = source.text.count("\n", 0, offset) + 1
-    return line, offset - (source.text.rfind("\n", 0, offset) + 1) + 1
-
-
-def refuse_substitutions(source: Source) -> None:
-    """Command or process substitution anywhere outside comments and single quotes is an error."""
-    text = source.text
-    i, quote, word_start = 0, "", True
-    while i < len(text):
-        c = text[i]
-        if quote == "'":
-            if c == "'":
-                quote = ""
-        elif c == "\\":
-            i += 2
-            word_start = False
-            continue
-        elif c == "'" and quote != '"':
-            quote = "'"
-        elif c == '"':
-            quote = "" if quote == '"' else '"'
-        elif c == "#" and not quote and word_start:
-            end = text.find("\n", i)
-            i = len(text) if end < 0 else end
-            continue
-        elif c == "`" or (c == "$" and text.startswith("(", i + 1) and not text.startswith("((", i + 1)) \
-                or (c in "<>" and text.startswith("(", i + 1) and not quote):
-            line, column = _position(source, i)
-            what = "backticks" if c == "`" else ("command substitution" if c == "$"
-                                                  else "process substitution")
-            raise _error(source, f"{what} runs a command: placeverify reads scripts, never runs "
-                         "them; write the value itself", Span(line, column, line, column + 2))
-        word_start = c in " \t\n;|&(" and not quote
-        i += 1
-
-
-def logical_lines(source: Source) -> list[tuple[str, int]]:
-    """The script's statements: continuations joined, ``NAME=( ... )`` arrays kept whole."""
-    out: list[tuple[str, int]] = []
-    buffer, start, depth = "", 0, 0
-    for number, line in enumerate(source.lines, start=1):
-        if not buffer:
-            start = number
-        stripped = _code_part(line)
-        if stripped.endswith("\\"):
-            buffer += stripped[:-1] + " "
-            continue
-        buffer += stripped
-        depth += stripped.count("(") - stripped.count(")")
-        if depth > 0 and re.match(r"\s*(export\s+)?[A-Za-z_][A-Za-z0-9_]*=\(", buffer):
-            buffer += "\n"
-            continue
-        depth = 0
-        if buffer.strip():
-            out.append((buffer, start))
-        buffer = ""
-    if buffer.strip():
-        out.append((buffer, start))
-    return out
-
-
-def _code_part(line: str) -> str:
-    """A line without its comment (a '#' that starts a word outside quotes)."""
-    quote = ""
-    for i, c in enumerate(line):
-        if quote:
-            if c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1] in " \t;("):
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
 class Script:
-    """The commands of a script, with its plain assignments expanded into their words."""
+    """The commands of a script with their words expanded, as far as the text says."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
-        refuse_substitutions(source)
-        self.scalars: dict[str, str | None] = {}  # None: assigned, but not statically known
-        self.arrays: dict[str, list[Word]] = {}
+        self._starts = [0] + [m.end() for m in re.finditer("\n", source.text)]
         self.commands: list[Command] = []
-        self._cursor = 0  # offset from which the next word's text is searched
-        for text, line in logical_lines(source):
-            self._statement(text, line)
-
-    def _statement(self, text: str, line: int) -> None:
-        self._cursor = max(self._cursor, self._offset_of_line(line))
+        self.functions: dict[str, Node] = {}
+        self._doubts: list[Doubt] = []
+        self.decided: list[str] = []  # defaults taken that decided a test (which branch ran)
+        self.sourced: list[Word] = []  # `source FILE` / `. FILE`: files not read
+        self._calls = 0
+        self.state = State()
         try:
-            raw = shlex.split(text, comments=False, posix=True)
-        except ValueError as error:
-            raise _error(self.source, f"cannot read this line: {error}", Span.point(line, 1),
-                         Code.SYNTAX) from None
-        words = raw
-        while words and words[0] in ("export", "declare", "local", "readonly"):
-            words = words[1:]
-            while words and words[0].startswith("-"):
-                words = words[1:]
-        array = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=\((.*)\)\s*;?\s*$", text, re.S)
-        if array is not None:
-            inner = shlex.split(array.group(2), comments=True, posix=True)
-            self.arrays[array.group(1)] = [w for item in inner for w in self._words(item)]
-            return
-        assignments = [w for w in words if _ASSIGN.match(w)] if words and _ASSIGN.match(words[0]) else []
-        if assignments and len(assignments) == len(words):
-            for w in words:
-                match = _ASSIGN.match(w)
-                assert match is not None
-                value = self._expand_scalar(match.group(2))
-                self.scalars[match.group(1)] = value
-                self.arrays.pop(match.group(1), None)
-            return
-        while words and _ASSIGN.match(words[0]):  # VAR=value command ...: a per-command variable
-            words = words[1:]
-        out = [word for w in words for word in self._words(w)]
-        if out:
-            self.commands.append(Command(tuple(out), line))
+            self._list(parse(source.text), self.state)
+        except ShellSyntaxError as error:
+            line, column = self.position(error.offset)
+            raise _error(source, f"cannot read this script: {error.message}",
+                         Span.point(line, column), Code.SYNTAX) from None
+        except RecursionError:
+            raise _error(source, "cannot read this script: it nests statements too deeply",
+                         Span.point(1, 1), Code.TOO_DEEP) from None
 
-    def _offset_of_line(self, line: int) -> int:
-        offset = 0
-        for _ in range(line - 1):
-            offset = self.source.text.find("\n", offset) + 1
-        return offset
+    # ---- positions ----
 
-    def _locate(self, raw: str, expanded: str) -> Span | None:
-        """The span of a word's text in the source, searched forward from the last word."""
-        text = self.source.text
-        for needle in (raw, expanded, raw.split("=", 1)[0]):
-            if not needle:
+    def position(self, offset: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self._starts, offset)
+        return line, offset - self._starts[line - 1] + 1
+
+    def line_of(self, offset: int) -> int:
+        return self.position(offset)[0]
+
+    def span(self, start: int, end: int) -> Span:
+        line, column = self.position(start)
+        last = self.source.text.find("\n", start, end)
+        stop = end if last < 0 else last
+        return Span(line, column, line, column + max(1, stop - start))
+
+    def _excerpt(self, start: int, end: int) -> str:
+        text = " ".join(self.source.text[start:end].split())
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    # ---- statements ----
+
+    def _list(self, body: List, state: State) -> bool | str:
+        status: bool | str = True
+        for item in body.items:
+            if state.exited:
+                break
+            status = self._and_or(item, state)
+        return status
+
+    def _and_or(self, item: AndOr, state: State) -> bool | str:
+        status = self._pipeline(item.first, state)
+        for op, pipeline in item.rest:
+            if state.exited:
+                break
+            runs = status if op == "&&" else (not status if isinstance(status, bool) else status)
+            if runs is True:
+                status = self._pipeline(pipeline, state)
+            elif isinstance(runs, str):
+                start = item.first.start
+                doubt = Doubt(f"`{self._excerpt(start, pipeline.start)}` (line "
+                              f"{self.line_of(start)})", runs, (start, pipeline.start))
+                taken = state.copy()
+                self._doubts.append(doubt)
+                self._pipeline(pipeline, taken)
+                self._doubts.pop()
+                self._merge(state, [taken, state.copy()], doubt)
+                status = runs
+        return status
+
+    def _pipeline(self, pipeline: Pipeline, state: State) -> bool | str:
+        if len(pipeline.nodes) == 1 and not pipeline.background:
+            status = self._node(pipeline.nodes[0], state)
+        else:  # each part runs in a subshell: its assignments do not reach the script
+            for node in pipeline.nodes:
+                status = self._node(node, state.copy())
+            status = "the exit status of a pipeline (only running the script gives it)"
+        if pipeline.negated and isinstance(status, bool):
+            return not status
+        return status
+
+    def _node(self, node: Node, state: State) -> bool | str:
+        if isinstance(node, Simple):
+            return self._simple(node, state)
+        if isinstance(node, Test):
+            return self._double_bracket(node, state)
+        if isinstance(node, If):
+            return self._if(node, state)
+        if isinstance(node, Case):
+            arm = self._case_arm(node, state)
+            if arm is not None:
+                return self._list(arm, state) if arm.items else True
+        if isinstance(node, Loop | Case):
+            kind = f"the {node.kind} loop" if isinstance(node, Loop) else "the case statement"
+            doubt = Doubt(f"{kind} at line {self.line_of(node.start)}", "loops and case are not run",
+                          (node.start, node.start + (len(node.kind) if isinstance(node, Loop) else 4)))
+            bodies = [node.body] if isinstance(node, Loop) else [a.body for a in node.arms]
+            paths = [state.copy()]
+            self._doubts.append(doubt)
+            for body in bodies:
+                path = state.copy()
+                if isinstance(node, Loop) and node.condition is not None:
+                    self._list(node.condition, path)
+                self._list(body, path)
+                paths.append(path)
+            self._doubts.pop()
+            self._merge(state, paths, doubt)
+            return "the exit status of a loop (only running the script gives it)"
+        if isinstance(node, Group):
+            if node.subshell:
+                inner = state.copy()
+                return self._list(node.body, inner)
+            return self._list(node.body, state)
+        assert isinstance(node, Function)
+        self.functions[node.name] = node.body
+        return True
+
+    def _case_arm(self, node: Case, state: State) -> List | None:
+        """The body a ``case`` runs when its subject and patterns are known up to the arm that
+        matches (and that arm ends with ``;;``): an empty list when none matches; else None."""
+        subject = self._expand(node.subject, state, split=False)[0]
+        if subject.problem() is not None:
+            return None
+        for arm in node.arms:
+            for pattern in arm.patterns:
+                text = self._expand(pattern, state, split=False)[0]
+                if text.problem() is not None:
+                    return None
+                glob = any(isinstance(p, Lit) and not p.quoted and any(c in p.text for c in "*?[")
+                           for p in pattern.parts)
+                if fnmatch.fnmatchcase(subject.text, text.text) if glob else \
+                        subject.text == text.text:
+                    return arm.body if arm.end == ";;" else None
+        return List()
+
+    def _if(self, node: If, state: State) -> bool | str:
+        paths: list[State] = []
+        current = state.copy()
+        doubts: list[Doubt] = []
+        for condition, body in node.clauses:
+            status = self._list(condition, current)
+            if status is False:
                 continue
-            at = text.find(needle, self._cursor)
-            if at >= 0 and text.count("\n", self._cursor, at) <= 40:
-                line, column = _position(self.source, at)
-                self._cursor = at + len(needle)
-                return Span(line, column, line, column + len(needle.split("\n")[0]))
-        return None
+            if status is True:
+                self._doubts.extend(doubts)
+                self._list(body, current)
+                del self._doubts[len(self._doubts) - len(doubts):]
+                paths.append(current)
+                break
+            items = condition.items
+            start, end = (items[0].first.start, _end(items[-1])) if items else (node.start, node.start)
+            doubt = Doubt(f"the test `{self._excerpt(start, end)}` at line {self.line_of(start)}",
+                          status, (start, end))
+            taken = current.copy()
+            doubts.append(doubt)
+            self._doubts.extend(doubts)
+            self._list(body, taken)
+            del self._doubts[len(self._doubts) - len(doubts):]
+            paths.append(taken)
+        else:
+            if node.otherwise is not None:
+                self._doubts.extend(doubts)
+                self._list(node.otherwise, current)
+                del self._doubts[len(self._doubts) - len(doubts):]
+            paths.append(current)
+        if not doubts:
+            state.values, state.exited = paths[-1].values, paths[-1].exited
+        else:
+            self._merge(state, paths, doubts[0])
+        return True
 
-    def _expand_scalar(self, value: str) -> str | None:
-        text, unresolved = self._expand_text(value)
-        return None if unresolved is not None else text
+    def _merge(self, state: State, paths: list[State], doubt: Doubt) -> None:
+        """The variables after an undecided choice between ``paths``."""
+        live = [p for p in paths if not p.exited]
+        if not live:
+            state.exited = True
+            return
+        names = {n for p in live for n in p.values}
+        merged: dict[str, Value] = {}
+        for name in names:
+            values = [p.values.get(name) for p in live]
+            present = [name in p.values for p in live]
+            first = values[0]
+            if all(present) and all(_same(v, first) for v in values):
+                merged[name] = first
+                continue
+            arrays = [v if isinstance(v, tuple) else () for v in values]
+            if all(isinstance(v, tuple) or v is None or not here
+                   for v, here in zip(values, present, strict=True)):
+                common = arrays[0]
+                for items in arrays[1:]:
+                    n = 0
+                    while n < min(len(common), len(items)) and common[n].key() == items[n].key():
+                        n += 1
+                    common = common[:n]
+                maybe = doubt.given_only_if()
+                extra = [Text(t.chars, t.whole, t.maybe or maybe, t.assumed)
+                         for items in arrays for t in items[len(common):]]
+                merged[name] = (*common, *extra)
+            else:
+                merged[name] = Text(whole=doubt.unknown(name))
+        state.values = merged
 
-    def _words(self, raw: str) -> list[Word]:
-        """A word's expansion: an array's words (with their own positions) for ``${A[@]}``."""
-        whole = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}", raw)
-        if whole is not None and whole.group(1) in self.arrays:
-            self._locate(raw, raw)
-            return list(self.arrays[whole.group(1)])
-        text, unresolved = self._expand_text(raw)
-        return [Word(text, self._locate(raw, text), unresolved)]
+    def _simple(self, node: Simple, state: State) -> bool | str:
+        line = self.line_of(node.start)
+        if not node.words:
+            for name, append, value in node.assignments:
+                self._assign(state, name, append, value, line)
+            return True
+        first = node.words[0].literal()
+        if first in _DECLARES:
+            for word in node.words[1:]:
+                assignment = word.assignment()
+                if assignment is not None:
+                    self._assign(state, *assignment, line)
+            return True
+        words = [t for w in node.words for t in self._expand(w, state, split=True)]
+        name = words[0].text if words else ""
+        if name == "exit":
+            state.exited = True
+            return False
+        if name in ("true", ":"):
+            return True
+        if name == "false":
+            return False
+        if name == "unset":
+            for t in words[1:]:
+                if not t.text.startswith("-"):
+                    state.values[t.text] = None
+            return True
+        if name in ("[", "test"):
+            args = words[1:]
+            if name == "[":
+                if not args or args[-1].text != "]":
+                    return "a [ without its ] (only running the script would tell)"
+                args = args[:-1]
+            return self._decided(_test([(t.text, True, t, False) for t in args]), args,
+                                 node.start)
+        if name in ("source", ".") and len(words) > 1:
+            self.sourced.append(self._word(words[1], None))
+            return "the exit status of a sourced file (only running the script gives it)"
+        if name in self.functions and self._calls < _MAX_CALLS:
+            self._calls += 1
+            status = self._node(self.functions[name], state)
+            self._calls -= 1
+            return status
+        doubt = self._doubts[0].given_only_if() if self._doubts else None
+        out = tuple(self._word(t, doubt) for t in words)
+        if out:
+            self.commands.append(Command(out, line))
+        return f"the exit status of `{name}` at line {line} (only running the script gives it)"
 
-    def _expand_text(self, word: str) -> tuple[str, str | None]:
-        unresolved: list[str] = []
+    def _word(self, text: Text, doubt: Unknown | None) -> Word:
+        offsets = [o for _, o, _ in text.chars if o >= 0]
+        if offsets:
+            start = end = offsets[0]
+            for o in offsets[1:]:
+                if o != end + 1:
+                    break
+                end = o
+            span: Span | None = self.span(start, end + 1)
+        else:
+            span = None
+        maybe = text.maybe or doubt
+        unknown = text.problem()
+        return Word(text.text, span,
+                    unknown.reason if unknown else None,
+                    self.span(*unknown.at) if unknown and unknown.at else None,
+                    maybe.reason if maybe else None,
+                    self.span(*maybe.at) if maybe and maybe.at else None,
+                    text.assumed)
 
-        def arith(match: re.Match[str]) -> str:
-            value = _arithmetic(self._substitute(match.group(1), unresolved))
-            if value is None:
-                unresolved.append(f"$(({match.group(1)}))")
-                return match.group(0)
-            return str(value)
+    def _assign(self, state: State, name: str, append: bool, value: WordTok, line: int) -> None:
+        old = state.values.get(name)
+        if value.items is not None:
+            items = tuple(t for item in value.items for t in self._expand(item, state, split=True))
+            if append:
+                before = old if isinstance(old, tuple) else (() if old is None else (old,))
+                items = (*before, *items)
+            state.values[name] = items
+            return
+        text = self._join(self._expand(value, state, split=False))
+        if append:
+            scalar = old[0] if isinstance(old, tuple) and old else old
+            base = scalar if isinstance(scalar, Text) else Text()
+            text = Text(base.chars + text.chars, base.whole or text.whole, None,
+                        base.assumed + text.assumed)
+            if isinstance(old, tuple) and old:
+                state.values[name] = (text, *old[1:])
+                return
+        state.values[name] = self._named(text, name, line)
 
-        text = _ARITH.sub(arith, word)
-        text = self._substitute(text, unresolved)
-        return text, unresolved[0] if unresolved else None
+    @staticmethod
+    def _named(text: Text, name: str, line: int) -> Text:
+        """A value assigned to ``name``: what is not known in it, said of ``$name``."""
+        renamed: dict[Unknown, Unknown] = {}
 
-    def _substitute(self, text: str, unresolved: list[str]) -> str:
-        def one(match: re.Match[str]) -> str:
-            name = match.group(1) or match.group(4)
-            default = match.group(3)
-            if name is None:
-                unresolved.append("$" + (match.group(5) or ""))
-                return match.group(0)
-            if name in self.arrays:
-                items = [w.text for w in self.arrays[name]]
-                return " ".join(items) if match.group(2) else (items or [""])[0]
-            value = self.scalars.get(name)
-            if value is not None:
-                return value
-            if default is not None and name not in self.scalars:
-                return default
-            unresolved.append("$" + name)
-            return match.group(0)
+        def rename(u: Unknown | None) -> Unknown | None:
+            if u is None or u.at is not None:
+                return u
+            if u not in renamed:
+                head = "the value comes from "
+                renamed[u] = Unknown(f"${name} is assigned from {u.reason[len(head):]}"
+                                     if u.reason.startswith(head) else
+                                     f"${name} (assigned at line {line}) is not known: {u.reason}")
+            return renamed[u]
 
-        return _VAR.sub(one, text)
+        return Text(tuple((c, o, rename(u)) for c, o, u in text.chars), rename(text.whole),
+                    text.maybe, text.assumed)
+
+    @staticmethod
+    def _join(texts: list[Text]) -> Text:
+        if len(texts) == 1:
+            return texts[0]
+        chars: list[Char] = []
+        for i, t in enumerate(texts):
+            if i:
+                chars.append((" ", -1, None))
+            chars.extend(t.chars)
+        return Text(tuple(chars), next((t.whole for t in texts if t.whole), None), None,
+                    tuple(a for t in texts for a in t.assumed))
+
+    # ---- expansion ----
+
+    def _expand(self, word: WordTok, state: State, split: bool) -> list[Text]:
+        pieces: list[_Piece] = []
+        for part in word.parts:
+            pieces.extend(self._part(part, state))
+        return _fields(pieces, split)
+
+    def _part(self, part: Part, state: State) -> list[_Piece]:
+        if isinstance(part, Lit):
+            offsets = part.offsets if len(part.offsets) == len(part.text) else \
+                tuple(-1 for _ in part.text)
+            return [_Piece(tuple((c, o, None) for c, o in zip(part.text, offsets, strict=True)),
+                           False)]
+        if isinstance(part, Substitution):
+            return [self._unknown_piece(part.start, part.end, Unknown(
+                f"the value comes from {'a ' + part.kind if part.kind != 'backticks' else 'backticks'}"
+                f" at line {self.line_of(part.start)} (only running the script gives it)"))]
+        if isinstance(part, Arith):
+            return [self._arith(part, state)]
+        return self._param(part, state)
+
+    def _unknown_piece(self, start: int, end: int, unknown: Unknown) -> _Piece:
+        return _Piece(tuple((self.source.text[i], i, unknown) for i in range(start, end)), False)
+
+    def _arith(self, part: Arith, state: State) -> _Piece:
+        problem: list[Unknown] = []
+        assumed: list[str] = []
+
+        def value(match: re.Match[str]) -> str:
+            name = match.group(1) or match.group(2) or match.group(3)
+            v = state.values.get(name)
+            if isinstance(v, tuple):
+                v = v[0] if v else None
+            if isinstance(v, Text) and v.problem() is None and re.fullmatch(r"\s*-?\d+\s*", v.text):
+                assumed.extend(v.assumed)
+                return v.text.strip()
+            if isinstance(v, Text) and v.problem() is not None:
+                problem.append(v.problem())  # type: ignore[arg-type]
+            elif match.group(3) is not None and name not in state.values:
+                return "0"  # bash: an unset name in arithmetic is 0
+            else:
+                problem.append(Unknown(f"${name} is not assigned in this script (only running it "
+                                       "would give the value)"))
+            return "0"
+
+        expression = part.expression
+        if "$(" in expression or "`" in expression:
+            return self._unknown_piece(part.start, part.end, Unknown(
+                f"the value comes from a command substitution at line {self.line_of(part.start)} "
+                "(only running the script gives it)"))
+        text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)|"
+                      r"\b([A-Za-z_][A-Za-z0-9_]*)\b", value, expression)
+        if problem:
+            return self._unknown_piece(part.start, part.end, problem[0])
+        result = _arithmetic(text)
+        if result is None:
+            return self._unknown_piece(part.start, part.end, Unknown(
+                f"the arithmetic $(({expression})) at line {self.line_of(part.start)} is not one "
+                "placeverify evaluates (integers with + - * / % and parentheses)"))
+        digits = str(result)
+        return _Piece(tuple((c, part.start + i, None) for i, c in enumerate(digits)), False, None,
+                      tuple(dict.fromkeys(assumed)))
+
+    def _param(self, part: Param, state: State) -> list[_Piece]:
+        name, split = part.name, not part.quoted
+        line = self.line_of(part.start)
+        assigned = name in state.values
+        value = state.values.get(name)
+        unset = value is None
+        if assigned:
+            why = f"${name} is unset by the script before line {line}"
+        elif name.isdigit() and name != "0":
+            why = f"${name} is an argument of the script (only running it would give the value)"
+        elif NAME.fullmatch(name):
+            why = f"${name} is not assigned in this script (only running it would give the value)"
+        else:
+            why = f"${name} is set by the shell when the script runs"
+        if part.op == "#len":
+            if isinstance(value, tuple) and part.index in ("@", "*"):
+                return [_Piece(tuple((c, part.start, None) for c in str(len(value))), False)]
+            if isinstance(value, Text) and value.problem() is None:
+                return [_Piece(tuple((c, part.start, None) for c in str(len(value.text))), False)]
+            return [self._unknown_piece(part.start, part.end, (
+                value.problem() if isinstance(value, Text) else None) or Unknown(why))]
+        if part.op == "other":
+            return [self._unknown_piece(part.start, part.end, Unknown(
+                f"the expansion {self.source.text[part.start:part.end]} at line {line} is not one "
+                "placeverify evaluates"))]
+        if part.op in (":-", "-", ":=", "=", ":+", "+"):
+            colon = part.op.startswith(":")
+            empty = unset or (colon and isinstance(value, Text) and value.problem() is None
+                              and value.text == "") or (colon and value == ())
+            if isinstance(value, Text) and value.whole is not None:
+                return [self._unknown_piece(part.start, part.end, value.whole)]
+            default = [p for a in part.arg for p in self._part(a, state)]
+            default = [_Piece(p.chars, p.split and split, p.maybe, p.assumed) for p in default]
+            shown = "".join(c for p in default for c, _, _ in p.chars)
+            guess = (f"{'$' + name} {'not given' if name.isdigit() else 'unset'} at line {line}, "
+                     f"so {self.source.text[part.start:part.end]} is "
+                     f"'{shown if part.op.lstrip(':') in '-=' else ''}'") if unset and not assigned \
+                else None
+            if part.op.lstrip(":") in ("-", "="):
+                if not empty:
+                    return self._value_pieces(value, part, split)
+                pieces = [_Piece(p.chars, p.split, p.maybe,
+                                 p.assumed + ((guess,) if guess else ())) for p in default] or \
+                    [_Piece((), False, None, (guess,) if guess else ())]
+                if part.op.lstrip(":") == "=":
+                    state.values[name] = Text(tuple(c for p in pieces for c in p.chars), None,
+                                              None, tuple(a for p in pieces for a in p.assumed))
+                return pieces
+            # :+ and +: the word when set (and, with ':', not empty)
+            if empty:
+                return [_Piece((), False, None, (guess,) if guess else ())]
+            return default
+        if unset:
+            return [self._unknown_piece(part.start, part.end, Unknown(why))]
+        return self._value_pieces(value, part, split)
+
+    def _value_pieces(self, value: Value, part: Param, split: bool) -> list[_Piece]:
+        if isinstance(value, tuple):
+            if part.index in ("@", "*"):
+                out: list[_Piece] = []
+                for i, item in enumerate(value):
+                    if i:
+                        out.append(_BREAK if (split or part.index == "@") else
+                                   _Piece(((" ", -1, None),), False))
+                    out.append(self._text_piece(item, part, split))
+                return out
+            index = part.index or "0"
+            if index.isdigit() and int(index) < len(value):
+                return [self._text_piece(value[int(index)], part, split)]
+            if index.isdigit():
+                return []
+            return [self._unknown_piece(part.start, part.end, Unknown(
+                f"the index [{index}] at line {self.line_of(part.start)} is not a number"))]
+        assert isinstance(value, Text)
+        return [self._text_piece(self._here(value, part), part, split)]
+
+    def _here(self, value: Text, part: Param) -> Text:
+        """A scalar's value with what is not known in it shown where it is used (``$TP``), so
+        that an error about it points at the word that needs it."""
+        if value.problem() is None or value.whole is not None:
+            return value
+        chars: list[Char] = []
+        previous: Unknown | None = None
+        for char in value.chars:
+            if char[2] is None:
+                chars.append(char)
+            elif char[2] is not previous:
+                chars.extend((self.source.text[i], i, char[2]) for i in range(part.start, part.end))
+            previous = char[2]
+        return Text(tuple(chars), None, value.maybe, value.assumed)
+
+    def _text_piece(self, value: Text, part: Param, split: bool) -> _Piece:
+        if value.whole is not None:
+            piece = self._unknown_piece(part.start, part.end, value.whole)
+            return _Piece(piece.chars, False, value.maybe, value.assumed)
+        return _Piece(value.chars, split, value.maybe, value.assumed)
+
+    # ---- [[ ]] ----
+
+    def _double_bracket(self, node: Test, state: State) -> bool | str:
+        args: list[tuple[str, bool, Text, bool]] = []
+        previous = ""
+        for word in node.words:
+            literal = word.literal()
+            texts = self._expand(word, state, split=False)
+            text = texts[0] if texts else Text()
+            pattern = previous in ("==", "=", "!=") and any(
+                isinstance(p, Lit) and not p.quoted and any(c in p.text for c in "*?[")
+                for p in word.parts)
+            args.append((text.text, literal is not None, text, pattern))
+            previous = literal or ""
+        return self._decided(_test(args, arithmetic=True), [a[2] for a in args], node.start)
+
+    def _decided(self, result: bool | str, operands: list[Text], start: int) -> bool | str:
+        """A test's result; the defaults its operands took are recorded when it is decided."""
+        if isinstance(result, bool):
+            line = self.line_of(start)
+            for t in operands:
+                for a in t.assumed:
+                    self.decided.append(f"{a} (deciding the test at line {line})")
+        return result
+
+
+def _end(item: AndOr) -> int:
+    last = item.rest[-1][1] if item.rest else item.first
+    return last.end
+
+
+def _same(a: Value, b: Value) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(x.key() == y.key() for x, y in zip(a, b, strict=True))
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.key() == b.key()
+    return a is None and b is None
+
+
+def _fields(pieces: list[_Piece], split: bool) -> list[Text]:
+    """Words from expanded pieces: blanks of unquoted expansions split them (with ``split``);
+    without ``split`` (an assignment, a ``[[ ]]`` operand) one word, array items joined by a
+    space."""
+    out: list[Text] = []
+    chars: list[Char] = []
+    started = False
+    maybe: Unknown | None = None
+    assumed: list[str] = []
+
+    def emit() -> None:
+        nonlocal started, maybe
+        if started:
+            out.append(Text(tuple(chars), None, maybe, tuple(dict.fromkeys(assumed))))
+        chars.clear()
+        assumed.clear()
+        started, maybe = False, None
+
+    def note(piece: _Piece) -> None:
+        nonlocal started, maybe
+        started = True
+        maybe = maybe or piece.maybe
+        assumed.extend(piece.assumed)
+
+    for piece in pieces:
+        if piece is _BREAK:
+            if split:
+                emit()
+            else:
+                chars.append((" ", -1, None))
+            continue
+        if piece.split and split:
+            for char in piece.chars:
+                if char[0] in _BLANKS and char[2] is None:
+                    emit()
+                else:
+                    chars.append(char)
+                    note(piece)
+            if not piece.chars:
+                assumed.extend(piece.assumed)
+        else:
+            chars.extend(piece.chars)
+            note(piece)
+    if not split:
+        return [Text(tuple(chars), None, maybe, tuple(dict.fromkeys(assumed)))]
+    emit()
+    return out
+
+
+TestArg = tuple[str, bool, Text, bool]  # text, may be an operator, value, a pattern (in [[ ]])
+
+
+def _test(args: list[TestArg], arithmetic: bool = False) -> bool | str:
+    """A test's truth, or why it is undecided."""
+    position = 0
+
+    def peek(k: int = 0) -> str | None:
+        i = position + k
+        return args[i][0] if i < len(args) and args[i][1] else None
+
+    def take() -> TestArg:
+        nonlocal position
+        position += 1
+        return args[position - 1]
+
+    def known(arg: TestArg) -> str | None:
+        problem = arg[2].problem()
+        return problem.reason if problem is not None else None
+
+    def either(a: bool | str, b: bool | str, stop: bool) -> bool | str:
+        if a is stop or b is stop:
+            return stop
+        if isinstance(a, str):
+            return a
+        return b
+
+    def or_() -> bool | str:
+        value = and_()
+        while peek() in ("||", "-o"):
+            take()
+            value = either(value, and_(), True)
+        return value
+
+    def and_() -> bool | str:
+        value = not_()
+        while peek() in ("&&", "-a"):
+            take()
+            value = either(value, not_(), False)
+        return value
+
+    def not_() -> bool | str:
+        if peek() == "!" and position + 1 < len(args):
+            take()
+            value = not_()
+            return (not value) if isinstance(value, bool) else value
+        return primary()
+
+    def primary() -> bool | str:
+        if position >= len(args):
+            return "an empty test"
+        if peek() == "(":
+            take()
+            value = or_()
+            if peek() != ")":
+                return "a test without its closing ')'"
+            take()
+            return value
+        if peek(1) in _BINARY and position + 2 < len(args):
+            left = take()
+            op = take()[0]
+            right = take()
+            return binary(left, op, right)
+        first = peek()
+        if first is not None and first.startswith("-") and len(first) == 2 \
+                and position + 1 < len(args):
+            op = take()[0]
+            operand = take()
+            return unary(op, operand)
+        arg = take()
+        return known(arg) or arg[0] != ""
+
+    def unary(op: str, operand: TestArg) -> bool | str:
+        if op in ("-z", "-n"):
+            why = known(operand)
+            if why:
+                return why
+            return (operand[0] == "") == (op == "-z")
+        if op in _FILE_TESTS:
+            return f"`{op}` tests the file system (only running the script tells)"
+        return f"the test operator `{op}` is not one placeverify evaluates"
+
+    def integer(arg: TestArg) -> int | None:
+        text = arg[0].strip()
+        if re.fullmatch(r"-?\d+", text):
+            return int(text)
+        return _arithmetic(text) if arithmetic else None
+
+    def binary(left: TestArg, op: str, right: TestArg) -> bool | str:
+        why = known(left) or known(right)
+        if op in ("=", "==", "!="):
+            if why:
+                return why
+            same = fnmatch.fnmatchcase(left[0], right[0]) if right[3] else left[0] == right[0]
+            return same if op != "!=" else not same
+        if op in _INTEGER_TESTS:
+            if why:
+                return why
+            a, b = integer(left), integer(right)
+            if a is None or b is None:
+                return f"`{op}` compares whole numbers, not '{left[0]}' and '{right[0]}'"
+            return {"-eq": a == b, "-ne": a != b, "-lt": a < b, "-le": a <= b, "-gt": a > b,
+                    "-ge": a >= b}[op]
+        return f"the test operator `{op}` is not one placeverify evaluates"
+
+    result = or_()
+    if position != len(args):
+        return "a test placeverify does not read (" + " ".join(a[0] for a in args) + ")"
+    return result
 
 
 def _arithmetic(expression: str) -> int | None:
@@ -266,7 +882,8 @@ def _arithmetic(expression: str) -> int | None:
             op, right = take(), atom()
             if right is None or (op != "*" and right == 0):
                 return None
-            value = value * right if op == "*" else (value // right if op == "/" else value % right)
+            value = value * right if op == "*" else (int(value / right) if op == "/"
+                                                     else value - right * int(value / right))
         return value
 
     def sum_() -> int | None:
@@ -280,4 +897,3 @@ def _arithmetic(expression: str) -> int | None:
 
     result = sum_()
     return result if position == len(tokens) else None
-
