@@ -113,3 +113,24 @@ def test_megatron_kv_channels_is_the_head_width(tmp_path: Path) -> None:
                    'head_dim = 0, vocab = 10, seq = 8 }\nmesh { dp = 1 }\n')
     with pytest.raises(PlaceError):
         load_text(bad.read_text(), str(bad))
+
+
+def test_qwen2_biases_on_q_k_v_only(tmp_path: Path) -> None:
+    # Qwen2.5-7B's config.json shape (transformers' Qwen2Attention: q, k, v with biases, o and the
+    # MLP without). Per layer: q, o 2 x 3584^2 = 25,690,112; k, v 2 x 3584 x 512 = 3,670,016;
+    # q, k, v biases 3584 + 2 x 512 = 4,608; SwiGLU 3 x 3584 x 18944 = 203,685,888; two RMSNorms
+    # 7,168 -> 233,057,792 x 28 = 6,525,618,176; untied embedding and output 2 x 152064 x 3584 =
+    # 1,089,994,752; final norm 3,584: 7,615,616,512, the count Qwen publishes for Qwen2.5-7B.
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+              "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
+              "num_hidden_layers": 28, "vocab_size": 152064, "tie_word_embeddings": False,
+              "max_position_embeddings": 32768, "max_window_layers": 28, "sliding_window": None,
+              "use_sliding_window": False, "rope_theta": 1000000.0, "attention_dropout": 0.0}
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(config))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
+                              {"stage": 1}, "bf16": {"enabled": True}}))
+    s, imported = load(str(ds), Options(model=str(model), world=8))
+    assert "qkv_bias = true" in imported.text and "bias = false" in imported.text
+    assert s.model.params == 7_615_616_512

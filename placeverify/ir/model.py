@@ -56,6 +56,8 @@ class Transformer:
     # --kv-channels, Hugging Face's head_dim) makes Q, K, V and the attention output heads x
     # head_dim wide, not hidden.
     head_size: int = 0
+    # biases on the Q, K and V projections only (Qwen2's attention), beside ``bias`` (all linears)
+    qkv_bias: bool = False
 
     # ---- shapes ----
     @property
@@ -93,7 +95,7 @@ class Transformer:
         """(sharded by tp, replicated over tp) of one attention block."""
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
         weights = h * q + 2 * h * kv + q * h  # q, k, v, o
-        column_bias = (q + 2 * kv) if self.bias else 0
+        column_bias = (q + 2 * kv) if self.bias or self.qkv_bias else 0
         row_bias = h if self.bias else 0
         return weights + column_bias, row_bias
 

@@ -38,9 +38,10 @@ class Attention(nn.Module):
     def __init__(self, arch: Transformer) -> None:
         super().__init__()
         h, q, kv = arch.hidden, arch.q_dim, arch.kv_dim
-        self.q = nn.Linear(h, q, bias=arch.bias)
-        self.k = nn.Linear(h, kv, bias=arch.bias)
-        self.v = nn.Linear(h, kv, bias=arch.bias)
+        qkv_bias = arch.bias or arch.qkv_bias
+        self.q = nn.Linear(h, q, bias=qkv_bias)
+        self.k = nn.Linear(h, kv, bias=qkv_bias)
+        self.v = nn.Linear(h, kv, bias=qkv_bias)
         self.o = nn.Linear(q, h, bias=arch.bias)
         self.head_dim = arch.head_dim
         self.group = arch.heads // arch.kv_heads

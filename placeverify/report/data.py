@@ -104,7 +104,8 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                 "kv_heads": arch.kv_heads, "ffn": arch.ffn, "gated": arch.gated,
                 "vocab": arch.vocab, "seq": arch.seq, "micro_batch": arch.micro_batch,
                 "tied_embeddings": arch.tied_embeddings, "experts": arch.experts,
-                "top_k": arch.top_k, **({"head_dim": arch.head_dim} if arch.head_size else {})},
+                "top_k": arch.top_k, **({"head_dim": arch.head_dim} if arch.head_size else {}),
+                **({"qkv_bias": True} if arch.qkv_bias else {})},
         },
         "precision": {
             "name": s.precision.name, "params_bytes": _float(s.precision.params),

@@ -23,6 +23,7 @@ _WORDS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "bias": ("bias", lambda v: "true" if v else "false"),
     "dropout": ("dropout", lambda v: "true" if v else "false"),
     "head_size": ("head_dim", str),
+    "qkv_bias": ("qkv_bias", lambda v: "true" if v else "false"),
 }
 
 

@@ -69,9 +69,10 @@ def transformer_params(arch: Transformer) -> list[ParamTensor]:
     for i in range(arch.layers):
         unit = f"layers.{i}"
         out += _norm(f"{unit}.attn_norm", arch, i, unit)
-        out += _linear(f"{unit}.attn.q", q, h, arch.bias, "colwise", i, unit)
-        out += _linear(f"{unit}.attn.k", kv, h, arch.bias, "colwise", i, unit)
-        out += _linear(f"{unit}.attn.v", kv, h, arch.bias, "colwise", i, unit)
+        qkv_bias = arch.bias or arch.qkv_bias
+        out += _linear(f"{unit}.attn.q", q, h, qkv_bias, "colwise", i, unit)
+        out += _linear(f"{unit}.attn.k", kv, h, qkv_bias, "colwise", i, unit)
+        out += _linear(f"{unit}.attn.v", kv, h, qkv_bias, "colwise", i, unit)
         out += _linear(f"{unit}.attn.o", h, q, arch.bias, "rowwise", i, unit)
         out += _norm(f"{unit}.mlp_norm", arch, i, unit)
         if arch.gated:
