@@ -105,9 +105,9 @@ def test_megatron_kv_channels_is_the_head_width(tmp_path: Path) -> None:
     args = tmp_path / "train.args"
     args.write_text("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --kv-channels 128 "
                     "--seq-length 64 --max-position-embeddings 64 --vocab-size 1000 "
-                    "--micro-batch-size 1\n")
+                    "--micro-batch-size 1 --qk-layernorm\n")
     text = import_file(str(args), Options(world=1)).text
-    assert "head_dim = 128" in text
+    assert "head_dim = 128" in text and "qk_norm = true" in text
     bad = tmp_path / "bad.place"
     bad.write_text('strategy "s"\nmodel transformer { layers = 1, hidden = 64, heads = 4, '
                    'head_dim = 0, vocab = 10, seq = 8 }\nmesh { dp = 1 }\n')
@@ -134,3 +134,40 @@ def test_qwen2_biases_on_q_k_v_only(tmp_path: Path) -> None:
     s, imported = load(str(ds), Options(model=str(model), world=8))
     assert "qkv_bias = true" in imported.text and "bias = false" in imported.text
     assert s.model.params == 7_615_616_512
+
+
+def test_qwen3_normalises_q_and_k_per_head(tmp_path: Path) -> None:
+    # Qwen3-8B's config.json shape (transformers' Qwen3Attention: q_norm and k_norm, RMSNorms of
+    # head_dim 128). Per layer: q, o 2 x 4096^2 = 33,554,432; k, v 2 x 4096 x 1024 = 8,388,608;
+    # q_norm, k_norm 2 x 128 = 256; SwiGLU 3 x 4096 x 12288 = 150,994,944; two RMSNorms 8,192
+    # -> 192,946,432 x 36 = 6,946,071,552; untied embedding and output 2 x 151936 x 4096 =
+    # 1,244,659,712; final norm 4,096: 8,190,735,360.
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
+              "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "head_dim": 128, "num_hidden_layers": 36, "vocab_size": 151936,
+              "tie_word_embeddings": False, "attention_bias": False,
+              "max_position_embeddings": 40960, "rope_theta": 1000000, "attention_dropout": 0.0}
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(config))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
+                              {"stage": 1}, "bf16": {"enabled": True}}))
+    s, imported = load(str(ds), Options(model=str(model), world=8))
+    assert "qk_norm = true" in imported.text
+    assert s.model.params == 8_190_735_360
+
+
+def test_q_and_k_norms_save_their_inputs_over_the_heads_rows() -> None:
+    # hidden 64, 4 heads (2 kv) of 16, s 8, b 1, 2-byte activations, megatron profile (a norm
+    # saves its input): Q's norm input 8 x 64 and K's 8 x 32 elements: 2 x (512 + 256) = 1,536
+    # bytes more per layer; under the eager torch profile an RMSNorm also keeps an fp32 copy in
+    # place of the input, the normalised input and an fp32 reciprocal RMS per row (8 x 4 rows
+    # of Q, 8 x 2 of K): 4 x 768 + 2 x 768 + 4 x 48 = 4,800.
+    base = ("layers = 2, hidden = 64, heads = 4, kv_heads = 2, ffn = 256, vocab = 100, seq = 8, "
+            "micro_batch = 1, attention = flash, norm = rmsnorm")
+    for profile, more in (("megatron", 1536), ("torch", 4800)):
+        mesh = f"mesh {{ dp = 1, memory_profile = {profile} }}\nplace ddp over dp\n"
+        plain = analyse(strategy(base, mesh)).activations
+        normed = analyse(strategy(base + ", qk_norm = true", mesh)).activations
+        assert plain is not None and normed is not None
+        assert Fraction(normed.per_layer) - Fraction(plain.per_layer) == more, profile

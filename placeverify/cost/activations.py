@@ -78,20 +78,37 @@ def layer_shape(d: Domain, arch: Transformer, activation_bytes: Num) -> LayerSha
         head=d.sym("d_head", arch.head_dim) if arch.head_size else None)
 
 
-def _norm(arch: Transformer, x: LayerShape, where: str, kernels: LayerKernels) -> list[Saved]:
+def _norm(arch: Transformer, x: LayerShape, where: str, kernels: LayerKernels,
+          elements: Num | None = None, rows: Num | None = None,
+          rep: Split = Split.REPLICATED) -> list[Saved]:
     """What a norm saves: its input (Korthikanti et al.); an eager RMSNorm
     (:data:`placeverify.ir.profiles.LAYER_KERNELS`, transformers' ``LlamaRMSNorm``) its fp32 copy
-    instead, the normalised input in the activation dtype and the fp32 reciprocal RMS per token."""
-    sbh = x.s * x.b * x.h
-    rep = Split.REPLICATED
+    instead, the normalised input in the activation dtype and the fp32 reciprocal RMS per row.
+    A layer norm normalises s·b rows of h (``elements``); a Q or K norm s·b·heads rows of
+    head_dim, split over tp with the heads (``rep``)."""
+    sbh = x.s * x.b * x.h if elements is None else elements
+    per_row = x.s * x.b if rows is None else rows
     if arch.norm == "layernorm" and kernels.layernorm_stats:
         return [Saved(f"{where} norm input", x.e * sbh, rep),
-                Saved(f"{where} norm mean and rstd (fp32)", 2 * 4 * x.s * x.b, rep)]
+                Saved(f"{where} norm mean and rstd (fp32)", 2 * 4 * per_row, rep)]
     if not (kernels.eager_rmsnorm and arch.norm == "rmsnorm"):
         return [Saved(f"{where} norm input", x.e * sbh, rep)]
     return [Saved(f"{where} norm input (fp32 copy)", 4 * sbh, rep),
             Saved(f"{where} norm normalised input", x.e * sbh, rep),
-            Saved(f"{where} norm reciprocal RMS (fp32)", 4 * x.s * x.b, rep)]
+            Saved(f"{where} norm reciprocal RMS (fp32)", 4 * per_row, rep)]
+
+
+def _qk_norms(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> list[Saved]:
+    """Q's and K's per-head norms (``qk_norm``): each saves what a norm saves, over the heads'
+    rows, split over tp with the heads. The normalised Q and K that attention then saves are the
+    "Q" and "K" above."""
+    sb = x.s * x.b
+    if x.head is None:
+        q, k = sb * x.h, sb * x.h * (x.kv / x.a)
+    else:
+        q, k = sb * x.a * x.head, sb * x.kv * x.head
+    return [*_norm(arch, x, "Q", kernels, q, sb * x.a, Split.TENSOR),
+            *_norm(arch, x, "K", kernels, k, sb * x.kv, Split.TENSOR)]
 
 
 def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> list[Saved]:
@@ -112,6 +129,7 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
         Saved("K", kv, tp),
         Saved("V", kv, tp),
         Saved("output projection input", q, tp),
+        *(_qk_norms(arch, x, kernels) if arch.qk_norm else []),
         *_norm(arch, x, "MLP", kernels),
         Saved("MLP input", x.e * sbh, rep),
     ]

@@ -7,6 +7,8 @@ head_dim defaulting to hidden_size // num_attention_heads, attention_bias, mlp_b
 attention_dropout, tie_word_embeddings default False, max_position_embeddings),
 ``models/mistral/configuration_mistral.py`` (the same keys), ``models/qwen2/`` (the same keys;
 ``Qwen2Attention`` gives the q, k and v projections biases and o none, the MLP none),
+``models/qwen3/`` (the same keys, head_dim given; ``Qwen3Attention`` normalises Q and K per head
+with RMSNorms over head_dim, q_norm and k_norm),
 ``models/mixtral/configuration_mixtral.py`` (num_local_experts, num_experts_per_tok; every layer
 is a sparse MoE block whose experts are SwiGLU MLPs of width intermediate_size) and
 ``models/gpt2/configuration_gpt2.py`` (n_embd, n_layer, n_head, n_inner defaulting to 4 * n_embd,
@@ -25,7 +27,7 @@ from placeverify.importers.common import Line, Origin, Plan, Reader, Value
 from placeverify.importers.positions import load_json, syntax_error
 from placeverify.syntax.source import read_source
 
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2")
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
 SUPPORTED = (*LLAMA_LIKE, "gpt2")
 
 # Keys that do not change placement, memory or communication as placeverify models them.
@@ -146,6 +148,9 @@ class HFModel:
                  self._line("bias", attention_bias, "true" if attention_bias.value else "false"),
                  self._line("dropout", dropout, "true" if dropout.value else "false"),
                  Line("attention = flash", "config.json does not say: flash/SDPA assumed")]
+        if self.data.get("model_type") == "qwen3":
+            lines.append(Line("qk_norm = true", "model_type qwen3 (Qwen3Attention: q_norm and "
+                              "k_norm, RMSNorms over head_dim)"))
         if self.data.get("model_type") == "qwen2":
             lines.append(Line("qkv_bias = true", "model_type qwen2 (Qwen2Attention: q, k and v "
                               "projections with biases, o and the MLP without)"))

@@ -57,6 +57,7 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
         return []
     h = int(str(hidden.value))
     channels = args.integer("--kv-channels")  # the head dimension; Megatron's default hidden / heads
+    qk = args.flag("--qk-layernorm")  # Q and K normalised per head (--normalization's kind)
     gqa = args.flag("--group-query-attention")
     groups = args.integer("--num-query-groups")
     kv = groups if gqa is not None and groups is not None else Value(
@@ -98,6 +99,7 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
     lines = [line("layers", layers), line("hidden", hidden), line("heads", heads),
              line("kv_heads", kv), line("ffn", ffn),
              *([line("head_dim", channels)] if channels is not None else []),
+             *([Line("qk_norm = true", "--qk-layernorm", qk.origin)] if qk is not None else []),
              Line("mlp = gated", "--swiglu", swiglu.origin) if swiglu else
              Line("mlp = plain", "no --swiglu: GeLU"),
              line("vocab", vocab), line("vocab_divisible_by", divisible),

@@ -58,6 +58,9 @@ class Transformer:
     head_size: int = 0
     # biases on the Q, K and V projections only (Qwen2's attention), beside ``bias`` (all linears)
     qkv_bias: bool = False
+    # a norm over each head of Q and of K (Qwen3's q_norm / k_norm, Megatron-LM --qk-layernorm),
+    # of the model's norm kind, head_dim wide and shared by the heads
+    qk_norm: bool = False
 
     # ---- shapes ----
     @property
@@ -87,9 +90,11 @@ class Transformer:
         return -(-self.vocab // multiple) * multiple
 
     # ---- parameter counts per layer ----
-    def norm_params(self) -> int:
-        """One normalisation layer (LayerNorm has a weight and a bias; RMSNorm a weight)."""
-        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+    def norm_params(self, width: int | None = None) -> int:
+        """One normalisation layer over ``width`` (default hidden): LayerNorm has a weight and a
+        bias, RMSNorm a weight."""
+        w = self.hidden if width is None else width
+        return 2 * w if self.norm == "layernorm" else w
 
     def attention_params(self) -> tuple[int, int]:
         """(sharded by tp, replicated over tp) of one attention block."""
@@ -112,6 +117,8 @@ class Transformer:
         """Parameters of one transformer layer by group."""
         attn_sharded, attn_replicated = self.attention_params()
         norms = 2 * self.norm_params() + attn_replicated
+        if self.qk_norm:
+            norms += 2 * self.norm_params(self.head_dim)  # q_norm, k_norm: replicated over tp
         groups = {ParamGroup.DENSE: attn_sharded, ParamGroup.NORMS: norms,
                   ParamGroup.EMBEDDING: 0, ParamGroup.EXPERTS: 0}
         if self.moe:

@@ -28,10 +28,11 @@ from placeverify.cost.implementations.spec import Mlp
 from placeverify.ir.model import Transformer
 
 
-def _norm(arch: Transformer) -> nn.Module:
+def _norm(arch: Transformer, width: int | None = None) -> nn.Module:
+    w = arch.hidden if width is None else width
     if arch.norm == "layernorm":
-        return nn.LayerNorm(arch.hidden)
-    return nn.RMSNorm(arch.hidden, eps=1e-5)
+        return nn.LayerNorm(w)
+    return nn.RMSNorm(w, eps=1e-5)
 
 
 class Attention(nn.Module):
@@ -43,6 +44,9 @@ class Attention(nn.Module):
         self.k = nn.Linear(h, kv, bias=qkv_bias)
         self.v = nn.Linear(h, kv, bias=qkv_bias)
         self.o = nn.Linear(q, h, bias=arch.bias)
+        # Q's and K's per-head norms (qk_norm), applied before the rotary embedding, as Qwen3
+        self.q_norm = _norm(arch, arch.head_dim) if arch.qk_norm else None
+        self.k_norm = _norm(arch, arch.head_dim) if arch.qk_norm else None
         self.head_dim = arch.head_dim
         self.group = arch.heads // arch.kv_heads
         self.flash = arch.attention == "flash"
@@ -52,8 +56,10 @@ class Attention(nn.Module):
                 mask: torch.Tensor | None) -> torch.Tensor:
         b, s, _ = x.shape
         d = self.head_dim
-        q = self.q(x).view(b, s, -1, d).transpose(1, 2)
-        k = self.k(x).view(b, s, -1, d).transpose(1, 2)
+        q, k = self.q(x).view(b, s, -1, d), self.k(x).view(b, s, -1, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, before heads move to dim 1 (Qwen3)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(x).view(b, s, -1, d).transpose(1, 2)
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)

@@ -105,7 +105,8 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                 "vocab": arch.vocab, "seq": arch.seq, "micro_batch": arch.micro_batch,
                 "tied_embeddings": arch.tied_embeddings, "experts": arch.experts,
                 "top_k": arch.top_k, **({"head_dim": arch.head_dim} if arch.head_size else {}),
-                **({"qkv_bias": True} if arch.qkv_bias else {})},
+                **({"qkv_bias": True} if arch.qkv_bias else {}),
+                **({"qk_norm": True} if arch.qk_norm else {})},
         },
         "precision": {
             "name": s.precision.name, "params_bytes": _float(s.precision.params),

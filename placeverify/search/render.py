@@ -24,6 +24,7 @@ _WORDS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "dropout": ("dropout", lambda v: "true" if v else "false"),
     "head_size": ("head_dim", str),
     "qkv_bias": ("qkv_bias", lambda v: "true" if v else "false"),
+    "qk_norm": ("qk_norm", lambda v: "true" if v else "false"),
 }
 
 

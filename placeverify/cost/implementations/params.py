@@ -48,8 +48,8 @@ def _linear(prefix: str, out_f: int, in_f: int, bias: bool, style: str, layer: i
 
 
 def _norm(prefix: str, arch: Transformer, layer: int | None, unit: str,
-          last: bool = False) -> list[ParamTensor]:
-    h = arch.hidden
+          last: bool = False, width: int | None = None) -> list[ParamTensor]:
+    h = arch.hidden if width is None else width
     out = [ParamTensor(f"{prefix}.weight", (h,), ParamGroup.NORMS, unit, layer, None,
                        last_stage=last)]
     if arch.norm == "layernorm":
@@ -74,6 +74,9 @@ def transformer_params(arch: Transformer) -> list[ParamTensor]:
         out += _linear(f"{unit}.attn.k", kv, h, qkv_bias, "colwise", i, unit)
         out += _linear(f"{unit}.attn.v", kv, h, qkv_bias, "colwise", i, unit)
         out += _linear(f"{unit}.attn.o", h, q, arch.bias, "rowwise", i, unit)
+        if arch.qk_norm:
+            out += _norm(f"{unit}.attn.q_norm", arch, i, unit, width=arch.head_dim)
+            out += _norm(f"{unit}.attn.k_norm", arch, i, unit, width=arch.head_dim)
         out += _norm(f"{unit}.mlp_norm", arch, i, unit)
         if arch.gated:
             out += _linear(f"{unit}.mlp.gate", f, h, arch.bias, "colwise", i, unit)
