@@ -171,3 +171,32 @@ def test_q_and_k_norms_save_their_inputs_over_the_heads_rows() -> None:
         normed = analyse(strategy(base + ", qk_norm = true", mesh)).activations
         assert plain is not None and normed is not None
         assert Fraction(normed.per_layer) - Fraction(plain.per_layer) == more, profile
+
+
+def test_qwen3_moe_experts_of_their_own_width(tmp_path: Path) -> None:
+    # Qwen3-30B-A3B's config.json shape: 48 layers, hidden 2048, 32 heads (4 kv) of 128, every
+    # layer a sparse block of 128 experts of width 768, 8 per token. Per layer: q, o 2 x 2048 x
+    # 4096 = 16,777,216; k, v 2 x 2048 x 512 = 2,097,152; q_norm, k_norm 256; two RMSNorms 4,096;
+    # router 2048 x 128 = 262,144; experts 128 x 3 x 2048 x 768 = 603,979,776 -> 623,120,640 x 48
+    # = 29,909,790,720; untied embedding and output 2 x 151936 x 2048 = 622,329,856; final norm
+    # 2,048: 30,532,122,624.
+    config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+              "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+              "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+              "num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8,
+              "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+              "vocab_size": 151936, "tie_word_embeddings": False, "attention_bias": False,
+              "max_position_embeddings": 40960}
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(config))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
+                              {"stage": 1}, "bf16": {"enabled": True}}))
+    s, imported = load(str(ds), Options(model=str(model), world=8))
+    assert "expert_ffn = 768" in imported.text and "qk_norm = true" in imported.text
+    assert s.model.params == 30_532_122_624
+    # a dense layer among the sparse ones is refused at its key
+    model.write_text(json.dumps({**config, "mlp_only_layers": [0]}))
+    with pytest.raises(PlaceError) as error:
+        load(str(ds), Options(model=str(model), world=8))
+    assert any("mlp_only_layers" in d.message for d in error.value.diagnostics)

@@ -8,7 +8,10 @@ attention_dropout, tie_word_embeddings default False, max_position_embeddings),
 ``models/mistral/configuration_mistral.py`` (the same keys), ``models/qwen2/`` (the same keys;
 ``Qwen2Attention`` gives the q, k and v projections biases and o none, the MLP none),
 ``models/qwen3/`` (the same keys, head_dim given; ``Qwen3Attention`` normalises Q and K per head
-with RMSNorms over head_dim, q_norm and k_norm),
+with RMSNorms over head_dim, q_norm and k_norm), ``models/qwen3_moe/`` (Qwen3's attention; every
+layer a sparse block when decoder_sparse_step is 1 and mlp_only_layers empty: num_experts SwiGLU
+experts of moe_intermediate_size, num_experts_per_tok of them per token, a hidden x num_experts
+router, no shared expert),
 ``models/mixtral/configuration_mixtral.py`` (num_local_experts, num_experts_per_tok; every layer
 is a sparse MoE block whose experts are SwiGLU MLPs of width intermediate_size) and
 ``models/gpt2/configuration_gpt2.py`` (n_embd, n_layer, n_head, n_inner defaulting to 4 * n_embd,
@@ -27,7 +30,8 @@ from placeverify.importers.common import Line, Origin, Plan, Reader, Value
 from placeverify.importers.positions import load_json, syntax_error
 from placeverify.syntax.source import read_source
 
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
+MOE = {"mixtral": ("num_local_experts", None), "qwen3_moe": ("num_experts", "moe_intermediate_size")}
 SUPPORTED = (*LLAMA_LIKE, "gpt2")
 
 # Keys that do not change placement, memory or communication as placeverify models them.
@@ -98,11 +102,18 @@ class HFModel:
                 "describe other models by hand: model transformer { layers = ..., hidden = ... }",
                 code=Code.NOT_MODELLED)
         for key, why in REFUSED.items():
-            if self.data.get(key) not in (None, 0):
+            every_layer = key == "decoder_sparse_step" and self.data.get(key) == 1
+            if self.data.get(key) not in (None, 0) and not every_layer:
                 self.reader.error(f"not modelled: '{key}': {why}", self.origin(key),
                                   code=Code.NOT_MODELLED)
                 self.used.add(key)
-        lines = self._gpt2() if kind == "gpt2" else self._llama(kind == "mixtral")
+        only_dense = self.data.get("mlp_only_layers")
+        if only_dense:
+            self.reader.error("not modelled: 'mlp_only_layers': a mix of dense and MoE layers is "
+                              "not modelled", self.origin("mlp_only_layers"),
+                              code=Code.NOT_MODELLED)
+        self.used.add("mlp_only_layers")
+        lines = self._gpt2() if kind == "gpt2" else self._llama(MOE.get(str(kind)))
         for key in self.data:
             if key not in self.used and key not in IGNORED:
                 self.reader.warning(f"not modelled: config.json key '{key}'", self.origin(key))
@@ -115,7 +126,9 @@ class HFModel:
             return Line(f"{entry} = 0")
         return Line(f"{entry} = {text if text is not None else v.value}", v.origin.key, v.origin)
 
-    def _llama(self, moe: bool) -> list[Line]:
+    def _llama(self, moe: tuple[str, str | None] | None) -> list[Line]:
+        """A Llama-shaped decoder; ``moe`` names the experts' count and width keys (the width
+        None: intermediate_size, as Mixtral's experts are)."""
         layers = self.integer("num_hidden_layers")
         hidden = self.integer("hidden_size")
         heads = self.integer("num_attention_heads")
@@ -148,16 +161,20 @@ class HFModel:
                  self._line("bias", attention_bias, "true" if attention_bias.value else "false"),
                  self._line("dropout", dropout, "true" if dropout.value else "false"),
                  Line("attention = flash", "config.json does not say: flash/SDPA assumed")]
-        if self.data.get("model_type") == "qwen3":
+        if self.data.get("model_type") in ("qwen3", "qwen3_moe"):
             lines.append(Line("qk_norm = true", "model_type qwen3 (Qwen3Attention: q_norm and "
                               "k_norm, RMSNorms over head_dim)"))
         if self.data.get("model_type") == "qwen2":
             lines.append(Line("qkv_bias = true", "model_type qwen2 (Qwen2Attention: q, k and v "
                               "projections with biases, o and the MLP without)"))
-        if moe:
-            experts = self.integer("num_local_experts")
+        if moe is not None:
+            count, width = moe
+            experts = self.integer(count)
             top_k = self.integer("num_experts_per_tok")
             lines += [self._line("experts", experts), self._line("top_k", top_k)]
+            if width is not None:
+                lines.append(self._line("expert_ffn", self.integer(width)))
+            self.get("norm_topk_prob")  # renormalises the top-k weights: no size changes
         return lines
 
     def _gpt2(self) -> list[Line]:
