@@ -839,3 +839,17 @@ def test_deepspeed_trainer_auto_values_given_by_overrides(tmp_path: Path) -> Non
     device = analyse(strategy).device_bytes()
     assert device["params"] + device["optimizer"] + device["gradients"] == 2 * psi + Fraction(
         14 * psi, 8)
+
+
+def test_a_pipeline_that_does_not_divide_the_layers_is_an_error_at_its_flag(tmp_path: Path) -> None:
+    # 24 layers over 4 stages of 1f1b would hold 6 each; over 16 they do not divide. The error
+    # belongs to --pipeline-model-parallel-size (line 3), not to the batch the micro-batch count
+    # comes from (line 2).
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc_per_node 16 pretrain_gpt.py --num-layers 24 \\\n"
+                      "  --global-batch-size 32 --hidden-size 64 --num-attention-heads 4 \\\n"
+                      "  --pipeline-model-parallel-size 16 --seq-length 32 --vocab-size 100\n")
+    with pytest.raises(PlaceError) as error:
+        import_file(str(script))
+    [d] = [d for d in error.value.diagnostics if "does not divide layers" in d.message]
+    assert d.span is not None and (d.span.line, d.span.column) == (3, 3)

@@ -244,7 +244,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         else:
             plan.body.append(Line(f"place pipeline(1f1b, microbatches = {m}) over pp",
                                   f"{pp.origin.key}; micro-batches = global / (micro x dp)",
-                                  where or pp.origin))
+                                  pp.origin))
     elif m > 1:
         plan.body.append(Line(f"microbatches = {m}", "--global-batch-size / "
                               "(--micro-batch-size x dp)", where))
