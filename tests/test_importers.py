@@ -853,3 +853,17 @@ def test_a_pipeline_that_does_not_divide_the_layers_is_an_error_at_its_flag(tmp_
         import_file(str(script))
     [d] = [d for d in error.value.diagnostics if "does not divide layers" in d.message]
     assert d.span is not None and (d.span.line, d.span.column) == (3, 3)
+
+
+def test_words_only_the_launch_gives_are_a_warning_where_they_may_hide_flags(tmp_path: Path) -> None:
+    # "$@" after a flag's value and $EXTRA_ARGS may expand to placement flags placeverify cannot
+    # see: a warning at each (columns 152 and 156); $SAVE as --save's own value is not one.
+    script = tmp_path / "train.sh"
+    line = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+            "--num-attention-heads 4 --seq-length 32 --vocab-size 100 --log-interval 1 "
+            '"$@" $EXTRA_ARGS --save $SAVE\n')
+    script.write_text(line)
+    imported = import_file(str(script))
+    hidden = [(d.span.line, d.span.column) for d, _ in imported.warnings
+              if "only known at launch" in d.message and d.span is not None]
+    assert hidden == [(1, line.index('"$@"') + 2), (1, line.index("$EXTRA_ARGS") + 1)]

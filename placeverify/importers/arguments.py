@@ -28,18 +28,29 @@ class Arguments:
         while i < len(words):
             word = words[i]
             if not word.text.startswith("--"):
+                self._hidden(word)
                 i += 1  # a positional word (the training script's own): not an argument
                 continue
             name, eq, inline = word.text.partition("=")
             values: list[Word] = [replace(word, text=inline)] if eq else []
             i += 1
             while not eq and i < len(words) and not words[i].text.startswith("--"):
+                if values:
+                    self._hidden(words[i])
                 values.append(words[i])
                 i += 1
             if name in self.flags:
                 reader.warning(f"{name} is given twice; the last one counts (argparse)",
                                self.origin(self.flags[name][0]), code=Code.DUPLICATE)
             self.flags[name] = (replace(word, text=name, unresolved=None), values)
+
+    def _hidden(self, word: Word) -> None:
+        """A word only the launch gives (``"$@"``, ``$EXTRA_ARGS``), standing where no flag's
+        first value is: it may expand to flags of its own, which placeverify cannot see."""
+        if word.unresolved and word.text.lstrip("\"'").startswith("$"):
+            self.reader.warning(f"{word.text} is only known at launch ({word.unresolved}); flags "
+                                "it may expand to are not read, and a placement flag among them "
+                                "would be missed", self.origin(word), code=Code.NOT_STATIC)
 
     def origin(self, word: Word, key: str | None = None) -> Origin:
         return Origin(key or word.text, self.source, word.span)
