@@ -867,3 +867,25 @@ def test_words_only_the_launch_gives_are_a_warning_where_they_may_hide_flags(tmp
     hidden = [(d.span.line, d.span.column) for d, _ in imported.warnings
               if "only known at launch" in d.message and d.span is not None]
     assert hidden == [(1, line.index('"$@"') + 2), (1, line.index("$EXTRA_ARGS") + 1)]
+
+
+@pytest.mark.parametrize(("name", "flavor", "params"), [
+    # dim 256, 6 layers, 16 heads (16 kv), SwiGLU 768, vocab 2048, untied: per layer 4 x 256^2 +
+    # 3 x 256 x 768 + 2 x 256 = 852,480; x 6 + 2 x 2048 x 256 + 256 = 6,163,712
+    ("llama3", "debugmodel", 6_163_712),
+    # the same shape as Qwen3-8B's config.json (tests/test_head_dim.py): 8,190,735,360
+    ("qwen3", "8B", 8_190_735_360),
+    # 28 layers, hidden 1024, 16 heads (8 kv) of 128, SwiGLU 3072, tied: per layer q, o 2 x 1024
+    # x 2048 + k, v 2 x 1024 x 1024 + 3 x 1024 x 3072 + 2 x 128 + 2 x 1024 = 15,730,944;
+    # x 28 + 151936 x 1024 + 1024 = 596,049,920
+    ("qwen3", "0.6B", 596_049_920),
+])
+def test_torchtitan_flavors_described_entry_by_entry(tmp_path: Path, name: str, flavor: str,
+                                                     params: int) -> None:
+    config = tmp_path / "train.toml"
+    config.write_text(f'[model]\nname = "{name}"\nflavor = "{flavor}"\n\n[training]\n'
+                      "local_batch_size = 1\nseq_len = 2048\n\n[parallelism]\n"
+                      "data_parallel_shard_degree = -1\n")
+    strategy, imported = load(str(config), Options(world=8))
+    assert strategy.model.params == params
+    assert f"{name} {flavor} (torchtitan/models/{name}/__init__.py)" in imported.text

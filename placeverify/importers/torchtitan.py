@@ -63,6 +63,33 @@ KEYS = Keys(ignored=IGNORED_TABLES, name=lambda table: f"[{table}]", inside={
 PRESETS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b",
            ("llama3", "405B"): "llama3_405b"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
+# Flavors described entry by entry, from torchtitan's own model arguments (before the move to
+# Python config registries, commit 9810191bb): torchtitan/models/llama3/__init__.py (debugmodel:
+# dim 256, 6 layers, 16 heads, n_kv_heads None = n_heads, vocab 2048; the SwiGLU width of
+# model.py's FeedForward: int(2 x 4 x 256 / 3) = 682 rounded up to multiple_of 256 = 768; an
+# untied output layer) and torchtitan/models/qwen3/__init__.py (Qwen3ModelArgs: head_dim 128,
+# qk_norm, enable_weight_tying as given, default False).
+_QWEN3 = ("mlp = gated, norm = rmsnorm, bias = false, position = rotary, attention = flash, "
+          "qk_norm = true, head_dim = 128")
+FLAVORS: dict[tuple[str, str], str] = {
+    ("llama3", "debugmodel"): "layers = 6, hidden = 256, heads = 16, kv_heads = 16, ffn = 768, "
+                              "vocab = 2048, embeddings = untied, mlp = gated, norm = rmsnorm, "
+                              "bias = false, position = rotary, attention = flash",
+    ("qwen3", "debugmodel"): "layers = 8, hidden = 256, heads = 16, kv_heads = 8, ffn = 3072, "
+                             f"vocab = 2048, embeddings = tied, {_QWEN3}",
+    ("qwen3", "0.6B"): "layers = 28, hidden = 1024, heads = 16, kv_heads = 8, ffn = 3072, "
+                       f"vocab = 151936, embeddings = tied, {_QWEN3}",
+    ("qwen3", "1.7B"): "layers = 28, hidden = 2048, heads = 16, kv_heads = 8, ffn = 6144, "
+                       f"vocab = 151936, embeddings = tied, {_QWEN3}",
+    ("qwen3", "4B"): "layers = 36, hidden = 2560, heads = 32, kv_heads = 8, ffn = 9728, "
+                     f"vocab = 151936, embeddings = tied, {_QWEN3}",
+    ("qwen3", "8B"): "layers = 36, hidden = 4096, heads = 32, kv_heads = 8, ffn = 12288, "
+                     f"vocab = 151936, embeddings = untied, {_QWEN3}",
+    ("qwen3", "14B"): "layers = 40, hidden = 5120, heads = 40, kv_heads = 8, ffn = 17408, "
+                      f"vocab = 151936, embeddings = untied, {_QWEN3}",
+    ("qwen3", "32B"): "layers = 64, hidden = 5120, heads = 64, kv_heads = 8, ffn = 25600, "
+                      f"vocab = 151936, embeddings = untied, {_QWEN3}",
+}
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
@@ -145,6 +172,13 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                       Line(f"micro_batch = {micro.value}", micro.origin.key, micro.origin)]
         plan.header.append(f"model: torchtitan's {name.value} {flavor.value} "
                            f"(torchtitan/models/{name.value}/__init__.py) is placeverify's {preset}")
+    elif model is None and (str(name.value), str(flavor.value)) in FLAVORS:
+        source_file = f"torchtitan/models/{name.value}/__init__.py"
+        plan.model = [Line(entry.strip(), f"{name.value} {flavor.value} ({source_file})",
+                           flavor.origin)
+                      for entry in FLAVORS[(str(name.value), str(flavor.value))].split(",")]
+        plan.model += [Line(f"seq = {seq.value}", seq.origin.key, seq.origin),
+                       Line(f"micro_batch = {micro.value}", micro.origin.key, micro.origin)]
     else:
         if model is None:
             reader.error(f"no model: torchtitan flavor {name.value} {flavor.value} is not bundled "
