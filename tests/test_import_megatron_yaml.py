@@ -167,3 +167,11 @@ def test_an_inference_test_is_refused_at_its_mode(tmp_path: Path) -> None:
     assert d.code.value == "not-modelled" and "inference" in d.message
     assert d.span is not None and d.span.line == 24
     assert import_file(write(tmp_path, CONFIG + "MODE: pretraining\n"), Options(world=8)).text
+
+
+def test_a_model_args_word_without_its_colon_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    # found by fuzzing: 'MODEL_ARGS' on a line and ':' on the next made the detection and the
+    # reader disagree (an internal error); the file is now not a test configuration at all.
+    text = CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS\n:\n")
+    with pytest.raises(PlaceError):
+        import_file(write(tmp_path, text), Options(world=8))

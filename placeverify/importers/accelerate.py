@@ -181,6 +181,9 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     reshard = get("fsdp_config", "fsdp_reshard_after_forward")
     preset = "ddp"
     why, origin = f"distributed_type {kind.value}", kind.origin
+    if version.value not in (1, 2, "1", "2"):  # FullyShardedDataParallelPlugin: 1 or 2
+        reader.error(f"fsdp_config.fsdp_version is 1 or 2, not {version.value!r}", version.origin)
+        reader.raise_if_errors()
     if kind.value == "FSDP":
         if reshard.value is not None and int(version.value) == 2:
             preset = "fsdp" if reshard.value is True else "fsdp(grad_op)"

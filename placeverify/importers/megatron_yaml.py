@@ -22,9 +22,9 @@ from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Sour
 from placeverify.importers.positions import _scalar, _strip_comment, syntax_error
 from placeverify.importers.shell import Word
 
-_TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:", re.M)
+_TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)[ \t]*:", re.M)
 _ENTRY = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9_\-]*)\s*:(\s+|$)")
-_MODE = re.compile(r"MODE\s*:\s*(\S+)\s*$")  # the test's kind: pretraining, inference, rl
+_MODE = re.compile(r"MODE[ \t]*:[ \t]*(\S+)\s*$")  # the test's kind: pretraining, inference, rl
 _ENVIRONMENT = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
 KEY = "MODEL_ARGS"
 
@@ -48,7 +48,8 @@ def arguments(source: Source) -> list[Word]:
                 Severity.ERROR, "not modelled: MODE inference (a Megatron-LM inference test: "
                 "placeverify checks training steps)", Code.NOT_MODELLED,
                 Span(number, 1, number, len(line.rstrip()) + 1))], source)
-    start = next(i for i, line in enumerate(lines) if re.match(rf"{KEY}\s*:", line))
+    start = next(i for i, line in enumerate(lines)
+                 if (top := _TOP_KEY.match(line)) is not None and top.group(1) == KEY)
     head = _strip_comment(lines[start])
     if head.split(":", 1)[1].strip():
         raise syntax_error(source, f"{KEY} is not a block of '--flag: value' lines",
