@@ -27,6 +27,16 @@ def strategy(model: str, extra: str = "mesh { dp = 1 }\nplace ddp over dp\n"):  
                      + extra, "s.place")
 
 
+def with_hf_model(tmp_path: Path, config: dict[str, object]):  # type: ignore[no-untyped-def]
+    """A ZeRO-1 DeepSpeed JSON on 8 ranks with ``config`` as its Hugging Face model."""
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(config))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
+                              {"stage": 1}, "bf16": {"enabled": True}}))
+    return load(str(ds), Options(model=str(model), world=8))
+
+
 def test_parameters_of_a_model_whose_heads_are_not_hidden_over_heads_wide() -> None:
     # per layer: q 5120 x 4096 + k, v 2 x 5120 x 1024 + o 4096 x 5120 = 52,428,800;
     # SwiGLU 3 x 5120 x 14336 = 220,200,960; two RMSNorms 10,240 -> 272,640,000 x 40 layers
@@ -91,12 +101,7 @@ def test_hugging_face_head_dim_is_read(tmp_path: Path) -> None:
               "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 40,
               "vocab_size": 131072, "tie_word_embeddings": False,
               "max_position_embeddings": 4096}
-    model = tmp_path / "config.json"
-    model.write_text(json.dumps(config))
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
-                              {"stage": 1}, "bf16": {"enabled": True}}))
-    s, imported = load(str(ds), Options(model=str(model), world=8))
+    s, imported = with_hf_model(tmp_path, config)
     assert "head_dim = 128" in imported.text
     assert s.model.params == 12_247_782_400  # as above: Mistral-NeMo's published shape
 
@@ -126,12 +131,7 @@ def test_qwen2_biases_on_q_k_v_only(tmp_path: Path) -> None:
               "num_hidden_layers": 28, "vocab_size": 152064, "tie_word_embeddings": False,
               "max_position_embeddings": 32768, "max_window_layers": 28, "sliding_window": None,
               "use_sliding_window": False, "rope_theta": 1000000.0, "attention_dropout": 0.0}
-    model = tmp_path / "config.json"
-    model.write_text(json.dumps(config))
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
-                              {"stage": 1}, "bf16": {"enabled": True}}))
-    s, imported = load(str(ds), Options(model=str(model), world=8))
+    s, imported = with_hf_model(tmp_path, config)
     assert "qkv_bias = true" in imported.text and "bias = false" in imported.text
     assert s.model.params == 7_615_616_512
 
@@ -147,12 +147,7 @@ def test_qwen3_normalises_q_and_k_per_head(tmp_path: Path) -> None:
               "head_dim": 128, "num_hidden_layers": 36, "vocab_size": 151936,
               "tie_word_embeddings": False, "attention_bias": False,
               "max_position_embeddings": 40960, "rope_theta": 1000000, "attention_dropout": 0.0}
-    model = tmp_path / "config.json"
-    model.write_text(json.dumps(config))
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
-                              {"stage": 1}, "bf16": {"enabled": True}}))
-    s, imported = load(str(ds), Options(model=str(model), world=8))
+    s, imported = with_hf_model(tmp_path, config)
     assert "qk_norm = true" in imported.text
     assert s.model.params == 8_190_735_360
 
@@ -187,16 +182,10 @@ def test_qwen3_moe_experts_of_their_own_width(tmp_path: Path) -> None:
               "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
               "vocab_size": 151936, "tie_word_embeddings": False, "attention_bias": False,
               "max_position_embeddings": 40960}
-    model = tmp_path / "config.json"
-    model.write_text(json.dumps(config))
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
-                              {"stage": 1}, "bf16": {"enabled": True}}))
-    s, imported = load(str(ds), Options(model=str(model), world=8))
+    s, imported = with_hf_model(tmp_path, config)
     assert "expert_ffn = 768" in imported.text and "qk_norm = true" in imported.text
     assert s.model.params == 30_532_122_624
     # a dense layer among the sparse ones is refused at its key
-    model.write_text(json.dumps({**config, "mlp_only_layers": [0]}))
     with pytest.raises(PlaceError) as error:
-        load(str(ds), Options(model=str(model), world=8))
+        with_hf_model(tmp_path, {**config, "mlp_only_layers": [0]})
     assert any("mlp_only_layers" in d.message for d in error.value.diagnostics)
