@@ -11,13 +11,13 @@ the other obligations on its per-step projection.
 
 from __future__ import annotations
 
-from placeverify.ir.flights import has_async
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import Scope
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.counters import Counted, before, counted, first_run_span, windows_judged
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
+from placeverify.verdicts import Obligation
+from placeverify.verify.checks.across_steps import Found, per_group
 
 METHOD = "exponents of the counts across steps over the buffer rules (semantics/counters.py)"
 
@@ -27,35 +27,22 @@ def run_count_obligations(strategy: Strategy) -> list[tuple[Obligation, int | No
     sizes = windows_judged(strategy)
     k = len(sizes)
     span = first_run_span(strategy.step) or strategy.step.span
-    out: list[tuple[Obligation, int | None]] = []
-    for group in strategy.model.groups_present():
-        claim = (f"each of the {k} optimizer steps normalises the {group.value} gradients by its "
-                 "own window's count (no count carries from one step to the next)")
-        try:
-            if has_async(strategy.step):
-                raise Unmodelled("asynchronous collectives with a count across optimizer steps "
-                                 "(each window's step is judged on its outcomes; what the count "
-                                 "adds is not)", strategy.step.span)
-            found = counted(strategy, group)
-        except Unmodelled as err:
-            out.append((Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.UNKNOWN,
-                                   err.span or span, ObligationKind.NOT_MODELLED,
-                                   reason=f"not modelled: {err}", method=METHOD), None))
-            continue
+
+    def judge(group: ParamGroup) -> Found | None:
+        found = counted(strategy, group)
         if found is None:
-            out.append((Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.PROVED, span,
-                                   ObligationKind.COEFFICIENT, method=METHOD), None))
-            continue
+            return None
         reason = (f"{_what(found, k)}, while single-device training normalises step "
                   f"{found.step} by its own window{_exact(strategy, group, found)}")
-        out.append((Obligation(Condition.GRADIENT_INTEGRITY, f"{claim}, at step {found.step} "
-                               f"of {k}", Verdict.REFUTED, span, ObligationKind.COEFFICIENT,
-                               reason=reason,
-                               fix="count the step's own window: write (..., step) (reset the "
-                                   "count at every optimizer step)",
-                               method=METHOD),
-                    sizes[found.step - 1]))
-    return out
+        return Found(found.step, span, reason, "count the step's own window: write (..., step) "
+                     "(reset the count at every optimizer step)", sizes[found.step - 1])
+
+    return per_group(
+        strategy, k,
+        lambda group: (f"each of the {k} optimizer steps normalises the {group.value} gradients "
+                       "by its own window's count (no count carries from one step to the next)"),
+        judge, "asynchronous collectives with a count across optimizer steps (each window's "
+        "step is judged on its outcomes; what the count adds is not)", span, METHOD)
 
 
 def _what(found: Counted, k: int) -> str:
