@@ -34,11 +34,11 @@ from placeverify.cost.activations import (
 )
 from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Role, State
+from placeverify.ir.placement import Reduce, Role, State
 from placeverify.ir.step import Collective, CollectiveKind, Free, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.roles import ROLES
-from placeverify.roles.pipeline import stage_layers
+from placeverify.roles.pipeline import chunk_layers, chunk_ordered, stage_layers
 from placeverify.roles.queries import gathered_axes, offloaded, partitions, per_group
 
 MODEL_STATES = (State.PARAMS, State.OPTIMIZER, State.GRADIENTS)
@@ -156,9 +156,12 @@ def uneven_kinds(layers: tuple[int, ...]) -> tuple[StageKind, ...]:
     return tuple(kinds)
 
 
-def stage_params(d: Domain, strategy: Strategy, kind: StageKind) -> dict[ParamGroup, Num]:
+def stage_params(d: Domain, strategy: Strategy, kind: StageKind,
+                 chunk: Num | None = None) -> dict[ParamGroup, Num]:
     """Parameters of each group held by a stage of this kind, before tensor, expert and data
-    splits (a bare parameter count is split evenly over the stages)."""
+    splits (a bare parameter count is split evenly over the stages); with ``chunk``, the layers
+    of one model chunk of that many layers instead of the stage's, beside what the stage holds
+    outside its layers (an upper bound for any one chunk)."""
     arch = strategy.model.arch
     pipe = strategy.pipeline
     p = 1 if pipe is None else strategy.size(pipe.axis)
@@ -183,6 +186,8 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind) -> dict[ParamGr
     # the stage's share of the layers: 1/p, or its listed count over the model's L
     share = pp if kind.layers is None else \
         d.sym("L", arch.layers) / stage_layer_count(d, strategy, kind.layers)
+    if chunk is not None:
+        share = d.sym("L", arch.layers) / chunk
     out: dict[ParamGroup, Num] = {}
     for group, name in ((ParamGroup.DENSE, "Ψ_dense_layers"), (ParamGroup.NORMS, "Ψ_norms_layers"),
                         (ParamGroup.EXPERTS, "Ψ_exp")):
@@ -327,15 +332,25 @@ def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIte
     (beside the shard the optimizer updates)."""
     items: list[MemoryItem] = []
     held = stage_params(d, strategy, kind)
-    for state, axes, label in (
-            (State.GRADIENTS, unsharded_gradient_axes(strategy),
-             "G unsharded gradient (accumulated before the reduce-scatter)"),
+    arch = strategy.model.arch
+    accumulating, what = held, "G unsharded gradient (accumulated before the reduce-scatter)"
+    unsharded = unsharded_gradient_axes(strategy)
+    if (arch is not None and chunk_ordered(strategy) and unsharded
+            and all(strategy.placement(a).reduce is Reduce.STEP for a in unsharded)):
+        # 'reduce = step' reduces each chunk after its last micro-batch, and the backward
+        # finishes one chunk before the next: one chunk's gradient accumulates at a time
+        layers = chunk_layers(strategy, arch, kind.stages)
+        accumulating = stage_params(d, strategy, kind, d.sym("L_chunk", layers))
+        what = ("G unsharded gradient of one model chunk (accumulated before the "
+                "reduce-scatter; the backward runs chunk by chunk)")
+    for state, axes, label, params in (
+            (State.GRADIENTS, unsharded, what, accumulating),
             (State.PARAMS, kept_parameter_axes(strategy),
-             "Θ gathered parameters (kept after the step's all-gather)")):
+             "Θ gathered parameters (kept after the step's all-gather)", held)):
         if not axes:
             continue
         total: Num = 0
-        for group, n in held.items():
+        for group, n in params.items():
             total = total + n / model_split(d, strategy, group, state, pipeline=False)
         items.append(MemoryItem(state.value, label, total * bytes_per_element(d, strategy, state)
                                 / data_split(d, strategy, state, skip=axes)))

@@ -27,7 +27,9 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
   parameter gathers for forward hide behind the micro-batch's forward, gathers for backward and
   gradient reductions inside the loop behind its backward, gradient reductions after the loop
   behind the last micro-batch's backward, the parameter all-gather after a sharded update
-  behind the next forward; what does not fit in its window is exposed. Host transfers are
+  behind the next forward; what does not fit in its window is exposed. Gradients reduced once
+  a step per model chunk (``reduce = step``) in a pipeline whose backward runs chunk by chunk
+  queue on the link behind the later chunks' backward (:func:`reduced_by_chunk`). Host transfers are
   exposed.
 - **Bubble**: ``(p - 1)`` micro-batch times (1F1B, GPipe), ``(p - 1) / v`` interleaved.
 - **Optimizer**: memory-bound: each optimizer-state element is read and written, its gradient
@@ -47,9 +49,9 @@ from placeverify.cost.activations import recomputed_layers
 from placeverify.cost.communication import CommItem
 from placeverify.ir.devices import Device
 from placeverify.ir.model import Transformer
-from placeverify.ir.placement import Role, Schedule, State
+from placeverify.ir.placement import Reduce, Role, Schedule, State
 from placeverify.ir.strategy import Strategy
-from placeverify.roles.pipeline import stage_layers
+from placeverify.roles.pipeline import chunk_ordered, stage_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,8 +341,19 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + times * left * sec / total
         return times * left
 
+    by_chunk = [(item, sec) for item, sec in post_bwd if reduced_by_chunk(strategy, item)]
+    post_bwd = [entry for entry in post_bwd if entry not in by_chunk]
     data_exposed = (hide(loop_fwd, t_fwd, m) + hide(loop_bwd, t_bwd, m)
                     + hide(post_bwd, t_bwd, 1) + hide(next_fwd, t_fwd, 1))
+    if by_chunk and t_bwd is not None:
+        # one chunk's share after each chunk's backward, queued on the link: chunk k's starts
+        # once k + 1 of the v chunks' backward (m · t_bwd / v each) are done, so the last ends
+        # max(T / v, T - (v - 1) · m · t_bwd / v) after the backward does
+        total = sum(sec for _, sec in by_chunk)
+        left = max(total / v, total - (v - 1) * m * t_bwd / v)
+        for item, sec in by_chunk:
+            exposed[_label(item)] = exposed.get(_label(item), 0.0) + left * sec / total
+        data_exposed += left
 
     optimizer = _optimizer_seconds(strategy, costs, device, cal)
     if rate is None or t_fwd is None or t_bwd is None:
@@ -358,6 +371,15 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     return StepTime(device.key if device else None, matmul, float(peak) if peak else None, eta, m,
                     per_mb, model_flops, step_tokens, compute, bubble, optimizer,
                     tuple(sorted(exposed.items())), step, tuple(notes), mesh.world)
+
+
+def reduced_by_chunk(strategy: Strategy, item: CommItem) -> bool:
+    """Is ``item`` a gradient reduction after the loop that runs chunk by chunk: over data axes
+    placed ``reduce = step`` (each model chunk reduced after its last micro-batch) in a pipeline
+    whose backward finishes one chunk before the next (:func:`roles.pipeline.chunk_ordered`)?"""
+    return (item.state == "gradients" and bool(item.axes) and chunk_ordered(strategy)
+            and all(strategy.placement(a).role is Role.DATA
+                    and strategy.placement(a).reduce is Reduce.STEP for a in item.axes))
 
 
 def slowest_stage(strategy: Strategy, arch: Transformer, pp: int, layer: float, extra: float,

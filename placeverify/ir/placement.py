@@ -62,6 +62,18 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class Reduce(StrEnum):
+    """When a data axis that shards the gradients reduces them over several micro-batches."""
+
+    # every micro-batch into the shard, the full buffer freed (DeepSpeed ZeRO-2/3, FSDP's default)
+    MICROBATCH = "microbatch"
+    # once a step: the unsharded gradient accumulates over the micro-batches and is
+    # reduce-scattered after the last one, per model chunk of an interleaved pipeline (FSDP2's
+    # set_requires_gradient_sync(False) before the last micro-batch, as torch.distributed.pipelining
+    # does for its stages; Llama 3's FP32 accumulation over micro-batches, arXiv 2407.21783 §3.3.2)
+    STEP = "step"
+
+
 @dataclass(frozen=True, slots=True)
 class AxisPlacement:
     """How every state is placed along one mesh axis, and what the axis splits."""
@@ -73,6 +85,7 @@ class AxisPlacement:
     span: Span
     sequence_parallel: bool = False  # tensor axes: Megatron sequence parallelism
     reshard_after_forward: bool = True  # data axes with Θ = S*: FSDP FULL_SHARD vs SHARD_GRAD_OP
+    reduce: Reduce = Reduce.MICROBATCH  # data axes with G = S: when gradients are reduced
     schedule: Schedule | None = None  # pipeline axes
     chunks: int = 1  # interleaved pipeline: model chunks per stage
     microbatches: int | None = None  # pipeline axes

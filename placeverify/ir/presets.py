@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from placeverify.ir.placement import Mode, Role, Schedule
+from placeverify.ir.placement import Mode, Reduce, Role, Schedule
 
 MAX_MICROBATCHES = 10**6  # a sanity bound: more micro-batches per step is a typing mistake
 MAX_STEPS = 16  # consecutive optimizer steps verified together (microbatches = [4, 4, 2])
@@ -70,6 +70,9 @@ class PresetSpec:
 
 
 RESHARD = OptionSpec(OptionKind.BOOL)
+# zero2(reduce = step): gradients accumulated unsharded, reduce-scattered once a step
+REDUCE = OptionSpec(OptionKind.CHOICE, choices={r.value: r for r in Reduce},
+                    what="gradient reduction")
 SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
 MICROBATCHES = OptionSpec(OptionKind.INT)
 CHUNKS = OptionSpec(OptionKind.INT)
@@ -84,7 +87,7 @@ SCHEDULES: Mapping[str, Schedule] = {s.value: s for s in Schedule}
 
 _FSDP = PresetSpec(
     "fsdp", Role.DATA, (SS, S, S, R),
-    options={"reshard_after_forward": RESHARD,
+    options={"reshard_after_forward": RESHARD, "reduce": REDUCE,
              "strategy": OptionSpec(OptionKind.CHOICE, choices=FSDP_STRATEGIES,
                                     what="FSDP sharding strategy")},
     positional={word: ("strategy", value) for word, value in FSDP_STRATEGIES.items()},
@@ -95,11 +98,12 @@ _FSDP = PresetSpec(
 TABLE: tuple[PresetSpec, ...] = (
     PresetSpec("ddp", Role.DATA, (R, R, R, R)),
     PresetSpec("zero1", Role.DATA, (R, S, R, R)),
-    PresetSpec("zero2", Role.DATA, (R, S, S, R)),
-    PresetSpec("zero3", Role.DATA, (SS, S, S, R), options={"reshard_after_forward": RESHARD}),
+    PresetSpec("zero2", Role.DATA, (R, S, S, R), options={"reduce": REDUCE}),
+    PresetSpec("zero3", Role.DATA, (SS, S, S, R),
+               options={"reshard_after_forward": RESHARD, "reduce": REDUCE}),
     _FSDP,
     PresetSpec("hsdp", Role.DATA, (SS, S, S, R), axes=2,
-               options={"reshard_after_forward": RESHARD}),
+               options={"reshard_after_forward": RESHARD, "reduce": REDUCE}),
     PresetSpec("megatron", Role.TENSOR, (S, S, S, R), aliases=("tp",),
                options={"sequence_parallel": SEQUENCE_PARALLEL},
                positional={"sequence_parallel": ("sequence_parallel", True)}),

@@ -10,6 +10,10 @@ parameter group's gradient with SUM over exactly the axes where it is partial:
 - then the batch axes: reduce-scatter where the optimizer state or gradients are sharded
   (ZeRO-1/2/3, FSDP, the shard axis of HSDP), all-reduce elsewhere (DDP, HSDP's replicas).
 
+Sharded gradients (ZeRO-2/3, FSDP) are reduce-scattered inside the loop, each micro-batch, and the
+full buffer freed, unless the data axis says ``reduce = step``: then the unsharded gradient
+accumulates and is reduce-scattered once, after the loop.
+
 Then clipping by the global norm (summed where the gradient is sharded, replicated elements
 counted once), the overflow flag's all-reduce for dynamic loss scaling, the update, and the
 all-gather of parameters that are replicated but updated on shards (ZeRO-1/2, ZeRO-Offload).
@@ -21,7 +25,7 @@ from dataclasses import replace
 
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Role
+from placeverify.ir.placement import Reduce, Role
 from placeverify.ir.precision import LossScale
 from placeverify.ir.step import (
     DEFAULT_NORM_REDUCE,
@@ -93,10 +97,14 @@ def derive(config: Config) -> Step:
         # Sharded gradients (ZeRO-2/3, FSDP) cannot hold the full accumulated gradient: reduce
         # each micro-batch into the shard and free the full buffer, as DeepSpeed and FSDP do.
         groups = config.model.groups_present()
+        # 'reduce = step' keeps the reduce-scatter after the loop (the gradient accumulates
+        # unsharded, FSDP2's set_requires_gradient_sync(False) before the last micro-batch)
         per_microbatch = [op for op in post if isinstance(op, Collective)
                           and op.kind is CollectiveKind.REDUCE_SCATTER
                           and all(gradients_sharded(config, a, g) for a in op.group.axes
-                                  for g in groups if op.target.applies_to(g))]
+                                  for g in groups if op.target.applies_to(g))
+                          and all(config.placement(a).reduce is Reduce.MICROBATCH
+                                  for a in op.group.axes)]
         if per_microbatch:
             span = config.placements[0].span
             for op in per_microbatch:

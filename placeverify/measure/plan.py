@@ -27,7 +27,7 @@ from placeverify.cost.implementations.params import check_params
 from placeverify.cost.implementations.spec import Implementation, Mlp, OptimizerKind, RunSpec
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Span
 from placeverify.ir.model import Transformer
-from placeverify.ir.placement import AxisPlacement, Mode, Role, Schedule, State
+from placeverify.ir.placement import AxisPlacement, Mode, Reduce, Role, Schedule, State
 from placeverify.ir.presets import hybrid
 from placeverify.ir.strategy import RecomputeKind, Strategy
 
@@ -148,6 +148,10 @@ def _check_placement(strategy: Strategy, p: AxisPlacement) -> None:
                      p.span, "use pipeline(gpipe) or pipeline(1f1b)")
     if hybrid(p.preset):
         raise _error(strategy, "HSDP has no torch implementation in measure", p.span, SUPPORTED)
+    if p.reduce is Reduce.STEP and strategy.microbatches > 1:
+        raise _error(strategy, "'reduce = step' (gradients reduced once a step) has no torch "
+                     "implementation in measure", p.span,
+                     "measure the default, gradients reduced every micro-batch")
 
 
 def _data_implementation(strategy: Strategy, p: AxisPlacement) -> tuple[Implementation, bool]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from placeverify import __version__
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES
+from placeverify.ir.placement import STATES, Reduce
 from placeverify.ir.render import op_label
 from placeverify.ir.step import Op
 from placeverify.ir.strategy import Strategy
@@ -119,6 +119,7 @@ def check_document(result: CheckResult) -> dict[str, Any]:
             p.axis: {"role": p.role.value, "preset": p.preset,
                      "modes": {st.value: p.mode(st).value for st in STATES},
                      **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options},
+                     **({"reduce": p.reduce.value} if p.reduce is not Reduce.MICROBATCH else {}),
                      **({"layers": list(p.layers)} if p.layers is not None else {}),
                      **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}
                                     for g, _ in p.group_modes}} if p.group_modes else {})}

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from placeverify.console import print_table
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES, Schedule
+from placeverify.ir.placement import STATES, Reduce, Schedule
 from placeverify.report.data import formulas_document, overrides_text, step_lines
 from placeverify.report.time_text import render_time
 from placeverify.result import CheckResult
@@ -117,6 +117,8 @@ def _preset_label(placement: Any) -> str:
     label = str(placement.preset)
     if placement.sequence_parallel:
         label += "+sp"
+    if placement.reduce is Reduce.STEP:
+        label += " reduce=step"
     if placement.schedule is not None:
         label += f" {placement.schedule.value}"
         if placement.chunks > 1:

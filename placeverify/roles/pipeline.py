@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from placeverify.diagnostics import Code
 from placeverify.ir.model import ParamGroup, Transformer
@@ -42,6 +43,33 @@ def stage_layers(strategy: Layout) -> tuple[int, ...] | None:
     if chunks == 0:
         return None  # a mesh resized past the list (replay, counterexample search): layers unused
     return tuple(sum(pipe.layers[c * n + s] for c in range(chunks)) for s in range(n))
+
+
+def chunk_ordered(strategy: Layout) -> bool:
+    """Does each stage finish one model chunk's backward before it starts the next one's?
+
+    Megatron-LM's interleaved schedule runs the micro-batches in groups of p per chunk
+    (``get_model_chunk_id``: virtual micro-batch k is chunk (k // p) mod v), forward and backward
+    alike; with m ≤ p there is a single group, so the backward goes chunk by chunk, the
+    breadth-first order of Lamy-Poirier (arXiv 2211.05953) and Llama 3's schedule at one
+    micro-batch group (arXiv 2407.21783 §3.3.2). With m > p every chunk's backward is under way
+    at once; without interleaving a stage is one chunk."""
+    pipe = strategy.pipeline
+    if pipe is None or pipe.schedule is not Schedule.INTERLEAVED or pipe.chunks < 2:
+        return False
+    p = strategy.size(pipe.axis)
+    return p > 1 and strategy.microbatches <= p
+
+
+def chunk_layers(strategy: Layout, arch: Transformer, stages: tuple[int, ...]) -> Fraction:
+    """The most layers one model chunk of these stages holds: the largest listed count of their
+    virtual stages, or L / (p v) when the layers split evenly."""
+    pipe = strategy.pipeline
+    assert pipe is not None
+    p, v = strategy.size(pipe.axis), pipe.chunks
+    if pipe.layers is not None and len(pipe.layers) == p * v:
+        return Fraction(max(pipe.layers[c * p + s] for c in range(v) for s in stages))
+    return Fraction(arch.layers, p * v)
 
 
 def pipeline_shapes(ctx: Reporter, arch: Transformer, by: list[tuple[str, int]],

@@ -74,10 +74,11 @@ def place_text(problem: Problem, lay: Layout) -> str:
         lines.append(f"place pipeline({', '.join(options)}) over pp")
     elif lay.m > 1:
         lines.append(f"microbatches = {lay.m}")
+    once = "(reduce = step)" if lay.reduce_step else ""
     if lay.sharding is Sharding.HSDP:
-        lines.append("place hsdp over shard * replica")
+        lines.append(f"place hsdp{once} over shard * replica")
     elif lay.sharding is not Sharding.NONE:
-        lines.append(f"place {lay.sharding.value} over dp")
+        lines.append(f"place {lay.sharding.value}{once} over dp")
     if lay.offload:
         lines.append("offload optimizer, gradients to cpu")
     lines.append(f"recompute {lay.recompute.value}" if lay.recompute is not Recompute.NONE

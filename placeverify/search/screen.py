@@ -122,6 +122,10 @@ class Screen:
             states = n * self.P / split_p
             if not lay.offload:
                 states += n * self.G / split_g + n * self.O / split_o
+            if lay.reduce_step:  # the unsharded gradient accumulating: a chunk's, or the stage's
+                held = self._stage_elements(lay, self._chunk_layers(lay, stage), first, last) \
+                    if lay.chunk_ordered else n
+                states += held * self.G
             outside = 0.0
             if first and arch.dropout:
                 outside += tokens * arch.hidden / hshard * first_in_flight
@@ -131,6 +135,13 @@ class Screen:
                 outside += 4 * tokens * vocab / lay.tp
             best = max(best, states + acts + outside + buffers)
         return best
+
+    def _chunk_layers(self, lay: Layout, stage: int) -> int:
+        """The most layers one model chunk of ``stage`` holds
+        (:func:`placeverify.roles.pipeline.chunk_layers`)."""
+        if lay.stages is None:
+            return self.s.arch.layers // (lay.pp * lay.v)
+        return max(lay.stages[c * lay.pp + stage] for c in range(lay.v))
 
     @staticmethod
     def _in_flight(lay: Layout, stage: int) -> float:
@@ -295,7 +306,7 @@ class Screen:
 
         data = ["replica", "shard"] if lay.sharding is Sharding.HSDP else ["dp"]
         counts = ring([*data, "ep", "cp"], 16.0, True)  # the global token count
-        loop_fwd = loop_bwd = scatter = post = following = 0.0
+        loop_fwd = loop_bwd = scatter = post = following = by_chunk = 0.0
         kind = lay.sharding
         if kind in (Sharding.NONE, Sharding.DDP):
             post = ring(["dp", "cp"], grads, True)
@@ -314,12 +325,21 @@ class Screen:
             loop_bwd = gather
             rest = ["cp"] if kind is Sharding.ZERO3 else ["replica", "cp"]
             post = ring(rest, grads / lay.shard, True)
-        if m == 1:  # one micro-batch: the loop's reductions count as the step's
+        if lay.reduce_step and lay.chunk_ordered:
+            # each chunk reduced after its last micro-batch, behind the later chunks' backward
+            # (cost/time.py: reduced_by_chunk); HSDP's replica all-reduce with it
+            by_chunk = scatter
+            if kind is Sharding.HSDP and lay.cp == 1:
+                by_chunk, post = by_chunk + post, 0.0
+            scatter = 0.0
+        if m == 1 or lay.reduce_step:  # the reductions after the loop
             post += scatter
         else:
             loop_bwd += scatter
         exposed = (m * max(0.0, loop_fwd - t_fwd) + m * max(0.0, loop_bwd - t_bwd)
                    + max(0.0, post - t_bwd) + max(0.0, following - t_fwd) + counts)
+        if by_chunk:
+            exposed += max(by_chunk / lay.v, by_chunk - (lay.v - 1) * m * t_bwd / lay.v)
         if lay.offload:
             split = lay.shard if kind is Sharding.HSDP else lay.dp
             exposed += (grads / split * m + params / split) / self.s.pcie_bandwidth

@@ -72,6 +72,15 @@ class Layout:
     # layers per virtual pipeline stage (p · v of them, chunk-major as ``layers = [...]`` writes
     # them) when uneven, else None
     stages: tuple[int, ...] | None = None
+    # sharded gradients reduced once a step, per model chunk (``reduce = step``), not every
+    # micro-batch: ZeRO-2/3 and HSDP in a pipeline
+    reduce_step: bool = False
+
+    @property
+    def chunk_ordered(self) -> bool:
+        """The backward runs chunk by chunk (interleaved, m ≤ p: one group of micro-batches,
+        :func:`placeverify.roles.pipeline.chunk_ordered`)."""
+        return self.pp > 1 and self.v > 1 and self.m <= self.pp
 
     @property
     def devices(self) -> int:
@@ -99,6 +108,8 @@ class Layout:
             parts.append(f"hsdp{self.shard}")
         elif self.sharding is not Sharding.NONE:
             parts.append(self.sharding.value)
+        if self.reduce_step:
+            parts[-1] += "/step"
         if self.sp:
             parts.append("sp")
         parts.append(f"rc-{self.recompute.value}")
@@ -124,6 +135,7 @@ class Space:
     offload: bool = True  # also try ZeRO-Offload of the optimizer
     sequence_parallel: tuple[bool, ...] = (True, False)
     uneven: bool = True  # allow first/last stages with fewer layers
+    reduce_once: bool = True  # also try 'reduce = step' (gradients reduced once a step)
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -206,8 +218,23 @@ def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global
                     for rc in space.recomputes:
                         for off in ((False, True) if space.offload and sharding in (
                                 Sharding.ZERO2, Sharding.ZERO3) else (False,)):
-                            yield Layout(t, c, p, v, e, d, sharding, shard, sp, rc, off, b, m,
-                                         stages if isinstance(stages, tuple) else None)
+                            for once in _reductions(sharding, p, v, m, off, space):
+                                yield Layout(t, c, p, v, e, d, sharding, shard, sp, rc, off, b,
+                                             m, stages if isinstance(stages, tuple) else None,
+                                             once)
+
+
+def _reductions(sharding: Sharding, p: int, v: int, m: int, offload: bool,
+                space: Space) -> tuple[bool, ...]:
+    """Whether sharded gradients are reduced every micro-batch (False) or once a step, per
+    model chunk (True, ``reduce = step``): both for ZeRO-2/3 and HSDP in an interleaved pipeline
+    whose backward runs chunk by chunk (m ≤ p), where once a step holds one chunk's unsharded
+    gradient; every micro-batch elsewhere, where once a step would hold the stage's whole
+    unsharded gradient (for ZeRO-2, ZeRO-1's memory and traffic: ZeRO-1 is searched)."""
+    if (space.reduce_once and p > 1 and v > 1 and 1 < m <= p and not offload
+            and sharding in (Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP)):
+        return (False, True)
+    return (False,)
 
 
 def _shardings(d: int, space: Space) -> Iterator[tuple[Sharding, int]]:

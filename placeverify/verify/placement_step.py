@@ -17,7 +17,10 @@ The rule, per state (``n`` the axis size, ``m`` the micro-batch count):
   and, with m > 1, the full buffer does not outlive any micro-batch (``free grads`` after each
   micro-batch's reduce-scatter). G placed S or O must be held as a shard (else memory counts 1/n
   of a gradient every rank holds in full); G placed R must not be, with m > 1 (the placement then
-  reports a full buffer the step never keeps). With m = 1 a step cannot tell ZeRO-1 (a full
+  reports a full buffer the step never keeps). A data axis placed ``reduce = step`` declares the
+  full buffer across the micro-batches (FSDP2's ``set_requires_gradient_sync(False)``): there the
+  gradient need only be reduce-scattered before the update, and memory counts the full buffer
+  while it accumulates. With m = 1 a step cannot tell ZeRO-1 (a full
   buffer, the shard read out of it) from ZeRO-2 (reduced bucket by bucket): both agree.
 - **Ω**: Ω placed S or O must be *updated on shards* by the step: the update reads a gradient
   shard over the axis, or the parameters are reassembled over it after the update
@@ -38,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import AxisPlacement, Mode, Role, State
+from placeverify.ir.placement import AxisPlacement, Mode, Reduce, Role, State
 from placeverify.ir.step import (
     Backward,
     Collective,
@@ -211,6 +214,8 @@ def _problem(strategy: Strategy, p: AxisPlacement, state: State, sharded: bool,
                     "holds the full gradient",
                     f"'reduce_scatter(sum, accumulate) grads over {axis}' after each micro-batch's "
                     f"backward, then 'free grads' (ZeRO-2), or place G = R over {axis}")
+        if sharded and not shard_only and p.reduce is Reduce.STEP:
+            return None  # declared: memory counts the unsharded gradient while it accumulates
         if sharded and not shard_only:
             assert facts.scatter is not None
             scatter = _statement(step, facts.scatter)
