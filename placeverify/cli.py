@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import json
 import os
@@ -475,6 +476,13 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
               type=click.Choice(["ddp", "zero1", "zero2", "zero3", "hsdp"]),
               help="Data-parallel sharding to try, repeatable (default: all); e.g. --sharding "
                    "zero1 for what Megatron-LM's distributed optimizer runs.")
+@click.option("--tp-overlap", is_flag=True,
+              help="The framework overlaps tensor-parallel collectives with the GEMMs "
+                   "(Megatron-LM --tp-comm-overlap, torchtitan's async TP): every layout with "
+                   "sequence parallelism is written megatron(sequence_parallel, overlap = true).")
+@click.option("--no-reduce-once", is_flag=True,
+              help="In a pipeline, reduce ZeRO-2/3 and HSDP gradients every micro-batch instead "
+                   "of once a step ('reduce = step', what torch.distributed.pipelining runs).")
 @click.option("--frontier-slack", type=click.FloatRange(1.0, 1000.0), default=1.5,
               show_default=True,
               help="Show the frontier's layouts up to this many times the fastest step time.")
@@ -493,7 +501,7 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
 def search(file: str | None, device: str | None, devices: int | None,
            global_batch: int | None, batch_tokens: int | None, seq: int | None, top: int,
            max_tp: int | None, no_offload: bool, shardings: tuple[str, ...],
-           frontier_slack: float, as_json: bool, out_dir: str | None,
+           tp_overlap: bool, no_reduce_once: bool, frontier_slack: float, as_json: bool, out_dir: str | None,
            plot: str | None, width: int | None, timeout: float, model: str | None,
            world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Search layouts: the fastest proved ones, and the frontier of peak memory vs step time.
@@ -512,8 +520,10 @@ def search(file: str | None, device: str | None, devices: int | None,
         if global_batch is not None and batch_tokens is not None:
             raise click.UsageError("give --global-batch or --batch-tokens, not both")
         chosen = tuple(Sharding(s) for s in dict.fromkeys(shardings))
-        space = (Space(max_tp=max_tp, offload=not no_offload, shardings=chosen) if chosen else
-                 Space(max_tp=max_tp, offload=not no_offload))
+        space = Space(max_tp=max_tp, offload=not no_offload, tp_overlap=tp_overlap,
+                      reduce_once=not no_reduce_once)
+        if chosen:
+            space = dataclasses.replace(space, shardings=chosen)
         model_name = model if file is None else None
         return run_search(file, model=model_name, device=device, devices=devices,
                           global_batch=global_batch, batch_tokens=batch_tokens, seq=seq, top=top,

@@ -358,15 +358,18 @@ def test_torchtitan_llama3_405b_hsdp_pipeline() -> None:
     assert sizes == {"tp": 8, "shard": 8, "replica": 2, "pp": 7}
     assert "place pipeline(1f1b, microbatches = 128) over pp" in imported.text
     # torchtitan's llama3 parallelize.py, apply_fsdp: fsdp_reshard_after_forward "default" is
-    # reshard_after_forward = not pp_enabled, for HSDP (fully_shard on the 2-D mesh) too
-    assert "place hsdp(reshard_after_forward = false) over shard * replica" in imported.text
+    # reshard_after_forward = not pp_enabled, for HSDP (fully_shard on the 2-D mesh) too; and
+    # torch.distributed.pipelining (stage.py, torch 2.13) runs every backward of an FSDP stage
+    # with set_requires_gradient_sync(False), then perform_reduce_grad after the last one
+    assert ("place hsdp(reshard_after_forward = false, reduce = step) over shard * replica"
+            in imported.text)
     same_costs(strategy, """
 strategy "hand"
 model llama3_405b { seq = 8192, micro_batch = 1 }
 precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
 mesh { tp = 8, shard = 8, replica = 2, pp = 7, memory_profile = torch }
 place megatron(sequence_parallel) over tp
-place hsdp(reshard_after_forward = false) over shard * replica
+place hsdp(reshard_after_forward = false, reduce = step) over shard * replica
 place pipeline(1f1b, microbatches = 128) over pp
 loss token_mean
 clip max_norm = 1.0
@@ -380,19 +383,22 @@ recompute selective_op
 def test_torchtitan_llama3_405b_published_preset() -> None:
     # llama3-405b-fsdp-tp.toml holds the values of torchtitan's llama3_405b.toml: local batch 2,
     # seq 8192, TP 8, data_parallel_shard_degree -1 -> 512 / 8 = 64, no PP -> reshard after
-    # forward, full recomputation; float8 and async TP are warned as not modelled, at the key.
+    # forward, full recomputation; float8 is warned as not modelled, at the key; async TP
+    # (enable_async_tensor_parallel = true, line 34) overlaps the tensor-parallel collectives.
     strategy, imported = strategy_of("llama3-405b-fsdp-tp.toml", world=512)
     sizes, presets = summary(strategy)
     assert sizes == {"tp": 8, "dp": 64} and presets["dp"] == "fsdp"
     warned = {(w.message, w.span.line) for w, _ in imported.warnings if w.span is not None}
     assert ("not modelled: [model] converters", 16) in warned
-    assert ("not modelled: [parallelism] enable_async_tensor_parallel", 34) in warned
+    assert not any("enable_async_tensor_parallel" in message for message, _ in warned)
+    assert "place megatron(sequence_parallel, overlap = true) over tp" in imported.text
+    assert strategy.placement("tp").overlap
     same_costs(strategy, """
 strategy "hand"
 model llama3_405b { seq = 8192, micro_batch = 2 }
 precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
 mesh { tp = 8, dp = 64, memory_profile = torch }
-place megatron(sequence_parallel) over tp
+place megatron(sequence_parallel, overlap = true) over tp
 place fsdp over dp
 loss token_mean
 clip max_norm = 1.0

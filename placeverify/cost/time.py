@@ -23,7 +23,10 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
   ``benchmarks/step_time.py`` on its calibration rows (CALIBRATION holds them).
 - **Communication**, α-β per collective: ``bytes / (bandwidth · link efficiency) + latency ·
   ring steps`` over the slowest axis of the group. Overlap by kind: tensor, context, expert and
-  pipeline traffic is exposed and lengthens every micro-batch (so the bubble scales it too);
+  pipeline traffic is exposed and lengthens every micro-batch (so the bubble scales it too),
+  except tensor-parallel collectives placed ``overlap = true``: they run beside the linear
+  layers' GEMMs of the micro-batch, and what outlasts those GEMMs is exposed, or the share
+  ``1 - tp_overlap`` of them if more (chunked collectives do not hide entirely);
   parameter gathers for forward hide behind the micro-batch's forward, gathers for backward and
   gradient reductions inside the loop behind its backward, gradient reductions after the loop
   behind the last micro-batch's backward, the parameter all-gather after a sharded update
@@ -68,6 +71,9 @@ class Calibration:
     fp8_cast_bytes: float  # HBM bytes per element of a GEMM input cast to fp8 per layer
     # forward (read, amax, write, transposed copy), twice in backward; matmul = fp8 only
     memory_efficiency: float  # achieved fraction of HBM bandwidth in the optimizer step
+    # the share of an overlapped tensor-parallel collective's time that can hide behind the
+    # GEMMs (``overlap = true``; the rest is exposed, as is what outlasts the GEMMs)
+    tp_overlap: float = 1.0
 
     def eta_max(self, device: str, dtype: str) -> float:
         """η_max for a device's matmuls in ``dtype`` (kind ``16bit`` for bf16 and fp16)."""
@@ -86,6 +92,7 @@ CALIBRATION = Calibration(
     link_efficiency=1.0,
     fp8_cast_bytes=8.0,
     memory_efficiency=0.7,
+    tp_overlap=1.0,
 )
 
 
@@ -306,6 +313,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     post_bwd: list[tuple[CommItem, float]] = []
     next_fwd: list[tuple[CommItem, float]] = []
     missing = False
+    beside_gemms: list[tuple[CommItem, float]] = []  # overlapped tensor-parallel collectives
     for item in costs.comm:
         sec = item_seconds(strategy, item, cal)
         if sec is None:
@@ -314,7 +322,9 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
         if sec == 0:
             continue
         in_loop = m > 1 and Fraction(item.calls) % m == 0
-        if item.state == "activations" and not item.pcie:
+        if item.state == "activations" and not item.pcie and overlapped(strategy, item):
+            beside_gemms.append((item, sec))
+        elif item.state == "activations" and not item.pcie:
             per_mb_exposed += sec / m
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec * (1 + _bubble(pp, v, m) / m)
         elif item.pcie or item.state in ("scalar", "optimizer"):
@@ -331,6 +341,16 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
             post_bwd.append((item, sec))
     if missing:
         notes.append("some axes have no bandwidth: their collectives are not timed")
+    if beside_gemms:
+        # overlapped with the linear layers' GEMMs of the micro-batch (forward, backward and
+        # recomputed): only what outlasts them lengthens it; no device, no GEMM time to hide in
+        window = 0.0 if rate is None else (3 * (forward - layers * core) + extra_gemm) / rate
+        total = sum(sec for _, sec in beside_gemms)
+        left = max(total / m * (1 - cal.tp_overlap), total / m - window)
+        per_mb_exposed += left
+        for item, sec in beside_gemms:
+            exposed[_label(item)] = exposed.get(_label(item), 0.0) + \
+                left * m * (1 + _bubble(pp, v, m) / m) * sec / total
 
     def hide(items: list[tuple[CommItem, float]], window: float | None, times: int) -> float:
         total = sum(sec for _, sec in items)
@@ -371,6 +391,15 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     return StepTime(device.key if device else None, matmul, float(peak) if peak else None, eta, m,
                     per_mb, model_flops, step_tokens, compute, bubble, optimizer,
                     tuple(sorted(exposed.items())), step, tuple(notes), mesh.world)
+
+
+def overlapped(strategy: Strategy, item: CommItem) -> bool:
+    """Is ``item`` a tensor-parallel collective overlapped with the GEMMs: over tensor axes
+    placed ``overlap = true`` only (Megatron-LM's --tp-comm-overlap splits each sequence-parallel
+    all-gather and reduce-scatter into chunks pipelined with the GEMM that consumes or produces
+    it; torchtitan's async tensor parallelism likewise)?"""
+    return bool(item.axes) and all(strategy.placement(a).role is Role.TENSOR
+                                   and strategy.placement(a).overlap for a in item.axes)
 
 
 def reduced_by_chunk(strategy: Strategy, item: CommItem) -> bool:

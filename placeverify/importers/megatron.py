@@ -57,7 +57,6 @@ NOT_MODELLED = {
     "--step-batch-size-schedule": "a batch-size schedule; --global-batch-size is used",
     "--recompute-method": "partial recomputation; every layer is recomputed as modelled",
     "--recompute-num-layers": "partial recomputation; every layer is recomputed as modelled",
-    "--tp-comm-overlap": "overlap of tensor-parallel communication with GEMMs",
     "--fp8-format": "FP8 GEMMs (parameters, gradients and optimizer keep the --bf16/--fp16 sizes)",
     "--account-for-embedding-in-pipeline-split": "uneven pipeline stages (layers split evenly)",
     "--num-distributed-optimizer-instances": "several distributed-optimizer instances",
@@ -125,6 +124,12 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                          "placeverify's ep axis is carved out of dp)", ep.origin,
                          code=Code.NOT_MODELLED)
     sp = args.flag("--sequence-parallel")
+    overlap = args.flag("--tp-comm-overlap")
+    if overlap is not None:
+        # validate_args: sequence parallelism off with one tensor-parallel rank, then
+        # "assert args.sequence_parallel == True" under --tp-comm-overlap
+        plan.rules.append(Rule(Severity.ERROR, Code.CONFLICT, overlap.origin,
+                               _overlap_without_sp(sp is not None), reads_tensor))
     if sp is not None:
         # validate_args switches sequence parallelism off with one tensor-parallel rank, silently;
         # judged on the final tensor-parallel size (an override may change it).
@@ -208,7 +213,11 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     # ---- placements ----
     fsdp2 = args.flag("--use-torch-fsdp2")
     dist_opt = args.flag("--use-distributed-optimizer")
-    if sp is not None:
+    if sp is not None and overlap is not None:
+        plan.body.append(Line("place megatron(sequence_parallel, overlap = true) over tp",
+                              f"{tp.origin.key} + --sequence-parallel + --tp-comm-overlap",
+                              overlap.origin))
+    elif sp is not None:
         plan.body.append(Line("place megatron(sequence_parallel) over tp",
                               f"{tp.origin.key} + --sequence-parallel", sp.origin))
     elif t > 1:
@@ -370,6 +379,18 @@ def _uneven_stages(args: Arguments, reader: Reader, p: int, vpp: Value | None) -
     if last is not None:
         stages[-1] = int(str(last.value))
     return Value(tuple(stages), given.origin)
+
+
+def _overlap_without_sp(written: bool) -> Callable[[Facts], str | None]:
+    def check(facts: Facts) -> str | None:
+        if written and facts.tensor > 1:
+            return None
+        why = ("without --sequence-parallel" if not written else
+               "with one tensor-parallel rank (validate_args turns sequence parallelism off)")
+        return (f"--tp-comm-overlap {why}: Megatron-LM asserts 'Tensor parallel "
+                "communication/GEMM overlap can happen only when sequence parallelism is "
+                "enabled' (validate_args)")
+    return check
 
 
 def _sp_ignored(facts: Facts) -> str | None:

@@ -41,7 +41,7 @@ READ = {
                     "pipeline_parallel_degree", "pipeline_parallel_schedule",
                     "pipeline_parallel_microbatch_size", "context_parallel_degree",
                     "expert_parallel_degree", "expert_tensor_parallel_degree",
-                    "pipeline_parallel_layers_per_stage"},
+                    "pipeline_parallel_layers_per_stage", "enable_async_tensor_parallel"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm",
                  "mixed_precision_param", "mixed_precision_reduce", "enable_cpu_offload"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
@@ -216,8 +216,14 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     # ---- placements ----
     if tp > 1:
         v = get("parallelism", "tensor_parallel_degree", 1)
-        plan.body.append(Line("place megatron(sequence_parallel) over tp", v.origin.key +
-                              " (norms use SequenceParallel)", v.origin))
+        asynctp = get("parallelism", "enable_async_tensor_parallel", False)
+        if asynctp.value is True:  # the collectives fused with the matmuls (symmetric memory)
+            plan.body.append(Line("place megatron(sequence_parallel, overlap = true) over tp",
+                                  f"{v.origin.key} (norms use SequenceParallel); "
+                                  f"{asynctp.origin.key} true", asynctp.origin))
+        else:
+            plan.body.append(Line("place megatron(sequence_parallel) over tp", v.origin.key +
+                                  " (norms use SequenceParallel)", v.origin))
     if cp > 1:
         v = get("parallelism", "context_parallel_degree", 1)
         plan.body.append(Line("place context over cp", v.origin.key, v.origin))
@@ -228,15 +234,29 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     if reshard is None:
         reader.error(f"fsdp_reshard_after_forward is default, always or never, not "
                      f"{policy.value!r}", policy.origin)
+    # torch.distributed.pipelining runs an FSDP stage's backward without gradient sync and
+    # reduce-scatters after its last micro-batch (stage.py: backward_maybe_with_nosync,
+    # perform_reduce_grad): reduce = step
+    once = ", reduce = step" if pp > 1 else ""
+    staged = "; the pipeline reduces once a step" if pp > 1 else ""
+    if pp > 1 and reshard is True and (hsdp or shard_dp > 1):
+        reader.warning("not modelled: under torch.distributed.pipelining FSDP keeps the "
+                       "parameters it gathers for backward until the last micro-batch "
+                       "(set_reshard_after_backward(False)); memory counts one gathered layer",
+                       policy.origin)
     if hsdp:  # parallelize.py's apply_fsdp: HSDP is fully_shard on the 2-D mesh, same policy
-        plan.body.append(Line("place hsdp over shard * replica" if reshard is not False else
-                              "place hsdp(reshard_after_forward = false) over shard * replica",
+        options = ", ".join(o for o in ("" if reshard is not False else
+                                        "reshard_after_forward = false", once[2:]) if o)
+        plan.body.append(Line(f"place hsdp{f'({options})' if options else ''} over shard * "
+                              "replica",
                               f"replicate and shard degrees > 1; {policy.origin.key} "
-                              f"{policy.value}: reshard_after_forward = {reshard}", shard_v.origin))
+                              f"{policy.value}: reshard_after_forward = {reshard}{staged}",
+                              shard_v.origin))
     elif shard_dp > 1:
-        plan.body.append(Line("place fsdp over dp" if reshard else "place fsdp(grad_op) over dp",
+        plan.body.append(Line((f"place fsdp({once[2:]}) over dp" if once else "place fsdp over dp")
+                              if reshard else f"place fsdp(grad_op{once}) over dp",
                               f"{policy.origin.key} {policy.value}: reshard_after_forward = "
-                              f"{reshard}", policy.origin))
+                              f"{reshard}{staged}", policy.origin))
     else:
         plan.body.append(Line("place ddp over dp", "data_parallel_shard_degree 1"))
     if pp > 1:

@@ -84,6 +84,9 @@ class AxisPlacement:
     preset: str
     span: Span
     sequence_parallel: bool = False  # tensor axes: Megatron sequence parallelism
+    # tensor axes: collectives overlapped with the GEMMs (Megatron-LM --tp-comm-overlap,
+    # torchtitan's async tensor parallelism); needs sequence parallelism
+    overlap: bool = False
     reshard_after_forward: bool = True  # data axes with Θ = S*: FSDP FULL_SHARD vs SHARD_GRAD_OP
     reduce: Reduce = Reduce.MICROBATCH  # data axes with G = S: when gradients are reduced
     schedule: Schedule | None = None  # pipeline axes

@@ -74,6 +74,7 @@ RESHARD = OptionSpec(OptionKind.BOOL)
 REDUCE = OptionSpec(OptionKind.CHOICE, choices={r.value: r for r in Reduce},
                     what="gradient reduction")
 SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
+OVERLAP = OptionSpec(OptionKind.BOOL)  # tensor axes: collectives overlapped with the GEMMs
 MICROBATCHES = OptionSpec(OptionKind.INT)
 CHUNKS = OptionSpec(OptionKind.INT)
 STAGE_LAYERS = OptionSpec(OptionKind.INTS)  # layers per (virtual) pipeline stage
@@ -105,9 +106,10 @@ TABLE: tuple[PresetSpec, ...] = (
     PresetSpec("hsdp", Role.DATA, (SS, S, S, R), axes=2,
                options={"reshard_after_forward": RESHARD, "reduce": REDUCE}),
     PresetSpec("megatron", Role.TENSOR, (S, S, S, R), aliases=("tp",),
-               options={"sequence_parallel": SEQUENCE_PARALLEL},
+               options={"sequence_parallel": SEQUENCE_PARALLEL, "overlap": OVERLAP},
                positional={"sequence_parallel": ("sequence_parallel", True)}),
-    PresetSpec("sp", Role.TENSOR, (S, S, S, S), implied={"sequence_parallel": True}),
+    PresetSpec("sp", Role.TENSOR, (S, S, S, S), options={"overlap": OVERLAP},
+               implied={"sequence_parallel": True}),
     PresetSpec("pipeline", Role.PIPELINE, (S, S, S, S),
                options={"schedule": OptionSpec(OptionKind.CHOICE, Schedule.ONE_F_ONE_B,
                                                choices=SCHEDULES, what="pipeline schedule"),

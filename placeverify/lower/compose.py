@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from placeverify.diagnostics import Code
-from placeverify.ir.placement import STATES, AxisPlacement, Mode, Role, State
+from placeverify.ir.placement import STATES, AxisPlacement, Mode, Reduce, Role, State
 from placeverify.ir.strategy import RecomputeKind
 from placeverify.roles.relations import token_roles
 
@@ -62,6 +62,13 @@ def with_offload(placements: Placements, state: State) -> tuple[Placements, list
         # lives there too (DeepSpeed offload_optimizer; REFERENCE §8)
         grads = STATES.index(State.GRADIENTS)
         moved[grads] = {p.axis for p in data if p.modes[grads].sharded}
+    once = [p.axis for p in data if p.reduce is Reduce.STEP
+            and p.axis in moved.get(STATES.index(State.GRADIENTS), ())]
+    if once:
+        return placements, [Problem(
+            f"not modelled: offloaded gradients with 'reduce = step' over {once[0]} (the "
+            "unsharded gradient would accumulate on the device before its shard moves to the "
+            "host); reduce every micro-batch, or do not offload the gradients", Code.NOT_MODELLED)]
     return tuple(
         replace(p, modes=tuple(Mode.O if p.axis in moved.get(i, ()) else m  # type: ignore[arg-type]
                                for i, m in enumerate(p.modes)))

@@ -128,6 +128,14 @@ def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group, mesh: Mesh,
             options.setdefault(key, option.default)
     if options.get("sequence_parallel"):
         modes = (S, S, S, S)  # sequence parallelism shards the activations too
+    elif options.get("overlap"):
+        # megatron/training/arguments.py (validate_args): "Tensor parallel communication/GEMM
+        # overlap can happen only when sequence parallelism is enabled"
+        ctx.error(f"'{name}(overlap = true)' needs sequence parallelism: overlapping the "
+                  "tensor-parallel collectives with the GEMMs splits the all-gathers and "
+                  "reduce-scatters of sequence parallelism", Code.BAD_VALUE, span,
+                  f"write '{name}(sequence_parallel, overlap = true)' (Megatron-LM asserts "
+                  "--sequence-parallel with --tp-comm-overlap)")
     if preset.role is Role.PIPELINE:
         if options["schedule"] is Schedule.INTERLEAVED and "chunks" not in options:
             ctx.error("an interleaved pipeline needs 'chunks' (model chunks per stage)",

@@ -120,6 +120,7 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                      "modes": {st.value: p.mode(st).value for st in STATES},
                      **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options},
                      **({"reduce": p.reduce.value} if p.reduce is not Reduce.MICROBATCH else {}),
+                     **({"overlap": True} if p.overlap else {}),
                      **({"layers": list(p.layers)} if p.layers is not None else {}),
                      **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}
                                     for g, _ in p.group_modes}} if p.group_modes else {})}

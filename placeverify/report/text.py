@@ -117,6 +117,8 @@ def _preset_label(placement: Any) -> str:
     label = str(placement.preset)
     if placement.sequence_parallel:
         label += "+sp"
+    if placement.overlap:
+        label += "+overlap"
     if placement.reduce is Reduce.STEP:
         label += " reduce=step"
     if placement.schedule is not None:

@@ -60,8 +60,9 @@ def place_text(problem: Problem, lay: Layout) -> str:
     lines += [f"    {line}" for line in problem.mesh_lines(lay.offload)]
     lines += ["}", ""]
     if lay.tp > 1:
-        lines.append("place megatron(sequence_parallel) over tp" if lay.sp
-                     else "place megatron over tp")
+        lines.append("place megatron over tp" if not lay.sp else
+                     "place megatron(sequence_parallel, overlap = true) over tp" if lay.tp_overlap
+                     else "place megatron(sequence_parallel) over tp")
     if lay.cp > 1:
         lines.append("place context over cp")
     if lay.ep > 1:

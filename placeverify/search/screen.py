@@ -176,9 +176,10 @@ class Screen:
     # ---- time -----------------------------------------------------------------------------
 
     def _microbatch_flops(self, b: int, t: int, c: int, stages: tuple[int, ...] | int,
-                          rc: Recompute) -> tuple[float, float, int]:
-        """(forward FLOPs, extra recompute FLOPs, layers) of one micro-batch on the slowest
-        stage, with fused attention's slow FLOPs folded in as the step-time model counts them.
+                          rc: Recompute) -> tuple[float, float, int, float]:
+        """(forward FLOPs, extra recompute FLOPs, layers, the linear layers' GEMM FLOPs of
+        forward, backward and recomputation) of one micro-batch on the slowest stage, with fused
+        attention's slow FLOPs folded in as the step-time model counts them.
         ``stages``: L / p for even stages (with the output layer, as the step-time model counts
         them), else the listed layers, of which the stage with the most work sets the pace
         (:func:`placeverify.cost.time.slowest_stage`)."""
@@ -198,7 +199,10 @@ class Screen:
             layers, out = stages[slowest], (output if slowest == len(stages) - 1 else 0.0)
         forward = layers * layer + out
         slow = layers * core * (1 / cal.attention_efficiency - 1) if flash else 0.0
-        return forward + slow, layers * per_extra + (slow if rc is Recompute.FULL else 0.0), layers
+        gemms = 3 * (forward - layers * core) + (layers * (layer - core)
+                                                 if rc is Recompute.FULL else 0.0)
+        return (forward + slow, layers * per_extra + (slow if rc is Recompute.FULL else 0.0),
+                layers, gemms)
 
     def _links(self, lay: Layout) -> dict[str, tuple[float, float]]:
         """(bandwidth, latency) per axis, as the mesh's device profile gives them."""
@@ -217,7 +221,7 @@ class Screen:
 
     def time(self, lay: Layout) -> float:
         arch, cal = self.s.arch, self.s.cal
-        fwd_flops, extra, layers = self._flops(lay.b, lay.tp, lay.cp,
+        fwd_flops, extra, layers, gemms = self._flops(lay.b, lay.tp, lay.cp,
                                                lay.physical_stages() or arch.layers // lay.pp,
                                                lay.recompute)
         tokens = lay.b * arch.seq / lay.cp
@@ -240,10 +244,13 @@ class Screen:
             n = lay.tp
             if lay.sp:
                 count = (6 + 2 * refwd) + (4 + 2 * refwd)
-                exposed_mb += layers * count * (bsh * (n - 1) / n / bw + lat * (n - 1))
+                tensor = layers * count * (bsh * (n - 1) / n / bw + lat * (n - 1))
             else:
                 count = 4 + 2 * refwd
-                exposed_mb += layers * count * (2 * bsh * (n - 1) / n / bw + lat * 2 * (n - 1))
+                tensor = layers * count * (2 * bsh * (n - 1) / n / bw + lat * 2 * (n - 1))
+            # overlapped with the linear layers' GEMMs (cost/time.py: overlapped)
+            exposed_mb += (max(tensor * (1 - cal.tp_overlap), tensor - gemms / self.rate)
+                           if lay.tp_overlap else tensor)
         if lay.cp > 1:
             bw, lat = links["cp"]
             n = lay.cp

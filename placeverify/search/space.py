@@ -75,6 +75,10 @@ class Layout:
     # sharded gradients reduced once a step, per model chunk (``reduce = step``), not every
     # micro-batch: ZeRO-2/3 and HSDP in a pipeline
     reduce_step: bool = False
+    # tensor-parallel collectives overlapped with the GEMMs (``megatron(sequence_parallel,
+    # overlap = true)``): a property of the framework (Space.tp_overlap), with sequence
+    # parallelism only
+    tp_overlap: bool = False
 
     @property
     def chunk_ordered(self) -> bool:
@@ -111,7 +115,7 @@ class Layout:
         if self.reduce_step:
             parts[-1] += "/step"
         if self.sp:
-            parts.append("sp")
+            parts.append("sp+overlap" if self.tp_overlap else "sp")
         parts.append(f"rc-{self.recompute.value}")
         if self.offload:
             parts.append("offload")
@@ -135,7 +139,12 @@ class Space:
     offload: bool = True  # also try ZeRO-Offload of the optimizer
     sequence_parallel: tuple[bool, ...] = (True, False)
     uneven: bool = True  # allow first/last stages with fewer layers
-    reduce_once: bool = True  # also try 'reduce = step' (gradients reduced once a step)
+    # sharded gradients in a pipeline reduced once a step ('reduce = step', what the pipeline
+    # runtimes do); off: every micro-batch
+    reduce_once: bool = True
+    # the framework overlaps tensor-parallel collectives with the GEMMs (Megatron-LM
+    # --tp-comm-overlap, torchtitan's async TP): every sequence-parallel layout does
+    tp_overlap: bool = False
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -218,22 +227,26 @@ def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global
                     for rc in space.recomputes:
                         for off in ((False, True) if space.offload and sharding in (
                                 Sharding.ZERO2, Sharding.ZERO3) else (False,)):
-                            for once in _reductions(sharding, p, v, m, off, space):
+                            for once in _reductions(sharding, p, m, off, space):
                                 yield Layout(t, c, p, v, e, d, sharding, shard, sp, rc, off, b,
                                              m, stages if isinstance(stages, tuple) else None,
-                                             once)
+                                             once, sp and space.tp_overlap)
 
 
-def _reductions(sharding: Sharding, p: int, v: int, m: int, offload: bool,
+def _reductions(sharding: Sharding, p: int, m: int, offload: bool,
                 space: Space) -> tuple[bool, ...]:
-    """Whether sharded gradients are reduced every micro-batch (False) or once a step, per
-    model chunk (True, ``reduce = step``): both for ZeRO-2/3 and HSDP in an interleaved pipeline
-    whose backward runs chunk by chunk (m ≤ p), where once a step holds one chunk's unsharded
-    gradient; every micro-batch elsewhere, where once a step would hold the stage's whole
-    unsharded gradient (for ZeRO-2, ZeRO-1's memory and traffic: ZeRO-1 is searched)."""
-    if (space.reduce_once and p > 1 and v > 1 and 1 < m <= p and not offload
+    """Whether sharded gradients are reduced once a step, per model chunk (True, ``reduce =
+    step``), or every micro-batch (False). In a pipeline of several micro-batches ZeRO-2/3 and
+    HSDP reduce once a step, as the pipeline runtimes run them: ``torch.distributed.pipelining``
+    defers an FSDP stage's reduce-scatter to its last backward (``backward_maybe_with_nosync``,
+    then ``perform_reduce_grad``), DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3, and
+    Megatron-LM's pipelines shard with its distributed optimizer (ZeRO-1); offloaded gradients
+    are not modelled with it, so those are not tried. Elsewhere every micro-batch (once a step
+    would hold the whole unsharded gradient: ZeRO-1's memory and traffic, and ZeRO-1 is
+    searched). ``Space.reduce_once`` off: every micro-batch everywhere."""
+    if (space.reduce_once and p > 1 and m > 1
             and sharding in (Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP)):
-        return (False, True)
+        return () if offload else (True,)
     return (False,)
 
 
