@@ -33,6 +33,18 @@ Sources (measured step time from the published figure):
   GBS · sequence length / (tokens/s/GPU · GPUs). Held out only: it checks the layout family
   ``placeverify search`` prefers for Llama 3 405B at sequence 8,192 (context parallelism 2
   with Megatron's distributed optimizer, README "Which layout?") on the model itself.
+- MEGATRON_LM: NVIDIA/Megatron-LM README.md, "Performance Benchmarking", and its model table
+  (images/model_table.png, added in f2e5db402c, July 2024; unchanged at d98e8a64dd): GPT models
+  from 1.7B to 462B on H100 with Megatron-Core r0.8.0, vocabulary 131,072, sequence 4,096,
+  "--overlap-grad-reduce, --overlap-param-gather" (the distributed optimizer: ``zero1``) and
+  "--tp-comm-overlap" (``overlap = true``). Step time = F / (TFLOP/s per GPU · GPUs) with
+  Megatron-LM's own count of that time (``num_floating_point_operations`` in
+  megatron/training/training.py at cf1d4d12a7, July 2024: 12·B·s·L·h²·((1 + g/a + s/h) +
+  f/h + V/(2·L·h)), with g = a and f = 4h: 72·B·s·L·h²(1 + s/(6h) + V/(12·L·h))). The table
+  does not give the micro-batch size or the interleaving: one sequence and no interleaving are
+  assumed (batch / d = 4p micro-batches per replica), bf16 with fp32 gradients (``precision
+  megatron``), sequence parallelism wherever t > 1 (--tp-comm-overlap requires it), no
+  recomputation, fused attention.
 """
 
 from __future__ import annotations
@@ -177,8 +189,10 @@ def llama3_rows() -> list[Row]:
                 "precision megatron\n"
                 + mesh("h100_sxm", [("dp", d), ("pp", p), *cp_axis, ("tp", t)]) + "\n"
                 # FSDP without resharding after forward gathers the parameters once a step
-                # and keeps them: ZeRO-2's (R, S, S, R)
-                "place zero2 over dp\n"
+                # and keeps them: ZeRO-2's (R, S, S, R); "FP32 gradient accumulation during
+                # backward computation over multiple micro-batches" (§3.3.2), then one
+                # reduce-scatter per model chunk: reduce = step
+                "place zero2(reduce = step) over dp\n"
                 "place megatron(sequence_parallel) over tp\n"
                 + ("place context over cp\n" if cp > 1 else "")
                 + f"place pipeline(interleaved, microbatches = {per_dp}, chunks = 4, "
@@ -295,8 +309,7 @@ def megatron_bridge_rows() -> list[Row]:
     ``grad_reduce_in_fp32 = False`` (bf16 gradients: ``precision bf16_adam``), Megatron's
     distributed optimizer (``zero1``), ``account_for_embedding_in_pipeline_split`` and
     ``account_for_loss_in_pipeline_split`` (126 layers + 2 over p · v = 64 virtual stages:
-    1, 2 x 62, 1), and TP communication overlap (userbuffers), which the model does not
-    model: its tensor-parallel traffic stays exposed."""
+    1, 2 x 62, 1), and TP communication overlap (userbuffers: ``overlap = true``)."""
     rows = []
     for n, gbs, t, p, cp, v, tps in MEGATRON_BRIDGE:
         d = n // (t * p * cp)
@@ -306,7 +319,7 @@ def megatron_bridge_rows() -> list[Row]:
                 "model llama3_405b { seq = 8192, micro_batch = 1 }\nprecision bf16_adam\n"
                 + mesh("h100_sxm", [("dp", d), ("pp", p), ("cp", cp), ("tp", t)],
                        "    matmul = fp8\n") + "\n"
-                "place zero1 over dp\nplace megatron(sequence_parallel) over tp\n"
+                "place zero1 over dp\nplace megatron(sequence_parallel, overlap = true) over tp\n"
                 "place context over cp\n"
                 f"place pipeline(interleaved, microbatches = {m}, chunks = {v}, "
                 f"layers = [{layers}]) over pp\n"
@@ -316,9 +329,47 @@ def megatron_bridge_rows() -> list[Row]:
     return rows
 
 
+# ---- Megatron-LM README model table (Megatron-Core r0.8.0, H100) --------------------------------
+
+# (label, heads, h, layers, t, p, d, GPUs, global batch, TFLOP/s per GPU)
+MEGATRON_LM = [
+    ("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8),
+    ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
+    ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1),
+    ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6),
+    ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7),
+    ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
+    ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
+    ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
+]
+
+
+def megatron_lm_rows() -> list[Row]:
+    rows = []
+    vocab, s = 131072, 4096
+    for i, (label, a, h, layers, t, p, d, n, batch, tflops) in enumerate(MEGATRON_LM):
+        flops = 72 * batch * s * layers * h * h * (1 + s / (6 * h) + vocab / (12 * h * layers))
+        m = batch // d
+        model = (f"model transformer {{ layers = {layers}, hidden = {h}, heads = {a}, "
+                 f"ffn = {4 * h}, mlp = plain, vocab = {vocab}, embeddings = untied, seq = {s}, "
+                 "micro_batch = 1, position = learned, norm = layernorm, bias = true, "
+                 "attention = flash }")
+        text = (f'strategy "Megatron-Core r0.8.0 on H100: GPT {label}, t {t}, p {p}, d {d}"\n'
+                f"{model}\nprecision megatron\n"
+                + mesh("h100_sxm", [("dp", d), ("pp", p), ("tp", t)]) + "\n"
+                "place zero1 over dp\n"
+                + ("place megatron(sequence_parallel, overlap = true) over tp\n" if t > 1 else "")
+                + (pipeline_line(p, m, 1) if p > 1 else f"microbatches = {m}\n")
+                + "recompute none\n")
+        rows.append(Row("megatron-lm", f"GPT {label} t{t} p{p} d{d}", text,
+                        flops / (tflops * 1e12 * n), i % 2 == 0))
+    return rows
+
+
 def all_rows() -> list[Row]:
     return [*narayanan_rows(), *korthikanti_rows(), *llama3_rows(), *nemo_rows(),
-            *torchtitan_rows(), *megatron_bridge_rows()]
+            *torchtitan_rows(), *megatron_bridge_rows(), *megatron_lm_rows()]
 
 
 # ---- fitting ------------------------------------------------------------------------------------
@@ -348,13 +399,14 @@ def fit(rows: list[Loaded]) -> Calibration:
     rows); keep the point with the least median + worst/2 of |error|."""
     classes = sorted({_class(r) for r in rows})
     best: tuple[float, Calibration] | None = None
-    for score_passes, hidden_passes, link, attention, casts in itertools.product(
+    for score_passes, hidden_passes, link, attention, casts, overlap in itertools.product(
             [0, 4, 8, 12, 16], [0, 8, 16, 32, 48], [0.6, 0.8, 1.0], [0.3, 0.4, 0.5, 0.6, 0.8, 1.0],
-            [0, 2, 4, 6, 8]):
+            [0, 2, 4, 6, 8], [0.5, 0.7, 0.85, 1.0]):
         eff = {c: 0.6 for c in classes}
         cal = replace(CALIBRATION, score_passes=float(score_passes),
                       hidden_passes=float(hidden_passes), link_efficiency=link,
-                      attention_efficiency=attention, fp8_cast_bytes=float(casts))
+                      attention_efficiency=attention, fp8_cast_bytes=float(casts),
+                      tp_overlap=overlap)
         for _ in range(4):
             cal = replace(cal, efficiency=(("default", 0.5), *sorted(eff.items())))
             for c in classes:
@@ -410,7 +462,7 @@ def main() -> int:
     print(f"constants: efficiency {dict(cal.efficiency)}, score_passes {cal.score_passes}, "
           f"hidden_passes {cal.hidden_passes}, attention_efficiency {cal.attention_efficiency}, "
           f"link_efficiency {cal.link_efficiency}, fp8_cast_bytes {cal.fp8_cast_bytes}, "
-          f"memory_efficiency {cal.memory_efficiency}")
+          f"memory_efficiency {cal.memory_efficiency}, tp_overlap {cal.tp_overlap}")
     sources = sorted({r[0].source for r in loaded})
     print(f"{len(loaded)} rows from {len(sources)} sources ({', '.join(sources)}); "
           f"{len(calibration)} calibration, {len(held)} held out")
