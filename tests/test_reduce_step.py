@@ -185,3 +185,21 @@ def test_measure_refuses_the_option_at_its_placement() -> None:
     assert "reduce = step" in str(caught.value)
     assert caught.value.diagnostics[0].span is not None
     assert caught.value.diagnostics[0].span.line == 6  # MODEL is two lines, the mesh three
+
+
+def test_without_a_device_every_reduction_stays_exposed(tmp_path: Path) -> None:
+    """No device, no backward to hide behind: the once-a-step reduce-scatter is exposed in full
+    with the rest of the data-parallel traffic (it once dropped out of the sum)."""
+    path = tmp_path / "links.place"
+    path.write_text(MODEL + "mesh {\n    dp = 4 { bandwidth = 1 GB/s }\n"
+                    "    pp = 2 { bandwidth = 1 GB/s }\n}\n"
+                    "place zero2(reduce = step) over dp\n"
+                    "place pipeline(interleaved, microbatches = 2, chunks = 2) over pp\n",
+                    encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "placeverify", "check", "--json", str(path)],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    doc = json.loads(out.stdout)
+    over_dp = [c["seconds"] for c in doc["communication"]["collectives"] if c["axes"] == ["dp"]]
+    assert len(over_dp) == 3  # the token count, the reduce-scatter, the parameter all-gather
+    exposed = doc["time"]["breakdown"]["exposed_communication_seconds"]["dp"]
+    assert exposed == pytest.approx(sum(over_dp), rel=1e-9)

@@ -361,11 +361,13 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + times * left * sec / total
         return times * left
 
-    by_chunk = [(item, sec) for item, sec in post_bwd if reduced_by_chunk(strategy, item)]
+    # without a device there is no backward to queue behind: they stay after the loop
+    by_chunk = [(item, sec) for item, sec in post_bwd
+                if t_bwd is not None and reduced_by_chunk(strategy, item)]
     post_bwd = [entry for entry in post_bwd if entry not in by_chunk]
     data_exposed = (hide(loop_fwd, t_fwd, m) + hide(loop_bwd, t_bwd, m)
                     + hide(post_bwd, t_bwd, 1) + hide(next_fwd, t_fwd, 1))
-    if by_chunk and t_bwd is not None:
+    if by_chunk and t_bwd is not None:  # (t_bwd is known whenever by_chunk is not empty)
         # one chunk's share after each chunk's backward, queued on the link: chunk k's starts
         # once k + 1 of the v chunks' backward (m · t_bwd / v each) are done, so the last ends
         # max(T / v, T - (v - 1) · m · t_bwd / v) after the backward does
