@@ -115,7 +115,7 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
 
 def _preset_label(placement: Any) -> str:
     label = str(placement.preset)
-    if placement.sequence_parallel:
+    if placement.sequence_parallel and label != "sp":  # the sp preset says it already
         label += "+sp"
     if placement.overlap:
         label += "+overlap"
