@@ -237,24 +237,27 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     # torch.distributed.pipelining runs an FSDP stage's backward without gradient sync and
     # reduce-scatters after its last micro-batch (stage.py: backward_maybe_with_nosync,
     # perform_reduce_grad): reduce = step
-    once = ", reduce = step" if pp > 1 else ""
     staged = "; the pipeline reduces once a step" if pp > 1 else ""
     if pp > 1 and reshard is True and (hsdp or shard_dp > 1):
         reader.warning("not modelled: under torch.distributed.pipelining FSDP keeps the "
                        "parameters it gathers for backward until the last micro-batch "
                        "(set_reshard_after_backward(False)); memory counts one gathered layer",
                        policy.origin)
+
+    def placed(preset: str, kept: str) -> str:
+        """``preset(options)``: ``kept`` when the parameters stay gathered, reduce = step in a
+        pipeline."""
+        options = [o for o, on in ((kept, reshard is False), ("reduce = step", pp > 1)) if on]
+        return f"{preset}({', '.join(options)})" if options else preset
+
     if hsdp:  # parallelize.py's apply_fsdp: HSDP is fully_shard on the 2-D mesh, same policy
-        options = ", ".join(o for o in ("" if reshard is not False else
-                                        "reshard_after_forward = false", once[2:]) if o)
-        plan.body.append(Line(f"place hsdp{f'({options})' if options else ''} over shard * "
-                              "replica",
+        plan.body.append(Line(f"place {placed('hsdp', 'reshard_after_forward = false')} over "
+                              "shard * replica",
                               f"replicate and shard degrees > 1; {policy.origin.key} "
                               f"{policy.value}: reshard_after_forward = {reshard}{staged}",
                               shard_v.origin))
     elif shard_dp > 1:
-        plan.body.append(Line((f"place fsdp({once[2:]}) over dp" if once else "place fsdp over dp")
-                              if reshard else f"place fsdp(grad_op{once}) over dp",
+        plan.body.append(Line(f"place {placed('fsdp', 'grad_op')} over dp",
                               f"{policy.origin.key} {policy.value}: reshard_after_forward = "
                               f"{reshard}{staged}", policy.origin))
     else:

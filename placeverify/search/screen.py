@@ -221,9 +221,8 @@ class Screen:
 
     def time(self, lay: Layout) -> float:
         arch, cal = self.s.arch, self.s.cal
-        fwd_flops, extra, layers, gemms = self._flops(lay.b, lay.tp, lay.cp,
-                                               lay.physical_stages() or arch.layers // lay.pp,
-                                               lay.recompute)
+        fwd_flops, extra, layers, gemms = self._flops(
+            lay.b, lay.tp, lay.cp, lay.physical_stages() or arch.layers // lay.pp, lay.recompute)
         tokens = lay.b * arch.seq / lay.cp
         flash = arch.attention == "flash"
         scores = 0.0 if flash else (cal.score_passes * lay.b * arch.heads * (arch.seq / lay.cp)
