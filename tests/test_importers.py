@@ -352,11 +352,14 @@ recompute full
 
 def test_torchtitan_llama3_405b_hsdp_pipeline() -> None:
     # 2 x 8 x 8 x 7 = 896; accumulation = 2048 / (16 x 16) = 8; pipeline micro-batches
-    # = 16 / 1 x 8 = 128 (126 layers: 18 per stage)
+    # = 16 / 1 x 8 = 128. torchtitan splits 126 layers + 1 (embedding) + 1 (output) = 128
+    # "effective" layers over 7 stages: 18 each, one more on the first two (128 = 7 x 18 + 2),
+    # less one on the first and the last: 18, 19, 18, 18, 18, 18, 17
     strategy, imported = strategy_of("llama3-405b-hsdp-pp.toml", world=896)
     sizes, _ = summary(strategy)
     assert sizes == {"tp": 8, "shard": 8, "replica": 2, "pp": 7}
-    assert "place pipeline(1f1b, microbatches = 128) over pp" in imported.text
+    assert ("place pipeline(1f1b, microbatches = 128, layers = [18, 19, 18, 18, 18, 18, 17]) "
+            "over pp") in imported.text
     # torchtitan's llama3 parallelize.py, apply_fsdp: fsdp_reshard_after_forward "default" is
     # reshard_after_forward = not pp_enabled, for HSDP (fully_shard on the 2-D mesh) too; and
     # torch.distributed.pipelining (stage.py, torch 2.13) runs every backward of an FSDP stage
@@ -370,7 +373,7 @@ precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss
 mesh { tp = 8, shard = 8, replica = 2, pp = 7, memory_profile = torch }
 place megatron(sequence_parallel) over tp
 place hsdp(reshard_after_forward = false, reduce = step) over shard * replica
-place pipeline(1f1b, microbatches = 128) over pp
+place pipeline(1f1b, microbatches = 128, layers = [18, 19, 18, 18, 18, 18, 17]) over pp
 loss token_mean
 clip max_norm = 1.0
 recompute selective_op
@@ -378,6 +381,82 @@ recompute selective_op
     # [activation_checkpoint] mode "selective", selective_ac_option "op": the op-level policy
     assert "recompute selective_op" in imported.text
     assert strategy.recompute.kind.value == "selective_op"
+
+
+def _pipelined(tmp_path: Path, parallelism: str, schedule: str = "1F1B") -> Path:
+    """Llama 3 8B (32 layers) in torchtitan over 8 ranks: FSDP 4 x PP 2, local batch 8."""
+    config = tmp_path / "t.toml"
+    config.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\n'
+                      'local_batch_size = 8\nseq_len = 8192\n[parallelism]\n'
+                      'pipeline_parallel_degree = 2\n'
+                      f'pipeline_parallel_schedule = "{schedule}"\n{parallelism}')
+    return config
+
+
+@pytest.mark.parametrize(("schedule", "parallelism", "written"), [
+    # 32 + 1 + 1 = 34 effective layers over 2 stages: 17 each, less one at each end -> even
+    ("1F1B", "", "pipeline(1f1b, microbatches = 8) over pp"),
+    # a looped schedule: 2 stages per rank, 34 = 4 x 8 + 2 -> 9, 9, 8, 8 less the ends;
+    # rank 0 holds virtual stages 0 and 2 (8 + 8), rank 1 stages 1 and 3 (9 + 7)
+    ("Interleaved1F1B", "", "pipeline(interleaved, chunks = 2, microbatches = 8, "
+                            "layers = [8, 9, 8, 7]) over pp"),
+    # layers_per_stage 3: ceil(34 / 3) = 12 virtual stages, 6 per rank; 34 = 12 x 2 + 10 ->
+    # ten stages of 3 then two of 2, less one at each end
+    ("Interleaved1F1B", "pipeline_parallel_layers_per_stage = 3\n",
+     "pipeline(interleaved, chunks = 6, microbatches = 8, "
+     "layers = [2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 1]) over pp"),
+    # no weight for the embedding, two layers' for the output: 34 over 2 -> 17 and 17 - 2
+    ("1F1B", "pipeline_parallel_first_stage_less_layers = 0\n"
+             "pipeline_parallel_last_stage_less_layers = 2\n",
+     "pipeline(1f1b, microbatches = 8, layers = [17, 15]) over pp"),
+    # written module lists: 10 layers on the first stage, 22 on the second
+    ("1F1B", "module_fqns_per_model_part = ["
+             "[\"tok_embeddings\", " + ", ".join(f'\"layers.{i}\"' for i in range(10)) + "], ["
+             + ", ".join(f'\"layers.{i}\"' for i in range(10, 32)) + ", \"norm\", \"output\"]]\n",
+     "pipeline(1f1b, microbatches = 8, layers = [10, 22]) over pp"),
+])
+def test_torchtitan_pipeline_split_as_torchtitan_builds_it(tmp_path: Path, schedule: str,
+                                                          parallelism: str, written: str) -> None:
+    # torchtitan/distributed/pipeline_parallel.py (9810191bb^): generate_llm_fqn_per_model_part
+    strategy, imported = load(str(_pipelined(tmp_path, parallelism, schedule)), Options(world=8))
+    assert f"place {written}" in imported.text
+    check_strategy(strategy)  # the written split lowers and checks
+
+
+@pytest.mark.parametrize(("parallelism", "schedule", "said"), [
+    # ceil(34 / 4) = 9 virtual stages over 2 ranks
+    ("pipeline_parallel_layers_per_stage = 4\n", "Interleaved1F1B", "not a multiple"),
+    # ceil(34 / 3) = 12: 6 per rank, but 1F1B runs one stage per rank
+    ("pipeline_parallel_layers_per_stage = 3\n", "1F1B", "needs exactly 1"),
+    # ceil(34 / 17) = 2: 1 per rank, but a looped schedule needs 2
+    ("pipeline_parallel_layers_per_stage = 17\n", "Interleaved1F1B", "at least 2"),
+    # 32 + 40 + 1 = 73 effective over 2 stages: 36 each, fewer than the embedding's 40
+    ("pipeline_parallel_first_stage_less_layers = 40\n", "1F1B", "fewer layers than"),
+])
+def test_torchtitan_refused_splits_at_the_key(tmp_path: Path, parallelism: str, schedule: str,
+                                             said: str) -> None:
+    with pytest.raises(PlaceError) as error:
+        import_file(str(_pipelined(tmp_path, parallelism, schedule)), Options(world=8))
+    d = error.value.diagnostics[0]
+    assert said in d.message and d.span is not None and d.span.line == 10, d.message
+
+
+def test_torchtitan_uneven_split_decides_the_fullest_stage(tmp_path: Path) -> None:
+    # 34 effective layers over 4 stages (PP 4, 1F1B): 9, 9, 8, 8 less the ends -> 8, 9, 8, 7.
+    # Stage 1 holds 9 layers and no embedding: its Θ is 9 layers' worth, not the 8 an even split
+    # would give it.
+    config = _pipelined(tmp_path, "", "1F1B").read_text().replace(
+        "pipeline_parallel_degree = 2", "pipeline_parallel_degree = 4")
+    (tmp_path / "t.toml").write_text(config)
+    strategy, imported = load(str(tmp_path / "t.toml"), Options(world=8))
+    assert "layers = [8, 9, 8, 7]" in imported.text
+    # one Llama 3 8B layer: q, o 4096 x 4096; k, v 4096 x 1024; SwiGLU 3 x 4096 x 14336;
+    # two RMSNorm weights of 4096
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    costs = check_strategy(strategy).costs
+    [second] = [rank for rank in costs.ranks if 1 in rank.kind.stages]
+    # fp32 parameters sharded over dp 2: 9 layers x 4 B / 2
+    assert costs.rank_bytes(second)["params"] == 9 * layer * 4 // 2
 
 
 def test_torchtitan_llama3_405b_published_preset() -> None:
@@ -431,14 +510,15 @@ def test_torchtitan_unknown_selective_option_is_not_modelled(tmp_path: Path) -> 
 
 
 def test_lowering_errors_point_at_the_key(tmp_path: Path) -> None:
-    # 126 layers do not split over 8 stages: the error is at the TOML key, not the .place text
+    # 16 tensor ranks do not divide Llama 3 405B's 8 key/value heads: the error is at the TOML
+    # key (line 16), not the .place text
     config = tmp_path / "t.toml"
     config.write_text(Path(fixture("llama3-405b-hsdp-pp.toml")).read_text()
-                      .replace("pipeline_parallel_degree = 7", "pipeline_parallel_degree = 8"))
+                      .replace("tensor_parallel_degree = 8", "tensor_parallel_degree = 16"))
     with pytest.raises(PlaceError) as error:
-        load(str(config), Options(world=1024))
+        load(str(config), Options(world=1792))
     d = error.value.diagnostics[0]
-    assert "126" in d.message and d.span is not None and d.span.line == 18
+    assert "kv_heads (8)" in d.message and d.span is not None and d.span.line == 16
     assert error.value.source is not None and error.value.source.path == str(config)
 
 
@@ -779,14 +859,14 @@ def test_import_with_set_prints_the_judgement(tmp_path: Path) -> None:
 
 
 def test_import_lowers_what_it_prints(tmp_path: Path) -> None:
-    # 126 layers do not split over 8 pipeline stages: `import` refuses it at the TOML key (line
-    # 18, pipeline_parallel_degree) rather than print a .place file that check would refuse
+    # 16 tensor ranks do not divide 8 key/value heads: `import` refuses it at the TOML key (line
+    # 16, tensor_parallel_degree) rather than print a .place file that check would refuse
     config = tmp_path / "t.toml"
     config.write_text(Path(fixture("llama3-405b-hsdp-pp.toml")).read_text()
-                      .replace("pipeline_parallel_degree = 7", "pipeline_parallel_degree = 8"))
-    done = run("import", str(config), "--world", "1024")
+                      .replace("tensor_parallel_degree = 8", "tensor_parallel_degree = 16"))
+    done = run("import", str(config), "--world", "1792")
     assert done.returncode == 2 and done.stdout == ""
-    assert f"{config}:18:1: error:" in done.stderr and "126" in done.stderr
+    assert f"{config}:16:1: error:" in done.stderr and "kv_heads (8)" in done.stderr
 
 
 def test_offload_param_is_judged_on_the_overridden_stage(tmp_path: Path) -> None:

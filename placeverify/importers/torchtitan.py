@@ -34,6 +34,7 @@ from placeverify.importers.common import (
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.positions import toml_key_spans
 from placeverify.importers.rules import Facts, batch_rule
+from placeverify.ir.model import ARCHITECTURES
 
 READ = {
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
@@ -41,7 +42,9 @@ READ = {
                     "pipeline_parallel_degree", "pipeline_parallel_schedule",
                     "pipeline_parallel_microbatch_size", "context_parallel_degree",
                     "expert_parallel_degree", "expert_tensor_parallel_degree",
-                    "pipeline_parallel_layers_per_stage", "enable_async_tensor_parallel"},
+                    "pipeline_parallel_layers_per_stage", "enable_async_tensor_parallel",
+                    "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "module_fqns_per_model_part"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm",
                  "mixed_precision_param", "mixed_precision_reduce", "enable_cpu_offload"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
@@ -270,10 +273,21 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                          "Interleaved1F1B are)", schedule.origin, code=Code.NOT_MODELLED)
             kind = "1f1b"
         m = int(local.value) // int(pp_mb.value) * ga
-        chunks = ", chunks = 2" if kind == "interleaved" else ""
-        plan.body.append(Line(f"place pipeline({kind}{chunks}, microbatches = {m}) over pp",
-                              f"{schedule.origin.key}; local_batch_size / microbatch_size x "
-                              "accumulation", schedule.origin))
+        split = _stage_split(reader, get, integer, pp, kind != "interleaved",
+                             _layer_count(plan, preset))
+        options = [kind]
+        if split is not None and len(split.value) > pp:
+            options.append(f"chunks = {len(split.value) // pp}")
+        elif split is None and kind == "interleaved":
+            options.append("chunks = 2")
+        options.append(f"microbatches = {m}")
+        if split is not None and len(set(split.value)) > 1:
+            options.append(f"layers = [{', '.join(str(n) for n in split.value)}]")
+        why = f"{schedule.origin.key}; local_batch_size / microbatch_size x accumulation"
+        if split is not None:
+            why += f"; {split.origin.key}"
+        plan.body.append(Line(f"place pipeline({', '.join(options)}) over pp", why,
+                              schedule.origin))
     elif ga > 1:
         plan.body.append(Line(f"microbatches = {ga}", "global / (local x dp degree)", glob.origin))
     plan.body.append(Line("loss token_mean", "torchtitan: local loss sum / global valid tokens"))
@@ -310,3 +324,112 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     plan.title = mesh_title(plan, source, "torchtitan")
     return plan
 
+
+
+def _layer_count(plan: Plan, preset: str | None) -> int | None:
+    """The model's transformer layers: a bundled preset's, else the ``layers`` entry of the model
+    block (a described flavor, or --model's config.json)."""
+    if plan.model_name is not None and preset is not None:
+        return ARCHITECTURES[preset].layers
+    for line in plan.model:
+        name, _, value = line.text.partition(" = ")
+        if name == "layers" and value.isdigit():
+            return int(value)
+    return None
+
+
+def _stage_split(reader: Reader, get: Callable[[str, str, Any], Value],
+                 integer: Callable[..., int], pp: int, single: bool,
+                 layers: int | None) -> Value | None:
+    """Transformer layers per virtual stage, in stage order, as torchtitan builds them (the last
+    TOML release, 9810191bb^, torchtitan/distributed/pipeline_parallel.py): the stages come from
+    ``pipeline_parallel_layers_per_stage`` (ceil((L + first + last) / n) virtual stages), else
+    one per rank for a single-stage schedule and two for a looped one; L + first + last
+    "effective" layers, the embedding and the output counted as ``..._first_stage_less_layers``
+    and ``..._last_stage_less_layers`` layers (1 each by default), split evenly, the remainder
+    one each to the first stages; or ``module_fqns_per_model_part`` as written. Virtual stage k
+    runs on rank k mod pp (the "loop" style of its looped schedules), placeverify's order too.
+    None when the model's layers are unknown (already an error)."""
+    parts = get("parallelism", "module_fqns_per_model_part", None)
+    if parts.value is not None:
+        return _written_parts(reader, parts, pp, single, layers)
+    if layers is None:
+        return None
+    first = get("parallelism", "pipeline_parallel_first_stage_less_layers", 1)
+    last = get("parallelism", "pipeline_parallel_last_stage_less_layers", 1)
+    first_n = integer("parallelism", "pipeline_parallel_first_stage_less_layers", 1, low=0)
+    last_n = integer("parallelism", "pipeline_parallel_last_stage_less_layers", 1, low=0)
+    effective = layers + first_n + last_n
+    per_stage = get("parallelism", "pipeline_parallel_layers_per_stage", None)
+    where = first.origin if first.origin.span is not None else last.origin
+    if per_stage.value is not None:
+        size = integer("parallelism", "pipeline_parallel_layers_per_stage", 1)
+        stages = -(-effective // size)
+        ranks = stages // pp
+        said = (f"{per_stage.origin.key} {size}: ceil(({layers} layers + {first_n} + {last_n}) / "
+                f"{size}) = {stages} virtual stages")
+        if stages % pp:
+            reader.error(f"{said}, not a multiple of pipeline_parallel_degree {pp} (torchtitan "
+                         "raises ValueError)", per_stage.origin, code=Code.NOT_DIVISIBLE)
+            return None
+        if single and ranks != 1:
+            reader.error(f"{said}, {ranks} per rank: a single-stage schedule needs exactly 1 "
+                         "(torchtitan raises ValueError)", per_stage.origin, code=Code.BAD_VALUE)
+            return None
+        if not single and ranks < 2:
+            reader.error(f"{said}, {ranks} per rank: a looped schedule needs at least 2 "
+                         "(torchtitan raises ValueError)", per_stage.origin, code=Code.BAD_VALUE)
+            return None
+        where = per_stage.origin
+    else:
+        stages = pp * (1 if single else 2)
+    base, extra = divmod(effective, stages)
+    counts = [base + (i < extra) for i in range(stages)]
+    counts[0] -= first_n
+    counts[-1] -= last_n
+    kind = "stages" if single else "virtual stages"
+    said = (f"{layers} layers + {first_n} + {last_n} over {stages} {kind}: {base} each"
+            + (f", one more on the first {extra}" if extra else ""))
+    if base == 0 or first_n > base or last_n > base:
+        reader.error(f"{said}; torchtitan refuses a stage with fewer layers than the embedding's "
+                     "or the output's weight (ValueError)", where, code=Code.BAD_VALUE)
+        return None
+    if min(counts) < 1:
+        reader.error(f"not modelled: {said} leaves a stage with no transformer layer",
+                     where, code=Code.NOT_MODELLED)
+        return None
+    return Value(tuple(counts), Origin(said, where.source, where.span))
+
+
+def _written_parts(reader: Reader, parts: Value, pp: int, single: bool,
+                   layers: int | None) -> Value | None:
+    """``module_fqns_per_model_part``: one list of module names per virtual stage; placeverify
+    reads how many ``layers.N`` each holds, with the embedding on the first and the output on
+    the last."""
+    chunks = parts.value
+    at = parts.origin
+    if not (isinstance(chunks, list) and chunks and all(
+            isinstance(c, list) and all(isinstance(n, str) for n in c) for c in chunks)):
+        reader.error(f"{at.key} must be a list of lists of module names", at)
+        return None
+    if len(chunks) % pp or (single and len(chunks) != pp) or (not single and len(chunks) < 2 * pp):
+        need = f"{pp}" if single else f"a multiple of {pp}, at least {2 * pp}"
+        reader.error(f"{at.key} lists {len(chunks)} stages; the schedule over "
+                     f"pipeline_parallel_degree {pp} needs {need}", at, code=Code.BAD_VALUE)
+        return None
+    held: list[int] = []
+    counts = []
+    for chunk in chunks:
+        mine = [n for n in chunk if n.startswith("layers.")]
+        held += [int(n[7:]) for n in mine if n[7:].isdigit()]
+        counts.append(len(mine))
+    ends = "tok_embeddings" in chunks[0] and any(n in chunks[-1] for n in ("output", "lm_head"))
+    if layers is not None and sorted(held) != list(range(layers)):
+        reader.error(f"{at.key} does not name each of layers.0 .. layers.{layers - 1} once",
+                     at, code=Code.BAD_VALUE)
+        return None
+    if not ends or min(counts) < 1:
+        reader.error(f"not modelled: {at.key} without the embedding first, the output last and "
+                     "a transformer layer in every stage", at, code=Code.NOT_MODELLED)
+        return None
+    return Value(tuple(counts), at)
