@@ -45,6 +45,7 @@ from placeverify.api import check_strategy
 from placeverify.diagnostics import Diagnostic, PlaceError, Severity, Source
 from placeverify.importers import Options
 from placeverify.importers.registry import import_file, load, load_text
+from placeverify.ir.placement import Overlap
 
 HERE = Path(__file__).parent / "importers"
 DEFAULT = Options()
@@ -91,10 +92,11 @@ def test_megatron_gpt3_175b_script() -> None:
     assert "place pipeline(1f1b, microbatches = 64) over pp" in imported.text
     assert "precision megatron" in imported.text
     assert "tp = 8" in imported.text and "# --tensor-model-parallel-size" in imported.text
-    # --overlap-grad-reduce is reported at its text (line 44, column 5), not dropped
-    [(warning, _source)] = imported.warnings
-    assert warning.severity is Severity.WARNING and "--overlap-grad-reduce" in warning.message
-    assert warning.span is not None and (warning.span.line, warning.span.column) == (44, 5)
+    # --overlap-grad-reduce (line 44) without --overlap-param-gather: the distributed
+    # optimizer's reduce-scatter overlaps with the backward, its all-gather runs after the update
+    assert not imported.warnings
+    assert "place zero1(overlap = grads) over dp" in imported.text
+    assert strategy.placement("dp").data_overlap is Overlap.GRADS
     assert "--save" in imported.text.splitlines()[1]  # the ignored flags are listed, not dropped
     same_costs(strategy, """
 strategy "hand"
@@ -102,7 +104,7 @@ model gpt3_175b { seq = 2048, micro_batch = 1, attention = flash }  # --attentio
 precision megatron
 mesh { tp = 8, dp = 16, pp = 8, world = 1024 }
 place megatron(sequence_parallel) over tp
-place zero1 over dp
+place zero1(overlap = grads) over dp
 place pipeline(1f1b, microbatches = 64) over pp
 loss microbatch_mean
 clip max_norm = 1.0
@@ -313,7 +315,9 @@ def test_deepspeed_offload_and_unknown_keys(tmp_path: Path) -> None:
     config.write_text(Path(fixture("llama3-70b-offload-bad-batch.json")).read_text()
                       .replace('"train_batch_size": 1000', '"train_batch_size": 512'))
     imported = import_file(str(config), Options(world=64, model=fixture("llama3-70b-config.json")))
-    assert "offload optimizer to cpu" in imported.text and "place zero2 over dp" in imported.text
+    # no overlap_comm: DeepSpeed's ZeRO config (overlap_comm_valid) makes it false below stage 3
+    assert "offload optimizer to cpu" in imported.text
+    assert "place zero2(overlap = none) over dp" in imported.text
     assert "precision mixed_adam" in imported.text and "microbatches = 4" in imported.text
     [w] = [w for w, _ in imported.warnings if "my_custom_key" in w.message]
     assert w.span is not None and (w.span.line, w.span.column) == (11, 3)
@@ -647,8 +651,9 @@ IGNORED = "# Read but without effect on placement, memory or communication: "
 
 def test_deepspeed_leftover_keys(tmp_path: Path) -> None:
     """deepspeed/runtime/constants.py: steps_per_print is read by DeepSpeed but changes nothing
-    here; zero_optimization.overlap_comm likewise; 'foo' and 'zero_optimization.bar' are not
-    DeepSpeed keys at all: warnings at the key."""
+    here; 'foo' and 'zero_optimization.bar' are not DeepSpeed keys at all: warnings at the key.
+    zero_optimization.overlap_comm true at stage 2 overlaps the reduce-scatters, not the
+    all-gather of the updated parameters after the step: overlap = grads."""
     text = ('{\n  "train_micro_batch_size_per_gpu": 1,\n  "steps_per_print": 10,\n  "foo": 1,\n'
             '  "zero_optimization": {"stage": 2, "overlap_comm": true, "bar": 3}\n}\n')
     path = tmp_path / "ds.json"
@@ -657,7 +662,8 @@ def test_deepspeed_leftover_keys(tmp_path: Path) -> None:
     assert _not_modelled(imported) == [
         ("not modelled: DeepSpeed key 'foo'", 4, 3),
         ("not modelled: zero_optimization.bar", 5, _column(text, 5, '"bar"'))]
-    assert IGNORED + "steps_per_print zero_optimization.overlap_comm" in imported.text.splitlines()
+    assert IGNORED + "steps_per_print" in imported.text.splitlines()
+    assert "place zero2(overlap = grads) over dp" in imported.text
     assert 'strategy "ds.json: DeepSpeed ZeRO-2, dp = 8"' in imported.text.splitlines()
 
 

@@ -32,8 +32,11 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
   behind the last micro-batch's backward, the parameter all-gather after a sharded update
   behind the next forward; what does not fit in its window is exposed. Gradients reduced once
   a step per model chunk (``reduce = step``) in a pipeline whose backward runs chunk by chunk
-  queue on the link behind the later chunks' backward (:func:`reduced_by_chunk`). Host transfers are
-  exposed.
+  queue on the link behind the later chunks' backward (:func:`reduced_by_chunk`). A data axis
+  placed ``overlap = none`` hides none of its collectives, ``overlap = grads`` none of its
+  parameter gathers, ``overlap = params`` none of its gradient reductions (:func:`waits`):
+  inside the loop they lengthen every micro-batch, after it they add to the step. Host
+  transfers are exposed.
 - **Bubble**: ``(p - 1)`` micro-batch times (1F1B, GPipe), ``(p - 1) / v`` interleaved.
 - **Optimizer**: memory-bound: each optimizer-state element is read and written, its gradient
   read and its parameter written, at HBM bandwidth times an efficiency.
@@ -52,7 +55,7 @@ from placeverify.cost.activations import recomputed_layers
 from placeverify.cost.communication import CommItem
 from placeverify.ir.devices import Device
 from placeverify.ir.model import Transformer
-from placeverify.ir.placement import Reduce, Role, Schedule, State
+from placeverify.ir.placement import Overlap, Reduce, Role, Schedule, State
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.pipeline import chunk_ordered, stage_layers
 
@@ -313,6 +316,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     post_bwd: list[tuple[CommItem, float]] = []
     next_fwd: list[tuple[CommItem, float]] = []
     missing = False
+    waited = 0.0  # data-parallel collectives after the loop that nothing hides (overlap = none)
     beside_gemms: list[tuple[CommItem, float]] = []  # overlapped tensor-parallel collectives
     for item in costs.comm:
         sec = item_seconds(strategy, item, cal)
@@ -328,6 +332,12 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
             per_mb_exposed += sec / m
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec * (1 + _bubble(pp, v, m) / m)
         elif item.pcie or item.state in ("scalar", "optimizer"):
+            exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec
+        elif waits(strategy, item) and (in_loop or item.source == "placement"):
+            per_mb_exposed += sec / m
+            exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec * (1 + _bubble(pp, v, m) / m)
+        elif waits(strategy, item):
+            waited += sec
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec
         elif item.source == "placement" and "forward" in item.what:
             loop_fwd.append((item, sec / m))
@@ -366,7 +376,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
                 if t_bwd is not None and reduced_by_chunk(strategy, item)]
     post_bwd = [entry for entry in post_bwd if entry not in by_chunk]
     data_exposed = (hide(loop_fwd, t_fwd, m) + hide(loop_bwd, t_bwd, m)
-                    + hide(post_bwd, t_bwd, 1) + hide(next_fwd, t_fwd, 1))
+                    + hide(post_bwd, t_bwd, 1) + hide(next_fwd, t_fwd, 1) + waited)
     if by_chunk and t_bwd is not None:  # (t_bwd is known whenever by_chunk is not empty)
         # one chunk's share after each chunk's backward, queued on the link: chunk k's starts
         # once k + 1 of the v chunks' backward (m · t_bwd / v each) are done, so the last ends
@@ -402,6 +412,18 @@ def overlapped(strategy: Strategy, item: CommItem) -> bool:
     it; torchtitan's async tensor parallelism likewise)?"""
     return bool(item.axes) and all(strategy.placement(a).role is Role.TENSOR
                                    and strategy.placement(a).overlap for a in item.axes)
+
+
+def waits(strategy: Strategy, item: CommItem) -> bool:
+    """Does compute wait for ``item``, a collective over data axes, one of which is placed
+    ``overlap = none`` (nothing overlapped: Megatron-LM without --overlap-grad-reduce reduces
+    after the last backward), or, for a parameter gather, ``overlap = grads`` (Megatron-LM's
+    distributed optimizer all-gathers the updated parameters after the step without
+    --overlap-param-gather), for a gradient reduction ``overlap = params``?"""
+    levels = [strategy.placement(a).data_overlap for a in item.axes
+              if strategy.placement(a).role is Role.DATA]
+    hidden = {"params": (Overlap.ALL, Overlap.PARAMS), "gradients": (Overlap.ALL, Overlap.GRADS)}
+    return item.state in hidden and any(level not in hidden[item.state] for level in levels)
 
 
 def reduced_by_chunk(strategy: Strategy, item: CommItem) -> bool:

@@ -39,8 +39,8 @@ IGNORED_TOP = {"steps_per_print", "wall_clock_breakdown", "scheduler", "zero_all
                "dump_state", "checkpoint", "dataloader_drop_last", "memory_breakdown",
                "zero_force_ds_cpu_optimizer", "gradient_accumulation_dtype", "communication_data_type"}
 ZERO_READ = {"stage", "offload_optimizer", "offload_param", "mics_shard_size",
-             "zero_hpz_partition_size"}
-ZERO_IGNORED = {"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
+             "zero_hpz_partition_size", "overlap_comm"}
+ZERO_IGNORED = {"contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
                 "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size",
                 "stage3_param_persistence_threshold", "stage3_max_live_parameters",
                 "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
@@ -270,6 +270,9 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
     preset = ("ddp", "zero1", "zero2", "zero3")[min(stage, 3)]
     why = f"{stage_v.origin.key} {stage}" if stage_v else "no zero_optimization: stage 0"
     origin = stage_v.origin if stage_v else None
+    overlap, overlap_why = _overlap(reader, doc, stage)
+    preset += overlap
+    why += f"; {overlap_why}"
     if mics is not None and int(mics.value) > 0 and stage == 3:
         shard = int(mics.value)
         if world % shard:
@@ -279,7 +282,7 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
         plan.mesh += [Line(f"shard = {shard}", "zero_optimization.mics_shard_size", mics.origin),
                       Line(f"replica = {world // shard}", "world / mics_shard_size"),
                       Line(f"world = {world}", launch.world_why, launch.world_origin)]
-        plan.body.append(Line("place hsdp over shard * replica", "MiCS: ZeRO-3 inside "
+        plan.body.append(Line(f"place hsdp{overlap} over shard * replica", "MiCS: ZeRO-3 inside "
                               "mics_shard_size ranks, replicated across groups", mics.origin))
     else:
         plan.mesh += [Line(f"dp = {world}", f"{launch.world_why}: all data-parallel",
@@ -350,3 +353,26 @@ def _param_offload_ignored(stage: int, offloads: str) -> Callable[[Facts], str |
                 "to check what that configuration runs")
 
     return check
+
+
+def _overlap(reader: Reader, doc: Any, stage: int) -> tuple[str, str]:
+    """The data axis's overlap option (written after the preset) and why. Stage 0: the engine
+    all-reduces the gradients after the backward (``allreduce_gradients``), nothing overlapped.
+    Stages 1-3: ``zero_optimization.overlap_comm`` (ZeRO config validator ``overlap_comm_valid``:
+    true at stage 3, false below unless given) overlaps the gradient reductions with the
+    backward; stages 1-2 all-gather the updated parameters after the step, stage 3 prefetches
+    its gathers either way."""
+    if stage == 0:
+        return "(overlap = none)", "the engine all-reduces the gradients after the backward"
+    given = doc.get("zero_optimization", "overlap_comm")
+    if given is not None and not isinstance(given.value, bool):
+        reader.error(f"{given.origin.key} is true or false, not {given.value!r}", given.origin)
+        given = None
+    on = stage >= 3 if given is None else bool(given.value)
+    key = "zero_optimization.overlap_comm" + ("" if given is not None else
+                                              f" (default at stage {min(stage, 3)})")
+    if stage >= 3:
+        return ("", f"{key} {str(on).lower()}") if on else \
+            ("(overlap = params)", f"{key} false: prefetched gathers, reductions waited for")
+    return ("(overlap = grads)" if on else "(overlap = none)",
+            f"{key} {str(on).lower()}; parameters all-gathered after the step")

@@ -51,8 +51,6 @@ IGNORED = frozenset({
 IGNORED_PREFIXES = ("--log-", "--wandb-", "--tensorboard-", "--eval-", "--save-", "--exit-",
                     "--ckpt-", "--lr-", "--data-", "--no-load-", "--no-save-", "--dist-ckpt-")
 NOT_MODELLED = {
-    "--overlap-grad-reduce": "overlap of the gradient reduction with backward (costs assume none)",
-    "--overlap-param-gather": "overlap of the parameter all-gather with forward (costs assume none)",
     "--rampup-batch-size": "a batch-size ramp-up; the final --global-batch-size is used",
     "--step-batch-size-schedule": "a batch-size schedule; --global-batch-size is used",
     "--recompute-method": "partial recomputation; every layer is recomputed as modelled",
@@ -230,12 +228,17 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                                                if sharded else ""), cp.origin))
     if e > 1:
         plan.body.append(Line("place expert over ep", ep.origin.key, ep.origin))
+    overlap_on = _data_overlap(args, reader, dist_opt is not None)
     if fsdp2 is not None:
         plan.body.append(Line("place fsdp over dp", "--use-torch-fsdp2", fsdp2.origin))
     elif dist_opt is not None:
-        plan.body.append(Line("place zero1 over dp", "--use-distributed-optimizer", dist_opt.origin))
+        plan.body.append(Line(f"place zero1{overlap_on.value} over dp",
+                              f"--use-distributed-optimizer; {overlap_on.origin.key}",
+                              dist_opt.origin))
     else:
-        plan.body.append(Line("place ddp over dp", "no --use-distributed-optimizer"))
+        plan.body.append(Line(f"place ddp{overlap_on.value} over dp",
+                              f"no --use-distributed-optimizer; {overlap_on.origin.key}",
+                              overlap_on.origin))
     vpp = _virtual_stages(args, reader, p)
     where = glob.origin if glob is not None else (micro.origin if micro else None)
     uneven = _uneven_stages(args, reader, p, vpp)
@@ -379,6 +382,31 @@ def _uneven_stages(args: Arguments, reader: Reader, p: int, vpp: Value | None) -
     if last is not None:
         stages[-1] = int(str(last.value))
     return Value(tuple(stages), given.origin)
+
+
+def _data_overlap(args: Arguments, reader: Reader, dist_opt: bool) -> Value:
+    """The data axis's overlap option from --overlap-grad-reduce / --overlap-param-gather, both
+    off by default (``DistributedDataParallelConfig``): without the first, the gradients are
+    reduced after the last backward, nothing overlapped; with it alone, the distributed
+    optimizer's parameter all-gather still runs after the update. validate_args asserts the
+    second only with the first and the distributed optimizer."""
+    grads = args.flag("--overlap-grad-reduce")
+    params = args.flag("--overlap-param-gather")
+    if params is not None and (grads is None or not dist_opt):
+        need = "--overlap-grad-reduce" if grads is None else "--use-distributed-optimizer"
+        reader.error(f"--overlap-param-gather without {need}: Megatron-LM asserts it "
+                     "(validate_args)", params.origin, code=Code.BAD_VALUE)
+    if grads is None:
+        return Value("(overlap = none)",
+                     Origin("no --overlap-grad-reduce: gradients reduced after the backward",
+                            reader.source, None))
+    if params is None and dist_opt:
+        return Value("(overlap = grads)", Origin(
+            "--overlap-grad-reduce, no --overlap-param-gather: parameters gathered after the "
+            "update", grads.origin.source, grads.origin.span))
+    return Value("", Origin("--overlap-grad-reduce" + (" + --overlap-param-gather" if dist_opt
+                                                        else ""),
+                            grads.origin.source, grads.origin.span))
 
 
 def _overlap_without_sp(written: bool) -> Callable[[Facts], str | None]:

@@ -74,6 +74,24 @@ class Reduce(StrEnum):
     STEP = "step"
 
 
+class Overlap(StrEnum):
+    """Which collectives of a data axis overlap with compute (the others wait for them)."""
+
+    # the gradient reductions with the backward, the parameter all-gathers with the forward:
+    # PyTorch DDP's and FSDP's buckets and prefetching, Megatron-LM --overlap-grad-reduce with
+    # --overlap-param-gather
+    ALL = "all"
+    # the gradient reductions only (Megatron-LM --overlap-grad-reduce alone: the distributed
+    # optimizer's parameter all-gather runs after the update)
+    GRADS = "grads"
+    # the parameter gathers only (DeepSpeed ZeRO-3 with overlap_comm false: prefetched gathers,
+    # gradient reductions on the compute stream)
+    PARAMS = "params"
+    # none: Megatron-LM without --overlap-grad-reduce (the reduction after the last backward),
+    # DeepSpeed ZeRO-1/2 with overlap_comm false
+    NONE = "none"
+
+
 @dataclass(frozen=True, slots=True)
 class AxisPlacement:
     """How every state is placed along one mesh axis, and what the axis splits."""
@@ -89,6 +107,7 @@ class AxisPlacement:
     overlap: bool = False
     reshard_after_forward: bool = True  # data axes with Θ = S*: FSDP FULL_SHARD vs SHARD_GRAD_OP
     reduce: Reduce = Reduce.MICROBATCH  # data axes with G = S: when gradients are reduced
+    data_overlap: Overlap = Overlap.ALL  # data axes: which collectives overlap with compute
     schedule: Schedule | None = None  # pipeline axes
     chunks: int = 1  # interleaved pipeline: model chunks per stage
     microbatches: int | None = None  # pipeline axes

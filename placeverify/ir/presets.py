@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from placeverify.ir.placement import Mode, Reduce, Role, Schedule
+from placeverify.ir.placement import Mode, Overlap, Reduce, Role, Schedule
 
 MAX_MICROBATCHES = 10**6  # a sanity bound: more micro-batches per step is a typing mistake
 MAX_STEPS = 16  # consecutive optimizer steps verified together (microbatches = [4, 4, 2])
@@ -73,6 +73,9 @@ RESHARD = OptionSpec(OptionKind.BOOL)
 # zero2(reduce = step): gradients accumulated unsharded, reduce-scattered once a step
 REDUCE = OptionSpec(OptionKind.CHOICE, choices={r.value: r for r in Reduce},
                     what="gradient reduction")
+# ddp(overlap = none): which of a data axis's collectives overlap with compute
+DATA_OVERLAP = OptionSpec(OptionKind.CHOICE, choices={o.value: o for o in Overlap},
+                          what="data-parallel overlap")
 SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
 OVERLAP = OptionSpec(OptionKind.BOOL)  # tensor axes: collectives overlapped with the GEMMs
 MICROBATCHES = OptionSpec(OptionKind.INT)
@@ -88,7 +91,7 @@ SCHEDULES: Mapping[str, Schedule] = {s.value: s for s in Schedule}
 
 _FSDP = PresetSpec(
     "fsdp", Role.DATA, (SS, S, S, R),
-    options={"reshard_after_forward": RESHARD, "reduce": REDUCE,
+    options={"reshard_after_forward": RESHARD, "reduce": REDUCE, "overlap": DATA_OVERLAP,
              "strategy": OptionSpec(OptionKind.CHOICE, choices=FSDP_STRATEGIES,
                                     what="FSDP sharding strategy")},
     positional={word: ("strategy", value) for word, value in FSDP_STRATEGIES.items()},
@@ -97,14 +100,17 @@ _FSDP = PresetSpec(
              "grad_op": Rewrite("fsdp", "fsdp", {"reshard_after_forward": False})})
 
 TABLE: tuple[PresetSpec, ...] = (
-    PresetSpec("ddp", Role.DATA, (R, R, R, R)),
-    PresetSpec("zero1", Role.DATA, (R, S, R, R)),
-    PresetSpec("zero2", Role.DATA, (R, S, S, R), options={"reduce": REDUCE}),
+    PresetSpec("ddp", Role.DATA, (R, R, R, R), options={"overlap": DATA_OVERLAP}),
+    PresetSpec("zero1", Role.DATA, (R, S, R, R), options={"overlap": DATA_OVERLAP}),
+    PresetSpec("zero2", Role.DATA, (R, S, S, R),
+               options={"reduce": REDUCE, "overlap": DATA_OVERLAP}),
     PresetSpec("zero3", Role.DATA, (SS, S, S, R),
-               options={"reshard_after_forward": RESHARD, "reduce": REDUCE}),
+               options={"reshard_after_forward": RESHARD, "reduce": REDUCE,
+                        "overlap": DATA_OVERLAP}),
     _FSDP,
     PresetSpec("hsdp", Role.DATA, (SS, S, S, R), axes=2,
-               options={"reshard_after_forward": RESHARD, "reduce": REDUCE}),
+               options={"reshard_after_forward": RESHARD, "reduce": REDUCE,
+                        "overlap": DATA_OVERLAP}),
     PresetSpec("megatron", Role.TENSOR, (S, S, S, R), aliases=("tp",),
                options={"sequence_parallel": SEQUENCE_PARALLEL, "overlap": OVERLAP},
                positional={"sequence_parallel": ("sequence_parallel", True)}),

@@ -11,7 +11,16 @@ from collections.abc import Sequence
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.mesh import Group, Mesh
 from placeverify.ir.model import Model
-from placeverify.ir.placement import STATES, AxisPlacement, Mode, Reduce, Role, Schedule, State
+from placeverify.ir.placement import (
+    STATES,
+    AxisPlacement,
+    Mode,
+    Overlap,
+    Reduce,
+    Role,
+    Schedule,
+    State,
+)
 from placeverify.ir.presets import PRESETS, OptionKind, PresetSpec
 from placeverify.lower.groups import merge, product_placements, read_group_placements
 from placeverify.lower.mesh import read_group
@@ -110,6 +119,8 @@ def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group, mesh: Mesh,
                   stmt.group.span)
         return []
     modes = preset.modes
+    if preset.role is Role.DATA and "overlap" in options:  # the IR keeps it apart from tensor's
+        options["data_overlap"] = options.pop("overlap")
     if preset.axes == 2:
         written = written_axes(stmt.group)
         if written is None or sorted(written) != sorted(group.axes):
@@ -121,7 +132,8 @@ def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group, mesh: Mesh,
         shard, replica = written
         return [AxisPlacement(shard, preset.role, modes, name, span, **options),  # type: ignore[arg-type]
                 AxisPlacement(replica, Role.DATA, (R, R, R, R), name, span,
-                              reduce=options.get("reduce", Reduce.MICROBATCH))]  # type: ignore[arg-type]
+                              reduce=options.get("reduce", Reduce.MICROBATCH),  # type: ignore[arg-type]
+                              data_overlap=options.get("data_overlap", Overlap.ALL))]  # type: ignore[arg-type]
     options.update(preset.implied)
     for key, option in preset.options.items():
         if option.default is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from placeverify import __version__
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES, Reduce
+from placeverify.ir.placement import STATES, Overlap, Reduce
 from placeverify.ir.render import op_label
 from placeverify.ir.step import Op
 from placeverify.ir.strategy import Strategy
@@ -120,6 +120,8 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                      "modes": {st.value: p.mode(st).value for st in STATES},
                      **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options},
                      **({"reduce": p.reduce.value} if p.reduce is not Reduce.MICROBATCH else {}),
+                     **({"overlap": p.data_overlap.value}
+                        if p.data_overlap is not Overlap.ALL else {}),
                      **({"overlap": True} if p.overlap else {}),
                      **({"layers": list(p.layers)} if p.layers is not None else {}),
                      **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}

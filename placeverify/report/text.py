@@ -13,7 +13,7 @@ from rich.text import Text
 
 from placeverify.console import print_table
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES, Reduce, Schedule
+from placeverify.ir.placement import STATES, Overlap, Reduce, Schedule
 from placeverify.report.data import formulas_document, overrides_text, step_lines
 from placeverify.report.time_text import render_time
 from placeverify.result import CheckResult
@@ -121,6 +121,8 @@ def _preset_label(placement: Any) -> str:
         label += "+overlap"
     if placement.reduce is Reduce.STEP:
         label += " reduce=step"
+    if placement.data_overlap is not Overlap.ALL:
+        label += f" overlap={placement.data_overlap.value}"
     if placement.schedule is not None:
         label += f" {placement.schedule.value}"
         if placement.chunks > 1:
