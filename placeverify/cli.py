@@ -483,6 +483,10 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
 @click.option("--no-reduce-once", is_flag=True,
               help="In a pipeline, reduce ZeRO-2/3 and HSDP gradients every micro-batch instead "
                    "of once a step ('reduce = step', what torch.distributed.pipelining runs).")
+@click.option("--no-data-overlap", is_flag=True,
+              help="The framework waits for its data-parallel collectives (Megatron-LM without "
+                   "--overlap-grad-reduce, DeepSpeed ZeRO-1/2 without overlap_comm): every "
+                   "layout's data axes are written with 'overlap = none'.")
 @click.option("--frontier-slack", type=click.FloatRange(1.0, 1000.0), default=1.5,
               show_default=True,
               help="Show the frontier's layouts up to this many times the fastest step time.")
@@ -501,7 +505,8 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
 def search(file: str | None, device: str | None, devices: int | None,
            global_batch: int | None, batch_tokens: int | None, seq: int | None, top: int,
            max_tp: int | None, no_offload: bool, shardings: tuple[str, ...],
-           tp_overlap: bool, no_reduce_once: bool, frontier_slack: float, as_json: bool, out_dir: str | None,
+           tp_overlap: bool, no_reduce_once: bool, no_data_overlap: bool, frontier_slack: float,
+           as_json: bool, out_dir: str | None,
            plot: str | None, width: int | None, timeout: float, model: str | None,
            world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Search layouts: the fastest proved ones, and the frontier of peak memory vs step time.
@@ -521,7 +526,7 @@ def search(file: str | None, device: str | None, devices: int | None,
             raise click.UsageError("give --global-batch or --batch-tokens, not both")
         chosen = tuple(Sharding(s) for s in dict.fromkeys(shardings))
         space = Space(max_tp=max_tp, offload=not no_offload, tp_overlap=tp_overlap,
-                      reduce_once=not no_reduce_once)
+                      reduce_once=not no_reduce_once, data_overlap=not no_data_overlap)
         if chosen:
             space = dataclasses.replace(space, shardings=chosen)
         model_name = model if file is None else None

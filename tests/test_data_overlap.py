@@ -225,3 +225,55 @@ def test_imported_megatron_run_without_overlap_is_slower(tmp_path: Path) -> None
         assert result is not None and result.step_seconds is not None
         times.append(result.step_seconds)
     assert times[0] > times[1]
+
+
+# ---- search -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sharding, pp, v, m", [("DDP", 1, 1, 8), ("ZERO1", 4, 2, 8),
+                                                ("ZERO3", 1, 1, 4)])
+def test_search_writes_the_wait_and_screens_it_as_the_full_model(sharding: str, pp: int, v: int,
+                                                                 m: int) -> None:
+    from placeverify.search.render import place_text
+    from placeverify.search.screen import Screen, Setting
+    from placeverify.search.space import Layout, Recompute, Sharding
+    from tests.test_search import problem
+
+    kind = Sharding[sharding]
+    d = 64 // (8 * pp)
+    pb = problem("llama3_8b", "h100_sxm", 64, d * m, 4096)
+    lay = Layout(tp=8, cp=1, pp=pp, v=v, ep=1, dp=d, sharding=kind, shard=d, sp=True,
+                 recompute=Recompute.NONE, offload=False, b=1, m=m, dp_wait=True)
+    assert pb.global_batch == d * m
+    text = place_text(pb, lay)
+    assert f"place {kind.value}(overlap = none) over dp" in text
+    s = load_text(text, "<layout>")
+    full = costs(s)
+    st = step_time(s, full)
+    assert st is not None and st.step_seconds is not None
+    est = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
+                         float(pb.pcie_bandwidth))).estimate(lay)
+    assert est.step_seconds == pytest.approx(st.step_seconds, rel=0.03)
+    from dataclasses import replace
+
+    hidden = load_text(place_text(pb, replace(lay, dp_wait=False)), "<layout>")
+    faster = step_time(hidden, costs(hidden))
+    assert faster is not None and faster.step_seconds is not None
+    assert faster.step_seconds < st.step_seconds
+
+
+def test_search_flag_writes_every_layout_waiting() -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    args = [sys.executable, "-m", "placeverify", "search", "--model", "llama3_8b", "--device",
+            "h100_sxm", "--devices", "16", "--global-batch", "32", "--seq", "4096", "--json",
+            "-q"]
+    for flag, expected in (([], True), (["--no-data-overlap"], False)):
+        out = subprocess.run(args + flag, capture_output=True, text=True, cwd=ROOT, check=False)
+        assert out.returncode == 0, out.stderr
+        shown = [e["layout"] for e in (*json.loads(out.stdout)["top"],
+                                       *json.loads(out.stdout)["frontier"])]
+        assert shown and {lay["data_overlap"] for lay in shown} == {expected}

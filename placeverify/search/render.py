@@ -75,7 +75,9 @@ def place_text(problem: Problem, lay: Layout) -> str:
         lines.append(f"place pipeline({', '.join(options)}) over pp")
     elif lay.m > 1:
         lines.append(f"microbatches = {lay.m}")
-    once = "(reduce = step)" if lay.reduce_step else ""
+    written = [o for o, on in (("reduce = step", lay.reduce_step),
+                               ("overlap = none", lay.dp_wait)) if on]
+    once = f"({', '.join(written)})" if written else ""
     if lay.sharding is Sharding.HSDP:
         lines.append(f"place hsdp{once} over shard * replica")
     elif lay.sharding is not Sharding.NONE:

@@ -265,9 +265,9 @@ class Screen:
         if lay.pp > 1:
             bw, lat = links["pp"]
             exposed_mb += 2 * lay.v * (bsh / (lay.tp if lay.sp else 1) / bw + lat)
-        t_mb = t_fwd + t_bwd + exposed_mb
+        data, waited_mb = self._data_seconds(lay, links, layers, t_fwd, t_bwd)
+        t_mb = t_fwd + t_bwd + exposed_mb + waited_mb
         bubble = 0.0 if lay.pp <= 1 else (lay.pp - 1) / lay.v * t_mb
-        data = self._data_seconds(lay, links, layers, t_fwd, t_bwd)
         return m * t_mb + bubble + data + self._optimizer_seconds(lay, layers)
 
     def _local_elements(self, lay: Layout, layers: int) -> float:
@@ -288,12 +288,14 @@ class Screen:
                 + groups[ParamGroup.EXPERTS] / (t * share * lay.ep))
 
     def _data_seconds(self, lay: Layout, links: dict[str, tuple[float, float]], layers: int,
-                      t_fwd: float, t_bwd: float) -> float:
+                      t_fwd: float, t_bwd: float) -> tuple[float, float]:
         """Exposed data-parallel traffic of the canonical step, in the step-time model's overlap
         classes: gathers for forward behind each micro-batch's forward; reductions in the loop
         and gathers for backward behind its backward; reductions after the loop behind the last
         backward; the all-gather after a sharded update behind the next forward; the token-count
-        all-reduce and host transfers exposed."""
+        all-reduce and host transfers exposed. With ``dp_wait`` (``overlap = none``) nothing is
+        hidden: what runs in the loop lengthens every micro-batch (cost/time.py: waits). Returns
+        (seconds added to the step, seconds added to every micro-batch)."""
         local = self._model_share(lay)
         grads, params = local * self.G, local * self.P
         m = lay.m
@@ -342,14 +344,19 @@ class Screen:
             post += scatter
         else:
             loop_bwd += scatter
-        exposed = (m * max(0.0, loop_fwd - t_fwd) + m * max(0.0, loop_bwd - t_bwd)
-                   + max(0.0, post - t_bwd) + max(0.0, following - t_fwd) + counts)
-        if by_chunk:
-            exposed += max(by_chunk / lay.v, by_chunk - (lay.v - 1) * m * t_bwd / lay.v)
+        per_mb = 0.0
+        if lay.dp_wait:
+            per_mb = loop_fwd + loop_bwd
+            exposed = post + following + by_chunk + counts
+        else:
+            exposed = (m * max(0.0, loop_fwd - t_fwd) + m * max(0.0, loop_bwd - t_bwd)
+                       + max(0.0, post - t_bwd) + max(0.0, following - t_fwd) + counts)
+            if by_chunk:
+                exposed += max(by_chunk / lay.v, by_chunk - (lay.v - 1) * m * t_bwd / lay.v)
         if lay.offload:
             split = lay.shard if kind is Sharding.HSDP else lay.dp
             exposed += (grads / split * m + params / split) / self.s.pcie_bandwidth
-        return exposed
+        return exposed, per_mb
 
     def _optimizer_seconds(self, lay: Layout, layers: int) -> float:
         if self.O == 0 or lay.offload:

@@ -79,6 +79,9 @@ class Layout:
     # overlap = true)``): a property of the framework (Space.tp_overlap), with sequence
     # parallelism only
     tp_overlap: bool = False
+    # data-parallel collectives waited for (``overlap = none`` on the data axes): a property of
+    # the framework (Space.data_overlap off), e.g. Megatron-LM without --overlap-grad-reduce
+    dp_wait: bool = False
 
     @property
     def chunk_ordered(self) -> bool:
@@ -114,6 +117,8 @@ class Layout:
             parts.append(self.sharding.value)
         if self.reduce_step:
             parts[-1] += "/step"
+        if self.dp_wait:
+            parts[-1] += "/no-overlap"
         if self.sp:
             parts.append("sp+overlap" if self.tp_overlap else "sp")
         parts.append(f"rc-{self.recompute.value}")
@@ -145,6 +150,9 @@ class Space:
     # the framework overlaps tensor-parallel collectives with the GEMMs (Megatron-LM
     # --tp-comm-overlap, torchtitan's async TP): every sequence-parallel layout does
     tp_overlap: bool = False
+    # the framework overlaps data-parallel collectives with compute (off: every layout is written
+    # 'overlap = none', Megatron-LM without --overlap-grad-reduce)
+    data_overlap: bool = True
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -230,7 +238,8 @@ def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global
                             for once in _reductions(sharding, p, m, off, space):
                                 yield Layout(t, c, p, v, e, d, sharding, shard, sp, rc, off, b,
                                              m, stages if isinstance(stages, tuple) else None,
-                                             once, sp and space.tp_overlap)
+                                             once, sp and space.tp_overlap,
+                                             not space.data_overlap)
 
 
 def _reductions(sharding: Sharding, p: int, m: int, offload: bool,
