@@ -23,21 +23,25 @@ Runs (the published layout as this project reads the source):
   this model, t = 8 in a node and p = 8 interleaved over v = 3 chunks (Korthikanti et al. 2022,
   arXiv 2205.05198, Table 5, with sequence parallelism and selective recomputation), d = 16,
   b = 1, m = 96, plain data parallelism: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 runs
-  "no ZeRO", and neither paper uses the distributed optimizer.
+  "no ZeRO", and neither paper uses the distributed optimizer. Megatron-LM of those years
+  all-reduced the gradients after the whole forward-backward (``train_step`` after
+  ``forward_backward_func``, default ``--DDP-impl local``): ``ddp(overlap = none)``.
 
 Each run is searched twice. First over every layout the language has; then over the choices
 that run's own software offered, so that the published layout is ranked against the layouts its
 authors could have launched:
 
 - GPT-3 (Megatron-LM of 2021-22): data parallelism without sharding (DDP; Narayanan et al.
-  Table 1: "no ZeRO") and no context parallelism (Megatron-LM's context parallelism came with
-  Megatron-core in 2023);
+  Table 1: "no ZeRO") whose all-reduce waits for the backward (``search --no-data-overlap``),
+  and no context parallelism (Megatron-LM's context parallelism came with Megatron-core in
+  2023);
 - Llama 3: the FSDP family (``zero2`` for "FSDP without resharding after forward", ``zero3``
   for resharding, ``hsdp`` for hybrid sharding), every other degree open (the paper uses context
   parallelism for long sequences).
 
 GPT-3 is searched a third time over what Megatron-LM offered once it had its distributed
-optimizer (ZeRO-1, ``zero1``): DDP or ``zero1``, no context parallelism. In a pipeline the search
+optimizer (ZeRO-1, ``zero1``) and overlapped its data-parallel traffic (2023): DDP or ``zero1``,
+no context parallelism. In a pipeline the search
 reduces ZeRO-2/3 and HSDP gradients once a step (``reduce = step``), as the pipeline runtimes
 do (README "Which layout?").
 
@@ -96,11 +100,13 @@ def llama3_405b() -> tuple[str, Problem, Layout, list[tuple[str, Space]]]:
 def gpt3_175b() -> tuple[str, Problem, Layout, list[tuple[str, Space]]]:
     pb = problem("gpt3_175b", "a100_80gb_sxm", 1024, 1536, 2048)
     published = Layout(tp=8, cp=1, pp=8, v=3, ep=1, dp=16, sharding=Sharding.DDP, shard=16,
-                       sp=True, recompute=Recompute.SELECTIVE, offload=False, b=1, m=96)
-    own = Space(shardings=(Sharding.DDP,), max_cp=1)
+                       sp=True, recompute=Recompute.SELECTIVE, offload=False, b=1, m=96,
+                       dp_wait=True)
+    own = Space(shardings=(Sharding.DDP,), max_cp=1, data_overlap=False)
     later = Space(shardings=(Sharding.DDP, Sharding.ZERO1), max_cp=1)
     return ("GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048", pb, published,
-            [("the run's own choices: Megatron-LM 2021-22: DDP, no context parallelism", own),
+            [("the run's own choices: Megatron-LM 2021-22: DDP waiting for its all-reduce, no "
+              "context parallelism", own),
              ("Megatron-LM with its distributed optimizer: DDP or zero1, no context "
               "parallelism", later)])
 

@@ -16,7 +16,8 @@ Sources (measured step time from the published figure):
 - NARAYANAN: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
   Clusters Using Megatron-LM", arXiv 2104.04473, Table 1 (A100 80GB, Selene). Step time =
   F / (TFLOP/s per GPU · GPUs) with the paper's hardware FLOPs (§5.1, full recomputation)
-  F = 96·B·s·l·h²(1 + s/(6h) + V/(16·l·h)).
+  F = 96·B·s·l·h²(1 + s/(6h) + V/(16·l·h)). The paper's Megatron-LM all-reduced the gradients
+  after the whole forward-backward (``ddp(overlap = none)``, :func:`narayanan_rows`).
 - KORTHIKANTI: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", arXiv 2205.05198, Table 5: seconds per iteration, full recomputation and sequence
   parallelism + selective recomputation (A100 80GB, t = 8).
@@ -116,6 +117,10 @@ def pipeline_line(p: int, m: int, chunks: int, scatter_gather: bool = False) -> 
 
 
 def narayanan_rows() -> list[Row]:
+    """Megatron-LM of the paper (6fd781891c, 2021-04-03) all-reduces the gradients after the
+    whole forward-backward: ``train_step`` calls ``allreduce_gradients`` of its default
+    ``--DDP-impl local`` once ``forward_backward_func`` returns, its hooks only accumulating into
+    the main gradient: ``ddp(overlap = none)``."""
     rows = []
     for i, (b, a, h, l, t, p, n, B, mb, tflops, per_virtual) in enumerate(NARAYANAN):
         d = n // (t * p)
@@ -127,7 +132,8 @@ def narayanan_rows() -> list[Row]:
         text = (f'strategy "Narayanan 2021 Table 1: {b}B"\n{gpt_model(l, h, a, s, mb)}\n'
                 "precision mixed_adam\n"
                 + mesh("a100_80gb_sxm", [("dp", d), ("pp", p), ("tp", t)]) + "\n"
-                + "place ddp over dp\n" + ("place megatron over tp\n" if t > 1 else "")
+                + "place ddp(overlap = none) over dp\n"
+                + ("place megatron over tp\n" if t > 1 else "")
                 + pipeline_line(p, m, v, scatter_gather=True)
                 + ("" if p > 1 else f"microbatches = {m}\n") + "recompute full\n")
         rows.append(Row("narayanan", f"{b}B t{t} p{p} d{d} m{m}" + (f" v{v}" if v > 1 else ""),
