@@ -56,7 +56,6 @@ NOT_MODELLED = {
     "--recompute-method": "partial recomputation; every layer is recomputed as modelled",
     "--recompute-num-layers": "partial recomputation; every layer is recomputed as modelled",
     "--fp8-format": "FP8 GEMMs (parameters, gradients and optimizer keep the --bf16/--fp16 sizes)",
-    "--account-for-embedding-in-pipeline-split": "uneven pipeline stages (layers split evenly)",
     "--num-distributed-optimizer-instances": "several distributed-optimizer instances",
 }
 
@@ -242,12 +241,21 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     vpp = _virtual_stages(args, reader, p)
     where = glob.origin if glob is not None else (micro.origin if micro else None)
     uneven = _uneven_stages(args, reader, p, vpp)
+    accounted = _accounted_stages(args, reader, p, vpp)
     if p > 1:
         if vpp is not None:
+            listed = ("" if accounted is None else
+                      f", layers = [{', '.join(str(n) for n in accounted.value)}]")
             plan.body.append(Line(f"place pipeline(interleaved, chunks = {vpp.value}, "
-                                  f"microbatches = {m}) over pp",
-                                  f"{vpp.origin.key}; micro-batches = global / (micro x dp)",
+                                  f"microbatches = {m}{listed}) over pp",
+                                  f"{vpp.origin.key}; micro-batches = global / (micro x dp)"
+                                  + ("" if accounted is None else f"; {accounted.origin.key}"),
                                   vpp.origin))
+        elif accounted is not None:
+            plan.body.append(Line(f"place pipeline(1f1b, microbatches = {m}, layers = "
+                                  f"[{', '.join(str(n) for n in accounted.value)}]) over pp",
+                                  f"{accounted.origin.key}; micro-batches = global / (micro x dp)",
+                                  accounted.origin))
         elif uneven is not None:
             plan.body.append(Line(f"place pipeline(1f1b, microbatches = {m}, layers = "
                                   f"[{', '.join(str(n) for n in uneven.value)}]) over pp",
@@ -384,6 +392,52 @@ def _uneven_stages(args: Arguments, reader: Reader, p: int, vpp: Value | None) -
     return Value(tuple(stages), given.origin)
 
 
+def _accounted_stages(args: Arguments, reader: Reader, p: int,
+                      vpp: Value | None) -> Value | None:
+    """Layers per virtual stage under --account-for-embedding-in-pipeline-split /
+    --account-for-loss-in-pipeline-split (megatron/core/transformer/transformer_block.py,
+    ``get_num_layers_to_build``): the embedding and the loss count as a layer each, L + 1 (+ 1)
+    split evenly over the p · v virtual stages, and the first (last) virtual stage builds one
+    transformer layer fewer; the total must divide by p and each stage's share by v."""
+    emb = args.flag("--account-for-embedding-in-pipeline-split")
+    loss = args.flag("--account-for-loss-in-pipeline-split")
+    given = emb or loss
+    if given is None or p < 2:
+        return None
+    flags = " and ".join(name for name, v in (("--account-for-embedding-in-pipeline-split", emb),
+                                              ("--account-for-loss-in-pipeline-split", loss))
+                         if v is not None)
+    if args.integer("--decoder-first-pipeline-num-layers") or \
+            args.integer("--decoder-last-pipeline-num-layers"):
+        reader.error(f"{flags} with --decoder-first/last-pipeline-num-layers: Megatron-LM "
+                     "asserts they do not combine (get_num_layers_to_build)", given.origin,
+                     code=Code.CONFLICT)
+        return None
+    layers = args.integer("--num-layers")
+    if layers is None:
+        return None  # already an error: no model
+    v = int(str(vpp.value)) if vpp is not None else 1
+    total = int(str(layers.value)) + (emb is not None) + (loss is not None)
+    said = f"--num-layers {layers.value} + {total - int(str(layers.value))} ({flags})"
+    if total % p or (total // p) % v:
+        over = f"pp {p}" if total % p else f"pp {p} x virtual stages {v}"
+        reader.error(f"{said} = {total} does not split evenly over {over} (Megatron-LM asserts "
+                     "it, get_num_layers_to_build)", given.origin, code=Code.NOT_DIVISIBLE)
+        return None
+    counts = [total // (p * v)] * (p * v)
+    if emb is not None:
+        counts[0] -= 1
+    if loss is not None:
+        counts[-1] -= 1
+    if min(counts) < 1:
+        reader.error(f"not modelled: {said} leaves a virtual stage with no transformer layer",
+                     given.origin, code=Code.NOT_MODELLED)
+        return None
+    return Value(tuple(counts), Origin(f"{said} = {total} over {p * v} virtual stages, "
+                                       f"{total // (p * v)} each, one fewer at the ends",
+                                       given.origin.source, given.origin.span))
+
+
 def _data_overlap(args: Arguments, reader: Reader, dist_opt: bool) -> Value:
     """The data axis's overlap option from --overlap-grad-reduce / --overlap-param-gather, both
     off by default (``DistributedDataParallelConfig``): without the first, the gradients are
@@ -449,11 +503,15 @@ def _virtual_stages(args: Arguments, reader: Reader, p: int) -> Value | None:
     layers = args.integer("--num-layers")
     if layers is None:
         return None
-    per_rank, rest = divmod(int(str(layers.value)), p)
+    # validate_args counts the embedding and the loss as layers when the split accounts for them
+    extra = sum(args.flag(name) is not None for name in (
+        "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"))
+    per_rank, rest = divmod(int(str(layers.value)) + extra, p)
     if rest or per_rank % int(str(per_stage.value)):
-        reader.error(f"--num-layers {layers.value} / --pipeline-model-parallel-size {p} is not a "
-                     f"multiple of {per_stage.value} layers per virtual stage", per_stage.origin,
-                     code=Code.NOT_DIVISIBLE)
+        counted = f" + {extra} (the split accounts for them)" if extra else ""
+        reader.error(f"--num-layers {layers.value}{counted} / --pipeline-model-parallel-size {p} "
+                     f"is not a multiple of {per_stage.value} layers per virtual stage",
+                     per_stage.origin, code=Code.NOT_DIVISIBLE)
         return None
     chunks = per_rank // int(str(per_stage.value))
     return Value(chunks, per_stage.origin) if chunks > 1 else None
