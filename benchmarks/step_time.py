@@ -46,6 +46,10 @@ Sources (measured step time from the published figure):
   assumed (batch / d = 4p micro-batches per replica), bf16 with fp32 gradients (``precision
   megatron``), sequence parallelism wherever t > 1 (--tp-comm-overlap requires it), no
   recomputation, fused attention.
+- BLOOM: BigScience's BLOOM 176B run (bigscience-workshop/bigscience at 9e64ede,
+  train/tr11-176B-ml: the launch script's layout and the step time its training log printed,
+  105.22 s at the full global batch; :func:`bloom_rows`). Held out only: a Megatron-DeepSpeed
+  run on a cluster whose network (Omni-Path, 6.25 GB/s per GPU) is none of the profiles'.
 """
 
 from __future__ import annotations
@@ -383,9 +387,43 @@ def megatron_lm_rows() -> list[Row]:
     return rows
 
 
+# ---- BLOOM 176B (BigScience, Megatron-DeepSpeed) ---------------------------------------------
+
+def bloom_rows() -> list[Row]:
+    """bigscience-workshop/bigscience at 9e64ede: train/tr11-176B-ml/tr11-176B-ml.slurm (TP 4,
+    PP 12 on 48 nodes of 8 A100 80GB, so DP 8; micro-batch 2, global batch 2,048 of 2,048
+    tokens: 128 micro-batches; 70 layers, hidden 14,336, 112 heads, ALiBi (no position table:
+    ``position = none``), vocabulary padded to 250,880, tied embeddings, ``--bf16``,
+    ``--checkpoint-activations``; ``ZERO_STAGE=0``, "bf16 must use z0! it implements its own
+    zero stage 1 equivalent": ``zero1``; ``--pp-partition-method 'type:transformer|embedding'``
+    counts the two tied embeddings as layers: 72 over 12 stages, 5, 6 x 10, 5 transformer
+    layers), and the measured step in train/tr11-176B-ml/chronicles.md (2022-03-18, at full
+    batch): "elapsed time per iteration (s): 105.22" (149 TFLOP/s per GPU).
+
+    Written as the run ran and held out: DeepSpeed's pipeline engine reduces the gradients
+    after the whole schedule (``overlap = none``) and runs 1F1B; no sequence parallelism, no
+    fused attention (2022). The network is the README's "4 OmniPath links" of 100 Gbps per
+    node: 50 GB/s shared by 8 GPUs, 6.25 GB/s per GPU; a data-parallel group holds 2 ranks of
+    a node (tp 4 innermost, then dp), so 12.5 GB/s, a pipeline group 1. Not modelled: the
+    BF16 optimizer all-reduces its gradients where ``zero1`` reduce-scatters them (about 0.5 s
+    of the step), and the embedding LayerNorm."""
+    model = ("model transformer { layers = 70, hidden = 14336, heads = 112, ffn = 57344, "
+             "mlp = plain, vocab = 250880, embeddings = tied, seq = 2048, micro_batch = 2, "
+             "position = none, norm = layernorm, bias = true, attention = standard }")
+    layers = ", ".join(["5", *["6"] * 10, "5"])
+    text = ('strategy "BLOOM 176B: tr11-176B-ml on 384 A100"\n'
+            f"{model}\nprecision megatron\n"
+            "mesh {\n    pp = 12 { bandwidth = 6.25 GB/s }\n    dp = 8 { bandwidth = 12.5 GB/s }\n"
+            "    tp = 4\n    device = a100_80gb_sxm\n}\n"
+            "place zero1(overlap = none) over dp\nplace megatron over tp\n"
+            f"place pipeline(1f1b, microbatches = 128, layers = [{layers}]) over pp\n"
+            "recompute full\n")
+    return [Row("bloom", "176B t4 p12 d8 m128", text, 105.22, False)]
+
+
 def all_rows() -> list[Row]:
     return [*narayanan_rows(), *korthikanti_rows(), *llama3_rows(), *nemo_rows(),
-            *torchtitan_rows(), *megatron_bridge_rows(), *megatron_lm_rows()]
+            *torchtitan_rows(), *megatron_bridge_rows(), *megatron_lm_rows(), *bloom_rows()]
 
 
 # ---- fitting ------------------------------------------------------------------------------------

@@ -396,3 +396,27 @@ def test_megatron_bridge_row_is_the_published_run() -> None:
     assert s.microbatches == 512 // 8  # GBS / (MBS x data-parallel replicas)
     assert s.mesh.matmul == "fp8" and s.precision.grads_dtype == "bf16"  # grad_reduce_in_fp32 off
     assert s.pipeline is not None and s.pipeline.chunks == 8
+
+
+def test_bloom_row_is_the_published_run() -> None:
+    """bigscience-workshop/bigscience train/tr11-176B-ml: TP 4, PP 12 on 384 A100 (DP 8), MBS 2,
+    GBS 2,048, the step its log printed (105.22 s); BLOOM's paper gives 176,247M parameters."""
+    bench = _benchmark()
+    (row,) = bench.bloom_rows()
+    assert not row.calibrate and row.source == "bloom" and row.measured == 105.22
+    s = load_text(row.text)
+    assert {a.name: a.size for a in s.mesh.axes} == {"pp": 12, "dp": 8, "tp": 4}
+    assert s.microbatches == 2048 // (8 * 2)
+    assert s.model.params // 1_000_000 == 176_247
+    assert s.pipeline is not None and s.pipeline.layers == (5, *[6] * 10, 5)
+    from placeverify.ir.placement import Overlap
+
+    assert s.placement("dp").data_overlap is Overlap.NONE
+
+
+def test_narayanan_rows_wait_for_their_all_reduce() -> None:
+    """Megatron-LM at 6fd781891c: train_step all-reduces after forward_backward_func."""
+    from placeverify.ir.placement import Overlap
+
+    for row in _benchmark().narayanan_rows():
+        assert load_text(row.text).placement("dp").data_overlap is Overlap.NONE
