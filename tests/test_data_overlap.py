@@ -262,18 +262,8 @@ def test_search_writes_the_wait_and_screens_it_as_the_full_model(sharding: str, 
 
 
 def test_search_flag_writes_every_layout_waiting() -> None:
-    import json
-    import subprocess
-    import sys
+    from tests.test_search import shown_layouts
 
-    from tests.conftest import ROOT
-
-    args = [sys.executable, "-m", "placeverify", "search", "--model", "llama3_8b", "--device",
-            "h100_sxm", "--devices", "16", "--global-batch", "32", "--seq", "4096", "--json",
-            "-q"]
-    for flag, expected in (([], True), (["--no-data-overlap"], False)):
-        out = subprocess.run(args + flag, capture_output=True, text=True, cwd=ROOT, check=False)
-        assert out.returncode == 0, out.stderr
-        shown = [e["layout"] for e in (*json.loads(out.stdout)["top"],
-                                       *json.loads(out.stdout)["frontier"])]
+    for flags, expected in (((), True), (("--no-data-overlap",), False)):
+        shown = shown_layouts(*flags)
         assert shown and {lay["data_overlap"] for lay in shown} == {expected}

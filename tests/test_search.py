@@ -32,6 +32,18 @@ from placeverify.search.space import Layout, Recompute, Sharding, Space, layouts
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def shown_layouts(*flags: str) -> list[dict[str, Any]]:
+    """The layouts ``search --json`` shows (top and frontier) for Llama 3 8B on 16 H100, global
+    batch 32 x 4096, under these flags."""
+    args = [sys.executable, "-m", "placeverify", "search", "--model", "llama3_8b", "--device",
+            "h100_sxm", "--devices", "16", "--global-batch", "32", "--seq", "4096", "--json",
+            "-q", *flags]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, check=False)
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)
+    return [e["layout"] for e in (*document["top"], *document["frontier"])]
+
+
 def problem(model: str, dev: str, devices: int, batch: int, seq: int, memory: str = "",
             entries: str = "") -> Any:
     text = (f'strategy "base"\nmodel {model} {{ {entries}seq = {seq}, micro_batch = 1 }}\n'

@@ -136,20 +136,10 @@ def test_search_writes_the_overlap_and_screens_it_as_the_full_model(pp: int, v: 
 
 
 def test_search_flag_writes_every_sequence_parallel_layout_with_the_overlap() -> None:
-    import json
-    import subprocess
-    import sys
+    from tests.test_search import shown_layouts
 
-    from tests.conftest import ROOT
-
-    args = [sys.executable, "-m", "placeverify", "search", "--model", "llama3_8b", "--device",
-            "h100_sxm", "--devices", "16", "--global-batch", "32", "--seq", "4096", "--json",
-            "-q"]
-    for flag, expected in (([], False), (["--tp-overlap"], True)):
-        out = subprocess.run(args + flag, capture_output=True, text=True, cwd=ROOT, check=False)
-        assert out.returncode == 0, out.stderr
-        shown = [e["layout"] for e in (*json.loads(out.stdout)["top"],
-                                       *json.loads(out.stdout)["frontier"])]
-        with_sp = [lay for lay in shown if lay["tp"] > 1 and lay["sequence_parallel"]]
+    for flags, expected in (((), False), (("--tp-overlap",), True)):
+        with_sp = [lay for lay in shown_layouts(*flags) if lay["tp"] > 1
+                   and lay["sequence_parallel"]]
         assert with_sp, "the fastest layouts of this problem use tensor parallelism"
         assert {lay["tp_overlap"] for lay in with_sp} == {expected}
