@@ -463,6 +463,20 @@ def test_torchtitan_uneven_split_decides_the_fullest_stage(tmp_path: Path) -> No
     assert costs.rank_bytes(second)["params"] == 9 * layer * 4 // 2
 
 
+def test_torchtitan_always_reshard_under_a_pipeline_keeps_the_stage_gathered(
+        tmp_path: Path) -> None:
+    # torch.distributed.pipelining (stage.py, backward_maybe_with_nosync) runs every backward of
+    # an FSDP stage with set_reshard_after_backward(False): from the first backward on the
+    # stage's parameters stay gathered, so "always" peaks like reshard_after_forward = false;
+    # written so, with a warning at the key (line 10) that the traffic differs
+    config = _pipelined(tmp_path, 'fsdp_reshard_after_forward = "always"\n')
+    strategy, imported = load(str(config), Options(world=8))
+    assert "place fsdp(grad_op, reduce = step) over dp" in imported.text
+    [w] = [w for w, _ in imported.warnings if "set_reshard_after_backward" in w.message]
+    assert w.span is not None and w.span.line == 10
+    assert not strategy.placement("dp").reshard_after_forward
+
+
 def test_torchtitan_llama3_405b_published_preset() -> None:
     # llama3-405b-fsdp-tp.toml holds the values of torchtitan's llama3_405b.toml: local batch 2,
     # seq 8192, TP 8, data_parallel_shard_degree -1 -> 512 / 8 = 64, no PP -> reshard after

@@ -241,16 +241,25 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     # reduce-scatters after its last micro-batch (stage.py: backward_maybe_with_nosync,
     # perform_reduce_grad): reduce = step
     staged = "; the pipeline reduces once a step" if pp > 1 else ""
-    if pp > 1 and reshard is True and (hsdp or shard_dp > 1):
+    # Under pipelining every backward runs with set_reshard_after_backward(False): the stage's
+    # parameters stay gathered from a backward to the next forward, which reshards each layer
+    # after it runs ("always") and the next backward gathers again. The peak holds the whole
+    # stage gathered, as reshard_after_forward = false places it; the traffic differs.
+    kept_anyway = pp > 1 and reshard is True and (hsdp or shard_dp > 1)
+    if kept_anyway:
+        staged += " and keeps the parameters gathered after each backward"
         reader.warning("not modelled: under torch.distributed.pipelining FSDP keeps the "
-                       "parameters it gathers for backward until the last micro-batch "
-                       "(set_reshard_after_backward(False)); memory counts one gathered layer",
-                       policy.origin)
+                       "parameters it gathers for backward (set_reshard_after_backward(False)) "
+                       "and regathers them each backward after 'always' resharded them after "
+                       "forward; written reshard_after_forward = false, whose peak holds the "
+                       "stage gathered as the run does, but whose traffic counts one gather a "
+                       "step, not one a micro-batch", policy.origin)
 
     def placed(preset: str, kept: str) -> str:
-        """``preset(options)``: ``kept`` when the parameters stay gathered, reduce = step in a
-        pipeline."""
-        options = [o for o, on in ((kept, reshard is False), ("reduce = step", pp > 1)) if on]
+        """``preset(options)``: ``kept`` when the parameters stay gathered (also under
+        pipelining, see above), reduce = step in a pipeline."""
+        options = [o for o, on in ((kept, reshard is False or kept_anyway),
+                                   ("reduce = step", pp > 1)) if on]
         return f"{preset}({', '.join(options)})" if options else preset
 
     if hsdp:  # parallelize.py's apply_fsdp: HSDP is fully_shard on the 2-D mesh, same policy
