@@ -267,3 +267,26 @@ def test_search_flag_writes_every_layout_waiting() -> None:
     for flags, expected in (((), True), (("--no-data-overlap",), False)):
         shown = shown_layouts(*flags)
         assert shown and {lay["data_overlap"] for lay in shown} == {expected}
+
+
+def test_search_of_a_file_keeps_its_frameworks_overlap(tmp_path: Path) -> None:
+    """A Megatron-LM argument file without --overlap-grad-reduce, searched: every layout shown
+    waits for its data-parallel collectives, as that run's framework does; with the flag they
+    overlap."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    for flags, expected in (("", False), ("--overlap-grad-reduce", True)):
+        path = tmp_path / "run.args"
+        path.write_text(MEGATRON.replace("--global-batch-size 8", "--global-batch-size 32")
+                        + flags + "\n", encoding="utf-8")
+        out = subprocess.run([sys.executable, "-m", "placeverify", "search", str(path),
+                              "--world", "16", "--device", "h100_sxm", "--json", "-q"],
+                             capture_output=True, text=True, cwd=ROOT, check=False)
+        assert out.returncode == 0, out.stderr
+        document = json.loads(out.stdout)
+        shown = [e["layout"] for e in (*document["top"], *document["frontier"])]
+        assert shown and {lay["data_overlap"] for lay in shown} == {expected}

@@ -7,6 +7,7 @@ no layout fits the device at its predicted peak; 3 when layouts fit but none cou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from placeverify.console import write_atomically
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
 from placeverify.ir.devices import devices as bundled_devices
 from placeverify.ir.model import ARCHITECTURES
+from placeverify.ir.placement import Overlap, Role
 from placeverify.ir.strategy import Strategy
 from placeverify.search.problem import problem_from
 from placeverify.search.run import SearchResult, search
@@ -62,6 +64,8 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
             raise click.UsageError(f"unknown device '{device}' (bundled: "
                                    f"{', '.join(bundled_devices())})")
     strategy = base_strategy(file, model, devices, device, imports, settings)
+    if file is not None:
+        space = framework_space(strategy, space)
     problem = problem_from(strategy, parse(strategy.source), devices=devices, device=profile,
                            global_batch=global_batch, batch_tokens=batch_tokens, seq=seq)
     if plot is not None:
@@ -80,6 +84,19 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
         if plot is not None and result.frontier:
             console.print(f"frontier plot written to {plot}", markup=False, highlight=False)
     return code
+
+
+def framework_space(strategy: Strategy, space: Space) -> Space:
+    """The framework settings a FILE carries into the layouts searched: tensor-parallel
+    collectives overlapped with the GEMMs (a tensor axis placed ``overlap = true``, as
+    ``--tp-overlap``) and data-parallel collectives waited for (a data axis placed ``overlap =
+    none``, as ``--no-data-overlap``), so that searching an imported Megatron-LM or DeepSpeed
+    configuration keeps what its framework does."""
+    placements = strategy.placements
+    tensor = any(p.role is Role.TENSOR and p.overlap for p in placements)
+    waits = any(p.role is Role.DATA and p.data_overlap is Overlap.NONE for p in placements)
+    return dataclasses.replace(space, tp_overlap=space.tp_overlap or tensor,
+                               data_overlap=space.data_overlap and not waits)
 
 
 def exit_code(result: SearchResult) -> ExitCode:
