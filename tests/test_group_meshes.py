@@ -207,6 +207,13 @@ step {
     ("place ddp over dp for norms\nplace zero1 over dp for norms", Code.DUPLICATE,
      "placed twice", 6),
     ("place ddp over dp for norms\noffload optimizer", Code.BAD_VALUE, "not modelled", 6),
+    # a group's own options would be dropped (only its modes apply): refused, not ignored
+    ("place ddp(overlap = none) over dp for norms", Code.NOT_MODELLED, "overlap on a placement",
+     5),
+    ("place zero3(reshard_after_forward = false) over dp for norms", Code.NOT_MODELLED,
+     "reshard_after_forward on a placement", 5),
+    ("place zero2(reduce = step) over dp for norms", Code.NOT_MODELLED, "reduce on a placement",
+     5),
 ])
 def test_per_group_errors(extra: str, code: Code, words: str, line: int) -> None:
     with pytest.raises(PlaceError) as raised:

@@ -34,7 +34,7 @@ from dataclasses import replace
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.mesh import Group, Mesh
 from placeverify.ir.model import Model, ParamGroup
-from placeverify.ir.placement import AxisPlacement, Mode, Role
+from placeverify.ir.placement import AxisPlacement, Mode, Overlap, Reduce, Role
 from placeverify.lower.mesh import read_group
 from placeverify.lower.values import Context, at
 from placeverify.syntax import ast
@@ -104,6 +104,13 @@ Reader = Callable[[Context, ast.PlaceStmt, Group, Mesh, "list[AxisPlacement] | N
                   list[AxisPlacement]]
 
 
+# options of a data placement that a per-group placement cannot carry: (as written, IR field,
+# the IR's default)
+_GROUP_OPTIONS = (("reshard_after_forward", "reshard_after_forward", True),
+                  ("reduce", "reduce", Reduce.MICROBATCH),
+                  ("overlap", "data_overlap", Overlap.ALL))
+
+
 def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
                           columns: dict[str, AxisPlacement], mesh: Mesh, model: Model,
                           read: Reader) -> None:
@@ -140,6 +147,15 @@ def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
                 ctx.error(f"a placement for some parameter groups is a data preset (ddp, zero1, "
                           f"zero2, zero3, fsdp, hsdp), got '{placement.preset}'",
                           Code.BAD_VALUE, stmt.placement.span)
+                break
+            options = [name for name, field, default in _GROUP_OPTIONS
+                       if getattr(placement, field) != default]
+            if options:
+                # only the modes are applied per group: the axis's own options hold for every
+                # group, so a group's own would be silently dropped
+                ctx.error(f"not modelled: {', '.join(options)} on a placement for some parameter "
+                          "groups (the options of the axis's own placement apply to every group)",
+                          Code.NOT_MODELLED, stmt.placement.span)
                 break
             if column is None:
                 ctx.error(f"axis '{placement.axis}' has no placement for every group; write "
