@@ -16,13 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_serve_keeps_what_is_registered_and_not_released() -> None:
-    lines = "+/a\n+/b\n-/a\n+/c\n\n+\n"
-    assert serve(io.StringIO(lines)) == {"/b", "/c"}
+    lines = "+/a\n+/b\n-/a\n+/c\n\n+\n!123\n!456\n~123\n!1\n!x\n"
+    left = serve(io.StringIO(lines))
+    assert left.folders == {"/b", "/c"}
+    assert left.ranks == {456}  # 1 (init) and words are never process ids to kill
 
 
 def test_a_clean_exit_hands_the_folders_back() -> None:
-    assert serve(io.StringIO("+/a\n+/b\n.\n")) == set()
-    assert serve(io.StringIO("+/a\n.\n+/c\n")) == {"/c"}
+    assert serve(io.StringIO("+/a\n+/b\n!7\n.\n")).folders == set()
+    assert serve(io.StringIO("+/a\n!7\n.\n")).ranks == set()
+    assert serve(io.StringIO("+/a\n.\n+/c\n")).folders == {"/c"}
 
 
 def run_child(tmp_path: Path, body: str) -> tuple[Path, Path]:
@@ -59,3 +62,30 @@ def test_a_killed_process_leaves_nothing_registered(tmp_path: Path) -> None:
 def test_a_clean_exit_is_left_to_its_own_handlers(tmp_path: Path) -> None:
     kept, gone = run_child(tmp_path, "")
     assert gone.is_dir() and kept.is_dir()
+
+
+def test_a_killed_process_leaves_no_rank_running(tmp_path: Path) -> None:
+    """A rank the janitor watches is killed when the process that started it is killed outright,
+    even one that would run on for minutes (a rank blocked in native code runs no handler)."""
+    pid_file = tmp_path / "pid"
+    run_child(tmp_path, f"""
+        import subprocess, sys
+        rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                start_new_session=True)
+        open({str(pid_file)!r}, "w").write(str(rank.pid))
+        janitor.watch(rank.pid)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 20
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]

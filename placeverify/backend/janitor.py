@@ -7,13 +7,20 @@ backend run of a placeverify process starts one small janitor process (``python 
 placeverify.backend.janitor``) in its own session, out of reach of the terminal's Ctrl-C and
 hang-up, and tells it on a pipe which folders are live:
 
-- ``+PATH`` a folder the run made; ``-PATH`` one the run removed itself; ``.`` the process is
-  ending through its own exit handlers, which remove what is left (multiprocessing's among them:
-  the janitor must not remove the forkserver's folder under it).
+- ``+PATH`` a folder the run made; ``-PATH`` one the run removed itself; ``!PID`` a rank the
+  run started (its own process group when it has made one); ``~PID`` a rank the run stopped and
+  reaped itself; ``.`` the process is ending through its own exit handlers, which remove what is
+  left (multiprocessing's among them: the janitor must not remove the forkserver's folder under
+  it).
 
 The pipe's only writer is the placeverify process, and the kernel closes it when that process
 ends, however it ends, only once the process can no longer run code. At end of file the janitor
-removes every folder still registered and exits. The janitor imports only the standard library.
+kills every rank still registered (its process group, then the process) and removes every
+folder still registered, and exits. A rank follows its parent by itself (``watch_parent``), but
+only while it runs Python: one blocked in native code that holds the interpreter lock (a
+collective's rendezvous with a peer that is gone) runs neither its signal handler nor its watch
+thread until its own timeout; the janitor, a separate process, does not wait for it. The
+janitor imports only the standard library.
 """
 
 from __future__ import annotations
@@ -22,31 +29,50 @@ import atexit
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 MODULE = "placeverify.backend.janitor"
 
 
-def serve(stream: IO[str]) -> set[str]:
-    """Read registrations until end of file; the folders still registered then."""
-    live: set[str] = set()
+@dataclass
+class Left:
+    """What is still registered at end of file."""
+
+    folders: set[str] = field(default_factory=set)
+    ranks: set[int] = field(default_factory=set)
+
+
+def serve(stream: IO[str]) -> Left:
+    """Read registrations until end of file; what is still registered then."""
+    left = Left()
     for line in stream:
-        command, path = line[:1], line[1:].rstrip("\n")
-        if command == "+" and path:
-            live.add(path)
+        command, rest = line[:1], line[1:].rstrip("\n")
+        if command == "+" and rest:
+            left.folders.add(rest)
         elif command == "-":
-            live.discard(path)
+            left.folders.discard(rest)
+        elif command in "!~" and rest.isdigit() and int(rest) > 1:
+            (left.ranks.add if command == "!" else left.ranks.discard)(int(rest))
         elif command == ".":
-            live.clear()
-    return live
+            left.folders.clear()
+            left.ranks.clear()
+    return left
 
 
 def main() -> int:
-    for path in sorted(serve(sys.stdin)):
+    left = serve(sys.stdin)
+    for pid in sorted(left.ranks):
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)  # the rank's own group: the rank and what it started
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # a rank killed before it made its group
+    for path in sorted(left.folders):
         shutil.rmtree(path, ignore_errors=True)
     return 0
 
@@ -104,6 +130,15 @@ class Janitor:
         if "\n" not in path and self._process is not None:
             self._send("-" + path)
 
+    def watch(self, pid: int) -> None:
+        """Have rank ``pid`` (and its process group) killed if this process ends first."""
+        self._send(f"!{pid}")
+
+    def forget(self, pid: int) -> None:
+        """Rank ``pid`` was stopped and reaped: forget it (its id may be reused)."""
+        if self._process is not None:
+            self._send(f"~{pid}")
+
 
 _JANITOR = Janitor()
 
@@ -118,6 +153,14 @@ def register(folder: str | os.PathLike[str]) -> None:
 
 def release(folder: str | os.PathLike[str]) -> None:
     _JANITOR.release(folder)
+
+
+def watch(pid: int) -> None:
+    _JANITOR.watch(pid)
+
+
+def forget(pid: int) -> None:
+    _JANITOR.forget(pid)
 
 
 if __name__ == "__main__":

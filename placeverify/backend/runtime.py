@@ -179,6 +179,7 @@ class Pool:
                                          "next replay starts a new one") from None
                 send.close()
                 procs.append(proc)
+                janitor.watch(proc.pid)
                 conns[rank] = receive
             self.last_pids = [p.pid for p in procs]
             self.runs += 1
@@ -244,6 +245,8 @@ class Pool:
                     p.kill()
         for p in procs:
             p.join(timeout=10)
+            if not p.is_alive():
+                janitor.forget(p.pid)
 
 
 def worker_entry(worker: str, job: str, rank: int, world: int, store: str, conn: Connection,
@@ -382,6 +385,7 @@ def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
     for proc in processes:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
+            janitor.forget(proc.pid)
 
 
 def run_workers(spec: MeasureJob, *, timeout: float,
@@ -430,6 +434,7 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
                      str(folder / "store"), str(folder / f"rank{rank}.json")],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
                     cwd=folder))
+                janitor.watch(processes[-1].pid)
             finally:
                 err.close()
         if progress is not None:
