@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from placeverify.api import costs
-from placeverify.cost.time import Calibration, step_time
+from placeverify.cost.time import step_time
 from placeverify.diagnostics import PlaceError
 from placeverify.importers import Options
 from placeverify.importers.cli import load_strategy
@@ -27,14 +27,12 @@ from placeverify.importers.registry import import_file
 from placeverify.ir.placement import Overlap
 from placeverify.lower import load_text
 
+# the plain GPT and the calibration without memory-bound terms of the tensor-overlap tests
+# (MODEL: 8 layers, hidden 2048, MLP 4 x 2048, vocabulary 51,200, sequence 2,048, one sequence)
+from tests.test_tp_overlap import MODEL, PLAIN
+
 L, H, F, V, S, N, M = 8, 2048, 8192, 51200, 2048, 8, 4
 PARAMS = 12 * L * H * H + 2 * V * H + S * H + (4 * L + 2) * H
-MODEL = (f"model transformer {{ layers = {L}, hidden = {H}, heads = 16, ffn = {F}, mlp = plain, "
-         f"vocab = {V}, seq = {S}, micro_batch = 1, position = learned, norm = layernorm, "
-         "bias = false, attention = flash }")
-PLAIN = Calibration(efficiency=(("default", 0.5),), score_passes=0.0, hidden_passes=0.0,
-                    attention_efficiency=1.0, link_efficiency=1.0, fp8_cast_bytes=0.0,
-                    memory_efficiency=1.0)
 RATE = 312e12 * 0.5
 FORWARD = (L * (2 * S * (4 * H * H + 2 * H * F) + 4 * S * S * H / 2) + 2 * S * H * V) / RATE
 BACKWARD = 2 * FORWARD
@@ -233,10 +231,11 @@ def test_imported_megatron_run_without_overlap_is_slower(tmp_path: Path) -> None
                                                 ("ZERO3", 1, 1, 4)])
 def test_search_writes_the_wait_and_screens_it_as_the_full_model(sharding: str, pp: int, v: int,
                                                                  m: int) -> None:
+    from dataclasses import replace
+
     from placeverify.search.render import place_text
-    from placeverify.search.screen import Screen, Setting
     from placeverify.search.space import Layout, Recompute, Sharding
-    from tests.test_search import problem
+    from tests.test_search import full_seconds, problem, screen_of
 
     kind = Sharding[sharding]
     d = 64 // (8 * pp)
@@ -246,19 +245,10 @@ def test_search_writes_the_wait_and_screens_it_as_the_full_model(sharding: str, 
     assert pb.global_batch == d * m
     text = place_text(pb, lay)
     assert f"place {kind.value}(overlap = none) over dp" in text
-    s = load_text(text, "<layout>")
-    full = costs(s)
-    st = step_time(s, full)
-    assert st is not None and st.step_seconds is not None
-    est = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
-                         float(pb.pcie_bandwidth))).estimate(lay)
-    assert est.step_seconds == pytest.approx(st.step_seconds, rel=0.03)
-    from dataclasses import replace
-
-    hidden = load_text(place_text(pb, replace(lay, dp_wait=False)), "<layout>")
-    faster = step_time(hidden, costs(hidden))
-    assert faster is not None and faster.step_seconds is not None
-    assert faster.step_seconds < st.step_seconds
+    seconds = full_seconds(text)
+    assert screen_of(pb).estimate(lay).step_seconds == pytest.approx(seconds, rel=0.03)
+    # and waiting is what makes it slower than the same layout overlapped
+    assert full_seconds(place_text(pb, replace(lay, dp_wait=False))) < seconds
 
 
 def test_search_flag_writes_every_layout_waiting() -> None:

@@ -23,7 +23,6 @@ from placeverify.ir.placement import Reduce
 from placeverify.ir.step import Collective, CollectiveKind
 from placeverify.lower import load_text
 from placeverify.search.render import place_text
-from placeverify.search.screen import Screen, Setting
 from placeverify.search.space import Layout, Recompute, Sharding
 from tests.conftest import ROOT
 
@@ -153,7 +152,7 @@ def test_the_chunks_reductions_queue_behind_the_later_chunks_backward(tmp_path: 
 ])
 def test_search_writes_the_option_and_screens_it_as_the_full_model(
         sharding: Sharding, shard: int, m: int) -> None:
-    from tests.test_search import problem
+    from tests.test_search import problem, screen_of
 
     pb = problem("llama3_70b", "h100_sxm", 512, 16 * m, 8192)
     lay = Layout(tp=8, cp=1, pp=4, v=2, ep=1, dp=16, sharding=sharding, shard=shard, sp=True,
@@ -166,8 +165,7 @@ def test_search_writes_the_option_and_screens_it_as_the_full_model(
     full = costs(strategy)
     st = step_time(strategy, full)
     assert st is not None and st.step_seconds is not None and full.peak is not None
-    est = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
-                         float(pb.pcie_bandwidth))).estimate(lay)
+    est = screen_of(pb).estimate(lay)
     assert est.peak_bytes == pytest.approx(float(full.peak.bytes), rel=0.03)
     assert est.step_seconds == pytest.approx(st.step_seconds, rel=0.03)
 

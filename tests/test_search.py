@@ -44,6 +44,20 @@ def shown_layouts(*flags: str) -> list[dict[str, Any]]:
     return [e["layout"] for e in (*document["top"], *document["frontier"])]
 
 
+def screen_of(pb: Any) -> Screen:
+    """The search's screen for a problem, as ``search`` builds it."""
+    return Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
+                          float(pb.pcie_bandwidth)))
+
+
+def full_seconds(text: str) -> float:
+    """The full model's step time of a rendered layout."""
+    strategy = load_text(text, "<layout>")
+    result = step_time(strategy, costs(strategy))
+    assert result is not None and result.step_seconds is not None
+    return result.step_seconds
+
+
 def problem(model: str, dev: str, devices: int, batch: int, seq: int, memory: str = "",
             entries: str = "") -> Any:
     text = (f'strategy "base"\nmodel {model} {{ {entries}seq = {seq}, micro_batch = 1 }}\n'
@@ -121,8 +135,7 @@ def test_tensor_parallelism_that_splits_kv_heads_is_not_enumerated() -> None:
 def test_screen_agrees_with_the_full_model(model: str, dev: str, devices: int, batch: int,
                                            seq: int, entries: str) -> None:
     pb = problem(model, dev, devices, batch, seq, entries=entries)
-    screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
-                            float(pb.pcie_bandwidth)))
+    screen = screen_of(pb)
     every = list(layouts(pb.arch, pb.devices, pb.global_batch, pb.device.gpus_per_node, Space()))
     rng = random.Random(7)
     for lay in rng.sample(every, 40):
@@ -140,8 +153,7 @@ def test_screen_agrees_on_uneven_interleaved_stages(v: int, stages: tuple[int, .
     # Llama 3 405B's 126 layers on 16 interleaved stages: the screen reads the physical stages
     # (7, 8 x 14, 7 for v = 4; 3 + 4 = 7 ... for v = 2) as the full model does
     pb = problem("llama3_405b", "h100_sxm", 16384, 2048, 8192)
-    screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
-                            float(pb.pcie_bandwidth)))
+    screen = screen_of(pb)
     lay = Layout(tp=8, cp=1, pp=16, v=v, ep=1, dp=128, sharding=Sharding.ZERO1, shard=128,
                  sp=True, recompute=Recompute.NONE, offload=False, b=1, m=16, stages=stages)
     text = place_text(pb, lay)
@@ -323,8 +335,7 @@ def test_search_benchmark_breakdown_splits_the_step_time() -> None:
 
     bench = _search_benchmark()
     _name, pb, published, _spaces = bench.gpt3_175b()  # t8 p8v3 d16 ddp, m = 96
-    screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
-                            float(pb.pcie_bandwidth)))
+    screen = screen_of(pb)
     hsdp = Layout(tp=8, cp=1, pp=1, v=1, ep=1, dp=128, sharding=Sharding.HSDP, shard=8,
                   sp=True, recompute=Recompute.FULL, offload=False, b=1, m=12)
     for lay in (published, hsdp):

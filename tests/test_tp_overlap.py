@@ -111,9 +111,8 @@ def test_megatron_tp_comm_overlap_without_sequence_parallelism_is_an_error(tmp_p
 def test_search_writes_the_overlap_and_screens_it_as_the_full_model(pp: int, v: int,
                                                                     m: int) -> None:
     from placeverify.search.render import place_text
-    from placeverify.search.screen import Screen, Setting
     from placeverify.search.space import Layout, Recompute, Sharding
-    from tests.test_search import problem
+    from tests.test_search import full_seconds, problem, screen_of
 
     pb = problem("llama3_70b", "h100_sxm", 256, 32 * m // pp, 8192)
     lay = Layout(tp=8, cp=1, pp=pp, v=v, ep=1, dp=32 // pp, sharding=Sharding.ZERO1,
@@ -121,18 +120,10 @@ def test_search_writes_the_overlap_and_screens_it_as_the_full_model(pp: int, v: 
                  tp_overlap=True)
     text = place_text(pb, lay)
     assert "place megatron(sequence_parallel, overlap = true) over tp" in text
-    s = load_text(text, "<layout>")
-    full = costs(s)
-    st = step_time(s, full)
-    assert st is not None and st.step_seconds is not None and full.peak is not None
-    est = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
-                         float(pb.pcie_bandwidth))).estimate(lay)
-    assert est.step_seconds == pytest.approx(st.step_seconds, rel=0.03)
+    seconds = full_seconds(text)
+    assert screen_of(pb).estimate(lay).step_seconds == pytest.approx(seconds, rel=0.03)
     # and the overlap is what makes it faster than the same layout without it
-    plain = load_text(place_text(pb, replace(lay, tp_overlap=False)), "<layout>")
-    slower = step_time(plain, costs(plain))
-    assert slower is not None and slower.step_seconds is not None
-    assert slower.step_seconds > st.step_seconds
+    assert full_seconds(place_text(pb, replace(lay, tp_overlap=False))) > seconds
 
 
 def test_search_flag_writes_every_sequence_parallel_layout_with_the_overlap() -> None:
