@@ -328,14 +328,14 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
         in_loop = m > 1 and Fraction(item.calls) % m == 0
         if item.state == "activations" and not item.pcie and overlapped(strategy, item):
             beside_gemms.append((item, sec))
-        elif item.state == "activations" and not item.pcie:
+        elif not item.pcie and (item.state == "activations" or (
+                waits(strategy, item) and (in_loop or item.source == "placement"))):
+            # every micro-batch waits for it: tensor, context, expert and pipeline traffic, and
+            # the data-parallel collectives of the loop that nothing hides
             per_mb_exposed += sec / m
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec * (1 + _bubble(pp, v, m) / m)
         elif item.pcie or item.state in ("scalar", "optimizer"):
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec
-        elif waits(strategy, item) and (in_loop or item.source == "placement"):
-            per_mb_exposed += sec / m
-            exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec * (1 + _bubble(pp, v, m) / m)
         elif waits(strategy, item):
             waited += sec
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec
