@@ -23,6 +23,17 @@ statement, as bash would run it, on a table of variables:
   leave different is unknown (an error at the test, where the importer needs it), and the items a
   branch appends to an array, or the commands it runs, are given "only if" the test holds.
 - Loops and ``case`` are not run: they are undecided the same way (run once, or not at all).
+- ``bash -c STRING`` (``sh``; after a launcher such as ``srun ... bash -c "$LAUNCHER $CMD"``)
+  reads STRING, once the script has expanded it, as the commands of a child shell: its words
+  point at the text they came from; what is not known in the string stays unknown (it is never
+  re-read as shell text); the child's assignments do not reach the script.
+- ``cat <<EOF > FILE`` (also ``>>``, ``cat > FILE <<EOF``, ``tee FILE <<EOF``) writes FILE: the
+  here-document, expanded as bash would, is kept as :attr:`Script.files` under the file's name
+  as written (a name with unknown parts, ``./ds_config.$SLURM_JOB_ID.json``, is matched by the
+  same text), for an importer that is given that name (``--deepspeed_config``).
+- A Slurm batch script's ``#SBATCH --nodes=N`` (``-N N``) header, read before the first command
+  as sbatch reads it, gives ``$SLURM_NNODES`` and ``$SLURM_JOB_NUM_NODES`` where the script does
+  not assign them, recorded as an assumption (an ``sbatch --nodes`` on the command line wins).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from placeverify.importers.shell_syntax import (
     Case,
     Function,
     Group,
+    HereDoc,
     If,
     List,
     Lit,
@@ -54,6 +66,7 @@ from placeverify.importers.shell_syntax import (
     Test,
     WordTok,
     parse,
+    relocate,
 )
 
 _BLANKS = " \t\n"
@@ -62,6 +75,11 @@ _FILE_TESTS = frozenset("-" + c for c in "abcdefghkprstuwxGLNOS")
 _INTEGER_TESTS = ("-eq", "-ne", "-lt", "-le", "-gt", "-ge")
 _BINARY = frozenset(("=", "==", "!=", "=~", "<", ">", "-nt", "-ot", "-ef", *_INTEGER_TESTS))
 _MAX_CALLS = 32  # nested function calls read before giving up
+_SHELLS = ("bash", "sh")  # `bash -c STRING` runs STRING in a child shell
+_OPAQUE = "\ue000"  # stands for a character whose value is not known while a string is re-read
+_SBATCH_NODES = re.compile(r"#SBATCH[ \t]+(?:--nodes[= \t]*|-N[ \t]*)(\d+)[ \t]*(?:#.*)?$")
+_NODE_VARIABLES = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+NAME_SEPARATOR = "\x1f"  # between the characters of a file name with unknown parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +96,7 @@ class Word:
     maybe: str | None = None
     maybe_span: Span | None = None
     assumed: tuple[str, ...] = ()
+    name: str = ""  # the word as a file name: see :func:`_file_name`
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +158,17 @@ class Text:
 Value = Text | tuple[Text, ...] | None  # a scalar, an array, or unset by the script
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A file the script writes from a here-document: its text (characters with their source
+    offsets) and the line of the command."""
+
+    text: Text
+    line: int
+    maybe: Unknown | None = None
+    by: str | None = None  # a command placeverify does not run wrote it (``sed ... > FILE``)
+
+
 @dataclass
 class State:
     values: dict[str, Value] = field(default_factory=dict)
@@ -174,8 +204,12 @@ class Script:
         self._doubts: list[Doubt] = []
         self.decided: list[str] = []  # defaults taken that decided a test (which branch ran)
         self.sourced: list[Word] = []  # `source FILE` / `. FILE`: files not read
+        self.files: dict[str, Written] = {}  # written from here-documents, by name as written
         self._calls = 0
+        self._carried: dict[int, Unknown] = {}  # while re-reading a string: unknown characters
+        self._assumed_at: dict[int, str] = {}  # source offsets of values taken as assumptions
         self.state = State()
+        self._sbatch_nodes()
         try:
             self._list(parse(source.text), self.state)
         except ShellSyntaxError as error:
@@ -185,6 +219,27 @@ class Script:
         except RecursionError:
             raise _error(source, "cannot read this script: it nests statements too deeply",
                          Span.point(1, 1), Code.TOO_DEEP) from None
+
+    def _sbatch_nodes(self) -> None:
+        """``#SBATCH --nodes=N`` before the first command: Slurm's node count, the value of
+        ``$SLURM_NNODES`` when the job runs (unless sbatch's command line says otherwise)."""
+        offset = 0
+        for raw in self.source.text.splitlines(keepends=True):
+            line = raw.strip()
+            if line and not line.startswith("#"):
+                break
+            match = _SBATCH_NODES.match(line)
+            if match is not None:
+                start = offset + raw.index(line) + match.start(1)
+                number = self.line_of(start)
+                for name in _NODE_VARIABLES:
+                    note = (f"${name} = {match.group(1)}, from #SBATCH at line {number} (an "
+                            "sbatch --nodes on the command line would change it)")
+                    self.state.values[name] = Text(tuple(
+                        (c, start + k, None) for k, c in enumerate(match.group(1))))
+                    for k in range(len(match.group(1))):
+                        self._assumed_at.setdefault(start + k, note)
+            offset += len(raw)
 
     # ---- positions ----
 
@@ -412,10 +467,64 @@ class Script:
             self._calls -= 1
             return status
         doubt = self._doubts[0].given_only_if() if self._doubts else None
+        self._writes(node, words, state, line, doubt)
+        string = _shell_string(words)
+        if string is not None:
+            return self._run_string(string, state, line)
         out = tuple(self._word(t, doubt) for t in words)
         if out:
             self.commands.append(Command(out, line))
         return f"the exit status of `{name}` at line {line} (only running the script gives it)"
+
+    def _writes(self, node: Simple, words: list[Text], state: State, line: int,
+                doubt: Unknown | None) -> None:
+        """``cat <<EOF > FILE`` and ``tee FILE <<EOF``: FILE's text is the here-document's."""
+        docs = [r.target for r in node.redirects if isinstance(r.target, HereDoc)]
+        if not words:
+            return
+        command = words[0].text.rsplit("/", 1)[-1]
+        if not docs or docs[-1].body is None:  # `sed ... > FILE`: written, but not known
+            for r in node.redirects:
+                if r.op in (">", ">>", ">|") and isinstance(r.target, WordTok):
+                    target = self._expand(r.target, state, split=False)[0]
+                    self.files[_file_name(target)] = Written(Text(), line, doubt,
+                                                             by=f"`{words[0].text}`")
+            return
+        targets: list[tuple[Text, bool]] = []
+        if command == "cat":
+            targets = [(self._expand(r.target, state, split=False)[0], r.op == ">>")
+                       for r in node.redirects
+                       if r.op in (">", ">>", ">|") and isinstance(r.target, WordTok)]
+        elif command == "tee":
+            append = any(w.text in ("-a", "--append") for w in words[1:])
+            targets = [(w, append) for w in words[1:] if not w.text.startswith("-")]
+        if not targets:
+            return
+        body = self._expand(docs[-1].body, state, split=False)[0]
+        for target, append in targets:
+            before = self.files.get(_file_name(target))
+            text = Text(before.text.chars + body.chars) if append and before else body
+            self.files[_file_name(target)] = Written(text, line, doubt)
+
+    def _run_string(self, string: Text, state: State, line: int) -> str:
+        """The commands of ``bash -c STRING``, read in a child shell (its assignments are its
+        own). Characters whose value is not known stand as one opaque word part each run, so
+        that they are never re-read as shell text, and keep why they are not known."""
+        where = [o for _, o, _ in string.chars]
+        text = "".join(_OPAQUE if u is not None else c for c, _, u in string.chars)
+        fallback = next((o for o in where if o >= 0), 0)
+        try:
+            tree = parse(text)
+        except ShellSyntaxError as error:
+            at = where[min(error.offset, len(where) - 1)] if where else fallback
+            raise _error(self.source, f"cannot read the commands of this bash -c string: "
+                         f"{error.message}", self.span(max(at, fallback), max(at, fallback) + 1),
+                         Code.SYNTAX) from None
+        carried = dict(self._carried)
+        self._carried.update({o: u for _, o, u in string.chars if u is not None and o >= 0})
+        self._list(relocate(tree, where, fallback), state.copy())
+        self._carried = carried
+        return f"the exit status of the bash -c at line {line} (only running the script gives it)"
 
     def _word(self, text: Text, doubt: Unknown | None) -> Word:
         offsets = [o for _, o, _ in text.chars if o >= 0]
@@ -430,12 +539,14 @@ class Script:
             span = None
         maybe = text.maybe or doubt
         unknown = text.problem()
+        assumed = tuple(dict.fromkeys([*text.assumed, *(self._assumed_at[o] for _, o, _ in text.chars
+                                                        if o in self._assumed_at)]))
         return Word(text.text, span,
                     unknown.reason if unknown else None,
                     self.span(*unknown.at) if unknown and unknown.at else None,
                     maybe.reason if maybe else None,
                     self.span(*maybe.at) if maybe and maybe.at else None,
-                    text.assumed)
+                    assumed, _file_name(text))
 
     def _assign(self, state: State, name: str, append: bool, value: WordTok, line: int) -> None:
         old = state.values.get(name)
@@ -499,6 +610,10 @@ class Script:
         if isinstance(part, Lit):
             offsets = part.offsets if len(part.offsets) == len(part.text) else \
                 tuple(-1 for _ in part.text)
+            if self._carried:  # re-reading a string: an opaque character keeps its unknown
+                return [_Piece(tuple((self.source.text[o], o, self._carried[o])
+                                     if c == _OPAQUE and o in self._carried else (c, o, None)
+                                     for c, o in zip(part.text, offsets, strict=True)), False)]
             return [_Piece(tuple((c, o, None) for c, o in zip(part.text, offsets, strict=True)),
                            False)]
         if isinstance(part, Substitution):
@@ -672,6 +787,36 @@ class Script:
                 for a in t.assumed:
                     self.decided.append(f"{a} (deciding the test at line {line})")
         return result
+
+
+def _file_name(text: Text) -> str:
+    """How a file is named for :attr:`Script.files`: its text when known; else its known
+    characters with where each was written, and a mark for each run not known, so that
+    ``./ds_config.$SLURM_JOB_ID.json`` names the same file wherever ``$config_json`` is used."""
+    if text.problem() is None:
+        return text.text
+    out: list[str] = []
+    for c, o, u in text.chars:
+        if u is None:
+            out.append(f"{c}@{o}")
+        elif not out or out[-1] != "?":
+            out.append("?")
+    return NAME_SEPARATOR.join(out)
+
+
+def _shell_string(words: list[Text]) -> Text | None:
+    """STRING of ``[launcher ...] bash -c STRING``: the word after the first ``-c`` option
+    (``-c``, ``-lc``, ``-ec``...) given to bash or sh."""
+    for k, word in enumerate(words[:-2]):
+        if word.problem() is None and word.text.rsplit("/", 1)[-1] in _SHELLS:
+            for option in range(k + 1, len(words) - 1):
+                flag = words[option].text
+                if not flag.startswith("-") or flag.startswith("--"):
+                    break
+                if "c" in flag[1:]:
+                    return words[option + 1]
+            return None
+    return None
 
 
 def _end(item: AndOr) -> int:

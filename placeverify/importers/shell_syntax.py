@@ -2,8 +2,9 @@
 
 Read as bash reads it (the POSIX shell grammar, with bash's ``[[ ]]``, arrays and ``+=``):
 quotes (single, double, ``$'...'``) that may span lines, backslash-newline continuations,
-comments (a ``#`` that starts a word), here-documents (their body skipped), redirections (their
-target dropped), ``$NAME``, ``${...}``, ``$(( ))``, and command substitution (``$( )``,
+comments (a ``#`` that starts a word), here-documents (their body kept as a word: expanded
+as in double quotes unless the delimiter is quoted), redirections (kept on simple commands,
+with their targets), ``$NAME``, ``${...}``, ``$(( ))``, and command substitution (``$( )``,
 backticks) and process substitution (``<( )``, ``>( )``) kept as parts whose value is unknown.
 Statements: simple commands with their assignments (``NAME=word``, ``NAME+=word``,
 ``NAME=( words )``, ``NAME+=( words )``), pipelines, ``&&``/``||`` lists, ``if``/``elif``/
@@ -14,6 +15,7 @@ its text.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -125,12 +127,34 @@ class Tok:
 
 # ---- statements -------------------------------------------------------------------------------
 
+@dataclass(slots=True)
+class HereDoc:
+    """A here-document: its delimiter, whether ``<<-`` strips leading tabs, whether its body is
+    expanded (an unquoted delimiter), and the body, filled in when the lexer reaches it (the line
+    after the command)."""
+
+    delimiter: str
+    strip: bool
+    expand: bool
+    body: WordTok | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    """A redirection of a simple command: its operator (``>``, ``>>``, ``<<``...) and target
+    (for ``<<`` / ``<<-``, the here-document)."""
+
+    op: str
+    target: WordTok | HereDoc
+
+
 @dataclass(frozen=True, slots=True)
 class Simple:
     assignments: tuple[tuple[str, bool, WordTok], ...]
     words: tuple[WordTok, ...]
     start: int
     end: int
+    redirects: tuple[Redirect, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +244,7 @@ class Lexer:
     def __init__(self, text: str) -> None:
         self.text = text
         self.i = 0
-        self.heredocs: list[tuple[str, bool]] = []  # pending (delimiter, strip tabs)
+        self.heredocs: list[HereDoc] = []  # pending: their bodies start after the next newline
         self.test_depth = 0  # inside [[ ]]: < > ( ) are words' characters, not operators
 
     def error(self, message: str, offset: int) -> ShellSyntaxError:
@@ -246,7 +270,7 @@ class Lexer:
         if c == "\n":
             self.i += 1
             if self.heredocs:
-                self._skip_heredocs()
+                self._read_heredocs()
             return Tok("newline", "\n", start, self.i)
         for op in _REDIRECTS:
             if text.startswith(op, self.i) and not text.startswith(op + "(", self.i) \
@@ -265,16 +289,64 @@ class Lexer:
             return Tok("redirect", tok.text, start, tok.end)
         return Tok("word", text[start:self.i], start, self.i, word)
 
-    def _skip_heredocs(self) -> None:
-        for delimiter, strip in self.heredocs:
+    def _read_heredocs(self) -> None:
+        for doc in self.heredocs:
+            start = end = self.i
             while self.i < len(self.text):
-                end = self.text.find("\n", self.i)
-                end = len(self.text) if end < 0 else end
-                line = self.text[self.i:end]
-                self.i = min(end + 1, len(self.text))
-                if (line.lstrip("\t") if strip else line) == delimiter:
+                stop = self.text.find("\n", self.i)
+                stop = len(self.text) if stop < 0 else stop
+                line = self.text[self.i:stop]
+                end = self.i
+                self.i = min(stop + 1, len(self.text))
+                if (line.lstrip("\t") if doc.strip else line) == doc.delimiter:
                     break
+                end = self.i
+            doc.body = self._heredoc_body(doc, start, end)
         self.heredocs = []
+
+    def _heredoc_body(self, doc: HereDoc, start: int, end: int) -> WordTok:
+        """The body between ``start`` and ``end``: literal with a quoted delimiter, else read as
+        between double quotes (``$``, backticks; a backslash escapes ``$ ` \\`` and the newline),
+        with ``<<-`` dropping the tabs that start each line."""
+        text = self.text
+        parts: list[Part] = []
+        chars: list[str] = []
+        offsets: list[int] = []
+
+        def flush() -> None:
+            if chars:
+                parts.append(Lit("".join(chars), tuple(offsets), True))
+                chars.clear()
+                offsets.clear()
+
+        resume, self.i = self.i, start
+        line_start = True
+        while self.i < end:
+            c = text[self.i]
+            if line_start and doc.strip and c == "\t":
+                self.i += 1
+                continue
+            line_start = c == "\n"
+            if doc.expand and c == "\\" and self.i + 1 < end and text[self.i + 1] in "$`\\\n":
+                if text[self.i + 1] != "\n":
+                    chars.append(text[self.i + 1])
+                    offsets.append(self.i + 1)
+                self.i += 2
+                continue
+            if doc.expand and c == "$":
+                flush()
+                parts.append(self._dollar(True))
+                continue
+            if doc.expand and c == "`":
+                flush()
+                parts.append(self._backticks(True))
+                continue
+            chars.append(c)
+            offsets.append(self.i)
+            self.i += 1
+        flush()
+        self.i = resume
+        return WordTok(tuple(parts), start, end)
 
     def word(self) -> WordTok:
         start = self.i
@@ -684,7 +756,8 @@ class Parser:
             raise ShellSyntaxError("expected ')' here", self.tok.start)
         self.advance()
 
-    def _redirects(self) -> None:
+    def _redirects(self) -> list[Redirect]:
+        redirects: list[Redirect] = []
         while self.tok.kind == "redirect":
             op = self.advance()
             if self.tok.kind != "word" or self.tok.word is None:
@@ -692,12 +765,19 @@ class Parser:
                         "the value)" if op.text in ("<", ">") else "")
                 raise ShellSyntaxError(f"'{op.text}' needs a target{hint}", self.tok.start)
             target = self.advance()
+            assert target.word is not None
             if op.text in ("<<", "<<-"):
-                delimiter = "".join(p.text for p in target.word.parts if isinstance(p, Lit)) \
-                    if target.word is not None else target.text
-                self.lexer.heredocs.append((delimiter, op.text == "<<-"))
+                parts = target.word.parts
+                delimiter = "".join(p.text for p in parts if isinstance(p, Lit))
+                doc = HereDoc(delimiter, op.text == "<<-",
+                              not any(isinstance(p, Lit) and p.quoted for p in parts))
+                self.lexer.heredocs.append(doc)
+                redirects.append(Redirect(op.text, doc))
                 if self.tok.kind == "newline":  # read ahead already: the body starts here
-                    self.lexer._skip_heredocs()
+                    self.lexer._read_heredocs()
+            else:
+                redirects.append(Redirect(op.text, target.word))
+        return redirects
 
     def if_(self) -> If:
         start = self.tok.start
@@ -777,10 +857,11 @@ class Parser:
         start = self.tok.start
         assignments: list[tuple[str, bool, WordTok]] = []
         words: list[WordTok] = []
+        redirects: list[Redirect] = []
         end = start
         while True:
             if self.tok.kind == "redirect":
-                self._redirects()
+                redirects += self._redirects()
                 continue
             if self.tok.kind != "word" or self.tok.word is None:
                 break
@@ -800,9 +881,44 @@ class Parser:
                 return Function(name, self.command(), start)
         if not assignments and not words:
             raise ShellSyntaxError(f"unexpected '{self.tok.text or 'end of file'}'", self.tok.start)
-        return Simple(tuple(assignments), tuple(words), start, end)
+        redirects += self._redirects()
+        return Simple(tuple(assignments), tuple(words), start, end, tuple(redirects))
 
 
 def parse(text: str) -> List:
     """The statements of a script (raises :class:`ShellSyntaxError`)."""
     return Parser(text).script()
+
+
+def relocate(tree: List, where: list[int], fallback: int) -> List:
+    """``tree`` parsed from a string whose character ``i`` stands at source offset ``where[i]``
+    (-1: none): the same statements with every offset moved to the source, so that a command
+    read from a string (``bash -c "..."``) points at the text it came from. An offset with no
+    source character takes the nearest one before it, or ``fallback``."""
+    last = len(where) - 1
+
+    def at(i: int) -> int:
+        for k in range(min(i, last), -1, -1):
+            if where[k] >= 0:
+                return where[k]
+        return fallback
+
+    def move(node: object, name: str = "") -> object:
+        if isinstance(node, int) and not isinstance(node, bool):
+            return at(node - 1) + 1 if name == "end" and node > 0 else at(node)
+        if isinstance(node, tuple):
+            if name == "offsets":
+                return tuple(where[o] if 0 <= o <= last else -1 for o in node)
+            return tuple(move(item) for item in node)
+        if isinstance(node, HereDoc):
+            body = None if node.body is None else move(node.body)
+            assert body is None or isinstance(body, WordTok)
+            return HereDoc(node.delimiter, node.strip, node.expand, body)
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            return type(node)(**{f.name: move(getattr(node, f.name), f.name)
+                                 for f in dataclasses.fields(node)})
+        return node
+
+    moved = move(tree)
+    assert isinstance(moved, List)
+    return moved
