@@ -393,8 +393,13 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     extras: list[tuple[str, Fraction]] = []
     if torch_like and _replicated_gradient_axes(strategy):
         extras.append(("DDP bucket buffers", grads))
-    if profile == "deepspeed" and strategy.precision.grads < 4 and _zero_1_or_2(strategy):
+    deepspeed = profile in ("deepspeed", "megatron_deepspeed")
+    if deepspeed and strategy.precision.grads < 4 and _zero_1_or_2(strategy):
         extras.append(("fp32 gradient partition", 4 * elements))
+    if profile == "megatron_deepspeed" and strategy.precision.grads >= 4 \
+            and strategy.precision.params < 4 and _zero_1_or_2(strategy):
+        # BF16_Optimizer: the 16-bit .grad of every parameter the rank holds, as Θ
+        extras.append(("16-bit gradients beside the fp32 accumulation (BF16_Optimizer)", params))
     if torch_like:
         extras.extend(torch_pipelining_buffers(strategy, rank))
     # torch frees the gradients between steps: they exist in forward only while accumulating

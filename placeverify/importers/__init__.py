@@ -13,7 +13,7 @@ from pathlib import Path
 # The suffixes of the configuration files check and compare hand to the importers. This module
 # stays light (the formats are in placeverify.importers.registry), so that checking a .place file
 # does not load them.
-EXTENSIONS = (".json", ".toml", ".yaml", ".yml", ".sh", ".bash", ".args")
+EXTENSIONS = (".json", ".toml", ".yaml", ".yml", ".sh", ".bash", ".slurm", ".sbatch", ".args")
 
 
 @dataclass(frozen=True, slots=True)

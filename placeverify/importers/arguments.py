@@ -6,13 +6,15 @@ Each read marks its flag used, so the importer can report every flag it did not 
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from placeverify.diagnostics import Code, Source
 from placeverify.importers.common import Origin, Reader, Value
-from placeverify.importers.shell import Script, Word
+from placeverify.importers.shell import NAME_SEPARATOR, Script, Word
 
-LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed")
+_TRAINING = re.compile(r"(^|/)(pre)?train[^/]*\.py$")
 
 
 class Arguments:
@@ -32,7 +34,8 @@ class Arguments:
                 i += 1  # a positional word (the training script's own): not an argument
                 continue
             name, eq, inline = word.text.partition("=")
-            values: list[Word] = [replace(word, text=inline)] if eq else []
+            values: list[Word] = [replace(word, text=inline,
+                                          name=_tail(word, len(name) + 1))] if eq else []
             i += 1
             while not eq and i < len(words) and not words[i].text.startswith("--"):
                 if values:
@@ -158,8 +161,21 @@ class Arguments:
             return Value(default, v.origin)
 
 
+def _tail(word: Word, cut: int) -> str:
+    """The file name (:attr:`Word.name`) of ``word`` without its first ``cut`` characters (the
+    ``--flag=`` of an inline value)."""
+    if NAME_SEPARATOR not in word.name:
+        return word.name[cut:]
+    return NAME_SEPARATOR.join(word.name.split(NAME_SEPARATOR)[cut:])
+
+
 def split_launch(script: Script) -> tuple[list[Word], list[Word], bool]:
-    """(launcher words, training arguments, whether a launcher was found)."""
+    """(launcher words, training arguments, whether a launcher was found). The training command is
+    the first that runs a Python file under a launcher (torchrun, ``python -m
+    torch.distributed.run``, the ``deepspeed`` launcher); else the first running a
+    ``pretrain*.py`` / ``train*.py``; else the first running any Python file (a data preparation
+    step before the launch is passed over)."""
+    found: list[tuple[list[Word], int, bool]] = []
     for command in script.commands:
         words = list(command.words)
         texts = [w.text for w in words]
@@ -167,6 +183,11 @@ def split_launch(script: Script) -> tuple[list[Word], list[Word], bool]:
         if py is None or texts[0] in ("echo", "printf"):
             continue
         launcher = any(t.endswith(LAUNCHERS) or t in LAUNCHERS for t in texts[:py])
+        found.append((words, py, launcher))
+    if found:
+        words, py, launcher = next(
+            (f for f in found if f[2]), None) or next(
+            (f for f in found if _TRAINING.search(f[0][f[1]].text)), None) or found[0]
         return words[:py], words[py + 1:], launcher
     # an argument file: every word of every command is an argument
     return [], [w for c in script.commands for w in c.words], False

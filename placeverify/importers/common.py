@@ -205,6 +205,8 @@ FRAMEWORKS = {
     "megatron": Framework("Megatron-LM", "megatron", "Megatron-core's fused kernels"),
     "deepspeed": Framework("DeepSpeed", "deepspeed",
                            "DeepSpeed runs the model's eager (Hugging Face) kernels"),
+    "megatron_deepspeed": Framework("Megatron-DeepSpeed", "megatron_deepspeed",
+                                    "Megatron's model under DeepSpeed's engine and optimizers"),
     "torchtitan": Framework("torchtitan", "torch", "torchtitan: eager PyTorch modules under FSDP2"),
     "accelerate": Framework("accelerate", "torch",
                             "accelerate: the Hugging Face model's eager kernels under torch FSDP"),

@@ -232,30 +232,7 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
     attach_model(plan, reader, model, None, micro_value, None, launch.what)
 
     # ---- precision ----
-    bf16 = doc.get("bf16", "enabled") or doc.get("bfloat16", "enabled")
-    fp16 = doc.get("fp16", "enabled")
-    if bf16 is not None and bf16.value is True and fp16 is not None and fp16.value is True:
-        reader.error("bf16 and fp16 are both enabled (DeepSpeed refuses it)", fp16.origin,
-                     code=Code.CONFLICT)
-    opt = doc.get("optimizer", "type")
-    if opt is not None and str(opt.value).lower() not in ("adam", "adamw", "fusedadam", "cpuadam",
-                                                           "onebitadam", "zerooneadam", "lamb"):
-        reader.error(f"not modelled: optimizer {opt.value} (Adam-like optimizers are modelled)",
-                     opt.origin, code=Code.NOT_MODELLED)
-    if bf16 is not None and bf16.value is True:
-        plan.precision = Line("precision bf16_adam", f"{bf16.origin.key}: bf16 Θ and G, Adam 12 B",
-                              bf16.origin)
-    elif fp16 is not None and fp16.value is True:
-        scale = doc.get("fp16", "loss_scale")
-        static = scale is not None and scale.value not in (0, 0.0)
-        plan.precision = (Line("precision { params = fp16, grads = fp16, optimizer = 12, "
-                               "activations = fp16, loss_scale = static }",
-                               "fp16.enabled, fp16.loss_scale != 0", scale.origin)
-                          if static and scale is not None else
-                          Line("precision mixed_adam", f"{fp16.origin.key} (loss_scale 0: dynamic)",
-                               fp16.origin))
-    else:
-        plan.precision = Line("precision fp32_adam", "neither bf16 nor fp16 enabled")
+    plan.precision = precision_line(doc)
 
     # ---- ZeRO ----
     stage_v = doc.integer("zero_optimization", "stage", low=0)
@@ -270,7 +247,7 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
     preset = ("ddp", "zero1", "zero2", "zero3")[min(stage, 3)]
     why = f"{stage_v.origin.key} {stage}" if stage_v else "no zero_optimization: stage 0"
     origin = stage_v.origin if stage_v else None
-    overlap, overlap_why = _overlap(reader, doc, stage)
+    overlap, overlap_why = data_overlap(reader, doc, stage)
     preset += overlap
     why += f"; {overlap_why}"
     if mics is not None and int(mics.value) > 0 and stage == 3:
@@ -332,6 +309,36 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
     return stage
 
 
+def precision_line(doc: Config) -> Line:
+    """The precision a DeepSpeed configuration trains in: ``bf16.enabled`` (bf16 Θ and G, Adam
+    12 B), ``fp16.enabled`` (the ZeRO paper's mixed precision, a static loss scale when
+    ``fp16.loss_scale`` is not 0), else fp32; bf16 and fp16 together are refused, as the engine
+    does."""
+    reader = doc.reader
+    bf16 = doc.get("bf16", "enabled") or doc.get("bfloat16", "enabled")
+    fp16 = doc.get("fp16", "enabled")
+    if bf16 is not None and bf16.value is True and fp16 is not None and fp16.value is True:
+        reader.error("bf16 and fp16 are both enabled (DeepSpeed refuses it)", fp16.origin,
+                     code=Code.CONFLICT)
+    opt = doc.get("optimizer", "type")
+    if opt is not None and str(opt.value).lower() not in ("adam", "adamw", "fusedadam", "cpuadam",
+                                                           "onebitadam", "zerooneadam", "lamb"):
+        reader.error(f"not modelled: optimizer {opt.value} (Adam-like optimizers are modelled)",
+                     opt.origin, code=Code.NOT_MODELLED)
+    if bf16 is not None and bf16.value is True:
+        return Line("precision bf16_adam", f"{bf16.origin.key}: bf16 Θ and G, Adam 12 B",
+                    bf16.origin)
+    if fp16 is not None and fp16.value is True:
+        scale = doc.get("fp16", "loss_scale")
+        if scale is not None and scale.value not in (0, 0.0):
+            return Line("precision { params = fp16, grads = fp16, optimizer = 12, "
+                        "activations = fp16, loss_scale = static }",
+                        "fp16.enabled, fp16.loss_scale != 0", scale.origin)
+        return Line("precision mixed_adam", f"{fp16.origin.key} (loss_scale 0: dynamic)",
+                    fp16.origin)
+    return Line("precision fp32_adam", "neither bf16 nor fp16 enabled")
+
+
 def _offloads_optimizer(doc: Config) -> bool:
     device = doc.get("zero_optimization", "offload_optimizer", "device")
     return device is not None and device.value in ("cpu", "nvme")
@@ -355,7 +362,7 @@ def _param_offload_ignored(stage: int, offloads: str) -> Callable[[Facts], str |
     return check
 
 
-def _overlap(reader: Reader, doc: Any, stage: int) -> tuple[str, str]:
+def data_overlap(reader: Reader, doc: Any, stage: int) -> tuple[str, str]:
     """The data axis's overlap option (written after the preset) and why. Stage 0: the engine
     all-reduces the gradients after the backward (``allreduce_gradients``), nothing overlapped.
     Stages 1-3: ``zero_optimization.overlap_comm`` (ZeRO config validator ``overlap_comm_valid``:

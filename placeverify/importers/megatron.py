@@ -28,10 +28,13 @@ from placeverify.importers import megatron_yaml
 from placeverify.importers.arguments import Arguments, split_launch
 from placeverify.importers.common import Line, Origin, Plan, Reader, Value, ignored_header
 from placeverify.importers.hf_config import attach_model
+from placeverify.importers.megatron_deepspeed import read_engine
 from placeverify.importers.megatron_model import REFUSED, cross_check, model_lines
 from placeverify.importers.rules import Facts, Rule, batch_rule, reads_tensor, world_rule
 from placeverify.importers.shell import Script, Word
 
+NPROC_FLAGS = ("--nproc_per_node", "--nproc-per-node", "--num_gpus", "--num-gpus")
+NNODES_FLAGS = ("--nnodes", "--num_nodes", "--num-nodes")
 # Flags with no effect on placement, memory or communication: listed once in the header.
 IGNORED = frozenset({
     "--lr", "--min-lr", "--weight-decay", "--init-method-std", "--train-iters", "--train-samples",
@@ -47,6 +50,11 @@ IGNORED = frozenset({
     "--untie-embeddings-and-output-weights", "--adam-beta1", "--adam-beta2", "--adam-eps",
     "--check-for-nan-in-loss-and-grad", "--sgd-momentum",
     "--position-embedding-type",
+    # Megatron-DeepSpeed (bigscience-workshop/Megatron-DeepSpeed megatron/arguments.py)
+    "--abort-on-unmet-fused-kernel-constraints", "--kill-switch-path", "--valid-num-workers",
+    "--train-weighted-split-paths-path", "--valid-weighted-split-paths-path",
+    "--test-weighted-split-paths-path", "--reset-progress", "--skip-train-iteration-range",
+    "--universal-checkpoint", "--no-query-key-layer-scaling",
 })
 IGNORED_PREFIXES = ("--log-", "--wandb-", "--tensorboard-", "--eval-", "--save-", "--exit-",
                     "--ckpt-", "--lr-", "--data-", "--no-load-", "--no-save-", "--dist-ckpt-")
@@ -57,6 +65,9 @@ NOT_MODELLED = {
     "--recompute-num-layers": "partial recomputation; every layer is recomputed as modelled",
     "--fp8-format": "FP8 GEMMs (parameters, gradients and optimizer keep the --bf16/--fp16 sizes)",
     "--num-distributed-optimizer-instances": "several distributed-optimizer instances",
+    "--sync-tp-duplicated-parameters": "Megatron-DeepSpeed's all-reduce of the parameters every "
+                                       "tensor-parallel rank duplicates (the LayerNorms) each "
+                                       "step; its traffic is not counted",
 }
 
 
@@ -75,7 +86,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     # ---- world size: torchrun --nproc-per-node x --nnodes, or --world ----
     world_value, world_line, replaced = _world(runner, reader, world, launched or not launch,
                                                launch)
-    for name in ("--nproc_per_node", "--nproc-per-node", "--nnodes"):
+    for name in (*NPROC_FLAGS, *NNODES_FLAGS):
         runner.used.add(name)
 
     # ---- parallel sizes ----
@@ -227,22 +238,25 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                                                if sharded else ""), cp.origin))
     if e > 1:
         plan.body.append(Line("place expert over ep", ep.origin.key, ep.origin))
-    overlap_on = _data_overlap(args, reader, dist_opt is not None)
-    if fsdp2 is not None:
-        plan.body.append(Line("place fsdp over dp", "--use-torch-fsdp2", fsdp2.origin))
-    elif dist_opt is not None:
-        plan.body.append(Line(f"place zero1{overlap_on.value} over dp",
-                              f"--use-distributed-optimizer; {overlap_on.origin.key}",
-                              dist_opt.origin))
+    engine = read_engine(args, reader, script, plan, t=t, p=p, dp=d, micro=micro,
+                         microbatches=m, global_batch=glob is not None)
+    if engine is not None:  # DeepSpeed's engine places the data axis and runs the pipeline
+        m = engine.microbatches or m
+        plan.precision = engine.precision
+        plan.body += [engine.data, *engine.body]
+        if engine.pipeline is not None:
+            plan.body.append(engine.pipeline)
     else:
-        plan.body.append(Line(f"place ddp{overlap_on.value} over dp",
-                              f"no --use-distributed-optimizer; {overlap_on.origin.key}",
-                              overlap_on.origin))
+        plan.body.append(_data_placement(args, reader, fsdp2, dist_opt))
     vpp = _virtual_stages(args, reader, p)
     where = glob.origin if glob is not None else (micro.origin if micro else None)
     uneven = _uneven_stages(args, reader, p, vpp)
     accounted = _accounted_stages(args, reader, p, vpp)
-    if p > 1:
+    if engine is not None:
+        if p == 1 and m > 1:
+            plan.body.append(Line(f"microbatches = {m}", "DeepSpeed's gradient accumulation: "
+                                  "global / (micro x dp)", where))
+    elif p > 1:
         if vpp is not None:
             listed = ("" if accounted is None else
                       f", layers = [{', '.join(str(n) for n in accounted.value)}]")
@@ -273,12 +287,24 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                      if per_token is not None else
                      Line("loss microbatch_mean", "Megatron's default: each micro-batch's token "
                           "mean, divided by the number of micro-batches"))
-    clip = args.real("--clip-grad", 1.0)
-    if float(str(clip.value)) > 0:
+    clip = args.real("--clip-grad", 1.0) if engine is None else None
+    if clip is not None and float(str(clip.value)) > 0:
         plan.body.append(Line(f"clip max_norm = {clip.value}", clip.origin.key, clip.origin))
+    elif engine is not None and engine.clip is not None:
+        plan.body.append(engine.clip)
     granularity = args.text("--recompute-granularity")
     if args.flag("--recompute-activations") is not None and granularity is None:
         granularity = Value("selective", Origin("--recompute-activations", source))
+    # Megatron-LM before --recompute-granularity (2021-22, and Megatron-DeepSpeed): every layer's
+    # input checkpointed, the layer re-run in backward (--checkpoint-num-layers per checkpoint)
+    old_style = args.flag("--checkpoint-activations")
+    if old_style is not None and granularity is None:
+        granularity = Value("full", old_style.origin)
+        span = args.integer("--checkpoint-num-layers", 1)
+        if span is not None and int(str(span.value)) > 1:
+            reader.warning(f"not modelled: --checkpoint-num-layers {span.value} (one checkpoint "
+                           "per span of layers; every layer's input is counted as kept)",
+                           span.origin)
     if granularity is not None:
         if granularity.value not in ("full", "selective"):
             reader.error(f"--recompute-granularity is full or selective, not "
@@ -291,7 +317,8 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         plan.body.append(Line("offload optimizer to cpu", "--optimizer-cpu-offload", offload.origin))
     parts = [f"tp = {t}", f"pp = {p}", f"dp = {d}"] + ([f"cp = {c}"] if c > 1 else []) + \
         ([f"ep = {e}"] if e > 1 else [])
-    plan.title = f"{Path(source.path).name}: Megatron-LM, " + ", ".join(parts)
+    plan.title = f"{Path(source.path).name}: " + \
+        ("Megatron-DeepSpeed" if engine is not None else "Megatron-LM") + ", " + ", ".join(parts)
     _leftovers(args, runner, reader, plan)
     for sourced in script.sourced if script is not None else []:
         reader.warning(f"the script sources {sourced.text}, which placeverify does not read: a "
@@ -312,13 +339,14 @@ def _world(runner: Arguments, reader: Reader, world: int | None, launched: bool,
     --world replaced. A launcher value only running the script gives (``--nnodes $SLURM_NNODES``)
     or a default of one (``${SLURM_NNODES:-1}``) leaves it to --world, which must then be a
     multiple of a known --nproc-per-node."""
-    nproc_name = next((n for n in ("--nproc_per_node", "--nproc-per-node") if n in runner.flags),
-                      "--nproc-per-node")
-    unknown = [n for n in (nproc_name, "--nnodes") if runner.unresolved(n) is not None]
-    assumed = runner.assumed_of(nproc_name, "--nnodes")
+    # torchrun's names, then the deepspeed launcher's (deepspeed/launcher/runner.py)
+    nproc_name = next((n for n in NPROC_FLAGS if n in runner.flags), "--nproc-per-node")
+    nnodes_name = next((n for n in NNODES_FLAGS if n in runner.flags), "--nnodes")
+    unknown = [n for n in (nproc_name, nnodes_name) if runner.unresolved(n) is not None]
+    assumed = runner.assumed_of(nproc_name, nnodes_name)
     guess = f"; assumed: {'; '.join(assumed)}" if assumed else ""
     # a value taken from a default (NNODES=${SLURM_NNODES:-1}) is a guess that --world replaces
-    guessed = [n for n in (nproc_name, "--nnodes") if n not in unknown and runner.assumed_of(n)]
+    guessed = [n for n in (nproc_name, nnodes_name) if n not in unknown and runner.assumed_of(n)]
     if (unknown or guessed) and world is not None:
         nproc = None if nproc_name in unknown else runner.integer(nproc_name)
         if nproc is not None and world % int(str(nproc.value)):
@@ -331,7 +359,7 @@ def _world(runner: Arguments, reader: Reader, world: int | None, launched: bool,
                            + (f" (a default: {'; '.join(assumed)})" if assumed else "")), assumed
     fix = "write the number or pass --world N"
     nproc = runner.integer(nproc_name, fix=fix)
-    nnodes = runner.integer("--nnodes", 1, fix=fix)
+    nnodes = runner.integer(nnodes_name, 1, fix=fix)
     if nproc is not None and nnodes is not None:
         world_value = int(str(nproc.value)) * int(str(nnodes.value))
         if world is not None and world != world_value:
@@ -436,6 +464,20 @@ def _accounted_stages(args: Arguments, reader: Reader, p: int,
     return Value(tuple(counts), Origin(f"{said} = {total} over {p * v} virtual stages, "
                                        f"{total // (p * v)} each, one fewer at the ends",
                                        given.origin.source, given.origin.span))
+
+
+def _data_placement(args: Arguments, reader: Reader, fsdp2: Value | None,
+                    dist_opt: Value | None) -> Line:
+    """Megatron-LM's data axis: torch FSDP2, the distributed optimizer (ZeRO-1) or DDP, with the
+    overlap its flags give."""
+    overlap_on = _data_overlap(args, reader, dist_opt is not None)
+    if fsdp2 is not None:
+        return Line("place fsdp over dp", "--use-torch-fsdp2", fsdp2.origin)
+    if dist_opt is not None:
+        return Line(f"place zero1{overlap_on.value} over dp",
+                    f"--use-distributed-optimizer; {overlap_on.origin.key}", dist_opt.origin)
+    return Line(f"place ddp{overlap_on.value} over dp",
+                f"no --use-distributed-optimizer; {overlap_on.origin.key}", overlap_on.origin)
 
 
 def _data_overlap(args: Arguments, reader: Reader, dist_opt: bool) -> Value:

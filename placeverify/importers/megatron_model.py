@@ -60,7 +60,8 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
     qk = args.flag("--qk-layernorm")  # Q and K normalised per head (--normalization's kind)
     gqa = args.flag("--group-query-attention")
     groups = args.integer("--num-query-groups")
-    kv = groups if gqa is not None and groups is not None else Value(
+    kv_heads = args.integer("--num-key-value-heads")  # Megatron-DeepSpeed's GQA flag
+    kv = groups if gqa is not None and groups is not None else kv_heads or Value(
         heads.value, Origin("--num-attention-heads (no --group-query-attention)", args.source))
     swiglu = args.flag("--swiglu")
     ffn = args.integer("--ffn-hidden-size") or Value(
@@ -68,6 +69,14 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
         Origin("--ffn-hidden-size (default: " + ("int(4h * 2/3 / 64) * 64 with --swiglu)"
                                                  if swiglu else "4h)"), args.source))
     vocab = args.integer("--vocab-size")
+    # Megatron-DeepSpeed (megatron/tokenizer/tokenizer.py, _vocab_size_with_padding): the padded
+    # vocabulary is --pad-vocab-size-to exactly (asserted a multiple of TP and at least the
+    # tokenizer's), whatever --make-vocab-size-divisible-by says
+    padded = args.integer("--pad-vocab-size-to")
+    if padded is not None:
+        vocab = padded
+        for flag in ("--tokenizer-type", "--tokenizer-name-or-path", "--make-vocab-size-divisible-by"):
+            args.used.add(flag)
     if vocab is None:
         tokenizer = args.text("--tokenizer-type")
         if tokenizer is not None and tokenizer.value in TOKENIZER_VOCAB:
@@ -77,16 +86,21 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
                          "tokenizer): add --vocab-size N, give --model config.json, or "
                          "--set model.vocab=N", tokenizer.origin if tokenizer else None,
                          code=Code.MISSING)
-    divisible = args.integer("--make-vocab-size-divisible-by", 128)
+    divisible = args.integer("--make-vocab-size-divisible-by", 128) if padded is None else \
+        Value(1, Origin("--pad-vocab-size-to (the padded size as given)", args.source))
     untie = args.flag("--untie-embeddings-and-output-weights")
     norm = args.text("--normalization") or Value("LayerNorm", Origin("--normalization (default)",
                                                                      args.source))
+    # Megatron-LM spells them LayerNorm / RMSNorm, Megatron-DeepSpeed layernorm / rmsnorm
+    norm = Value({"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(str(norm.value).lower(),
+                                                                      norm.value), norm.origin)
     if norm.value not in ("LayerNorm", "RMSNorm"):
         reader.error(f"--normalization is LayerNorm or RMSNorm, not '{norm.value}'", norm.origin)
     no_bias = args.flag("--disable-bias-linear")
     position = args.text("--position-embedding-type") or Value(
         "learned_absolute", Origin("--position-embedding-type (default)", args.source))
-    positions = {"learned_absolute": "learned", "rope": "rotary", "none": "none"}
+    # alibi (Megatron-DeepSpeed): a bias added to the attention scores, no position parameters
+    positions = {"learned_absolute": "learned", "rope": "rotary", "none": "none", "alibi": "none"}
     if position.value not in positions:
         reader.error(f"not modelled: --position-embedding-type {position.value}", position.origin,
                      code=Code.NOT_MODELLED)
@@ -94,8 +108,12 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
     dropout = max(float(str(args.real("--hidden-dropout", 0.1).value)),
                   float(str(args.real("--attention-dropout", 0.1).value)))
     backend = args.text("--attention-backend")
-    flash = args.flag("--use-flash-attn")
-    standard = backend is not None and backend.value in ("unfused", "local")
+    flash = args.flag("--use-flash-attn") or args.flag("--use-flash-attn-v2") or \
+        args.flag("--use-flash-attn-triton")
+    # Megatron-DeepSpeed's softmax is Megatron's fused masked softmax unless a --use-flash-attn*
+    # flag asks for FlashAttention (its forks have no --attention-backend)
+    legacy = "--deepspeed" in args.flags and backend is None and flash is None
+    standard = legacy or (backend is not None and backend.value in ("unfused", "local"))
     lines = [line("layers", layers), line("hidden", hidden), line("heads", heads),
              line("kv_heads", kv), line("ffn", ffn),
              *([line("head_dim", channels)] if channels is not None else []),
@@ -114,9 +132,14 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
               Line(f"dropout = {'true' if dropout > 0 else 'false'}",
                    "--hidden-dropout / --attention-dropout (default 0.1)"),
               Line(f"attention = {'standard' if standard else 'flash'}",
-                   backend.origin.key if backend else ("--use-flash-attn" if flash else
-                                                       "--attention-backend (default auto)"),
+                   backend.origin.key if backend else (flash.origin.key if flash else
+                                                       "--deepspeed: no --use-flash-attn" if legacy
+                                                       else "--attention-backend (default auto)"),
                    backend.origin if backend else None)]
+    embed_norm = args.flag("--embed-layernorm")
+    if embed_norm is not None:
+        reader.warning("not modelled: --embed-layernorm (a LayerNorm after the word embedding: "
+                       "2h parameters and its saved input on the first stage)", embed_norm.origin)
     experts = args.integer("--num-experts")
     if experts is not None:
         top_k = args.integer("--moe-router-topk", 2)

@@ -15,6 +15,14 @@ MEMORY_PROFILES: dict[str, str] = {
     # partition of ZeRO-1/2 (``single_partition_of_fp32_groups`` grads, 4 bytes per element of the
     # partition) that DeepSpeed's own estimator counts.
     "deepspeed": "DeepSpeed ZeRO: plus the fp32 gradient partition of stages 1-2",
+    # Megatron-DeepSpeed: Megatron's model under DeepSpeed's engine. Its optimizers hold what the
+    # deepspeed profile counts, and BF16_Optimizer (``runtime/bf16_optimizer.py``; bf16 Θ with
+    # fp32 gradient accumulation, written ``precision megatron`` with ZeRO-1) keeps the bf16
+    # ``.grad`` of every parameter beside the fp32 accumulation buffer: the pipeline engine
+    # calls ``update_hp_grads(clear_lp_grads=False)`` after each backward
+    # (``runtime/pipe/engine.py``), so 2 bytes per parameter more than the placement's G.
+    "megatron_deepspeed": "Megatron-DeepSpeed: as deepspeed, plus BF16_Optimizer's 16-bit "
+                          "gradients beside its fp32 accumulation",
     # torch on CUDA: ``optimizer.zero_grad(set_to_none=True)`` frees the gradients between steps;
     # DistributedDataParallel keeps bucket buffers as large as the replicated gradients
     # (``gradient_as_bucket_view=False``, the default); ``torch.optim.Adam`` picks its foreach
@@ -60,6 +68,11 @@ LAYER_KERNELS: dict[str, LayerKernels] = {
     # copy), ``* torch.rsqrt(...)`` (saves the rstd), ``self.weight * hidden_states.to(input_dtype)``
     # (saves the normalised input in the activation dtype); the bf16 input itself is not saved.
     "deepspeed": LayerKernels(fused_swiglu=False, eager_rmsnorm=True, layernorm_stats=True),
+    # Megatron-DeepSpeed's layers (megatron/model/transformer.py of its forks): Apex's fused
+    # LayerNorm (``MixedFusedLayerNorm``, which saves the input, mean and inverse variance), the
+    # bias-GeLU fusion, and for --swiglu an eager ``F.silu(x[0]) * x[1]`` and an eager RMSNorm.
+    "megatron_deepspeed": LayerKernels(fused_swiglu=False, eager_rmsnorm=True,
+                                       layernorm_stats=True),
     # torch-native training of the same eager model (FSDP2, DDP, DTensor TP); ``layer_norm``
     # (``native_layer_norm``) saves its input, mean and rstd (fp32 per token), and CUDA's
     # ``native_dropout`` a bool mask.
