@@ -132,3 +132,9 @@ def test_sbatch_lines_after_the_first_command_are_comments() -> None:
     script = read("echo start\n#SBATCH --nodes=4\ntorchrun --nnodes $SLURM_NNODES train.py\n")
     word = training(script)[2]
     assert word == "$SLURM_NNODES"
+
+
+def test_dash_strips_tabs_from_a_quoted_body_too() -> None:
+    # <<- drops the leading tabs whatever the quoting; a tab inside a line stays
+    script = read("cat <<-'EOF' > c.txt\n\t\ta\tb\n\tc\n\tEOF\n")
+    assert script.files["c.txt"].text.text == "a\tb\nc\n"

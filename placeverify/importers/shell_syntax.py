@@ -305,46 +305,19 @@ class Lexer:
         self.heredocs = []
 
     def _heredoc_body(self, doc: HereDoc, start: int, end: int) -> WordTok:
-        """The body between ``start`` and ``end``: literal with a quoted delimiter, else read as
-        between double quotes (``$``, backticks; a backslash escapes ``$ ` \\`` and the newline),
-        with ``<<-`` dropping the tabs that start each line."""
-        text = self.text
-        parts: list[Part] = []
-        chars: list[str] = []
-        offsets: list[int] = []
-
-        def flush() -> None:
-            if chars:
-                parts.append(Lit("".join(chars), tuple(offsets), True))
-                chars.clear()
-                offsets.clear()
-
+        """The body between ``start`` and ``end``: with a quoted delimiter literal, else read as
+        between double quotes; ``<<-`` drops the tabs that start each line."""
         resume, self.i = self.i, start
-        line_start = True
-        while self.i < end:
-            c = text[self.i]
-            if line_start and doc.strip and c == "\t":
-                self.i += 1
-                continue
-            line_start = c == "\n"
-            if doc.expand and c == "\\" and self.i + 1 < end and text[self.i + 1] in "$`\\\n":
-                if text[self.i + 1] != "\n":
-                    chars.append(text[self.i + 1])
-                    offsets.append(self.i + 1)
-                self.i += 2
-                continue
-            if doc.expand and c == "$":
-                flush()
-                parts.append(self._dollar(True))
-                continue
-            if doc.expand and c == "`":
-                flush()
-                parts.append(self._backticks(True))
-                continue
-            chars.append(c)
-            offsets.append(self.i)
-            self.i += 1
-        flush()
+        if doc.expand:
+            parts = self._double_quoted(end, doc.strip)
+        else:
+            kept: list[int] = []
+            line_start = True
+            for i in range(start, end):
+                if not (doc.strip and line_start and self.text[i] == "\t"):
+                    kept.append(i)
+                    line_start = self.text[i] == "\n"
+            parts = [Lit("".join(self.text[i] for i in kept), tuple(kept), True)] if kept else []
         self.i = resume
         return WordTok(tuple(parts), start, end)
 
@@ -450,8 +423,14 @@ class Lexer:
         flush()
         return parts
 
-    def _double_quoted(self) -> list[Part]:
+    def _double_quoted(self, end: int | None = None, strip: bool = False) -> list[Part]:
+        """Parts as read between double quotes: ``$`` and backticks expand, a backslash escapes
+        ``$ ` " \\`` and the newline. Up to the closing quote; or, for a here-document body, up
+        to ``end`` (a ``"`` is then a character, not escaped), ``strip`` dropping the tabs that
+        start each line (``<<-``)."""
         text = self.text
+        limit = len(text) if end is None else end
+        escaped = '$`"\\\n' if end is None else "$`\\\n"
         parts: list[Part] = []
         chars: list[str] = []
         offsets: list[int] = []
@@ -462,9 +441,14 @@ class Lexer:
                 chars.clear()
                 offsets.clear()
 
-        while self.i < len(text) and text[self.i] != '"':
+        line_start = True
+        while self.i < limit and (end is not None or text[self.i] != '"'):
             c = text[self.i]
-            if c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '$`"\\\n':
+            if strip and line_start and c == "\t":
+                self.i += 1
+                continue
+            line_start = c == "\n"
+            if c == "\\" and self.i + 1 < limit and text[self.i + 1] in escaped:
                 if text[self.i + 1] != "\n":
                     chars.append(text[self.i + 1])
                     offsets.append(self.i + 1)
