@@ -189,7 +189,7 @@ def test_an_override_can_give_a_non_divisible_world_its_mesh(tmp_path: Path) -> 
     strategy, _ = load(str(script), DEFAULT, settings("mesh.pp=1"))
     assert strategy.mesh.world == 8 and strategy.mesh.size("dp") == 1
     assert strategy.microbatches == 16
-    assert strategy.name == "train.sh: Megatron-LM with overrides, tp = 8, dp = 1, pp = 1"
+    assert strategy.name == "train.sh: Megatron-LM with overrides, pp = 1, dp = 1, tp = 8"
     with pytest.raises(PlaceError) as error:
         load(str(script), DEFAULT, settings("mesh.tp=4"))
     [d] = error.value.diagnostics  # the file breaks it too: at the flag, the override noted
@@ -995,3 +995,24 @@ def test_torchtitan_flavors_described_entry_by_entry(tmp_path: Path, name: str, 
     strategy, imported = load(str(config), Options(world=8))
     assert strategy.model.params == params
     assert f"{name} {flavor} (torchtitan/models/{name}/__init__.py)" in imported.text
+
+
+# ---- the mesh order: the framework's innermost axis last -------------------------------------
+
+@pytest.mark.parametrize("fixture,world", [("gpt3-175b-megatron.sh", None),
+                                           ("bloom-176b-megatron-deepspeed.slurm", None),
+                                           ("llama3-405b-hsdp-pp.toml", 896)])
+def test_the_tensor_axis_of_an_import_stays_inside_a_node(fixture: str, world: int | None) -> None:
+    # Megatron-LM (parallel_state: tensor groups are consecutive ranks) and torchtitan
+    # (ParallelDims.build_mesh: tp innermost) put TP's 8 ranks in one 8-GPU node; a .place mesh
+    # lays ranks out with its last axis varying fastest, so tp must be written last and get the
+    # NVLink bandwidth of the device, the pipeline axis the network's
+    profile = json.loads((ROOT / "placeverify" / "ir" / "devices.json").read_text())
+    a100 = profile["a100_80gb_sxm"]
+    strategy, _ = load(str(ROOT / "tests" / "importers" / fixture), Options(world=world),
+                       settings("mesh.device=a100_80gb_sxm"))
+    axes = {axis.name: axis for axis in strategy.mesh.axes}
+    assert strategy.mesh.axes[-1].name == "tp"
+    assert axes["tp"].bandwidth == Fraction(str(a100["intra_node_bandwidth"]))
+    assert axes["pp"].bandwidth is not None
+    assert axes["pp"].bandwidth < Fraction(str(a100["intra_node_bandwidth"]))

@@ -61,7 +61,7 @@ class Plan:
     model: list[Line] = field(default_factory=list)  # entries of the model block
     model_origin: Origin | None = None
     precision: Line | None = None
-    mesh: list[Line] = field(default_factory=list)  # axes in rank order, then world
+    mesh: list[Line] = field(default_factory=list)  # axes innermost first (rank order), world
     body: list[Line] = field(default_factory=list)  # place, microbatches, loss, clip, ...
     rules: list[Rule] = field(default_factory=list)  # consistency rules, judged on final values
 
@@ -241,7 +241,10 @@ def render(plan: Plan) -> tuple[str, dict[int, Origin]]:
         emit(plan.precision)
     out.append("")
     out.append("mesh {")
-    for line in plan.mesh:
+    # the importers list axes innermost first (the framework's rank order); a .place mesh is
+    # written outermost first, its last axis varying fastest (ir/devices.py, intra_node)
+    axes = [line for line in plan.mesh if not line.text.startswith("world")]
+    for line in [*reversed(axes), *(line for line in plan.mesh if line not in axes)]:
         emit(line, "    ")
     framework = FRAMEWORKS.get(plan.framework or plan.fmt)
     if framework is not None:

@@ -262,7 +262,7 @@ def _precision_agrees(args: Arguments, reader: Reader, doc: Config) -> None:
     """Megatron's --bf16 / --fp16 build the model in that dtype; the engine's bf16 / fp16 must
     say the same (Megatron-DeepSpeed passes both to the same run)."""
     for flag, path in (("--bf16", ("bf16", "enabled")), ("--fp16", ("fp16", "enabled"))):
-        engine = doc.get(*path)
+        engine = doc.get(*path) or (doc.get("bfloat16", "enabled") if flag == "--bf16" else None)
         on = engine is not None and engine.value is True
         if (flag in args.flags) != on:
             where = args.origin(args.flags[flag][0]) if flag in args.flags else \
