@@ -81,14 +81,16 @@ class Engine:
     body: list[Line] = field(default_factory=list)  # offload
 
 
-def gpt_pipe_layers(layers: int, float16: bool) -> list[str]:
+def gpt_pipe_layers(layers: int, float16: bool, untied: bool = False) -> list[str]:
     """The class (or function) names of GPTModelPipe's layer list, in order
     (bigscience-workshop/Megatron-DeepSpeed ``megatron/model/gpt_model.py``): the cast to 16 bits,
     the tied embedding, a transpose, the transformer layers, its undo, the final LayerNorm
-    (``MixedFusedLayerNorm``), the tied embedding again (the logits) and, with fp16 or bf16, the
+    (``MixedFusedLayerNorm``), the tied embedding again (the logits; deepspeedai's fork has an
+    ``LMHeadPipe`` there under --untie-embeddings-and-output-weights) and, with fp16 or bf16, the
     cast back."""
     return ["_to_float16", "EmbeddingPipe", "<lambda>", *[TRANSFORMER_LAYER] * layers, "undo",
-            "MixedFusedLayerNorm", "EmbeddingPipe", *(["float16_to_fp32"] if float16 else [])]
+            "MixedFusedLayerNorm", "LMHeadPipe" if untied else "EmbeddingPipe",
+            *(["float16_to_fp32"] if float16 else [])]
 
 
 def partition_uniform(items: int, parts: int) -> list[int]:
@@ -319,7 +321,8 @@ def _pipeline(args: Arguments, reader: Reader, p: int, float16: bool, m: int) ->
     method = args.text("--pp-partition-method") or Value(
         DEFAULT_PARTITION, Origin("--pp-partition-method (Megatron-DeepSpeed's default)",
                                   args.source))
-    names = gpt_pipe_layers(int(str(layers.value)), float16)
+    names = gpt_pipe_layers(int(str(layers.value)), float16,
+                            "--untie-embeddings-and-output-weights" in args.flags)
     text = str(method.value)
     if not text.lower().startswith("type:"):
         reader.error(f"not modelled: --pp-partition-method {text} (placeverify splits by "
