@@ -206,8 +206,7 @@ def read_engine(args: Arguments, reader: Reader, script: Script | None, plan: Pl
         return None
     _precision_agrees(args, reader, doc)
     precision = precision_line(doc)
-    bf16 = precision.text == "precision bf16_adam"
-    fp16 = "fp16" in precision.text or "mixed_adam" in precision.text
+    bf16, fp16 = _enabled(doc, "bf16"), _enabled(doc, "fp16")
     after = "reduced after the whole pipeline schedule (ReduceGrads)"
     if stage == 0 and bf16 and not pipe:
         reader.error("not modelled: bf16 without ZeRO outside DeepSpeed's pipeline engine (which "
@@ -263,16 +262,21 @@ def read_engine(args: Arguments, reader: Reader, script: Script | None, plan: Pl
 def _precision_agrees(args: Arguments, reader: Reader, doc: Config) -> None:
     """Megatron's --bf16 / --fp16 build the model in that dtype; the engine's bf16 / fp16 must
     say the same (Megatron-DeepSpeed passes both to the same run)."""
-    for flag, path in (("--bf16", ("bf16", "enabled")), ("--fp16", ("fp16", "enabled"))):
-        engine = doc.get(*path) or (doc.get("bfloat16", "enabled") if flag == "--bf16" else None)
-        on = engine is not None and engine.value is True
+    for dtype in ("bf16", "fp16"):
+        flag, on = f"--{dtype}", _enabled(doc, dtype)
         if (flag in args.flags) != on:
             where = args.origin(args.flags[flag][0]) if flag in args.flags else \
-                (engine.origin if engine is not None else doc.origin(*path))
+                doc.origin(dtype, "enabled")
             reader.error(f"{flag} {'is' if flag in args.flags else 'is not'} given but the "
-                         f"DeepSpeed configuration's {'.'.join(path)} is "
+                         f"DeepSpeed configuration's {dtype}.enabled is "
                          f"{'true' if on else 'not true'}: the model and the engine would train "
                          "in different precisions", where, code=Code.CONFLICT)
+
+
+def _enabled(doc: Config, dtype: str) -> bool:
+    """Whether the configuration enables ``bf16`` (also spelt ``bfloat16``) or ``fp16``."""
+    keys = ("bf16", "bfloat16") if dtype == "bf16" else (dtype,)
+    return any((v := doc.get(key, "enabled")) is not None and v.value is True for key in keys)
 
 
 def _clip(doc: Config) -> Line | None:

@@ -231,14 +231,15 @@ class Script:
             match = _SBATCH_NODES.match(line)
             if match is not None:
                 start = offset + raw.index(line) + match.start(1)
-                number = self.line_of(start)
+                nodes = match.group(1)
+                note = (f"${_NODE_VARIABLES[0]} = {nodes}, from #SBATCH at line "
+                        f"{self.line_of(start)} (also ${_NODE_VARIABLES[1]}; an sbatch --nodes "
+                        "on the command line would change it)")
+                value = Text(tuple((c, start + k, None) for k, c in enumerate(nodes)))
                 for name in _NODE_VARIABLES:
-                    note = (f"${name} = {match.group(1)}, from #SBATCH at line {number} (an "
-                            "sbatch --nodes on the command line would change it)")
-                    self.state.values[name] = Text(tuple(
-                        (c, start + k, None) for k, c in enumerate(match.group(1))))
-                    for k in range(len(match.group(1))):
-                        self._assumed_at.setdefault(start + k, note)
+                    self.state.values[name] = value
+                for k in range(len(nodes)):
+                    self._assumed_at[start + k] = note
             offset += len(raw)
 
     # ---- positions ----
@@ -478,33 +479,29 @@ class Script:
 
     def _writes(self, node: Simple, words: list[Text], state: State, line: int,
                 doubt: Unknown | None) -> None:
-        """``cat <<EOF > FILE`` and ``tee FILE <<EOF``: FILE's text is the here-document's."""
-        docs = [r.target for r in node.redirects if isinstance(r.target, HereDoc)]
+        """``cat <<EOF > FILE`` and ``tee FILE <<EOF``: FILE's text is the here-document's; a file
+        any other command writes (``sed ... > FILE``) is written, its text not known."""
         if not words:
             return
+        outputs = [(self._expand(r.target, state, split=False)[0], r.op == ">>")
+                   for r in node.redirects
+                   if r.op in (">", ">>", ">|") and isinstance(r.target, WordTok)]
+        docs = [r.target for r in node.redirects if isinstance(r.target, HereDoc)]
+        body = docs[-1].body if docs else None
         command = words[0].text.rsplit("/", 1)[-1]
-        if not docs or docs[-1].body is None:  # `sed ... > FILE`: written, but not known
-            for r in node.redirects:
-                if r.op in (">", ">>", ">|") and isinstance(r.target, WordTok):
-                    target = self._expand(r.target, state, split=False)[0]
-                    self.files[_file_name(target)] = Written(Text(), line, doubt,
-                                                             by=f"`{words[0].text}`")
-            return
-        targets: list[tuple[Text, bool]] = []
-        if command == "cat":
-            targets = [(self._expand(r.target, state, split=False)[0], r.op == ">>")
-                       for r in node.redirects
-                       if r.op in (">", ">>", ">|") and isinstance(r.target, WordTok)]
-        elif command == "tee":
+        if command == "tee" and body is not None:
             append = any(w.text in ("-a", "--append") for w in words[1:])
-            targets = [(w, append) for w in words[1:] if not w.text.startswith("-")]
-        if not targets:
+            outputs = [(w, append) for w in words[1:] if not w.text.startswith("-")]
+        elif command != "cat" or body is None:
+            for target, _ in outputs:
+                self.files[_file_name(target)] = Written(Text(), line, doubt,
+                                                         by=f"`{words[0].text}`")
             return
-        body = self._expand(docs[-1].body, state, split=False)[0]
-        for target, append in targets:
+        text = self._expand(body, state, split=False)[0]
+        for target, append in outputs:
             before = self.files.get(_file_name(target))
-            text = Text(before.text.chars + body.chars) if append and before else body
-            self.files[_file_name(target)] = Written(text, line, doubt)
+            written = Text(before.text.chars + text.chars) if append and before else text
+            self.files[_file_name(target)] = Written(written, line, doubt)
 
     def _run_string(self, string: Text, state: State, line: int) -> str:
         """The commands of ``bash -c STRING``, read in a child shell (its assignments are its
@@ -516,10 +513,10 @@ class Script:
         try:
             tree = parse(text)
         except ShellSyntaxError as error:
-            at = where[min(error.offset, len(where) - 1)] if where else fallback
+            at = where[min(error.offset, len(where) - 1)] if where else -1
+            at = at if at >= 0 else fallback
             raise _error(self.source, f"cannot read the commands of this bash -c string: "
-                         f"{error.message}", self.span(max(at, fallback), max(at, fallback) + 1),
-                         Code.SYNTAX) from None
+                         f"{error.message}", self.span(at, at + 1), Code.SYNTAX) from None
         carried = dict(self._carried)
         self._carried.update({o: u for _, o, u in string.chars if u is not None and o >= 0})
         self._list(relocate(tree, where, fallback), state.copy())
@@ -610,12 +607,10 @@ class Script:
         if isinstance(part, Lit):
             offsets = part.offsets if len(part.offsets) == len(part.text) else \
                 tuple(-1 for _ in part.text)
-            if self._carried:  # re-reading a string: an opaque character keeps its unknown
-                return [_Piece(tuple((self.source.text[o], o, self._carried[o])
-                                     if c == _OPAQUE and o in self._carried else (c, o, None)
-                                     for c, o in zip(part.text, offsets, strict=True)), False)]
-            return [_Piece(tuple((c, o, None) for c, o in zip(part.text, offsets, strict=True)),
-                           False)]
+            # re-reading a bash -c string, an opaque character is the unknown it stands for
+            return [_Piece(tuple((self.source.text[o], o, self._carried[o])
+                                 if c == _OPAQUE and o in self._carried else (c, o, None)
+                                 for c, o in zip(part.text, offsets, strict=True)), False)]
         if isinstance(part, Substitution):
             return [self._unknown_piece(part.start, part.end, Unknown(
                 f"the value comes from {'a ' + part.kind if part.kind != 'backticks' else 'backticks'}"
