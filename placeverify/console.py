@@ -69,7 +69,8 @@ def output_width(explicit: int | None = None) -> int:
 def console(width: int | None = None) -> Console:
     """Standard output, :func:`output_width` columns wide (``--width``, else ``COLUMNS`` also
     when piped, else the terminal's width, else 120)."""
-    return Console(width=output_width(width), highlight=False, soft_wrap=False, markup=False)
+    return Console(width=output_width(width), highlight=False, soft_wrap=False, markup=False,
+                   emoji=False)
 
 
 def print_table(out: Console, table: Table) -> None:
@@ -108,15 +109,21 @@ def _plain(cell: object) -> str:
 
 def error_console() -> Console:
     """Standard error, for diagnostics: the terminal's width, or 120 columns when piped."""
-    width = None if sys.stderr.isatty() else 120
-    return Console(stderr=True, width=width, highlight=False, soft_wrap=True, markup=False)
+    return stderr_console(None if sys.stderr.isatty() else 120)
+
+
+def stderr_console(width: int | None = None) -> Console:
+    """Standard error, text as written: no markup, no highlighting, and no emoji codes (rich
+    would print a diagnostic's ``path:100:5`` as a 💯 between the path and the column)."""
+    return Console(stderr=True, width=width, highlight=False, soft_wrap=True, markup=False,
+                   emoji=False)
 
 
 def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
     """Every diagnostic of ``error`` on standard error, with its source line when ``pretty``."""
     err = error_console()
     for diagnostic in error.diagnostics:
-        err.print(diagnostic.render(error.source, pretty=pretty), markup=False)
+        err.print(diagnostic.render(error.source, pretty=pretty), markup=False, emoji=False)
 
 
 class Terminated(BaseException):

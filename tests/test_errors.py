@@ -225,3 +225,25 @@ def test_json_output_of_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                      "line": 3, "column": 7, "end_line": 3, "end_column": 11,
                      "notes": [error["notes"][0]]}
     assert error["notes"][0].startswith("presets: ")
+
+
+def test_a_diagnostic_at_line_100_prints_its_line_number(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # rich reads ':100:' as an emoji code unless told not to: the location must stay text
+    lines = ['strategy "s"', "model { params = 1e9 }", "precision mixed_adam",
+             "mesh {", "    dp = 2", "}"] + ["# padding"] * 93 + ["place nonsense over dp"]
+    (tmp_path / "t.place").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = check("t.place")
+    assert code == ExitCode.INPUT_ERROR and out == ""
+    assert err.startswith("t.place:100:7: error:"), err
+    assert "\N{HUNDRED POINTS SYMBOL}" not in err
+    # an import's warnings go through the same console
+    script = ["#!/bin/bash"] + ["# padding"] * 98 + [
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+        "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+        "--micro-batch-size 1 --global-batch-size 8 --bf16 --vocab-size 1000 --no-such-flag"]
+    (tmp_path / "run.sh").write_text("\n".join(script) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["import", "run.sh"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert "run.sh:100:" in result.stderr and "\N{HUNDRED POINTS SYMBOL}" not in result.stderr

@@ -18,28 +18,24 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.backend.runtime import BackendFailure, run_workers
-from placeverify.console import Progress, print_table, stop_cleanly_on_signals
+from placeverify.console import Progress, print_table, stderr_console, stop_cleanly_on_signals
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.lower import load
 from placeverify.measure.compare import Comparison, Row, compare, comparison_document, model_text
 from placeverify.measure.plan import plan
 
 
-def _stderr() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
-
-
 def measure_file(path: str, *, as_json: bool, timeout: float, console: Console,
                  progress: Progress | None = None) -> ExitCode:
     """Measure one ``.place`` file; print the comparison on ``console``; the exit code."""
     stop_cleanly_on_signals()
-    err = _stderr()
+    err = stderr_console()
     try:
         strategy = load(path)
         measurement_plan = plan(strategy)
     except PlaceError as error:
         for diagnostic in error.diagnostics:
-            err.print(diagnostic.render(error.source), markup=False)
+            err.print(diagnostic.render(error.source), markup=False, emoji=False)
         return error.exit_code
     started = time.perf_counter()
     try:
@@ -47,7 +43,7 @@ def measure_file(path: str, *, as_json: bool, timeout: float, console: Console,
                                            f"{measurement_plan.spec.label()}") as say:
             results = run_workers(measurement_plan.spec, timeout=timeout, progress=say)
     except BackendFailure as error:
-        err.print(f"placeverify: measure: {error}", markup=False)
+        err.print(f"placeverify: measure: {error}", markup=False, emoji=False)
         return ExitCode.BACKEND_ERROR
     comparison = compare(strategy, measurement_plan, results, time.perf_counter() - started)
     if as_json:

@@ -35,7 +35,7 @@ from rich.console import Console
 
 from placeverify.backend.available import torch_available
 from placeverify.backend.runtime import BackendFailure, FailureKind, pool
-from placeverify.console import Progress, stop_cleanly_on_signals
+from placeverify.console import Progress, stderr_console, stop_cleanly_on_signals
 from placeverify.diagnostics import ExitCode
 from placeverify.replay.compare import outcome
 from placeverify.replay.layout import Unsupported, layout_of
@@ -109,7 +109,7 @@ def replay_result(result: Any, *, as_json: bool, console: Console,
     replay document goes to stderr, so that stdout stays the check document."""
     verification = result.verification
     path = result.strategy.source.path
-    out = Console(stderr=True, highlight=False, markup=False, soft_wrap=True) if as_json else console
+    out = stderr_console() if as_json else console
     if verification is None:
         return ExitCode.OK
     stop_cleanly_on_signals()
@@ -155,17 +155,13 @@ def _fail(error: Exception, source: str, as_json: bool, out: Console,
     if as_json:
         _emit(out, _failure_report(failure, source))
     else:
-        _error_console().print(f"placeverify: replay: {failure.message}", markup=False)
+        stderr_console().print(f"placeverify: replay: {failure.message}", markup=False, emoji=False)
     return ExitCode.BACKEND_ERROR
 
 
 def _emit(out: Console, doc: dict[str, Any]) -> None:
     out.file.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     out.file.flush()
-
-
-def _error_console() -> Console:
-    return Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
 def _run_and_report(plan: Plan, timeout: float, source: str, as_json: bool, out: Console,

@@ -37,7 +37,7 @@ from pathlib import Path
 from rich.console import Console
 
 from placeverify import __version__
-from placeverify.console import write_atomically
+from placeverify.console import stderr_console, write_atomically
 from placeverify.diagnostics import ExitCode
 from placeverify.ir.placement import Role
 from placeverify.ir.precision import LossScale
@@ -274,18 +274,18 @@ def emit_trace(path: str, out: str, *, world: int | None, steps: int,
         text = emit_script(trace, trace_path=path, script=Path(out).name, world=world,
                            steps=steps)
     except EmitRefused as refused:
-        Console(stderr=True, highlight=False, markup=False, soft_wrap=True).print(
+        stderr_console().print(
             f"placeverify: replay --emit: cannot emit {trace.file or path}: {refused}",
-            markup=False)
+            markup=False, emoji=False)
         return ExitCode.INPUT_ERROR
     try:
         write_atomically(text, out)
     except OSError as err:
-        Console(stderr=True, highlight=False, markup=False, soft_wrap=True).print(
-            f"placeverify: replay --emit: cannot write {out}: {err.strerror}", markup=False)
+        stderr_console().print(
+            f"placeverify: replay --emit: cannot write {out}: {err.strerror}", markup=False, emoji=False)
         return ExitCode.READ_ERROR
     processes = text.split("--nproc-per-node ", 1)[1].split(" ", 1)[0]
     console.print(f"reproducer written to {out}; run: torchrun --standalone --nproc-per-node "
-                  f"{processes} {out}", markup=False)
+                  f"{processes} {out}", markup=False, emoji=False)
     return ExitCode.OK
 
