@@ -16,9 +16,11 @@ Runs (the published layout as this project reads the source):
   without resharding after forward" with "FP32 gradient accumulation during backward computation
   over multiple micro-batches" (§3.3.2) written ``zero2(reduce = step)`` (parameters gathered
   once per step, gradients accumulated unsharded and reduce-scattered once, per model chunk);
-  an interleaved pipeline with one layer fewer on the first and the last stage. The paper does
-  not give the interleaving depth: v = 4 here, as ``benchmarks/step_time.py`` assumes for the
-  same rows, so the 126 layers are 1, 2 x 62, 1 over the 64 virtual stages.
+  an interleaved pipeline with one layer fewer on the first and the last stage, so that "the
+  first model chunk on the first stage has only the embedding, and the last model chunk on the
+  last stage has only output projection and loss calculation" (§3.3.2): a model chunk held one
+  of 126 + 2 layers, 128 chunks over p = 16 is v = 8, and the 126 layers are 0, 1 x 126, 0 over
+  the 128 virtual stages (as ``benchmarks/step_time.py`` reads the same rows).
 - GPT-3 175B on 1,024 A100 80GB, batch 1,536 sequences of 2,048: Megatron-LM's 3D layout for
   this model, t = 8 in a node and p = 8 interleaved over v = 3 chunks (Korthikanti et al. 2022,
   arXiv 2205.05198, Table 5, with sequence parallelism and selective recomputation), d = 16,
@@ -87,9 +89,9 @@ def problem(model: str, dev: str, devices: int, batch: int, seq: int) -> Problem
 
 def llama3_405b() -> tuple[str, Problem, Layout, list[tuple[str, Space]]]:
     pb = problem("llama3_405b", "h100_sxm", 16384, 2048, 8192)
-    stages = stage_layers(126, 16, 4, uneven=True)
+    stages = stage_layers(126, 16, 8, uneven=True)
     assert isinstance(stages, tuple)
-    published = Layout(tp=8, cp=1, pp=16, v=4, ep=1, dp=128, sharding=Sharding.ZERO2, shard=128,
+    published = Layout(tp=8, cp=1, pp=16, v=8, ep=1, dp=128, sharding=Sharding.ZERO2, shard=128,
                        sp=True, recompute=Recompute.NONE, offload=False, b=1, m=16,
                        stages=stages, reduce_step=True)
     own = Space(shardings=(Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP))

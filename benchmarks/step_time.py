@@ -190,10 +190,14 @@ def llama3_rows() -> list[Row]:
         tokens = d * per_dp * s
         flops = tokens * (6 * LLAMA3_405B_PARAMS + 12 * 126 * 16384 * s)
         measured = flops / (tflops * 1e12 * n)
-        # 126 layers, one fewer on the first and last stages: over v = 4 chunks (this
-        # benchmark's assumption; the paper gives no depth) 1, 2 x 62, 1 per virtual stage.
+        # 126 layers, "one Transformer layer each from the first and the last stages" less,
+        # so that "the first model chunk on the first stage has only the embedding, and the
+        # last model chunk on the last stage has only output projection and loss calculation"
+        # (§3.3.2): a chunk held one layer of 126 + 2, so 128 chunks over p = 16 stages is
+        # v = 8, and the virtual stages hold 0, 1 x 126, 0.
         cp_axis = [("cp", cp)] if cp > 1 else []
-        layers = ", ".join(["1", *["2"] * (4 * p - 2), "1"])
+        v = (126 + 2) // p
+        layers = ", ".join(["0", *["1"] * (v * p - 2), "0"])
         text = (f'strategy "Llama 3 Table 4: 405B on {n} GPUs, seq {s}"\n'
                 f"model llama3_405b {{ seq = {s}, micro_batch = 1 }}\n"
                 "precision megatron\n"
@@ -205,7 +209,7 @@ def llama3_rows() -> list[Row]:
                 "place zero2(reduce = step) over dp\n"
                 "place megatron(sequence_parallel) over tp\n"
                 + ("place context over cp\n" if cp > 1 else "")
-                + f"place pipeline(interleaved, microbatches = {per_dp}, chunks = 4, "
+                + f"place pipeline(interleaved, microbatches = {per_dp}, chunks = {v}, "
                 f"layers = [{layers}]) over pp\n"
                 "recompute none\n")
         rows.append(Row("llama3", f"405B {n} GPUs cp{cp} seq {s}", text, measured, i == 0))

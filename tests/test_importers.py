@@ -409,6 +409,12 @@ def _pipelined(tmp_path: Path, parallelism: str, schedule: str = "1F1B") -> Path
     ("Interleaved1F1B", "pipeline_parallel_layers_per_stage = 3\n",
      "pipeline(interleaved, chunks = 6, microbatches = 8, "
      "layers = [2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 1]) over pp"),
+    # layers_per_stage 1: 34 virtual stages, 17 per rank, 1 each less one at each end: the
+    # first holds only the embedding, the last only the norm and the output (torchtitan
+    # refuses only a weight above the layers per stage)
+    ("Interleaved1F1B", "pipeline_parallel_layers_per_stage = 1\n",
+     "pipeline(interleaved, chunks = 17, microbatches = 8, "
+     "layers = [0, " + "1, " * 32 + "0]) over pp"),
     # no weight for the embedding, two layers' for the output: 34 over 2 -> 17 and 17 - 2
     ("1F1B", "pipeline_parallel_first_stage_less_layers = 0\n"
              "pipeline_parallel_last_stage_less_layers = 2\n",

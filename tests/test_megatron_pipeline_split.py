@@ -44,6 +44,11 @@ BOTH = "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline
     # the embedding only: 31 + 1 = 32 over 4: 8 each, 7 on the first
     (31, 4, "--account-for-embedding-in-pipeline-split",
      "pipeline(1f1b, microbatches = 32, layers = [7, 8, 8, 8])"),
+    # 6 + 2 = 8 over 4 x 2 virtual stages: 1 each, none left at the ends: the first virtual
+    # stage holds only the embedding, the last only the output layer and the loss
+    # (get_num_layers_to_build asserts >= 0; Llama 3's 126 + 2 over 16 x 8 likewise)
+    (6, 4, f"--num-virtual-stages-per-pipeline-rank 2 {BOTH}",
+     "pipeline(interleaved, chunks = 2, microbatches = 32, layers = [0, 1, 1, 1, 1, 1, 1, 0])"),
 ])
 def test_accounted_split(tmp_path: Path, layers: int, pp: int, flags: str, written: str) -> None:
     path = args(tmp_path, layers, pp, flags)
@@ -57,9 +62,9 @@ def test_accounted_split(tmp_path: Path, layers: int, pp: int, flags: str, writt
 @pytest.mark.parametrize("layers, pp, flags, code, said", [
     # 30 + 1 = 31 does not divide by 4 (validate_args asserts it)
     (30, 4, "--account-for-embedding-in-pipeline-split", Code.NOT_DIVISIBLE, "does not split"),
-    # 6 + 2 = 8 over 4 x 2 virtual stages: 1 each, none left for the first and the last
-    (6, 4, f"--num-virtual-stages-per-pipeline-rank 2 {BOTH}", Code.NOT_MODELLED,
-     "no transformer layer"),
+    # 30 + 2 = 32 over 4 x 3 virtual stages: 8 per rank does not divide into 3 chunks
+    (30, 4, f"--num-virtual-stages-per-pipeline-rank 3 {BOTH}", Code.NOT_DIVISIBLE,
+     "does not split"),
     # with an explicit first-stage count (get_num_layers_to_build asserts they do not combine)
     (30, 4, f"--decoder-first-pipeline-num-layers 6 {BOTH}", Code.CONFLICT, "do not combine"),
 ])

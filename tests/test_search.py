@@ -329,8 +329,9 @@ def _search_benchmark() -> Any:
 
 def test_search_benchmark_breakdown_splits_the_step_time() -> None:
     """``benchmarks/search.py --breakdown``: the terms add up to the step time, and the bubble
-    is the interleaved schedule's idle compute, (p - 1) / v micro-batches of compute (Narayanan
-    et al. 2021 §2.2.2: bubble fraction (p - 1) / (v · m) of the m micro-batches' time)."""
+    is the interleaved schedule's idle compute: the other stages' work, in micro-batches of the
+    last stage's compute (which carries the output layer), over v — Narayanan et al. 2021
+    §2.2.2's (p - 1) / v for equal stages."""
     from placeverify.search.run import evaluate
 
     bench = _search_benchmark()
@@ -344,7 +345,15 @@ def test_search_benchmark_breakdown_splits_the_step_time() -> None:
         terms = bench.terms(e)
         assert set(terms) == set(bench.TERMS)
         assert sum(terms.values()) == pytest.approx(e.step_seconds, rel=1e-12)
-        idle = (lay.pp - 1) / lay.v * terms["compute"] / lay.m
+        # GPT-3 175B per micro-batch (b = 1), FLOPs ∝ 1/t on every stage: a layer's forward
+        # 24sh² + 4s²h (Narayanan et al. 2021, Appendix), run 3 times (forward, backward) plus
+        # the attention core's 4s²h again (selective recomputation, unfused softmax); the
+        # output layer 2shV (V = 50,257 padded to 51,200) 3 times on the last stage
+        h, s, vocab = 12288, 2048, 51200
+        layer = 3 * (24 * s * h**2 + 4 * s**2 * h) + 4 * s**2 * h  # (no bubble at pp = 1)
+        held = 96 // lay.pp
+        slowest = held * layer + 3 * 2 * s * h * vocab
+        idle = (lay.pp - 1) * held * layer / slowest / lay.v * terms["compute"] / lay.m
         assert terms["bubble"] == pytest.approx(idle, rel=1e-9, abs=1e-12)
         assert terms["cp"] == terms["ep"] == 0.0 and terms["data"] > 0
         st = step_time(e.strategy, e.costs)

@@ -13,7 +13,7 @@ from fractions import Fraction
 import pytest
 
 from placeverify.cost import analyse
-from placeverify.cost.time import step_time
+from placeverify.cost.time import Calibration, step_time
 from placeverify.diagnostics import Code, PlaceError, Severity
 from placeverify.lower import load_text
 from placeverify.lower.resize import resize
@@ -72,11 +72,11 @@ def test_wrong_sum_is_an_error_at_the_list() -> None:
                                "layers", Code.BAD_VALUE)]
 
 
-def test_a_zero_entry_and_a_bare_number_are_errors_at_the_value() -> None:
-    source = text("1f1b, microbatches = 4, layers = [0, 6]")
-    column = source.splitlines()[8].index("[0") + 2
-    assert errors(source) == [(9, column, "each entry of layers must be at least 1, got 0 (zero)",
-                               Code.BAD_VALUE)]
+def test_a_negative_entry_and_a_bare_number_are_errors_at_the_value() -> None:
+    source = text("1f1b, microbatches = 4, layers = [-1, 7]")
+    column = source.splitlines()[8].index("[-1") + 2
+    assert [(line, col, code) for line, col, _, code in errors(source)] == \
+        [(9, column, Code.BAD_VALUE)]
     source = text("1f1b, microbatches = 4, layers = 3")
     column = source.splitlines()[8].index("= 3") + 3
     assert errors(source) == [(9, column, "layers is a list of whole numbers in brackets, e.g. "
@@ -138,6 +138,53 @@ def test_the_stage_with_most_layers_is_the_fullest() -> None:
                             Fraction(0))) for k, r in by_kind.items()}
     assert acts["first"] == 5 * 2 * acts["last"] > 0
     assert costs.rank_bytes(by_kind["first"])["total"] == costs.device_bytes()["total"]
+
+
+def test_a_stage_of_no_layer_holds_only_the_embedding() -> None:
+    # [0, 6]: stage 0 holds only the word embedding (Llama 3's first model chunk, Megatron-LM's
+    # --account-for-embedding-in-pipeline-split at one layer per virtual stage); stage 1 the six
+    # layers, the output layer and the final norm. Megatron precision 2 bytes of Θ per parameter.
+    s = load_text(text("1f1b, microbatches = 4, layers = [0, 6]"))
+    costs = analyse(s)
+    by_kind = {r.kind.name: r for r in costs.ranks}
+    params = {k: Fraction(sum((i.bytes for i in r.items if i.category == "params"), Fraction(0)))
+              for k, r in by_kind.items()}
+    assert params["first"] == 2 * V * H
+    assert params["last"] == 2 * (6 * LAYER_PARAMS + V * H + 2 * H)
+    acts = Fraction(sum((i.bytes for i in by_kind["first"].items if i.category == "activations"),
+                        Fraction(0)))
+    assert acts == 0  # no layer, no layer's activations
+    # the last stage sets the pace: 6 layers and the output layer, forward and backward; the
+    # first stage has no matmul to add, so nothing is left for the bubble
+    result = step_time(s, costs)
+    assert result is not None and result.bubble_seconds is not None
+    assert result.flops_per_microbatch == pytest.approx(3 * (6 * LAYER_FLOPS + OUTPUT_FLOPS),
+                                                        rel=1e-12)
+    assert result.bubble_seconds == 0.0
+    assert verify(s).verdicts() == {
+        "gradient_integrity": "proved", "state_consistency": "proved",
+        "composition_safety": "proved"}
+
+
+def test_the_bubble_is_the_other_stages_work() -> None:
+    # [2, 4]: the last stage (4 layers + output) sets the pace; the first stage's 2 layers are
+    # the fill and drain: bubble = 2·L / (4·L + O) of the last stage's micro-batch time
+    # (matmuls only, and a pipeline link with no time to speak of: the micro-batch time is
+    # its FLOPs at one rate)
+    source = text("1f1b, microbatches = 4, layers = [2, 4]").replace(
+        "    pp = 2\n", "    pp = 2 { bandwidth = 1000 TB/s, latency = 1 ns }\n")
+    s = load_text(source)
+    flops_only = Calibration(efficiency=(("default", 0.5),), score_passes=0.0, hidden_passes=0.0,
+                             attention_efficiency=1.0, link_efficiency=1.0, fp8_cast_bytes=0.0,
+                             memory_efficiency=1.0)
+    result = step_time(s, analyse(s), flops_only)
+    assert result is not None and result.bubble_seconds is not None
+    assert result.compute_seconds is not None
+    others = Fraction(2 * LAYER_FLOPS, 4 * LAYER_FLOPS + OUTPUT_FLOPS)
+    assert others < Fraction(1, 2)  # where (p - 1) micro-batch times would be 1
+    # (the link's nanoseconds add about 2% to this small model's micro-batch)
+    assert result.bubble_seconds == pytest.approx(float(others) * result.compute_seconds / 4,
+                                                  rel=0.03)
 
 
 def test_middle_stages_with_different_counts_are_kinds_of_their_own() -> None:

@@ -183,16 +183,18 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind,
         return {g: d.sym(GROUP_SYMBOLS[g] + ("" if n == whole_model[g] else "_padded"), n)
                 for g, n in counts.items() if n > 0}
     pp = d.sym(pipe.axis, p) if pipe is not None else d.const(1)
-    # the stage's share of the layers: 1/p, or its listed count over the model's L
-    share = pp if kind.layers is None else \
-        d.sym("L", arch.layers) / stage_layer_count(d, strategy, kind.layers)
+    # the stage's share of the layers: 1/p, or its listed count over the model's L (a stage
+    # that lists none holds no layer: only the embedding or the output layer)
+    held = None if kind.layers is None else stage_layer_count(d, strategy, kind.layers)
     if chunk is not None:
-        share = d.sym("L", arch.layers) / chunk
+        held = chunk
     out: dict[ParamGroup, Num] = {}
     for group, name in ((ParamGroup.DENSE, "Ψ_dense_layers"), (ParamGroup.NORMS, "Ψ_norms_layers"),
                         (ParamGroup.EXPERTS, "Ψ_exp")):
-        if layers[group]:
-            out[group] = d.sym(name, layers[group]) / share
+        if layers[group] and held is None:
+            out[group] = d.sym(name, layers[group]) / pp
+        elif layers[group] and held is not None:
+            out[group] = d.sym(name, layers[group]) * held / d.sym("L", arch.layers)
     if kind.first:
         out[ParamGroup.EMBEDDING] = d.sym("Ψ_emb_first", word + positions)
     if kind.last:

@@ -37,7 +37,8 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
   parameter gathers, ``overlap = params`` none of its gradient reductions (:func:`waits`):
   inside the loop they lengthen every micro-batch, after it they add to the step. Host
   transfers are exposed.
-- **Bubble**: ``(p - 1)`` micro-batch times (1F1B, GPipe), ``(p - 1) / v`` interleaved.
+- **Bubble**: the other stages' work in micro-batch times of the slowest (:func:`pace`): ``p - 1``
+  for equal stages (1F1B, GPipe), divided by ``v`` interleaved.
 - **Optimizer**: memory-bound: each optimizer-state element is read and written, its gradient
   read and its parameter written, at HBM bandwidth times an efficiency.
 - **MFU** (PaLM, Chowdhery et al. 2022, App. B): model FLOPs without recomputation and with the
@@ -46,6 +47,7 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -87,8 +89,8 @@ class Calibration:
 
 # Fitted by benchmarks/step_time.py on its calibration rows (printed there; held-out rows judge).
 CALIBRATION = Calibration(
-    efficiency=(("default", 0.5), ("a100_80gb_sxm:16bit", 0.665), ("h100_sxm:16bit", 0.609),
-                ("h100_sxm:fp8", 0.521)),
+    efficiency=(("default", 0.5), ("a100_80gb_sxm:16bit", 0.663), ("h100_sxm:16bit", 0.593),
+                ("h100_sxm:fp8", 0.526)),
     score_passes=4.0,
     hidden_passes=16.0,
     attention_efficiency=0.3,
@@ -259,8 +261,9 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     elif recompute == "selective_op":
         gemm_again = op_policy_flops(arch, tokens, t)
         core_again = 0.0 if flash else core  # the fused kernels' outputs are kept
-    layers, output = slowest_stage(strategy, arch, pp, layer, gemm_again + core_again,
-                                   output_flops(arch, tokens, t))
+    layers, output, idle = slowest_stage(strategy, arch, pp, layer, gemm_again + core_again,
+                                         output_flops(arch, tokens, t))
+    bubble_mb = 0.0 if pp <= 1 else idle / v  # the bubble in micro-batch times
     forward = layers * layer + output
     extra_gemm, extra_core = layers * gemm_again, layers * core_again
     per_mb = 3 * forward + extra_gemm + extra_core
@@ -333,7 +336,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
             # every micro-batch waits for it: tensor, context, expert and pipeline traffic, and
             # the data-parallel collectives of the loop that nothing hides
             per_mb_exposed += sec / m
-            exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec * (1 + _bubble(pp, v, m) / m)
+            exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec * (1 + bubble_mb / m)
         elif item.pcie or item.state in ("scalar", "optimizer"):
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + sec
         elif waits(strategy, item):
@@ -360,7 +363,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
         per_mb_exposed += left
         for item, sec in beside_gemms:
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + \
-                left * m * (1 + _bubble(pp, v, m) / m) * sec / total
+                left * m * (1 + bubble_mb / m) * sec / total
 
     def hide(items: list[tuple[CommItem, float]], window: float | None, times: int) -> float:
         total = sum(sec for _, sec in items)
@@ -395,7 +398,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
                         tuple(notes), mesh.world)
     t_mb = t_fwd + t_bwd + per_mb_exposed
     compute = m * (t_fwd + t_bwd)
-    bubble = _bubble(pp, v, m) * t_mb
+    bubble = bubble_mb * t_mb
     scalars_and_host = sum(sec for item in costs.comm
                            for sec in [item_seconds(strategy, item, cal)]
                            if sec and (item.pcie or item.state in ("scalar", "optimizer")))
@@ -436,24 +439,31 @@ def reduced_by_chunk(strategy: Strategy, item: CommItem) -> bool:
 
 
 def slowest_stage(strategy: Strategy, arch: Transformer, pp: int, layer: float, extra: float,
-                  output: float) -> tuple[float, float]:
+                  output: float) -> tuple[float, float, float]:
     """Layers and output-layer FLOPs of the pipeline stage with the most work per micro-batch,
-    the one that sets the pipeline's pace: L / p layers and the output layer (the last stage)
-    when the layers split evenly; the largest of L_i · layer + [i last] · output when the stages
-    list their layers (the last stage's fewer layers may make room for the output layer)."""
+    the one that sets the pipeline's pace, and the bubble in its micro-batch times before the
+    interleaving divides it (:func:`pace`). The stages hold L / p layers each, or their listed
+    counts; the last stage also the output layer (its fewer layers may make room for it)."""
     listed = stage_layers(strategy)
-    if listed is None:
-        return arch.layers / pp, output
-    # forward, backward (twice forward) and the recomputation of one micro-batch
-    work = [(n * (3 * layer + extra) + (3 * output if i == len(listed) - 1 else 0.0), i)
-            for i, n in enumerate(listed)]
-    _, slowest = max(work)
-    return float(listed[slowest]), output if slowest == len(listed) - 1 else 0.0
+    counts = listed if listed is not None else (arch.layers / pp,) * pp
+    slowest, idle = pace(counts, 3 * layer + extra, 3 * output)
+    return float(counts[slowest]), output if slowest == len(counts) - 1 else 0.0, idle
 
 
-def _bubble(pp: int, v: int, m: int) -> float:
-    """Pipeline idle time in micro-batch times: (p - 1), or (p - 1) / v interleaved."""
-    return 0.0 if pp <= 1 else (pp - 1) / v
+def pace(counts: Sequence[float], layer_work: float, output_work: float) -> tuple[int, float]:
+    """The stage that sets a pipeline's pace, and the pipeline's fill and drain in its
+    micro-batch times: stage i works ``counts[i] · layer_work`` per micro-batch, the last also
+    ``output_work``. In 1F1B (and GPipe) the slowest stage k runs its m micro-batches back to
+    back once the first one has passed the stages before it, and the last one's backward then
+    passes them again: step ≈ m·w_k + Σ_{i≠k} w_i, so the bubble is Σ_{i≠k} w_i / w_k, the
+    textbook p − 1 for equal stages; interleaving divides it by v. A stage that holds only the
+    embedding (Llama 3's first model chunk) adds next to nothing."""
+    work = [n * layer_work + (output_work if i == len(counts) - 1 else 0.0)
+            for i, n in enumerate(counts)]
+    slowest = max(range(len(work)), key=lambda i: (work[i], i))
+    if len(work) <= 1 or work[slowest] <= 0:
+        return slowest, 0.0
+    return slowest, (sum(work) - work[slowest]) / work[slowest]
 
 
 def default_matmul(strategy: Strategy) -> str:

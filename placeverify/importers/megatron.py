@@ -457,10 +457,6 @@ def _accounted_stages(args: Arguments, reader: Reader, p: int,
         counts[0] -= 1
     if loss is not None:
         counts[-1] -= 1
-    if min(counts) < 1:
-        reader.error(f"not modelled: {said} leaves a virtual stage with no transformer layer",
-                     given.origin, code=Code.NOT_MODELLED)
-        return None
     return Value(tuple(counts), Origin(f"{said} = {total} over {p * v} virtual stages, "
                                        f"{total // (p * v)} each, one fewer at the ends",
                                        given.origin.source, given.origin.span))

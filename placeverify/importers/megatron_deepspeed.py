@@ -347,10 +347,6 @@ def _pipeline(args: Arguments, reader: Reader, p: int, float16: bool, m: int) ->
         return None
     split = stage_layers(names, partition_balanced(weights, p))
     older = stage_layers(names, partition_balanced_before_4312(weights, p))
-    if 0 in split:
-        reader.error(f"not modelled: {text} leaves a pipeline stage with no transformer layer "
-                     f"({', '.join(map(str, split))})", method.origin, code=Code.NOT_MODELLED)
-        return None
     why = (f"{method.origin.key} {text}: DeepSpeed's partition_balanced over GPTModelPipe's "
            "layers; 1F1B, no interleaving")
     if older != split:

@@ -403,10 +403,6 @@ def _stage_split(reader: Reader, get: Callable[[str, str, Any], Value],
         reader.error(f"{said}; torchtitan refuses a stage with fewer layers than the embedding's "
                      "or the output's weight (ValueError)", where, code=Code.BAD_VALUE)
         return None
-    if min(counts) < 1:
-        reader.error(f"not modelled: {said} leaves a stage with no transformer layer",
-                     where, code=Code.NOT_MODELLED)
-        return None
     return Value(tuple(counts), Origin(said, where.source, where.span))
 
 

@@ -80,7 +80,8 @@ SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
 OVERLAP = OptionSpec(OptionKind.BOOL)  # tensor axes: collectives overlapped with the GEMMs
 MICROBATCHES = OptionSpec(OptionKind.INT)
 CHUNKS = OptionSpec(OptionKind.INT)
-STAGE_LAYERS = OptionSpec(OptionKind.INTS)  # layers per (virtual) pipeline stage
+STAGE_LAYERS = OptionSpec(OptionKind.INTS, bounds=(0, MAX_MICROBATCHES))  # layers per (virtual)
+# pipeline stage; a stage of none holds only the embedding or the output layer (Llama 3)
 SCATTER_GATHER = OptionSpec(OptionKind.BOOL)
 
 # PyTorch FSDP ShardingStrategy names (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD) and short forms

@@ -18,11 +18,12 @@ optimizer temporaries) of other memory profiles.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 from placeverify.cost.activations import LayerShape, per_layer_bytes, saved_tensors
-from placeverify.cost.time import CALIBRATION, Calibration, layer_flops, output_flops
+from placeverify.cost.time import CALIBRATION, Calibration, layer_flops, output_flops, pace
 from placeverify.ir.devices import Device, intra_node, ranks_per_node
 from placeverify.ir.model import ParamGroup, Transformer
 from placeverify.ir.precision import Precision
@@ -58,6 +59,8 @@ class Screen:
         self.P, self.G = float(prec.params), float(prec.grads)
         self.O, self.E = float(prec.optimizer), float(prec.activations)
         self.layer = arch.layer_params()
+        self.groups = arch.group_params()
+        self.unit = float(arch.largest_unit_params())
         peak = setting.device.peak(setting.matmul)
         if peak is None:
             raise ValueError(f"device '{setting.device.key}' has no {setting.matmul} matmuls")
@@ -65,6 +68,7 @@ class Screen:
         self.hbm = float(setting.device.memory_bandwidth)
         self._per_layer = lru_cache(maxsize=None)(self._activation_per_layer)
         self._flops = lru_cache(maxsize=None)(self._microbatch_flops)
+        self._links_of = lru_cache(maxsize=None)(self._axis_links)
 
     # ---- memory ---------------------------------------------------------------------------
 
@@ -113,7 +117,7 @@ class Screen:
         vocab = arch.padded_vocab(lay.tp)
         buffers = working
         if lay.sharding in (Sharding.ZERO3, Sharding.HSDP):
-            buffers += arch.largest_unit_params() * self.P / lay.tp
+            buffers += self.unit * self.P / lay.tp
         best = 0.0
         for layers, first, last, stage in kinds:
             in_flight = self._in_flight(lay, stage)
@@ -154,7 +158,7 @@ class Screen:
             return min((p * (lay.v + 1) - 2 * stage - 1) / lay.v, float(lay.m))
         return float(min(lay.m, p - stage))
 
-    def _stage_kinds(self, lay: Layout) -> list[tuple[int, bool, bool, int]]:
+    def _stage_kinds(self, lay: Layout) -> Sequence[tuple[int, bool, bool, int]]:
         """(layers, first, last, stage) per distinct stage kind, each at its fullest stage (the
         kind's first: in-flight counts never grow with the stage index). The space's uneven
         stages give every middle stage the same layers."""
@@ -167,22 +171,19 @@ class Screen:
             return kinds + ([(each, False, False, 1)] if lay.pp > 2 else [])
         st = lay.physical_stages()
         assert st is not None
-        kinds = [(st[0], True, False, 0), (st[-1], False, True, len(st) - 1)]
-        if len(st) > 2:
-            middle = max(range(1, len(st) - 1), key=lambda i: (st[i], -i))
-            kinds.append((st[middle], False, False, middle))
-        return kinds
+        return _uneven_kinds(st)
 
     # ---- time -----------------------------------------------------------------------------
 
-    def _microbatch_flops(self, b: int, t: int, c: int, stages: tuple[int, ...] | int,
-                          rc: Recompute) -> tuple[float, float, int, float]:
+    def _microbatch_flops(self, b: int, t: int, c: int, stages: tuple[int, ...] | int, pp: int,
+                          rc: Recompute) -> tuple[float, float, int, float, float]:
         """(forward FLOPs, extra recompute FLOPs, layers, the linear layers' GEMM FLOPs of
         forward, backward and recomputation) of one micro-batch on the slowest stage, with fused
-        attention's slow FLOPs folded in as the step-time model counts them.
-        ``stages``: L / p for even stages (with the output layer, as the step-time model counts
-        them), else the listed layers, of which the stage with the most work sets the pace
-        (:func:`placeverify.cost.time.slowest_stage`)."""
+        attention's slow FLOPs folded in as the step-time model counts them, and the bubble in
+        that stage's micro-batch times before interleaving.
+        ``stages``: L / p for each of ``pp`` even stages (the last with the output layer, as the
+        step-time model counts them), else the listed layers, of which the stage with the most
+        work sets the pace (:func:`placeverify.cost.time.pace`)."""
         arch, cal = self.s.arch, self.s.cal
         tokens = b * arch.seq / c
         flash = arch.attention == "flash"
@@ -190,24 +191,22 @@ class Screen:
         per_extra = layer if rc is Recompute.FULL else (
             core if rc is Recompute.SELECTIVE and not flash else 0.0)
         output = output_flops(arch, tokens, t)
-        if isinstance(stages, int):
-            layers, out = stages, output
-        else:
-            work = [(n * (3 * layer + per_extra) + (3 * output if i == len(stages) - 1 else 0.0), i)
-                    for i, n in enumerate(stages)]
-            _, slowest = max(work)
-            layers, out = stages[slowest], (output if slowest == len(stages) - 1 else 0.0)
+        counts = (stages,) * pp if isinstance(stages, int) else stages
+        slowest, idle = pace(counts, 3 * layer + per_extra, 3 * output)
+        layers, out = counts[slowest], (output if slowest == len(counts) - 1 else 0.0)
         forward = layers * layer + out
         slow = layers * core * (1 / cal.attention_efficiency - 1) if flash else 0.0
         gemms = 3 * (forward - layers * core) + (layers * (layer - core)
                                                  if rc is Recompute.FULL else 0.0)
         return (forward + slow, layers * per_extra + (slow if rc is Recompute.FULL else 0.0),
-                layers, gemms)
+                layers, gemms, idle)
 
     def _links(self, lay: Layout) -> dict[str, tuple[float, float]]:
         """(bandwidth, latency) per axis, as the mesh's device profile gives them."""
+        return self._links_of(tuple(axis_order(lay)))
+
+    def _axis_links(self, axes: tuple[tuple[str, int], ...]) -> dict[str, tuple[float, float]]:
         dev = self.s.device
-        axes = axis_order(lay)
         sizes = tuple(n for _, n in axes)
         out = {}
         for i, (name, _n) in enumerate(axes):
@@ -221,8 +220,9 @@ class Screen:
 
     def time(self, lay: Layout) -> float:
         arch, cal = self.s.arch, self.s.cal
-        fwd_flops, extra, layers, gemms = self._flops(
-            lay.b, lay.tp, lay.cp, lay.physical_stages() or arch.layers // lay.pp, lay.recompute)
+        fwd_flops, extra, layers, gemms, idle = self._flops(
+            lay.b, lay.tp, lay.cp, lay.physical_stages() or arch.layers // lay.pp, lay.pp,
+            lay.recompute)
         tokens = lay.b * arch.seq / lay.cp
         flash = arch.attention == "flash"
         scores = 0.0 if flash else (cal.score_passes * lay.b * arch.heads * (arch.seq / lay.cp)
@@ -267,7 +267,7 @@ class Screen:
             exposed_mb += 2 * lay.v * (bsh / (lay.tp if lay.sp else 1) / bw + lat)
         data, waited_mb = self._data_seconds(lay, links, layers, t_fwd, t_bwd)
         t_mb = t_fwd + t_bwd + exposed_mb + waited_mb
-        bubble = 0.0 if lay.pp <= 1 else (lay.pp - 1) / lay.v * t_mb
+        bubble = 0.0 if lay.pp <= 1 else idle / lay.v * t_mb
         return m * t_mb + bubble + data + self._optimizer_seconds(lay, layers)
 
     def _local_elements(self, lay: Layout, layers: int) -> float:
@@ -278,7 +278,7 @@ class Screen:
     def _model_share(self, lay: Layout) -> float:
         """Parameter elements per device as the communication model counts them: the whole
         model split by the tensor, pipeline and expert axes (unpadded vocabulary)."""
-        groups = self.s.arch.group_params()
+        groups = self.groups
         t, p = lay.tp, lay.pp
         # listed stages: the layers' groups follow the stage with the most layers
         stages = lay.physical_stages()
@@ -300,13 +300,15 @@ class Screen:
         grads, params = local * self.G, local * self.P
         m = lay.m
 
+        sizes = dict(axis_order(lay))
+
         def ring(axes: list[str], payload: float, all_reduce: bool) -> float:
             axes = [a for a in axes if a in links]
             if not axes or payload == 0:
                 return 0.0
             n = 1
             for a in axes:
-                n *= dict(axis_order(lay))[a]
+                n *= sizes[a]
             bw = min(links[a][0] for a in axes)
             lat = max(links[a][1] for a in axes)
             steps = 2 * (n - 1) if all_reduce else n - 1
@@ -369,6 +371,17 @@ class Screen:
 
     def estimate(self, lay: Layout) -> Estimate:
         return Estimate(self.memory(lay), self.time(lay))
+
+
+@lru_cache(maxsize=1024)
+def _uneven_kinds(st: tuple[int, ...]) -> tuple[tuple[int, bool, bool, int], ...]:
+    """The stage kinds of listed physical stages: the first, the last, and the middle stage
+    with the most layers (the earliest of them)."""
+    kinds = [(st[0], True, False, 0), (st[-1], False, True, len(st) - 1)]
+    if len(st) > 2:
+        middle = max(range(1, len(st) - 1), key=lambda i: (st[i], -i))
+        kinds.append((st[middle], False, False, middle))
+    return tuple(kinds)
 
 
 def axis_order(lay: Layout) -> list[tuple[str, int]]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 from placeverify.ir.model import Transformer
 
@@ -96,10 +97,7 @@ class Layout:
     def physical_stages(self) -> tuple[int, ...] | None:
         """Layers per physical stage when uneven: stage i runs virtual stages i, i + p, ...,
         i + (v - 1) p."""
-        if self.stages is None:
-            return None
-        return tuple(sum(self.stages[c * self.pp + i] for c in range(self.v))
-                     for i in range(self.pp))
+        return None if self.stages is None else _physical(self.stages, self.pp, self.v)
 
     def label(self) -> str:
         """A short name: ``t8 cp1 p16v4 d128 zero1 sp none b1 m16``."""
@@ -163,6 +161,11 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
+@lru_cache(maxsize=1024)
+def _physical(stages: tuple[int, ...], pp: int, v: int) -> tuple[int, ...]:
+    return tuple(sum(stages[c * pp + i] for c in range(v)) for i in range(pp))
+
+
 def divisors(n: int) -> list[int]:
     small = [k for k in range(1, int(n ** 0.5) + 1) if n % k == 0]
     return sorted({*small, *(n // k for k in small)})
@@ -173,10 +176,13 @@ def stage_layers(layers: int, pp: int, v: int, uneven: bool) -> tuple[int, ...] 
     the list when the first and last take the remainder, False when neither works.
 
     Uneven stages follow Llama 3 405B (arXiv 2407.21783 §3.3.2: an interleaved pipeline with one
-    layer fewer on the first and the last stage; 126 layers): every middle virtual stage holds
-    ceil(L / (p v)) layers and the two end ones share what is left, as evenly as possible, each
-    at least one layer — 7, 8 × 14, 7 on 16 plain stages, or 1, 2 × 62, 1 on 16 stages of 4
-    chunks."""
+    layer fewer on the first and the last stage, so that "the first model chunk on the first
+    stage has only the embedding, and the last model chunk on the last stage has only output
+    projection and loss calculation"; 126 layers): every middle virtual stage holds
+    ceil(L / (p v)) layers and the two end ones share what is left, as evenly as possible, down
+    to none (Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and ``...-loss-...``
+    build such a stage: ``get_num_layers_to_build`` asserts only ``>= 0``) — 7, 8 × 14, 7 on 16
+    plain stages, 1, 2 × 62, 1 on 16 stages of 4 chunks, 0, 1 × 126, 0 on 16 stages of 8."""
     n = pp * v
     if layers % n == 0:
         return None
@@ -184,7 +190,7 @@ def stage_layers(layers: int, pp: int, v: int, uneven: bool) -> tuple[int, ...] 
         return False
     middle = -(-layers // n)
     rest = layers - middle * (n - 2)
-    if rest < 2 or rest > 2 * middle:
+    if rest < 0 or rest > 2 * middle:
         return False
     first = rest // 2
     return (first, *([middle] * (n - 2)), rest - first)
