@@ -239,3 +239,27 @@ def test_a_version_dependent_split_is_a_warning(tmp_path: Path) -> None:
     written = line_of(result.text, "place pipeline").split("layers = [")[1].split("]")[0]
     assert sorted(int(n) for n in written.split(", ")) == [5, 5, *[6] * 10]
     assert any(", ".join(["6"] * 11 + ["4"]) in d.message for d, _ in result.warnings)
+
+
+def test_a_stage_per_layer_and_embedding_holds_only_the_embedding(tmp_path: Path) -> None:
+    # BigScience's tr13 shape: 'type:transformer|embedding' weighs the 8 layers and the two
+    # embedding entries 1 each, 10 units over 10 stages (world 20 = TP 2 x PP 10): the first
+    # stage runs only the embedding, the last only the logits
+    path = script(tmp_path, pp=10, flags="--bf16 --pp-partition-method 'type:transformer|embedding'")
+    path.write_text(path.read_text().replace("--nproc_per_node 8", "--nproc_per_node 20"))
+    text = imported(path)
+    layers = ", ".join(["0", *["1"] * 8, "0"])
+    assert f"place pipeline(1f1b, microbatches = 32, layers = [{layers}]) over pp" in text
+
+
+@pytest.mark.parametrize("pp", [11, 16])
+def test_a_split_with_more_stages_than_units_is_refused_at_the_method(tmp_path: Path,
+                                                                     pp: int) -> None:
+    # 10 units over 11 or 16 stages: some stage gets none of them, so the logits land before
+    # the last stage or a stage runs nothing, which the language cannot place
+    path = script(tmp_path, pp=pp,
+                  flags="--bf16 --pp-partition-method 'type:transformer|embedding'")
+    path.write_text(path.read_text().replace("--nproc_per_node 8", f"--nproc_per_node {2 * pp}"))
+    found = errors(path)
+    assert any(m.startswith("not modelled: --pp-partition-method type:transformer|embedding")
+               and line == 14 for m, line, _ in found), found

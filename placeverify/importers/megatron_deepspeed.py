@@ -168,6 +168,19 @@ def stage_layers(names: list[str], bounds: list[int]) -> list[int]:
     return [names[bounds[s]:bounds[s + 1]].count(TRANSFORMER_LAYER) for s in range(len(bounds) - 1)]
 
 
+def _outside_the_ends(names: list[str], bounds: list[int]) -> str:
+    """What a split puts where the language cannot: a stage with no module of the list, the
+    embedding after the first stage or the logits before the last ('' when none)."""
+    empty = [s for s in range(len(bounds) - 1) if bounds[s] == bounds[s + 1]]
+    if empty:
+        return f"leaves stage {empty[0]} with no layer at all"
+    if names.index("EmbeddingPipe") >= bounds[1]:
+        return "puts the embedding after the first stage"
+    if names.index("MixedFusedLayerNorm") + 1 < bounds[-2]:  # the logits follow the last norm
+        return "puts the output layer before the last stage"
+    return ""
+
+
 def read_engine(args: Arguments, reader: Reader, script: Script | None, plan: Plan, *, t: int,
                 p: int, dp: int, micro: Value | None, microbatches: int,
                 global_batch: bool) -> Engine | None:
@@ -345,7 +358,15 @@ def _pipeline(args: Arguments, reader: Reader, p: int, float16: bool, m: int) ->
                      "raises 'found no valid layers to partition')", method.origin,
                      code=Code.BAD_VALUE)
         return None
-    split = stage_layers(names, partition_balanced(weights, p))
+    bounds = partition_balanced(weights, p)
+    outside = _outside_the_ends(names, bounds)
+    if outside:
+        reader.error(f"not modelled: --pp-partition-method {text} over {p} stages {outside}: "
+                     "placeverify holds the embedding on the first stage and the output layer "
+                     "on the last, and every stage runs a part of the list", method.origin,
+                     code=Code.NOT_MODELLED)
+        return None
+    split = stage_layers(names, bounds)
     older = stage_layers(names, partition_balanced_before_4312(weights, p))
     why = (f"{method.origin.key} {text}: DeepSpeed's partition_balanced over GPTModelPipe's "
            "layers; 1F1B, no interleaving")
