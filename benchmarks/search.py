@@ -27,9 +27,15 @@ Runs (the published layout as this project reads the source):
   b = 1, m = 96, plain data parallelism: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 runs
   "no ZeRO", and neither paper uses the distributed optimizer. Megatron-LM of those years
   all-reduced the gradients after the whole forward-backward (``train_step`` after
-  ``forward_backward_func``, default ``--DDP-impl local``): ``ddp(overlap = none)``.
+  ``forward_backward_func``, default ``--DDP-impl local``): ``ddp(overlap = none)``. Its
+  tensor-parallel layers (``LinearWithGradAccumulationAndAsyncCommunication``, 2022, kept since)
+  run the column-parallel layers' backward collectives beside their GEMMs: ``overlap =
+  backward``, for the published layout and for every layout searched (all run Megatron-LM's
+  layers, ``search --tp-overlap-backward``).
 
-Each run is searched twice. First over every layout the language has; then over the choices
+Each run is searched twice, every layout with the run's framework's tensor-parallel overlap
+(GPT-3: Megatron-LM's, ``overlap = backward``; Llama 3: none assumed, its training stack is not
+public). First over every layout the language has; then over the choices
 that run's own software offered, so that the published layout is ranked against the layouts its
 authors could have launched:
 
@@ -73,6 +79,7 @@ sys.path.insert(0, str(ROOT))
 from placeverify.api import load_text, parse  # noqa: E402
 from placeverify.cost.time import step_time  # noqa: E402
 from placeverify.diagnostics import Source  # noqa: E402
+from placeverify.ir.placement import TensorOverlap  # noqa: E402
 from placeverify.search.problem import Problem, problem_from  # noqa: E402
 from placeverify.search.run import Evaluated, SearchResult, evaluate, search  # noqa: E402
 from placeverify.search.screen import Screen, Setting  # noqa: E402
@@ -87,7 +94,10 @@ def problem(model: str, dev: str, devices: int, batch: int, seq: int) -> Problem
                         global_batch=batch)
 
 
-def llama3_405b() -> tuple[str, Problem, Layout, list[tuple[str, Space]]]:
+Run = tuple[str, Problem, Layout, Space, list[tuple[str, Space]]]
+
+
+def llama3_405b() -> Run:
     pb = problem("llama3_405b", "h100_sxm", 16384, 2048, 8192)
     stages = stage_layers(126, 16, 8, uneven=True)
     assert isinstance(stages, tuple)
@@ -95,18 +105,20 @@ def llama3_405b() -> tuple[str, Problem, Layout, list[tuple[str, Space]]]:
                        sp=True, recompute=Recompute.NONE, offload=False, b=1, m=16,
                        stages=stages, reduce_step=True)
     own = Space(shardings=(Sharding.ZERO2, Sharding.ZERO3, Sharding.HSDP))
-    return ("Llama 3 405B, 16,384 x H100, 16M tokens x 8192", pb, published,
+    return ("Llama 3 405B, 16,384 x H100, 16M tokens x 8192", pb, published, Space(),
             [("the run's own choices: the FSDP family (zero2, zero3, hsdp)", own)])
 
 
-def gpt3_175b() -> tuple[str, Problem, Layout, list[tuple[str, Space]]]:
+def gpt3_175b() -> Run:
     pb = problem("gpt3_175b", "a100_80gb_sxm", 1024, 1536, 2048)
+    backward = TensorOverlap.BACKWARD  # Megatron-LM's tensor-parallel layers (module docstring)
     published = Layout(tp=8, cp=1, pp=8, v=3, ep=1, dp=16, sharding=Sharding.DDP, shard=16,
                        sp=True, recompute=Recompute.SELECTIVE, offload=False, b=1, m=96,
-                       dp_wait=True)
-    own = Space(shardings=(Sharding.DDP,), max_cp=1, data_overlap=False)
-    later = Space(shardings=(Sharding.DDP, Sharding.ZERO1), max_cp=1)
-    return ("GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048", pb, published,
+                       tp_overlap=backward, dp_wait=True)
+    every = Space(tp_overlap=backward)
+    own = Space(shardings=(Sharding.DDP,), max_cp=1, data_overlap=False, tp_overlap=backward)
+    later = Space(shardings=(Sharding.DDP, Sharding.ZERO1), max_cp=1, tp_overlap=backward)
+    return ("GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048", pb, published, every,
             [("the run's own choices: Megatron-LM 2021-22: DDP waiting for its all-reduce, no "
               "context parallelism", own),
              ("Megatron-LM with its distributed optimizer: DDP or zero1, no context "
@@ -119,7 +131,7 @@ def main() -> int:
                         help="print the step-time terms of the N fastest layouts that fit and "
                              "of the published layout (default: 0, none)")
     args = parser.parse_args()
-    for name, pb, published, spaces in (llama3_405b(), gpt3_175b()):
+    for name, pb, published, every, spaces in (llama3_405b(), gpt3_175b()):
         screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
                                 float(pb.pcie_bandwidth)))
         mine = evaluate(pb, published, screen.estimate(published))
@@ -127,7 +139,7 @@ def main() -> int:
         variant = (evaluate(pb, zero1, screen.estimate(zero1))
                    if published.sharding is Sharding.ZERO2 else None)
         print(f"== {name}")
-        for title, space in [("every layout", Space()), *spaces]:
+        for title, space in [("every layout", every), *spaces]:
             started = time.perf_counter()
             result = search(pb, space, top=5)
             wall = time.perf_counter() - started

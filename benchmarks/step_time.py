@@ -56,8 +56,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -157,12 +159,22 @@ KORTHIKANTI = [
 
 
 def korthikanti_rows() -> list[Row]:
+    """Megatron-LM of the paper (its sequence-parallel branch of 2022-03 to 2022-05, whose
+    ``LinearWithGradAccumulationAndAsyncCommunication`` Megatron-LM keeps) runs the column-parallel layers'
+    backward collectives beside their GEMMs: the input all-gathered again beside the
+    input-gradient GEMM and the input gradient reduce-scattered beside the weight-gradient GEMM
+    (``async_op=True``), or, without sequence parallelism, the input gradient all-reduced beside
+    the weight-gradient GEMM (``--async-tensor-model-parallel-allreduce``, on by default since
+    2021-09): ``overlap = backward``."""
     rows = []
     for i, (name, h, a, l, p, _n, B, v, full, selective) in enumerate(KORTHIKANTI):
         mb = 4 if name == "22B" else 1
         m = B // mb
         for j, (kind, measured) in enumerate((("full", full), ("selective", selective))):
-            tp = "megatron(sequence_parallel)" if kind == "selective" else "megatron"
+            # Megatron-LM of the paper (2022) overlaps the column-parallel layers' backward
+            # collectives with their GEMMs: ``overlap = backward`` (korthikanti_rows)
+            tp = ("megatron(sequence_parallel, overlap = backward)" if kind == "selective"
+                  else "megatron(overlap = backward)")
             text = (f'strategy "Korthikanti 2022 Table 5: {name}, {kind}"\n'
                     f"{gpt_model(l, h, a, 2048, mb)}\nprecision megatron\n"
                     + mesh("a100_80gb_sxm", [("pp", p), ("tp", 8)]) + "\n"
@@ -262,7 +274,9 @@ NEMO = [
 # (launcher_scripts/conf/training/): llama/llama3_70b.yaml (TP 4, PP 4, VP 5, CP 2, sequence
 # 8,192: this row's layout) and gpt3/175b_fp8_performance.yaml ("the best 175B training
 # performance with the NeMo SW stack": TP 4, PP 8, FP8). llama/llama2_70b.yaml sets it false
-# and no launcher configuration of GPT-3 20B at TP 2 was found: those stay exposed.
+# and no launcher configuration of GPT-3 20B at TP 2 was found: those run Megatron-core's
+# default, the column-parallel layers' backward collectives beside their GEMMs (Transformer
+# Engine's Linear: "Overlap dgrad-RS/AR with wgrad"): ``overlap = backward``.
 NEMO_TP_OVERLAP = ("GPT3-175B", "LLAMA3-70B")
 
 
@@ -280,7 +294,8 @@ def nemo_rows() -> list[Row]:
                 "place zero1 over dp\n"
                 + (("place megatron(sequence_parallel, overlap = true) over tp\n"
                     if name in NEMO_TP_OVERLAP else
-                    "place megatron(sequence_parallel) over tp\n") if t > 1 else "")
+                    "place megatron(sequence_parallel, overlap = backward) over tp\n")
+                   if t > 1 else "")
                 + ("place context over cp\n" if cp > 1 else "")
                 + pipeline_line(p, m, vp) + ("" if p > 1 else f"microbatches = {m}\n")
                 + "recompute none\n")
@@ -435,6 +450,15 @@ def all_rows() -> list[Row]:
 Loaded = tuple[Row, Strategy, Costs]
 
 
+def load(rows: list[Row]) -> list[Loaded]:
+    """Each row with its strategy and costs."""
+    out: list[Loaded] = []
+    for row in rows:
+        strategy = load_text(row.text, f"<{row.label}>")
+        out.append((row, strategy, costs(strategy)))
+    return out
+
+
 def predict(loaded: Loaded, cal: Calibration) -> float:
     _, strategy, cost = loaded
     result = step_time(strategy, cost, cal)
@@ -451,32 +475,57 @@ def score(rows: list[Loaded], cal: Calibration) -> float:
     return statistics.median(errors) + 0.5 * errors[-1]
 
 
-def fit(rows: list[Loaded]) -> Calibration:
-    """Grid over the memory-bound passes and the link efficiency; for each point, η_max of every
-    (device, dtype) class by fixed-point iteration (η ← η · median predicted/measured over its
-    rows); keep the point with the least median + worst/2 of |error|."""
+# The grid the fit searches: (score_passes, hidden_passes, ffn_passes, link_efficiency,
+# attention_efficiency, fp8_cast_bytes, tp_overlap, backward_overlap)
+GRID = (
+    [0.0, 4.0, 8.0, 16.0],  # score_passes
+    [0.0, 4.0, 8.0, 16.0, 32.0],  # hidden_passes
+    [0.0, 2.0, 4.0, 8.0],  # ffn_passes
+    [0.8, 1.0],  # link_efficiency
+    [0.2, 0.3, 0.4, 0.6],  # attention_efficiency
+    [0.0, 4.0, 8.0],  # fp8_cast_bytes
+    [0.7, 0.85, 1.0],  # tp_overlap
+    [0.0, 0.5, 1.0],  # backward_overlap
+)
+
+_ROWS: list[Loaded] = []  # a fitting process's calibration rows (_load_rows)
+
+
+def _load_rows(labels: list[str]) -> None:
+    _ROWS[:] = [r for r in load(all_rows()) if r[0].label in labels]
+
+
+def _fit_point(point: tuple[float, ...]) -> tuple[float, Calibration]:
+    """The constants of one grid point, η_max of every (device, dtype) class by fixed-point
+    iteration (η ← η · median predicted/measured over its rows), and their score."""
+    rows = _ROWS
     classes = sorted({_class(r) for r in rows})
-    best: tuple[float, Calibration] | None = None
-    for score_passes, hidden_passes, link, attention, casts, overlap in itertools.product(
-            [0, 4, 8, 12, 16], [0, 8, 16, 32, 48], [0.6, 0.8, 1.0], [0.3, 0.4, 0.5, 0.6, 0.8, 1.0],
-            [0, 2, 4, 6, 8], [0.5, 0.7, 0.85, 1.0]):
-        eff = {c: 0.6 for c in classes}
-        cal = replace(CALIBRATION, score_passes=float(score_passes),
-                      hidden_passes=float(hidden_passes), link_efficiency=link,
-                      attention_efficiency=attention, fp8_cast_bytes=float(casts),
-                      tp_overlap=overlap)
-        for _ in range(4):
-            cal = replace(cal, efficiency=(("default", 0.5), *sorted(eff.items())))
-            for c in classes:
-                ratios = [predict(r, cal) / r[0].measured for r in rows if _class(r) == c]
-                eff[c] = min(0.95, eff[c] * statistics.median(ratios))
-        cal = replace(cal, efficiency=(("default", 0.5),
-                                       *sorted((k, round(v, 3)) for k, v in eff.items())))
-        trial = (score(rows, cal), cal)
-        if best is None or trial[0] < best[0]:
-            best = trial
-    assert best is not None
-    return best[1]
+    scores, hidden, ffn, link, attention, casts, overlap, backward = point
+    eff = {c: 0.6 for c in classes}
+    cal = replace(CALIBRATION, score_passes=scores, hidden_passes=hidden, ffn_passes=ffn,
+                  link_efficiency=link, attention_efficiency=attention, fp8_cast_bytes=casts,
+                  tp_overlap=overlap, backward_overlap=backward)
+    for _ in range(4):
+        cal = replace(cal, efficiency=(("default", 0.5), *sorted(eff.items())))
+        for c in classes:
+            ratios = [predict(r, cal) / r[0].measured for r in rows if _class(r) == c]
+            eff[c] = min(0.95, eff[c] * statistics.median(ratios))
+    cal = replace(cal, efficiency=(("default", 0.5),
+                                   *sorted((k, round(v, 3)) for k, v in eff.items())))
+    return score(rows, cal), cal
+
+
+def fit(rows: list[Loaded]) -> Calibration:
+    """Every point of GRID (the memory-bound passes, the link and attention efficiencies, the
+    fp8 casts, the two tensor-parallel overlap shares), each with its η_max (_fit_point), in as
+    many processes as there are cores; keep the point with the least median + worst/2 of
+    |error| over the calibration rows (ties: the first in GRID's order)."""
+    labels = [r[0].label for r in rows]
+    points = list(itertools.product(*GRID))
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, initializer=_load_rows,
+                             initargs=(labels,)) as pool:
+        results = list(pool.map(_fit_point, points, chunksize=256))
+    return min(enumerate(results), key=lambda r: (r[1][0], r[0]))[1][1]
 
 
 def _class(loaded: Loaded) -> str:
@@ -497,14 +546,11 @@ def main() -> int:
                         help="use the constants in placeverify/cost/time.py (no fitting)")
     parser.add_argument("--write", metavar="DIR", help="write every row's .place file there")
     args = parser.parse_args()
-    rows = all_rows()
-    loaded: list[Loaded] = []
-    for row in rows:
-        strategy = load_text(row.text, f"<{row.label}>")
-        loaded.append((row, strategy, costs(strategy)))
-        if args.write:
-            out = Path(args.write)
-            out.mkdir(parents=True, exist_ok=True)
+    loaded = load(all_rows())
+    if args.write:
+        out = Path(args.write)
+        out.mkdir(parents=True, exist_ok=True)
+        for row, _, _ in loaded:
             name = f"{row.source}-" + "".join(ch if ch.isalnum() else "-" for ch in row.label)
             (out / f"{name.strip('-')}.place").write_text(row.text, encoding="utf-8")
     calibration = [r for r in loaded if r[0].calibrate]
@@ -520,7 +566,8 @@ def main() -> int:
     print(f"constants: efficiency {dict(cal.efficiency)}, score_passes {cal.score_passes}, "
           f"hidden_passes {cal.hidden_passes}, attention_efficiency {cal.attention_efficiency}, "
           f"link_efficiency {cal.link_efficiency}, fp8_cast_bytes {cal.fp8_cast_bytes}, "
-          f"memory_efficiency {cal.memory_efficiency}, tp_overlap {cal.tp_overlap}")
+          f"memory_efficiency {cal.memory_efficiency}, tp_overlap {cal.tp_overlap}, "
+          f"backward_overlap {cal.backward_overlap}, ffn_passes {cal.ffn_passes}")
     sources = sorted({r[0].source for r in loaded})
     print(f"{len(loaded)} rows from {len(sources)} sources ({', '.join(sources)}); "
           f"{len(calibration)} calibration, {len(held)} held out")

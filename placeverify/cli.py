@@ -28,6 +28,7 @@ from placeverify.console import (
     worst,
 )
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
+from placeverify.ir.placement import TensorOverlap
 
 # A command's process ends with the command. Freezing the heap at exit spares the interpreter's
 # final garbage collections a walk over every object the loaded modules hold (about 30 ms of a
@@ -479,7 +480,13 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
 @click.option("--tp-overlap", is_flag=True,
               help="The framework overlaps tensor-parallel collectives with the GEMMs "
                    "(Megatron-LM --tp-comm-overlap, torchtitan's async TP): every layout with "
-                   "sequence parallelism is written megatron(sequence_parallel, overlap = true).")
+                   "sequence parallelism is written megatron(sequence_parallel, overlap = true), "
+                   "every other with tensor parallelism overlap = backward.")
+@click.option("--tp-overlap-backward", is_flag=True,
+              help="The framework runs the column-parallel layers' backward collectives beside "
+                   "their GEMMs (Megatron-LM's and Transformer Engine's linear layers, by "
+                   "default): every layout with tensor parallelism is written megatron(overlap "
+                   "= backward).")
 @click.option("--no-reduce-once", is_flag=True,
               help="In a pipeline, reduce ZeRO-2/3 and HSDP gradients every micro-batch instead "
                    "of once a step ('reduce = step', what torch.distributed.pipelining runs).")
@@ -505,8 +512,8 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
 def search(file: str | None, device: str | None, devices: int | None,
            global_batch: int | None, batch_tokens: int | None, seq: int | None, top: int,
            max_tp: int | None, no_offload: bool, shardings: tuple[str, ...],
-           tp_overlap: bool, no_reduce_once: bool, no_data_overlap: bool, frontier_slack: float,
-           as_json: bool, out_dir: str | None,
+           tp_overlap: bool, tp_overlap_backward: bool, no_reduce_once: bool,
+           no_data_overlap: bool, frontier_slack: float, as_json: bool, out_dir: str | None,
            plot: str | None, width: int | None, timeout: float, model: str | None,
            world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Search layouts: the fastest proved ones, and the frontier of peak memory vs step time.
@@ -514,8 +521,9 @@ def search(file: str | None, device: str | None, devices: int | None,
     FILE (a .place file or a framework configuration, with --model config.json as for
     import) gives the model, precision, device and batch; flags replace them, or give them all
     without a FILE (--model naming a bundled model, --device, --devices, --global-batch or
-    --batch-tokens). FILE's tensor overlap (overlap = true) and data-parallel waiting (overlap =
-    none) carry into every layout, as --tp-overlap and --no-data-overlap. Every layout shown
+    --batch-tokens). FILE's tensor overlap (overlap = true or backward) and data-parallel waiting
+    (overlap = none) carry into every layout, as --tp-overlap, --tp-overlap-backward and
+    --no-data-overlap. Every layout shown
     fits at its predicted peak and is proved on all three conditions; exit 6 when none fits, 3
     when none that fits is proved.
     """
@@ -527,7 +535,9 @@ def search(file: str | None, device: str | None, devices: int | None,
         if global_batch is not None and batch_tokens is not None:
             raise click.UsageError("give --global-batch or --batch-tokens, not both")
         chosen = tuple(Sharding(s) for s in dict.fromkeys(shardings))
-        space = Space(max_tp=max_tp, offload=not no_offload, tp_overlap=tp_overlap,
+        level = (TensorOverlap.ALL if tp_overlap else
+                 TensorOverlap.BACKWARD if tp_overlap_backward else TensorOverlap.NONE)
+        space = Space(max_tp=max_tp, offload=not no_offload, tp_overlap=level,
                       reduce_once=not no_reduce_once, data_overlap=not no_data_overlap)
         if chosen:
             space = dataclasses.replace(space, shardings=chosen)

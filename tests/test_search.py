@@ -263,8 +263,9 @@ def test_search_text_fits_the_width_without_cutting_a_number(width: int) -> None
     rows = [line for line in tables.splitlines()[1:] if not line.startswith("Pareto frontier")]
     assert rows and max(len(line) for line in rows) <= width  # the titles are prose
     first = doc["top"][0]
-    assert first["label"] in tables and f"{first['step_seconds']:.3g} s" in tables
-    assert f"{first['needed_bytes'] / 1e9:.3g} GB" in tables  # the last column, once cut
+    # three significant digits, a trailing zero kept ("3.90 s")
+    assert first["label"] in tables and f"{first['step_seconds']:#.3g}".rstrip(".") + " s" in tables
+    assert f"{first['needed_bytes'] / 1e9:#.3g}".rstrip(".") + " GB" in tables  # the last column
 
 
 def test_search_tries_only_the_shardings_asked_for() -> None:
@@ -335,7 +336,7 @@ def test_search_benchmark_breakdown_splits_the_step_time() -> None:
     from placeverify.search.run import evaluate
 
     bench = _search_benchmark()
-    _name, pb, published, _spaces = bench.gpt3_175b()  # t8 p8v3 d16 ddp, m = 96
+    _name, pb, published, _every, _spaces = bench.gpt3_175b()  # t8 p8v3 d16 ddp, m = 96
     screen = screen_of(pb)
     hsdp = Layout(tp=8, cp=1, pp=1, v=1, ep=1, dp=128, sharding=Sharding.HSDP, shard=8,
                   sp=True, recompute=Recompute.FULL, offload=False, b=1, m=12)

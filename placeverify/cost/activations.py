@@ -135,7 +135,9 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
     ]
     scores = x.a * x.s * x.s * x.b
     if arch.attention == "flash":
-        out.append(Saved("softmax log-sum-exp (fp32)", 4 * x.a * x.s * x.b, tp))
+        # what selective recomputation does not keep: the checkpointed core saves its inputs
+        # (Q, K, V, kept anyway), its output is the output projection's input
+        out.append(Saved("softmax log-sum-exp (fp32)", 4 * x.a * x.s * x.b, tp, core=True))
     else:
         out.append(Saved("softmax output", x.e * scores, tp, core=True))
         if arch.dropout:

@@ -36,7 +36,7 @@ from placeverify.diagnostics import Span
 from placeverify.ir.collectives import COLLECTIVES
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Role, Schedule, State
+from placeverify.ir.placement import Role, Schedule, State, TensorOverlap
 from placeverify.ir.step import (
     Backward,
     Clip,
@@ -66,6 +66,10 @@ class CommItem:
     source: str  # "step" (the step's statements) or "placement" (implied by a placement)
     span: Span | None = None
     seconds: Fraction | None = None
+    # a tensor-parallel collective of a column-parallel layer's backward that the framework runs
+    # beside that layer's input- or weight-gradient GEMM (a tensor axis placed ``overlap =
+    # backward``, ir.placement.TensorOverlap)
+    beside_gemm: bool = False
 
     @property
     def bytes(self) -> Num:
@@ -100,10 +104,11 @@ def group_size(d: Domain, strategy: Strategy, group: Group) -> tuple[Num, int]:
 
 
 def _item(d: Domain, strategy: Strategy, kind: str, group: Group, what: str, payload: Num,
-          calls: Num, state: str, source: str, span: Span | None) -> CommItem:
+          calls: Num, state: str, source: str, span: Span | None,
+          beside_gemm: bool = False) -> CommItem:
     n, n_value = group_size(d, strategy, group)
     return CommItem(kind, group.axes, what, payload, calls, n_value, ring_factor(d, kind, n),
-                    state, source, span)
+                    state, source, span, beside_gemm=beside_gemm)
 
 
 # ---- the step's collectives ------------------------------------------------------------------
@@ -290,6 +295,10 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
     if tensor_axes and strategy.mesh.group(*tensor_axes).size(mesh) > 1:
         group = mesh.group(*tensor_axes)
         span = strategy.placement(tensor_axes[0]).span
+        # overlap = backward: the column-parallel layers' backward collectives (two per layer,
+        # of each kind the backward issues there) are listed apart, beside their GEMMs
+        beside = any(strategy.placement(a).overlap is TensorOverlap.BACKWARD
+                     for a in tensor_axes)
         if sp:
             # Megatron-core (megatron/core/tensor_parallel/layers.py,
             # LinearWithGradAccumulationAndAsyncCommunication): a column-parallel linear saves
@@ -298,11 +307,24 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
             # linear reduce-scatters its output, whose backward (mappings.py,
             # _ReduceScatterToSequenceParallelRegion) all-gathers the gradient. Two of each per
             # layer: 6 all-gathers + 4 reduce-scatters; a recomputed forward adds 2 + 2 (14).
-            for kind, count in (("all_gather", 6 + 2 * refwd), ("reduce_scatter", 4 + 2 * refwd)):
+            # The backward's re-gather runs beside the input-gradient GEMM and its
+            # reduce-scatter beside the weight-gradient GEMM (async_op=True there).
+            for kind, count, what in (
+                    ("all_gather", 6 + 2 * refwd,
+                     "column-parallel inputs gathered again in backward, beside the "
+                     "input-gradient GEMMs"),
+                    ("reduce_scatter", 4 + 2 * refwd,
+                     "column-parallel input gradients, beside the weight-gradient GEMMs")):
+                waited = count - 2 if beside else count
                 items.append(_item(d, strategy, kind, group,
-                                   f"activations (sequence parallel, {count} per layer per "
-                                   "micro-batch)", bsh, count * layers * m,
+                                   f"activations (sequence parallel, {waited} per layer per "
+                                   "micro-batch)", bsh, waited * layers * m,
                                    "activations", "placement", span))
+                if beside:
+                    items.append(_item(d, strategy, kind, group,
+                                       f"{what} (sequence parallel, 2 per layer per "
+                                       "micro-batch)", bsh, 2 * layers * m, "activations",
+                                       "placement", span, beside_gemm=True))
             items.append(_item(d, strategy, "reduce_scatter", group,
                                "embedding output (vocab-parallel, forward)", bsh, m,
                                "activations", "placement", span))
@@ -310,25 +332,39 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
                                "embedding output gradient (sequence parallel, backward)", bsh, m,
                                "activations", "placement", span))
         else:
+            # the column-parallel layers' input gradients are all-reduced in backward, beside
+            # the weight-gradient GEMM (allreduce_dgrad, async_op=True)
+            waited = 4 + 2 * refwd - (2 if beside else 0)
             items.append(_item(d, strategy, "all_reduce", group,
-                               f"activations (tensor parallel, {4 + 2 * refwd} per layer per "
-                               "micro-batch)", bsh, (4 + 2 * refwd) * layers * m, "activations",
+                               f"activations (tensor parallel, {waited} per layer per "
+                               "micro-batch)", bsh, waited * layers * m, "activations",
                                "placement", span))
+            if beside:
+                items.append(_item(d, strategy, "all_reduce", group,
+                                   "column-parallel input gradients, beside the weight-gradient "
+                                   "GEMMs (tensor parallel, 2 per layer per micro-batch)", bsh,
+                                   2 * layers * m, "activations", "placement", span,
+                                   beside_gemm=True))
             items.append(_item(d, strategy, "all_reduce", group,
                                "embedding output (vocab-parallel, forward)", bsh, m,
                                "activations", "placement", span))
         if p_size == 1:  # the output layer and the loss live on this device too
+            # the output layer is column-parallel: its backward collectives run beside its
+            # GEMMs as the layers' do
+            near = ", beside the weight-gradient GEMM" if beside else ""
             out_kind = "reduce_scatter" if sp else "all_reduce"
             items.append(_item(d, strategy, out_kind, group,
-                               "output layer input gradient (backward)", bsh, m, "activations",
-                               "placement", span))
+                               f"output layer input gradient (backward{near})", bsh, m,
+                               "activations", "placement", span, beside_gemm=beside))
             if sp:
                 items.append(_item(d, strategy, "all_gather", group,
                                    "final hidden states (sequence parallel, forward)", bsh, m,
                                    "activations", "placement", span))
+                near = ", beside the input-gradient GEMM" if beside else ""
                 items.append(_item(d, strategy, "all_gather", group,
                                    "final hidden states (sequence parallel, re-gathered in "
-                                   "backward)", bsh, m, "activations", "placement", span))
+                                   f"backward{near})", bsh, m, "activations", "placement", span,
+                                   beside_gemm=beside))
             items.append(_item(d, strategy, "all_reduce", group,
                                "vocab-parallel cross-entropy (max, sum-exp, target logit)",
                                4 * b * s / c, 3 * m, "activations", "placement", span))

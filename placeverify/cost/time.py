@@ -9,14 +9,16 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
   MoE ``top_k`` expert MLPs plus the router, and the output layer ``2bsh·V`` on the last stage;
   divided by the tensor-parallel size and the context-parallel size (queries). Backward is twice
   forward; ``recompute full`` runs each layer's forward again (``every = n``: ⌊layers / n⌋ of a
-  stage's layers), ``selective`` its attention core (Korthikanti et al. 2022 §4),
+  stage's layers), ``selective`` its attention core (Korthikanti et al. 2022 §4; fused too:
+  Megatron-core checkpoints the core whatever its backend),
   ``selective_op`` the matmuls torchtitan's op policy does not keep (:func:`op_policy_flops`).
 - **Achieved FLOP rate**: matmuls run at peak (the profile, in the ``matmul`` dtype) times
   ``η_max`` (per device and dtype kind); beside them, memory-bound work runs at HBM bandwidth:
   ``score_passes`` activation-sized passes over the ``b·a·s²/t`` attention scores of unfused
   (``standard``) attention (softmax, mask, dropout: Korthikanti's ``5as/h`` term) and
-  ``hidden_passes`` over the ``b·s·h`` hidden states (÷ t under sequence parallelism: norms,
-  residuals, activations, dropout), forward once, backward twice; with fp8 matmuls, the casts
+  ``hidden_passes`` over the ``b·s·h`` hidden states of the replicated region (÷ t under
+  sequence parallelism: norms, residuals, dropout) and ``ffn_passes`` over the ``b·s·f / t``
+  MLP intermediate (bias, activation), forward once, backward twice; with fp8 matmuls, the casts
   of the GEMM inputs (``fp8_cast_bytes`` per element, :func:`gemm_inputs`). The attention core
   runs in 16 bits (Transformer Engine's ``fp8_dpa`` is off by default) and, fused (``flash``),
   at ``attention_efficiency`` of the 16-bit GEMM rate. The constants are calibrated by
@@ -26,7 +28,10 @@ The model (README "Step time"; validated by ``benchmarks/step_time.py``):
   pipeline traffic is exposed and lengthens every micro-batch (so the bubble scales it too),
   except tensor-parallel collectives placed ``overlap = true``: they run beside the linear
   layers' GEMMs of the micro-batch, and what outlasts those GEMMs is exposed, or the share
-  ``1 - tp_overlap`` of them if more (chunked collectives do not hide entirely);
+  ``1 - tp_overlap`` of them if more (chunked collectives do not hide entirely); placed
+  ``overlap = backward``, only the column-parallel layers' backward collectives (the input
+  gathered again, the input gradient reduce-scattered or all-reduced) run beside those layers'
+  input- and weight-gradient GEMMs (:func:`column_flops`), by the same rule;
   parameter gathers for forward hide behind the micro-batch's forward, gathers for backward and
   gradient reductions inside the loop behind its backward, gradient reductions after the loop
   behind the last micro-batch's backward, the parameter all-gather after a sharded update
@@ -57,7 +62,7 @@ from placeverify.cost.activations import recomputed_layers
 from placeverify.cost.communication import CommItem
 from placeverify.ir.devices import Device
 from placeverify.ir.model import Transformer
-from placeverify.ir.placement import Overlap, Reduce, Role, Schedule, State
+from placeverify.ir.placement import Overlap, Reduce, Role, Schedule, State, TensorOverlap
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.pipeline import chunk_ordered, stage_layers
 
@@ -69,8 +74,8 @@ class Calibration:
     efficiency: tuple[tuple[str, float], ...]  # ("device:kind", "kind" or "default", η_max)
     score_passes: float  # memory-bound passes over the s×s attention scores (unfused softmax,
     # mask, dropout), in activation-sized elements per score per layer forward
-    hidden_passes: float  # memory-bound passes over the b·s·h hidden states (norms, residuals,
-    # activations, dropout) per layer forward
+    hidden_passes: float  # memory-bound passes over the b·s·h hidden states of the replicated
+    # region (norms, residuals, dropout: ÷ t under sequence parallelism only) per layer forward
     attention_efficiency: float  # fused (flash) attention kernels' rate relative to GEMMs
     link_efficiency: float  # achieved fraction of a link's bandwidth (NCCL bus bandwidth)
     fp8_cast_bytes: float  # HBM bytes per element of a GEMM input cast to fp8 per layer
@@ -79,6 +84,14 @@ class Calibration:
     # the share of an overlapped tensor-parallel collective's time that can hide behind the
     # GEMMs (``overlap = true``; the rest is exposed, as is what outlasts the GEMMs)
     tp_overlap: float = 1.0
+    # the share of a column-parallel layer's backward collective that can hide behind its
+    # input- or weight-gradient GEMM (``overlap = backward``: NCCL's kernels share the GPU with
+    # the GEMM they run beside)
+    backward_overlap: float = 1.0
+    # memory-bound passes over the MLP's b·s·f intermediate (bias, activation; ``top_k`` experts'
+    # under MoE), the tensor-parallel region (÷ t with or without sequence parallelism), per
+    # layer forward
+    ffn_passes: float = 0.0
 
     def eta_max(self, device: str, dtype: str) -> float:
         """η_max for a device's matmuls in ``dtype`` (kind ``16bit`` for bf16 and fp16)."""
@@ -89,15 +102,17 @@ class Calibration:
 
 # Fitted by benchmarks/step_time.py on its calibration rows (printed there; held-out rows judge).
 CALIBRATION = Calibration(
-    efficiency=(("default", 0.5), ("a100_80gb_sxm:16bit", 0.663), ("h100_sxm:16bit", 0.593),
-                ("h100_sxm:fp8", 0.526)),
-    score_passes=4.0,
-    hidden_passes=16.0,
+    efficiency=(("default", 0.5), ("a100_80gb_sxm:16bit", 0.686), ("h100_sxm:16bit", 0.609),
+                ("h100_sxm:fp8", 0.596)),
+    score_passes=8.0,
+    hidden_passes=8.0,
     attention_efficiency=0.3,
     link_efficiency=1.0,
-    fp8_cast_bytes=0.0,
+    fp8_cast_bytes=8.0,
     memory_efficiency=0.7,
     tp_overlap=1.0,
+    backward_overlap=1.0,
+    ffn_passes=8.0,
 )
 
 
@@ -166,6 +181,23 @@ def layer_flops(arch: Transformer, tokens: float, keys: float, t: float, causal_
         dense += 2 * tokens * mlp_mats * h * f
     core = 4 * tokens * keys * q * (0.5 if causal_skip else 1.0)
     return (dense + core) / t, core / t
+
+
+def column_flops(arch: Transformer, tokens: float, t: float) -> float:
+    """Forward GEMM FLOPs of one layer's column-parallel linear layers on one device: the QKV
+    projection and the MLP's first matmul (both halves of a gated one; ``top_k`` experts'),
+    whose input- and weight-gradient GEMMs the backward collectives of ``overlap = backward``
+    run beside."""
+    h, kv = arch.hidden, arch.kv_dim
+    first = (2 if arch.gated else 1) * h * (arch.expert_ffn or arch.ffn) * (
+        arch.top_k if arch.moe else 1)
+    return 2 * tokens * (h * (arch.q_dim + 2 * kv) + first) / t
+
+
+def ffn_width(arch: Transformer) -> float:
+    """The MLP intermediate's width per token: ``ffn`` (``expert_ffn`` times ``top_k`` under
+    MoE), the elements ``ffn_passes`` counts."""
+    return float((arch.expert_ffn or arch.ffn) * (arch.top_k if arch.moe else 1))
 
 
 def op_policy_flops(arch: Transformer, tokens: float, t: float) -> float:
@@ -256,7 +288,8 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
         share = kept / held
     # recomputed forward FLOPs per layer in backward: (matmuls outside the attention core, core)
     gemm_again, core_again = share * (layer - core), share * core
-    if recompute == "selective" and not flash:
+    if recompute == "selective":  # fused or not, the core runs again (Megatron-core's
+        # checkpoint_core_attention re-runs the attention backend's forward in backward)
         core_again = core
     elif recompute == "selective_op":
         gemm_again = op_policy_flops(arch, tokens, t)
@@ -295,7 +328,8 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     sp = any(p.role is Role.TENSOR and p.sequence_parallel for p in strategy.placements)
     e = float(strategy.precision.activations)
     scores = 0.0 if flash else cal.score_passes * b * arch.heads * (s / c) * s / t
-    hidden = cal.hidden_passes * tokens * arch.hidden / (t if sp else 1)
+    hidden = (cal.hidden_passes * tokens * arch.hidden / (t if sp else 1)
+              + cal.ffn_passes * tokens * ffn_width(arch) / t)
     casts = cal.fp8_cast_bytes * gemm_inputs(arch, tokens, t, sp) if matmul == "fp8" else 0.0
     hbm = None if device is None else float(device.memory_bandwidth)
     mem_layer = 0.0 if hbm is None else ((scores + hidden) * e + casts) / hbm
@@ -321,6 +355,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     missing = False
     waited = 0.0  # data-parallel collectives after the loop that nothing hides (overlap = none)
     beside_gemms: list[tuple[CommItem, float]] = []  # overlapped tensor-parallel collectives
+    beside_backward: list[tuple[CommItem, float]] = []  # overlap = backward: beside its GEMMs
     for item in costs.comm:
         sec = item_seconds(strategy, item, cal)
         if sec is None:
@@ -331,6 +366,8 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
         in_loop = m > 1 and Fraction(item.calls) % m == 0
         if item.state == "activations" and not item.pcie and overlapped(strategy, item):
             beside_gemms.append((item, sec))
+        elif item.state == "activations" and item.beside_gemm:
+            beside_backward.append((item, sec))
         elif not item.pcie and (item.state == "activations" or (
                 waits(strategy, item) and (in_loop or item.source == "placement"))):
             # every micro-batch waits for it: tensor, context, expert and pipeline traffic, and
@@ -354,16 +391,29 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
             post_bwd.append((item, sec))
     if missing:
         notes.append("some axes have no bandwidth: their collectives are not timed")
-    if beside_gemms:
-        # overlapped with the linear layers' GEMMs of the micro-batch (forward, backward and
-        # recomputed): only what outlasts them lengthens it; no device, no GEMM time to hide in
-        window = 0.0 if rate is None else (3 * (forward - layers * core) + extra_gemm) / rate
-        total = sum(sec for _, sec in beside_gemms)
-        left = max(total / m * (1 - cal.tp_overlap), total / m - window)
-        per_mb_exposed += left
-        for item, sec in beside_gemms:
+    def beside(items: list[tuple[CommItem, float]], gemm_flops: float, share: float) -> float:
+        """Collectives run beside GEMMs of ``gemm_flops`` per micro-batch: what outlasts the
+        GEMMs, or the part ``1 - share`` of them if more, lengthens each micro-batch; no
+        device, no GEMM time to hide in."""
+        window = 0.0 if rate is None else gemm_flops / rate
+        total = sum(sec for _, sec in items)
+        left = max(total / m * (1 - share), total / m - window)
+        for item, sec in items:
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + \
                 left * m * (1 + bubble_mb / m) * sec / total
+        return left
+
+    if beside_gemms:
+        # overlapped with the linear layers' GEMMs of the micro-batch (forward, backward and
+        # recomputed)
+        per_mb_exposed += beside(beside_gemms, 3 * (forward - layers * core) + extra_gemm,
+                                 cal.tp_overlap)
+    if beside_backward:
+        # the column-parallel layers' backward collectives beside their input- and
+        # weight-gradient GEMMs (each as long as the layer's forward GEMM), the output layer's
+        # too when this stage holds it
+        per_mb_exposed += beside(beside_backward, 2 * (layers * column_flops(arch, tokens, t)
+                                                       + output), cal.backward_overlap)
 
     def hide(items: list[tuple[CommItem, float]], window: float | None, times: int) -> float:
         total = sum(sec for _, sec in items)
@@ -412,9 +462,11 @@ def overlapped(strategy: Strategy, item: CommItem) -> bool:
     """Is ``item`` a tensor-parallel collective overlapped with the GEMMs: over tensor axes
     placed ``overlap = true`` only (Megatron-LM's --tp-comm-overlap splits each sequence-parallel
     all-gather and reduce-scatter into chunks pipelined with the GEMM that consumes or produces
-    it; torchtitan's async tensor parallelism likewise)?"""
+    it; torchtitan's async tensor parallelism likewise)? (``overlap = backward`` overlaps only
+    the items marked ``beside_gemm``.)"""
     return bool(item.axes) and all(strategy.placement(a).role is Role.TENSOR
-                                   and strategy.placement(a).overlap for a in item.axes)
+                                   and strategy.placement(a).overlap is TensorOverlap.ALL
+                                   for a in item.axes)
 
 
 def waits(strategy: Strategy, item: CommItem) -> bool:

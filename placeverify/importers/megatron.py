@@ -221,15 +221,33 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     # ---- placements ----
     fsdp2 = args.flag("--use-torch-fsdp2")
     dist_opt = args.flag("--use-distributed-optimizer")
+    # Megatron-LM's column-parallel layers (LinearWithGradAccumulationAndAsyncCommunication)
+    # all-gather their input again in backward beside the input-gradient GEMM and
+    # reduce-scatter (without sequence parallelism: all-reduce) the input gradient beside the
+    # weight-gradient GEMM, async; --no-async-tensor-model-parallel-allreduce (until 2026) turned
+    # the all-reduce's off. Megatron-DeepSpeed's copy of Megatron-LM (2021) waits for both.
+    engine_tp = "--deepspeed" in args.flags
+    no_async = args.flag("--no-async-tensor-model-parallel-allreduce")
     if sp is not None and overlap is not None:
         plan.body.append(Line("place megatron(sequence_parallel, overlap = true) over tp",
                               f"{tp.origin.key} + --sequence-parallel + --tp-comm-overlap",
                               overlap.origin))
     elif sp is not None:
-        plan.body.append(Line("place megatron(sequence_parallel) over tp",
-                              f"{tp.origin.key} + --sequence-parallel", sp.origin))
+        plan.body.append(Line("place megatron(sequence_parallel) over tp" if engine_tp else
+                              "place megatron(sequence_parallel, overlap = backward) over tp",
+                              f"{tp.origin.key} + --sequence-parallel" + (
+                                  " (Megatron-DeepSpeed's layers wait for every collective)"
+                                  if engine_tp else "; the backward's re-gather and "
+                                  "reduce-scatter run beside the GEMMs"), sp.origin))
+    elif t > 1 and (engine_tp or no_async is not None):
+        plan.body.append(Line("place megatron over tp", tp.origin.key + (
+            " + --no-async-tensor-model-parallel-allreduce" if no_async is not None else
+            " (Megatron-DeepSpeed's layers wait for every collective)"),
+            no_async.origin if no_async is not None else tp.origin))
     elif t > 1:
-        plan.body.append(Line("place megatron over tp", tp.origin.key, tp.origin))
+        plan.body.append(Line("place megatron(overlap = backward) over tp",
+                              f"{tp.origin.key}; the input-gradient all-reduce runs beside the "
+                              "weight-gradient GEMM", tp.origin))
     if c > 1:
         sharded = dist_opt is not None
         plan.body.append(Line("place context(R, S, R, S) over cp" if sharded else

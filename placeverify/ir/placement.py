@@ -92,6 +92,28 @@ class Overlap(StrEnum):
     NONE = "none"
 
 
+class TensorOverlap(StrEnum):
+    """Which collectives of a tensor axis run beside the GEMMs (what outlasts a GEMM waits).
+
+    Written ``overlap = none | backward | all`` on ``megatron`` and ``sp`` (``false`` and ``true``
+    are ``none`` and ``all``)."""
+
+    # every collective waited for: torch DTensor tensor parallelism run eagerly (torchtitan
+    # without async TP), Megatron-DeepSpeed's copy of Megatron-LM of 2021
+    NONE = "none"
+    # the column-parallel linear layers' backward collectives: the input all-gathered again
+    # beside the input-gradient GEMM, the input gradient reduce-scattered (all-reduced without
+    # sequence parallelism) beside the weight-gradient GEMM; Megatron-LM's
+    # LinearWithGradAccumulationAndAsyncCommunication (megatron/core/tensor_parallel/layers.py;
+    # since 2021-08 without sequence parallelism, 2022-03 with it) and Transformer Engine's
+    # Linear ("Overlap dgrad-RS/AR with wgrad"), by default
+    BACKWARD = "backward"
+    # every collective chunked beside the GEMM that consumes or produces it: Megatron-LM
+    # --tp-comm-overlap (Transformer Engine's userbuffers), torchtitan's async tensor
+    # parallelism; needs sequence parallelism
+    ALL = "all"
+
+
 @dataclass(frozen=True, slots=True)
 class AxisPlacement:
     """How every state is placed along one mesh axis, and what the axis splits."""
@@ -102,9 +124,9 @@ class AxisPlacement:
     preset: str
     span: Span
     sequence_parallel: bool = False  # tensor axes: Megatron sequence parallelism
-    # tensor axes: collectives overlapped with the GEMMs (Megatron-LM --tp-comm-overlap,
-    # torchtitan's async tensor parallelism); needs sequence parallelism
-    overlap: bool = False
+    # tensor axes: which collectives run beside the GEMMs (TensorOverlap); ``all`` needs
+    # sequence parallelism
+    overlap: TensorOverlap = TensorOverlap.NONE
     reshard_after_forward: bool = True  # data axes with Θ = S*: FSDP FULL_SHARD vs SHARD_GRAD_OP
     reduce: Reduce = Reduce.MICROBATCH  # data axes with G = S: when gradients are reduced
     data_overlap: Overlap = Overlap.ALL  # data axes: which collectives overlap with compute

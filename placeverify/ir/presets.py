@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from placeverify.ir.placement import Mode, Overlap, Reduce, Role, Schedule
+from placeverify.ir.placement import Mode, Overlap, Reduce, Role, Schedule, TensorOverlap
 
 MAX_MICROBATCHES = 10**6  # a sanity bound: more micro-batches per step is a typing mistake
 MAX_STEPS = 16  # consecutive optimizer steps verified together (microbatches = [4, 4, 2])
@@ -77,7 +77,11 @@ REDUCE = OptionSpec(OptionKind.CHOICE, choices={r.value: r for r in Reduce},
 DATA_OVERLAP = OptionSpec(OptionKind.CHOICE, choices={o.value: o for o in Overlap},
                           what="data-parallel overlap")
 SEQUENCE_PARALLEL = OptionSpec(OptionKind.BOOL)
-OVERLAP = OptionSpec(OptionKind.BOOL)  # tensor axes: collectives overlapped with the GEMMs
+# megatron(overlap = backward): which tensor-parallel collectives run beside the GEMMs
+# (``true`` and ``false``, the option's first values, are ``all`` and ``none``)
+OVERLAP = OptionSpec(OptionKind.CHOICE, choices={
+    **{o.value: o for o in TensorOverlap}, "true": TensorOverlap.ALL,
+    "false": TensorOverlap.NONE}, what="tensor-parallel overlap")
 MICROBATCHES = OptionSpec(OptionKind.INT)
 CHUNKS = OptionSpec(OptionKind.INT)
 STAGE_LAYERS = OptionSpec(OptionKind.INTS, bounds=(0, MAX_MICROBATCHES))  # layers per (virtual)

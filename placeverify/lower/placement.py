@@ -20,6 +20,7 @@ from placeverify.ir.placement import (
     Role,
     Schedule,
     State,
+    TensorOverlap,
 )
 from placeverify.ir.presets import PRESETS, OptionKind, PresetSpec
 from placeverify.lower.groups import merge, product_placements, read_group_placements
@@ -140,7 +141,7 @@ def read_placement(ctx: Context, stmt: ast.PlaceStmt, group: Group, mesh: Mesh,
             options.setdefault(key, option.default)
     if options.get("sequence_parallel"):
         modes = (S, S, S, S)  # sequence parallelism shards the activations too
-    elif options.get("overlap"):
+    elif options.get("overlap") is TensorOverlap.ALL:
         # megatron/training/arguments.py (validate_args): "Tensor parallel communication/GEMM
         # overlap can happen only when sequence parallelism is enabled"
         ctx.error(f"'{name}(overlap = true)' needs sequence parallelism: overlapping the "

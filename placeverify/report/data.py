@@ -8,7 +8,7 @@ from typing import Any
 
 from placeverify import __version__
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES, Overlap, Reduce
+from placeverify.ir.placement import STATES, Overlap, Reduce, TensorOverlap
 from placeverify.ir.render import op_label
 from placeverify.ir.step import Op
 from placeverify.ir.strategy import Strategy
@@ -58,6 +58,12 @@ def _line(op: Op) -> int | None:
 def _option(value: object) -> object:
     """An option of a placement as JSON shows it: an enum by its value."""
     return value.value if isinstance(value, Enum) else value
+
+
+def _tensor_overlap(level: TensorOverlap) -> bool | str:
+    """A tensor axis's overlap as JSON shows it: ``true`` for every collective (as ``overlap =
+    true`` is written), else the level's word (``"backward"``)."""
+    return True if level is TensorOverlap.ALL else level.value
 
 
 def _float(value: Any) -> float:
@@ -122,7 +128,8 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                      **({"reduce": p.reduce.value} if p.reduce is not Reduce.MICROBATCH else {}),
                      **({"overlap": p.data_overlap.value}
                         if p.data_overlap is not Overlap.ALL else {}),
-                     **({"overlap": True} if p.overlap else {}),
+                     **({"overlap": _tensor_overlap(p.overlap)}
+                        if p.overlap is not TensorOverlap.NONE else {}),
                      **({"layers": list(p.layers)} if p.layers is not None else {}),
                      **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}
                                     for g, _ in p.group_modes}} if p.group_modes else {})}

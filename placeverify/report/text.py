@@ -13,7 +13,7 @@ from rich.text import Text
 
 from placeverify.console import print_table
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES, Overlap, Reduce, Schedule
+from placeverify.ir.placement import STATES, Overlap, Reduce, Schedule, TensorOverlap
 from placeverify.report.data import formulas_document, overrides_text, step_lines
 from placeverify.report.time_text import render_time
 from placeverify.result import CheckResult
@@ -117,8 +117,10 @@ def _preset_label(placement: Any) -> str:
     label = str(placement.preset)
     if placement.sequence_parallel and label != "sp":  # the sp preset says it already
         label += "+sp"
-    if placement.overlap:
+    if placement.overlap is TensorOverlap.ALL:
         label += "+overlap"
+    elif placement.overlap is TensorOverlap.BACKWARD:
+        label += " overlap=backward"
     if placement.reduce is Reduce.STEP:
         label += " reduce=step"
     if placement.data_overlap is not Overlap.ALL:

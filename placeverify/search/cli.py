@@ -19,7 +19,7 @@ from placeverify.console import write_atomically
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
 from placeverify.ir.devices import devices as bundled_devices
 from placeverify.ir.model import ARCHITECTURES
-from placeverify.ir.placement import Overlap, Role
+from placeverify.ir.placement import Overlap, Role, TensorOverlap
 from placeverify.ir.strategy import Strategy
 from placeverify.search.problem import problem_from
 from placeverify.search.run import SearchResult, search
@@ -89,13 +89,16 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
 def framework_space(strategy: Strategy, space: Space) -> Space:
     """The framework settings a FILE carries into the layouts searched: tensor-parallel
     collectives overlapped with the GEMMs (a tensor axis placed ``overlap = true``, as
-    ``--tp-overlap``) and data-parallel collectives waited for (a data axis placed ``overlap =
-    none``, as ``--no-data-overlap``), so that searching an imported Megatron-LM or DeepSpeed
-    configuration keeps what its framework does."""
+    ``--tp-overlap``, or ``overlap = backward``, as ``--tp-overlap-backward``) and data-parallel
+    collectives waited for (a data axis placed ``overlap = none``, as ``--no-data-overlap``), so
+    that searching an imported Megatron-LM or DeepSpeed configuration keeps what its framework
+    does."""
     placements = strategy.placements
-    tensor = any(p.role is Role.TENSOR and p.overlap for p in placements)
+    order = list(TensorOverlap)  # none, backward, all: the file's or the flag's, whichever more
+    tensor = max((p.overlap for p in placements if p.role is Role.TENSOR), key=order.index,
+                 default=TensorOverlap.NONE)
     waits = any(p.role is Role.DATA and p.data_overlap is Overlap.NONE for p in placements)
-    return dataclasses.replace(space, tp_overlap=space.tp_overlap or tensor,
+    return dataclasses.replace(space, tp_overlap=max(space.tp_overlap, tensor, key=order.index),
                                data_overlap=space.data_overlap and not waits)
 
 

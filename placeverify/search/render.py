@@ -12,6 +12,7 @@ from dataclasses import fields
 from typing import Any
 
 from placeverify.ir.model import ARCHITECTURES, Transformer
+from placeverify.ir.placement import TensorOverlap
 from placeverify.search.problem import Problem
 from placeverify.search.screen import axis_order
 from placeverify.search.space import Layout, Recompute, Sharding
@@ -60,9 +61,11 @@ def place_text(problem: Problem, lay: Layout) -> str:
     lines += [f"    {line}" for line in problem.mesh_lines(lay.offload)]
     lines += ["}", ""]
     if lay.tp > 1:
-        lines.append("place megatron over tp" if not lay.sp else
-                     "place megatron(sequence_parallel, overlap = true) over tp" if lay.tp_overlap
-                     else "place megatron(sequence_parallel) over tp")
+        options = (["sequence_parallel"] if lay.sp else []) + (
+            ["overlap = true"] if lay.tp_overlap is TensorOverlap.ALL else
+            ["overlap = backward"] if lay.tp_overlap is TensorOverlap.BACKWARD else [])
+        lines.append(f"place megatron({', '.join(options)}) over tp" if options
+                     else "place megatron over tp")
     if lay.cp > 1:
         lines.append("place context over cp")
     if lay.ep > 1:

@@ -23,9 +23,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from placeverify.cost.activations import LayerShape, per_layer_bytes, saved_tensors
-from placeverify.cost.time import CALIBRATION, Calibration, layer_flops, output_flops, pace
+from placeverify.cost.time import (
+    CALIBRATION,
+    Calibration,
+    column_flops,
+    ffn_width,
+    layer_flops,
+    output_flops,
+    pace,
+)
 from placeverify.ir.devices import Device, intra_node, ranks_per_node
 from placeverify.ir.model import ParamGroup, Transformer
+from placeverify.ir.placement import TensorOverlap
 from placeverify.ir.precision import Precision
 from placeverify.ir.profiles import layer_kernels
 from placeverify.search.space import Layout, Recompute, Sharding
@@ -189,7 +198,7 @@ class Screen:
         flash = arch.attention == "flash"
         layer, core = layer_flops(arch, tokens, arch.seq, t, flash)
         per_extra = layer if rc is Recompute.FULL else (
-            core if rc is Recompute.SELECTIVE and not flash else 0.0)
+            core if rc is Recompute.SELECTIVE else 0.0)
         output = output_flops(arch, tokens, t)
         counts = (stages,) * pp if isinstance(stages, int) else stages
         slowest, idle = pace(counts, 3 * layer + per_extra, 3 * output)
@@ -198,7 +207,7 @@ class Screen:
         slow = layers * core * (1 / cal.attention_efficiency - 1) if flash else 0.0
         gemms = 3 * (forward - layers * core) + (layers * (layer - core)
                                                  if rc is Recompute.FULL else 0.0)
-        return (forward + slow, layers * per_extra + (slow if rc is Recompute.FULL else 0.0),
+        return (forward + slow, layers * per_extra + (slow if rc is not Recompute.NONE else 0.0),
                 layers, gemms, idle)
 
     def _links(self, lay: Layout) -> dict[str, tuple[float, float]]:
@@ -227,7 +236,8 @@ class Screen:
         flash = arch.attention == "flash"
         scores = 0.0 if flash else (cal.score_passes * lay.b * arch.heads * (arch.seq / lay.cp)
                                     * arch.seq / lay.tp)
-        hidden = cal.hidden_passes * tokens * arch.hidden / (lay.tp if lay.sp else 1)
+        hidden = (cal.hidden_passes * tokens * arch.hidden / (lay.tp if lay.sp else 1)
+                  + cal.ffn_passes * tokens * ffn_width(arch) / lay.tp)
         mem_layer = (scores + hidden) * self.E / self.hbm
         mem_extra = layers * mem_layer if lay.recompute is Recompute.FULL else (
             layers * scores * self.E / self.hbm if lay.recompute is Recompute.SELECTIVE else 0.0)
@@ -247,9 +257,18 @@ class Screen:
             else:
                 count = 4 + 2 * refwd
                 tensor = layers * count * (2 * bsh * (n - 1) / n / bw + lat * 2 * (n - 1))
-            # overlapped with the linear layers' GEMMs (cost/time.py: overlapped)
-            exposed_mb += (max(tensor * (1 - cal.tp_overlap), tensor - gemms / self.rate)
-                           if lay.tp_overlap else tensor)
+            if lay.tp_overlap is TensorOverlap.ALL:
+                # overlapped with the linear layers' GEMMs (cost/time.py: overlapped)
+                exposed_mb += max(tensor * (1 - cal.tp_overlap), tensor - gemms / self.rate)
+            elif lay.tp_overlap is TensorOverlap.BACKWARD:
+                # two of each kind the backward issues per layer, beside the column-parallel
+                # layers' input- and weight-gradient GEMMs (cost/time.py: column_flops)
+                beside = tensor * 2 / count * (2 if lay.sp else 1)
+                window = 2 * layers * column_flops(arch, tokens, lay.tp) / self.rate
+                exposed_mb += tensor - beside + max(beside * (1 - cal.backward_overlap),
+                                                    beside - window)
+            else:
+                exposed_mb += tensor
         if lay.cp > 1:
             bw, lat = links["cp"]
             n = lay.cp

@@ -36,6 +36,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from placeverify.ir.model import Transformer
+from placeverify.ir.placement import TensorOverlap
 
 
 class Sharding(StrEnum):
@@ -76,10 +77,10 @@ class Layout:
     # sharded gradients reduced once a step, per model chunk (``reduce = step``), not every
     # micro-batch: ZeRO-2/3 and HSDP in a pipeline
     reduce_step: bool = False
-    # tensor-parallel collectives overlapped with the GEMMs (``megatron(sequence_parallel,
-    # overlap = true)``): a property of the framework (Space.tp_overlap), with sequence
-    # parallelism only
-    tp_overlap: bool = False
+    # which tensor-parallel collectives run beside the GEMMs (``megatron(overlap = backward)``,
+    # ``megatron(sequence_parallel, overlap = true)``): a property of the framework
+    # (Space.tp_overlap); ``all`` with sequence parallelism only
+    tp_overlap: TensorOverlap = TensorOverlap.NONE
     # data-parallel collectives waited for (``overlap = none`` on the data axes): a property of
     # the framework (Space.data_overlap off), e.g. Megatron-LM without --overlap-grad-reduce
     dp_wait: bool = False
@@ -118,7 +119,7 @@ class Layout:
         if self.dp_wait:
             parts[-1] += "/no-overlap"
         if self.sp:
-            parts.append("sp+overlap" if self.tp_overlap else "sp")
+            parts.append("sp+overlap" if self.tp_overlap is TensorOverlap.ALL else "sp")
         parts.append(f"rc-{self.recompute.value}")
         if self.offload:
             parts.append("offload")
@@ -145,9 +146,12 @@ class Space:
     # sharded gradients in a pipeline reduced once a step ('reduce = step', what the pipeline
     # runtimes do); off: every micro-batch
     reduce_once: bool = True
-    # the framework overlaps tensor-parallel collectives with the GEMMs (Megatron-LM
-    # --tp-comm-overlap, torchtitan's async TP): every sequence-parallel layout does
-    tp_overlap: bool = False
+    # which tensor-parallel collectives the framework runs beside the GEMMs: ``backward``
+    # (Megatron-LM's and Transformer Engine's column-parallel layers, by default) in every
+    # layout with tensor parallelism; ``all`` (Megatron-LM --tp-comm-overlap, torchtitan's async
+    # TP) in every sequence-parallel layout, ``backward`` in the others (Megatron-LM runs
+    # --tp-comm-overlap with sequence parallelism only)
+    tp_overlap: TensorOverlap = TensorOverlap.NONE
     # the framework overlaps data-parallel collectives with compute (off: every layout is written
     # 'overlap = none', Megatron-LM without --overlap-grad-reduce)
     data_overlap: bool = True
@@ -244,8 +248,15 @@ def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global
                             for once in _reductions(sharding, p, m, off, space):
                                 yield Layout(t, c, p, v, e, d, sharding, shard, sp, rc, off, b,
                                              m, stages if isinstance(stages, tuple) else None,
-                                             once, sp and space.tp_overlap,
+                                             once, _tensor_overlap(space, sp),
                                              not space.data_overlap)
+
+
+def _tensor_overlap(space: Space, sp: bool) -> TensorOverlap:
+    """The tensor overlap of one layout under the framework's (``Space.tp_overlap``)."""
+    if space.tp_overlap is TensorOverlap.ALL and not sp:
+        return TensorOverlap.BACKWARD
+    return space.tp_overlap
 
 
 def _reductions(sharding: Sharding, p: int, m: int, offload: bool,
