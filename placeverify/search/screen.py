@@ -78,6 +78,7 @@ class Screen:
         self._per_layer = lru_cache(maxsize=None)(self._activation_per_layer)
         self._flops = lru_cache(maxsize=None)(self._microbatch_flops)
         self._links_of = lru_cache(maxsize=None)(self._axis_links)
+        self._elements = lru_cache(maxsize=None)(self._elements_of)
 
     # ---- memory ---------------------------------------------------------------------------
 
@@ -99,11 +100,14 @@ class Screen:
 
     def _stage_elements(self, lay: Layout, layers: int, first: bool, last: bool) -> float:
         """Parameter elements a device of this stage holds before data-parallel sharding."""
-        arch, t = self.s.arch, lay.tp
+        return self._elements(lay.tp, lay.ep, layers, first, last)
+
+    def _elements_of(self, t: int, ep: int, layers: int, first: bool, last: bool) -> float:
+        arch = self.s.arch
         per = self.layer
         dense = per[ParamGroup.DENSE] * layers / t
         norms = per[ParamGroup.NORMS] * layers
-        experts = per[ParamGroup.EXPERTS] * layers / (t * lay.ep)
+        experts = per[ParamGroup.EXPERTS] * layers / (t * ep)
         word = arch.padded_vocab(t) * arch.hidden / t
         extra = 0.0
         if first:
@@ -212,7 +216,8 @@ class Screen:
 
     def _links(self, lay: Layout) -> dict[str, tuple[float, float]]:
         """(bandwidth, latency) per axis, as the mesh's device profile gives them."""
-        return self._links_of(tuple(axis_order(lay)))
+        return self._links_of(_axis_order(lay.pp, lay.sharding is Sharding.HSDP, lay.dp,
+                                          lay.shard, lay.ep, lay.cp, lay.tp))
 
     def _axis_links(self, axes: tuple[tuple[str, int], ...]) -> dict[str, tuple[float, float]]:
         dev = self.s.device
@@ -319,7 +324,8 @@ class Screen:
         grads, params = local * self.G, local * self.P
         m = lay.m
 
-        sizes = dict(axis_order(lay))
+        sizes = dict(_axis_order(lay.pp, lay.sharding is Sharding.HSDP, lay.dp, lay.shard,
+                                 lay.ep, lay.cp, lay.tp))
 
         def ring(axes: list[str], payload: float, all_reduce: bool) -> float:
             axes = [a for a in axes if a in links]
@@ -404,14 +410,22 @@ def _uneven_kinds(st: tuple[int, ...]) -> tuple[tuple[int, bool, bool, int], ...
 
 
 def axis_order(lay: Layout) -> list[tuple[str, int]]:
+    """The mesh axes of a layout, outermost first (:func:`_axis_order`)."""
+    return list(_axis_order(lay.pp, lay.sharding is Sharding.HSDP, lay.dp, lay.shard, lay.ep,
+                            lay.cp, lay.tp))
+
+
+@lru_cache(maxsize=4096)
+def _axis_order(pp: int, hsdp: bool, dp: int, shard: int, ep: int, cp: int,
+                tp: int) -> tuple[tuple[str, int], ...]:
     """The mesh axes of a layout, outermost first (the last varies fastest, so tensor
     parallelism is inside a node): Megatron-LM's default rank order tp-cp-ep-dp-pp, innermost
     first (``megatron/core/parallel_state.py``, ``order="tp-cp-ep-dp-pp"``). Axes of size 1 are
     left out."""
-    axes: list[tuple[str, int]] = [("pp", lay.pp)]
-    if lay.sharding is Sharding.HSDP:
-        axes += [("replica", lay.dp // lay.shard), ("shard", lay.shard)]
+    axes: list[tuple[str, int]] = [("pp", pp)]
+    if hsdp:
+        axes += [("replica", dp // shard), ("shard", shard)]
     else:
-        axes.append(("dp", lay.dp))
-    axes += [("ep", lay.ep), ("cp", lay.cp), ("tp", lay.tp)]
-    return [(n, k) for n, k in axes if k > 1]
+        axes.append(("dp", dp))
+    axes += [("ep", ep), ("cp", cp), ("tp", tp)]
+    return tuple((n, k) for n, k in axes if k > 1)
