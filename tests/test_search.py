@@ -24,6 +24,7 @@ from placeverify.api import costs, load_text
 from placeverify.cost.time import step_time
 from placeverify.ir.devices import device
 from placeverify.ir.model import ARCHITECTURES, LLAMA3_8B, Transformer
+from placeverify.ir.placement import TensorOverlap
 from placeverify.search.problem import problem_from
 from placeverify.search.render import place_text
 from placeverify.search.screen import Screen, Setting
@@ -126,17 +127,23 @@ def test_tensor_parallelism_that_splits_kv_heads_is_not_enumerated() -> None:
 # ---- the screen tracks the full model ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("model, dev, devices, batch, seq, entries", [
-    ("llama3_8b", "h100_sxm", 64, 256, 8192, ""),
-    ("gpt3_175b", "a100_80gb_sxm", 512, 1024, 2048, ""),
-    ("mixtral_8x7b", "h100_sxm", 64, 256, 4096, ""),
-    ("llama3_8b", "h100_sxm", 64, 256, 8192, "head_dim = 96, "),  # heads narrower than h / a
+@pytest.mark.parametrize("model, dev, devices, batch, seq, entries, overlap", [
+    ("llama3_8b", "h100_sxm", 64, 256, 8192, "", TensorOverlap.NONE),
+    ("gpt3_175b", "a100_80gb_sxm", 512, 1024, 2048, "", TensorOverlap.NONE),
+    ("mixtral_8x7b", "h100_sxm", 64, 256, 4096, "", TensorOverlap.NONE),
+    # heads narrower than h / a
+    ("llama3_8b", "h100_sxm", 64, 256, 8192, "head_dim = 96, ", TensorOverlap.NONE),
+    # Megatron-LM's layers (overlap = backward), dense and MoE
+    ("gpt3_175b", "a100_80gb_sxm", 512, 1024, 2048, "", TensorOverlap.BACKWARD),
+    ("mixtral_8x7b", "h100_sxm", 64, 256, 4096, "", TensorOverlap.BACKWARD),
 ])
 def test_screen_agrees_with_the_full_model(model: str, dev: str, devices: int, batch: int,
-                                           seq: int, entries: str) -> None:
+                                           seq: int, entries: str,
+                                           overlap: TensorOverlap) -> None:
     pb = problem(model, dev, devices, batch, seq, entries=entries)
     screen = screen_of(pb)
-    every = list(layouts(pb.arch, pb.devices, pb.global_batch, pb.device.gpus_per_node, Space()))
+    every = list(layouts(pb.arch, pb.devices, pb.global_batch, pb.device.gpus_per_node,
+                         Space(tp_overlap=overlap)))
     rng = random.Random(7)
     for lay in rng.sample(every, 40):
         strategy = load_text(place_text(pb, lay), "<layout>")

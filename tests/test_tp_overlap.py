@@ -140,27 +140,34 @@ def test_search_flag_writes_every_sequence_parallel_layout_with_the_overlap() ->
 
 # ---- overlap = backward: Megatron-LM's column-parallel layers ------------------------------
 
-def backward_text(bandwidth: str, sp: bool, overlap: str = "backward") -> str:
+def backward_text(bandwidth: str, sp: bool, overlap: str = "backward", moe: bool = False) -> str:
     options = ", ".join([*(["sequence_parallel"] if sp else []), f"overlap = {overlap}"])
-    return strategy(bandwidth, False).replace("megatron(sequence_parallel)",
+    text = strategy(bandwidth, False).replace("megatron(sequence_parallel)",
                                               f"megatron({options})")
+    return text.replace("attention = flash }", "attention = flash, experts = 4, top_k = 2 }") \
+        if moe else text
 
 
+@pytest.mark.parametrize("moe", [False, True])
 @pytest.mark.parametrize("sp", [True, False])
 @pytest.mark.parametrize("bandwidth, share", [("1 GB/s", 1.0), ("1 GB/s", 0.5),
                                               ("10 TB/s", 0.5), ("10 TB/s", 1.0)])
 def test_backward_overlap_hides_the_column_parallel_backward_collectives(
-        sp: bool, bandwidth: str, share: float) -> None:
+        sp: bool, bandwidth: str, share: float, moe: bool) -> None:
     """Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication: per layer, the QKV and
     first MLP layers (column-parallel) all-gather their input again beside the input-gradient
     GEMM and reduce-scatter the input gradient beside the weight-gradient GEMM (without
     sequence parallelism: all-reduce it); the output layer (column-parallel too) likewise.
     Exposed per micro-batch: what waits, plus max(T (1 - share), T - W) of those, W the
     column-parallel layers' input- and weight-gradient GEMMs: twice their forward FLOPs, and
+    an MoE layer's experts reached through the token dispatcher instead (only its QKV
+    projection's collectives and GEMMs count, one of each kind per layer), and
     share the calibration's backward_overlap (overlap = true's tp_overlap stays 1)."""
     cal = replace(PLAIN, backward_overlap=share)
     rate = 312e12 * 0.5
-    column = 2 * B * S * (H * 3 * H + H * 4 * H) / T  # QKV (3h) and the first MLP matmul (f)
+    # QKV (3h) and the first MLP matmul (f)
+    column = 2 * B * S * (H * 3 * H + (0 if moe else H * 4 * H)) / T
+    pairs = 1 if moe else 2
     output = 2 * B * S * H * V / T
     window = 2 * (L * column + output) / rate
     bw = {"1 GB/s": 1e9, "10 TB/s": 1e13}[bandwidth]
@@ -170,16 +177,16 @@ def test_backward_overlap_hides_the_column_parallel_backward_collectives(
         # their 2 backward all-gathers; the embedding's reduce-scatter and gradient all-gather;
         # the final hidden states' forward all-gather. Beside: 2 + 2 per layer, and the output
         # layer's re-gather and input-gradient reduce-scatter.
-        waited_calls, beside_calls, ring_steps = 6 * L + 3, 4 * L + 2, 1
+        waited_calls, beside_calls, ring_steps = (10 - 2 * pairs) * L + 3, 2 * pairs * L + 2, 1
     else:
         # waited: the 2 forward all-reduces per layer and the embedding's; beside: the 2
         # column-parallel input gradients per layer and the output layer's
-        waited_calls, beside_calls, ring_steps = 2 * L + 1, 2 * L + 1, 2
+        waited_calls, beside_calls, ring_steps = (4 - pairs) * L + 1, pairs * L + 1, 2
     per_call = ring_steps * (bsh * (T - 1) / T / bw + (T - 1) * 1e-9)
     entropy = 3 * (2 * (T - 1) / T * B * S * 4 / bw + 2 * (T - 1) * 1e-9)
     waited = waited_calls * per_call + entropy
     beside = beside_calls * per_call
-    text = backward_text(bandwidth, sp)
+    text = backward_text(bandwidth, sp, moe=moe)
     over = load_text(text)
     assert over.placement("tp").overlap is TensorOverlap.BACKWARD
     result = step_time(over, costs(over), cal)
@@ -187,7 +194,7 @@ def test_backward_overlap_hides_the_column_parallel_backward_collectives(
     expected = waited + max(beside * (1 - share), beside - window)
     assert dict(result.exposed)["tp"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
     # the same bytes as without the option, only fewer of them waited for
-    plain = load_text(backward_text(bandwidth, sp, "none"))
+    plain = load_text(backward_text(bandwidth, sp, "none", moe))
     assert plain.placement("tp").overlap is TensorOverlap.NONE
     assert sum(c.bytes for c in costs(plain).comm) == sum(c.bytes for c in costs(over).comm)
     assert dict(step_time(plain, costs(plain), cal).exposed)["tp"] == pytest.approx(  # type: ignore[union-attr]

@@ -299,6 +299,10 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
         # of each kind the backward issues there) are listed apart, beside their GEMMs
         beside = any(strategy.placement(a).overlap is TensorOverlap.BACKWARD
                      for a in tensor_axes)
+        # the QKV projection and the MLP's first matmul; an MoE layer's experts are reached
+        # through the token dispatcher's collectives instead (Megatron-core's expert linears
+        # take explicit_expert_comm: no gather or input-gradient reduction of their own)
+        pairs = 1 if arch.moe else 2
         if sp:
             # Megatron-core (megatron/core/tensor_parallel/layers.py,
             # LinearWithGradAccumulationAndAsyncCommunication): a column-parallel linear saves
@@ -315,15 +319,15 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
                      "input-gradient GEMMs"),
                     ("reduce_scatter", 4 + 2 * refwd,
                      "column-parallel input gradients, beside the weight-gradient GEMMs")):
-                waited = count - 2 if beside else count
+                waited = count - pairs if beside else count
                 items.append(_item(d, strategy, kind, group,
                                    f"activations (sequence parallel, {waited} per layer per "
                                    "micro-batch)", bsh, waited * layers * m,
                                    "activations", "placement", span))
                 if beside:
                     items.append(_item(d, strategy, kind, group,
-                                       f"{what} (sequence parallel, 2 per layer per "
-                                       "micro-batch)", bsh, 2 * layers * m, "activations",
+                                       f"{what} (sequence parallel, {pairs} per layer per "
+                                       "micro-batch)", bsh, pairs * layers * m, "activations",
                                        "placement", span, beside_gemm=True))
             items.append(_item(d, strategy, "reduce_scatter", group,
                                "embedding output (vocab-parallel, forward)", bsh, m,
@@ -334,7 +338,7 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
         else:
             # the column-parallel layers' input gradients are all-reduced in backward, beside
             # the weight-gradient GEMM (allreduce_dgrad, async_op=True)
-            waited = 4 + 2 * refwd - (2 if beside else 0)
+            waited = 4 + 2 * refwd - (pairs if beside else 0)
             items.append(_item(d, strategy, "all_reduce", group,
                                f"activations (tensor parallel, {waited} per layer per "
                                "micro-batch)", bsh, waited * layers * m, "activations",
@@ -342,8 +346,8 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
             if beside:
                 items.append(_item(d, strategy, "all_reduce", group,
                                    "column-parallel input gradients, beside the weight-gradient "
-                                   "GEMMs (tensor parallel, 2 per layer per micro-batch)", bsh,
-                                   2 * layers * m, "activations", "placement", span,
+                                   f"GEMMs (tensor parallel, {pairs} per layer per micro-batch)",
+                                   bsh, pairs * layers * m, "activations", "placement", span,
                                    beside_gemm=True))
             items.append(_item(d, strategy, "all_reduce", group,
                                "embedding output (vocab-parallel, forward)", bsh, m,

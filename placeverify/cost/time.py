@@ -184,13 +184,13 @@ def layer_flops(arch: Transformer, tokens: float, keys: float, t: float, causal_
 
 
 def column_flops(arch: Transformer, tokens: float, t: float) -> float:
-    """Forward GEMM FLOPs of one layer's column-parallel linear layers on one device: the QKV
-    projection and the MLP's first matmul (both halves of a gated one; ``top_k`` experts'),
-    whose input- and weight-gradient GEMMs the backward collectives of ``overlap = backward``
-    run beside."""
+    """Forward GEMM FLOPs of one layer's column-parallel linear layers on one device, whose
+    input- and weight-gradient GEMMs the backward collectives of ``overlap = backward`` run
+    beside: the QKV projection and the MLP's first matmul (both halves of a gated one); an MoE
+    layer's experts have no such collectives of their own (cost.communication), only its QKV
+    projection counts."""
     h, kv = arch.hidden, arch.kv_dim
-    first = (2 if arch.gated else 1) * h * (arch.expert_ffn or arch.ffn) * (
-        arch.top_k if arch.moe else 1)
+    first = 0 if arch.moe else (2 if arch.gated else 1) * h * arch.ffn
     return 2 * tokens * (h * (arch.q_dim + 2 * kv) + first) / t
 
 

@@ -268,7 +268,8 @@ class Screen:
             elif lay.tp_overlap is TensorOverlap.BACKWARD:
                 # two of each kind the backward issues per layer, beside the column-parallel
                 # layers' input- and weight-gradient GEMMs (cost/time.py: column_flops)
-                beside = tensor * 2 / count * (2 if lay.sp else 1)
+                # (one of each kind for an MoE layer: only its QKV projection's)
+                beside = tensor * (1 if arch.moe else 2) / count * (2 if lay.sp else 1)
                 window = 2 * layers * column_flops(arch, tokens, lay.tp) / self.rate
                 exposed_mb += tensor - beside + max(beside * (1 - cal.backward_overlap),
                                                     beside - window)
