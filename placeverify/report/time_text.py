@@ -25,7 +25,8 @@ def render_time(time: StepTime, console: Console) -> None:
         tps = time.tokens_per_second or 0.0
         mfu = "" if time.mfu is None else f", MFU {time.mfu:.1%}"
         console.print(f"  step {_s(time.step_seconds)}, {tps:,.0f} tokens/s{mfu}")
-        console.print(f"  compute {_s(time.compute_seconds)} ({time.microbatches} micro-batches), "
+        batches = "micro-batch" if time.microbatches == 1 else "micro-batches"
+        console.print(f"  compute {_s(time.compute_seconds)} ({time.microbatches} {batches}), "
                       f"bubble {_s(time.bubble_seconds)}, optimizer {_s(time.optimizer_seconds)}")
     exposed = ", ".join(f"{axes} {_s(sec)}" for axes, sec in time.exposed if sec > 0)
     console.print(f"  exposed communication: {exposed or 'none'}")
