@@ -371,3 +371,18 @@ def test_search_benchmark_breakdown_splits_the_step_time() -> None:
                    if {"dp", "replica", "shard"} & set(label.split(" * ")))
         assert terms["data"] == pytest.approx(data, rel=1e-12)
     assert published.pp == 8 and published.v == 3 and published.m == 96
+
+
+def test_one_device_searches_zero_offload() -> None:
+    """Llama 3 8B on one H100: Adam's model states alone, 16 bytes a parameter
+    (16 x 8,030,261,248 = 128.5 GB), do not fit in 80 GB; ZeRO-Offload on one device (the
+    optimizer and the gradients in host memory, Ren et al. 2021) does, and is what search shows;
+    with --no-offload nothing fits (exit 6)."""
+    args = ["--model", "llama3_8b", "--device", "h100_sxm", "--devices", "1", "--global-batch",
+            "8", "--seq", "4096", "-q", "--json"]
+    done = run("search", *args)
+    assert done.returncode == 0, done.stderr
+    shown = [e["layout"] for e in json.loads(done.stdout)["top"]]
+    assert shown and all(lay["offload"] and lay["dp"] == 1 and lay["sharding"] == "zero2"
+                         for lay in shown)
+    assert run("search", *args, "--no-offload").returncode == 6

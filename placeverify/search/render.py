@@ -55,6 +55,8 @@ def place_text(problem: Problem, lay: Layout) -> str:
              f'strategy "{lay.label()}"', "", model_text(problem.model_name, arch),
              problem.precision_text, "", "mesh {"]
     lines += [f"    {name} = {size}" for name, size in axis_order(lay)]
+    if lay.dp == 1 and lay.sharding is not Sharding.NONE:  # ZeRO-Offload over one rank
+        lines.append("    dp = 1")
     if lay.devices == 1:
         lines.append("    world = 1")
     lines.append(f"    device = {problem.device.key}")

@@ -243,8 +243,9 @@ def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global
             for sharding, shard in _shardings(d, space):
                 for sp in (space.sequence_parallel if t > 1 else (False,)):
                     for rc in space.recomputes:
-                        for off in ((False, True) if space.offload and sharding in (
-                                Sharding.ZERO2, Sharding.ZERO3) else (False,)):
+                        for off in (((True,) if d == 1 else (False, True))
+                                    if space.offload and sharding in (
+                                        Sharding.ZERO2, Sharding.ZERO3) else (False,)):
                             for once in _reductions(sharding, p, m, off, space):
                                 yield Layout(t, c, p, v, e, d, sharding, shard, sp, rc, off, b,
                                              m, stages if isinstance(stages, tuple) else None,
@@ -277,8 +278,13 @@ def _reductions(sharding: Sharding, p: int, m: int, offload: bool,
 
 
 def _shardings(d: int, space: Space) -> Iterator[tuple[Sharding, int]]:
+    """The data axis's placements of ``d`` ranks. One rank: none, and ZeRO-2 over an axis of one
+    for its optimizer offload (ZeRO-Offload on a single device, Ren et al. 2021; _with_data
+    tries it offloaded only)."""
     if d == 1:
         yield Sharding.NONE, 1
+        if space.offload and Sharding.ZERO2 in space.shardings:
+            yield Sharding.ZERO2, 1
         return
     for sharding in space.shardings:
         if sharding is Sharding.HSDP:
