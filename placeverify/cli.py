@@ -520,12 +520,12 @@ def search(file: str | None, device: str | None, devices: int | None,
 
     FILE (a .place file or a framework configuration, with --model config.json as for
     import) gives the model, precision, device and batch; flags replace them, or give them all
-    without a FILE (--model naming a bundled model, --device, --devices, --global-batch or
-    --batch-tokens). FILE's tensor overlap (overlap = true or backward) and data-parallel waiting
-    (overlap = none) carry into every layout, as --tp-overlap, --tp-overlap-backward and
-    --no-data-overlap. Every layout shown
-    fits at its predicted peak and is proved on all three conditions; exit 6 when none fits, 3
-    when none that fits is proved.
+    without a FILE (--model naming a bundled model or a Hugging Face config.json, --device,
+    --devices, --global-batch or --batch-tokens). FILE's tensor overlap (overlap = true or
+    backward) and data-parallel waiting (overlap = none) carry into every layout, as
+    --tp-overlap, --tp-overlap-backward and --no-data-overlap. Every layout shown fits at its
+    predicted peak and is proved on all three conditions; exit 6 when none fits, 3 when none
+    that fits is proved.
     """
 
     def run() -> ExitCode:

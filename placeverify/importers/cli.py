@@ -7,7 +7,7 @@ from dataclasses import replace
 import click
 
 from placeverify.console import error_console, write_atomically
-from placeverify.diagnostics import ExitCode, Source
+from placeverify.diagnostics import Diagnostic, ExitCode, Source
 from placeverify.importers import Options
 from placeverify.importers.common import Imported
 from placeverify.importers.registry import import_file, load, with_given
@@ -16,8 +16,13 @@ from placeverify.lower.overrides import Settings, apply
 
 
 def print_warnings(imported: Imported) -> None:
+    print_diagnostics(imported.warnings)
+
+
+def print_diagnostics(diagnostics: list[tuple[Diagnostic, Source]]) -> None:
+    """Each diagnostic at its file's text, on standard error."""
     console = error_console()
-    for diagnostic, source in imported.warnings:
+    for diagnostic, source in diagnostics:
         console.print(diagnostic.render(source), markup=False, highlight=False)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from placeverify.diagnostics import Code, Source
+from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.importers.common import Line, Origin, Plan, Reader, Value
 from placeverify.importers.positions import load_json, syntax_error
 from placeverify.syntax.source import read_source
@@ -248,3 +248,26 @@ def attach_model(plan: Plan, reader: Reader, model_path: str | None, seq: Value 
         plan.model.append(Line(f"micro_batch = {micro_batch.value}", micro_batch.origin.key,
                                micro_batch.origin))
     return hf
+
+
+def model_statement(model_path: str, seq: int | None) -> tuple[str, list[tuple[Diagnostic, Source]]]:
+    """The ``model transformer { ... }`` statement of a Hugging Face config.json, and the
+    warnings about it: ``search --model config.json`` without a FILE. The sequence length is
+    ``seq``, else the config's ``max_position_embeddings`` (``n_positions`` for GPT-2), with a
+    warning; without either it is an error."""
+    source = read_source(model_path)
+    reader = Reader(source)
+    hf = HFModel(reader, source)
+    lines = hf.entries()
+    if seq is None:
+        position = hf.max_position()
+        if position is None:
+            raise PlaceError([Diagnostic(
+                Severity.ERROR, "no sequence length: the config has no max_position_embeddings; "
+                "give --seq", Code.MISSING, None)], source)
+        seq = int(position.value)
+        reader.warning(f"no --seq: seq = {seq}, the config's {position.origin.key}; give --seq if "
+                       "training uses shorter sequences", position.origin, code=Code.MISSING)
+    entries = ", ".join([*(line.text for line in lines), f"seq = {seq}"])
+    warnings = [(d, source) for d in reader.diags.items if d.severity is Severity.WARNING]
+    return f"model transformer {{ {entries} }}", [*warnings, *reader.extra]

@@ -27,9 +27,11 @@ from placeverify.search.space import Space
 
 
 def base_strategy(file: str | None, model: str | None, devices: int | None,
-                  device: str | None, imports: Any, settings: Any) -> Strategy:
+                  device: str | None, imports: Any, settings: Any,
+                  seq: int | None = None) -> Strategy:
     """The strategy the problem is read from: the file (a .place or a framework
-    configuration), or one written from the flags."""
+    configuration), or one written from the flags (``--model`` a bundled name or a Hugging
+    Face config.json)."""
     from placeverify.api import load, load_text
     from placeverify.importers import is_importable
 
@@ -41,10 +43,18 @@ def base_strategy(file: str | None, model: str | None, devices: int | None,
         return load(file, settings)
     if model is None or devices is None or device is None:
         raise click.UsageError("without a FILE, search needs --model, --device and --devices")
+    statement = f"model {model}"
     if model not in ARCHITECTURES:
-        raise click.UsageError(f"unknown model '{model}' (bundled: {', '.join(ARCHITECTURES)}); "
-                               "give a .place or configuration FILE for another model")
-    text = (f'strategy "search"\nmodel {model}\nprecision megatron\n'
+        if not model.endswith(".json"):
+            raise click.UsageError(f"unknown model '{model}' (bundled: "
+                                   f"{', '.join(ARCHITECTURES)}); give a Hugging Face "
+                                   "config.json, or a .place or configuration FILE")
+        from placeverify.importers.cli import print_diagnostics
+        from placeverify.importers.hf_config import model_statement
+
+        statement, warnings = model_statement(model, seq)
+        print_diagnostics(warnings)
+    text = (f'strategy "search"\n{statement}\nprecision megatron\n'
             f"mesh {{\n    dp = {devices}\n    device = {device}\n}}\nplace ddp over dp\n")
     return load_text(text, "<search flags>", settings)
 
@@ -63,7 +73,7 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
         if profile is None:
             raise click.UsageError(f"unknown device '{device}' (bundled: "
                                    f"{', '.join(bundled_devices())})")
-    strategy = base_strategy(file, model, devices, device, imports, settings)
+    strategy = base_strategy(file, model, devices, device, imports, settings, seq)
     if file is not None:
         space = framework_space(strategy, space)
     problem = problem_from(strategy, parse(strategy.source), devices=devices, device=profile,
