@@ -255,6 +255,14 @@ TOKENS = "tokens({}, step)"
 SP_AG = "activations (sequence parallel, 6 per layer per micro-batch)"
 SP_RS = "activations (sequence parallel, 4 per layer per micro-batch)"
 TP_ACT = "activations (tensor parallel, 4 per layer per micro-batch)"
+# overlap = backward (Megatron-LM's column-parallel layers): the backward's re-gathers and
+# input-gradient reduce-scatters, two of each per layer, beside their GEMMs
+SP_AG_WAITED = "activations (sequence parallel, 4 per layer per micro-batch)"
+SP_RS_WAITED = "activations (sequence parallel, 2 per layer per micro-batch)"
+SP_AG_BESIDE = ("column-parallel inputs gathered again in backward, beside the input-gradient "
+                "GEMMs (sequence parallel, 2 per layer per micro-batch)")
+SP_RS_BESIDE = ("column-parallel input gradients, beside the weight-gradient GEMMs (sequence "
+                "parallel, 2 per layer per micro-batch)")
 # Full recomputation runs each layer's forward again in backward, with its collectives: the two
 # forward all-reduces (an all-gather and a reduce-scatter each under SP) happen twice (6 per layer).
 # With SP a recomputed forward adds its 2 all-gathers and 2 reduce-scatters: 8 + 6 = 14.
@@ -484,7 +492,8 @@ def _gpt3_tp(sp: bool) -> Expected:
         collectives=tuple(colls))
 
 
-def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Expected:
+def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str,
+                   backward: bool = False) -> Expected:
     g, t, p, L = GPT3, 8, 8, 96
     # collectives: Megatron Ψ/(t·p), the tied embedding split evenly over stages
     local = F(g["dense"] + g["embedding"], t * p) + F(g["norms"], p)
@@ -527,7 +536,22 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str) -> Ex
         C("all_reduce", "pp", "grads[embedding]", 4 * F(g["embedding"], t), 1, 2, "gradients"),
         C("send", "pp", P2P, GPT3_BSHE / (t if sp else 1), 2 * m * chunks, p, "activations"),
     ]
-    if sp:
+    if sp and backward:
+        # overlap = backward: of each layer's 6 all-gathers and 4 reduce-scatters, the QKV
+        # projection's and the first MLP matmul's (column-parallel) backward re-gathers and
+        # input-gradient reduce-scatters are listed apart, beside their GEMMs
+        colls += [
+            C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
+            C("all_gather", "tp", SP_AG_WAITED, GPT3_BSHE, 4 * (L // p) * m, t, "activations"),
+            C("all_gather", "tp", SP_AG_BESIDE, GPT3_BSHE, 2 * (L // p) * m, t, "activations"),
+            C("reduce_scatter", "tp", SP_RS_WAITED, GPT3_BSHE, 2 * (L // p) * m, t,
+              "activations"),
+            C("reduce_scatter", "tp", SP_RS_BESIDE, GPT3_BSHE, 2 * (L // p) * m, t,
+              "activations"),
+            C("reduce_scatter", "tp", EMB_OUT, GPT3_BSHE, m, t, "activations"),
+            C("all_gather", "tp", EMB_GRAD_SP, GPT3_BSHE, m, t, "activations"),
+        ]
+    elif sp:
         colls += [
             C("all_reduce", "tp", "grads[norms]", 4 * F(g["norms"], p), 1, t, "gradients"),
             C("all_gather", "tp", SP_AG, GPT3_BSHE, 6 * (L // p) * m, t, "activations"),
@@ -697,6 +721,8 @@ EXPECTED: dict[str, Expected] = {
                                                             recompute="selective"),
     "strategies/gpt3-175b-recompute.place": _gpt3_pipeline(dp=1, m=16, chunks=1, sp=False,
                                                           recompute="full"),
+    "strategies/gpt3-175b-megatron-2022.place": _gpt3_pipeline(
+        dp=1, m=64, chunks=3, sp=True, recompute="selective", backward=True),
 }
 NAMES = sorted(EXPECTED)
 
