@@ -45,7 +45,7 @@ def closed(expr: Any, domain: Symbolic) -> Fraction:
 
 
 def test_there_are_examples() -> None:
-    assert len(EXAMPLES) == 21
+    assert len(EXAMPLES) == 22
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
