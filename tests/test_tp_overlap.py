@@ -282,9 +282,12 @@ def test_search_writes_the_backward_overlap_and_screens_it_as_the_full_model(
 def test_search_flag_writes_every_tensor_parallel_layout_with_the_backward_overlap() -> None:
     from tests.test_search import shown_layouts
 
-    tensor = [lay for lay in shown_layouts("--tp-overlap-backward") if lay["tp"] > 1]
+    shown = shown_layouts("--tp-overlap-backward")
+    tensor = [lay for lay in shown if lay["tp"] > 1]
     assert tensor, "the layouts of this problem use tensor parallelism"
     assert {lay["tp_overlap"] for lay in tensor} == {"backward"}
+    # a layout without a tensor axis has nothing to overlap
+    assert all(lay["tp_overlap"] is False for lay in shown if lay["tp"] == 1)
     # under --tp-overlap, sequence parallel layouts overlap everything, the others backward
     shown = [lay for lay in shown_layouts("--tp-overlap") if lay["tp"] > 1]
     assert {lay["tp_overlap"] for lay in shown} == {

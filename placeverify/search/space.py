@@ -249,12 +249,15 @@ def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global
                             for once in _reductions(sharding, p, m, off, space):
                                 yield Layout(t, c, p, v, e, d, sharding, shard, sp, rc, off, b,
                                              m, stages if isinstance(stages, tuple) else None,
-                                             once, _tensor_overlap(space, sp),
+                                             once, _tensor_overlap(space, t, sp),
                                              not space.data_overlap)
 
 
-def _tensor_overlap(space: Space, sp: bool) -> TensorOverlap:
-    """The tensor overlap of one layout under the framework's (``Space.tp_overlap``)."""
+def _tensor_overlap(space: Space, t: int, sp: bool) -> TensorOverlap:
+    """The tensor overlap of one layout under the framework's (``Space.tp_overlap``): none
+    without tensor parallelism."""
+    if t == 1:
+        return TensorOverlap.NONE
     if space.tp_overlap is TensorOverlap.ALL and not sp:
         return TensorOverlap.BACKWARD
     return space.tp_overlap
