@@ -110,7 +110,9 @@ def test_every_layout_obeys_the_frameworks_rules() -> None:
             st = lay.stages
             assert sum(st) == arch.layers and len(st) == lay.pp * lay.v
             assert len(set(st[1:-1])) == 1 and 1 <= min(st[0], st[-1]) <= st[1]
-        assert (lay.sharding is Sharding.NONE) == (lay.dp == 1)
+        # one data-parallel rank: no sharding, or ZeRO-Offload's zero2 over an axis of one
+        assert (lay.sharding is Sharding.NONE) == (lay.dp == 1 and not lay.offload)
+        assert lay.dp > 1 or lay.sharding in (Sharding.NONE, Sharding.ZERO2)
         assert not lay.offload or lay.sharding in (Sharding.ZERO2, Sharding.ZERO3)
         assert not lay.sp or lay.tp > 1
     # Megatron-LM's GPT-3-style 3D layout is among them: t = 8, p = 4, d = 2, ZeRO-1
