@@ -269,5 +269,4 @@ def model_statement(model_path: str, seq: int | None) -> tuple[str, list[tuple[D
         reader.warning(f"no --seq: seq = {seq}, the config's {position.origin.key}; give --seq if "
                        "training uses shorter sequences", position.origin, code=Code.MISSING)
     entries = ", ".join([*(line.text for line in lines), f"seq = {seq}"])
-    warnings = [(d, source) for d in reader.diags.items if d.severity is Severity.WARNING]
-    return f"model transformer {{ {entries} }}", [*warnings, *reader.extra]
+    return f"model transformer {{ {entries} }}", reader.warnings()

@@ -105,13 +105,19 @@ class TensorOverlap(StrEnum):
     # beside the input-gradient GEMM, the input gradient reduce-scattered (all-reduced without
     # sequence parallelism) beside the weight-gradient GEMM; Megatron-LM's
     # LinearWithGradAccumulationAndAsyncCommunication (megatron/core/tensor_parallel/layers.py;
-    # since 2021-08 without sequence parallelism, 2022-03 with it) and Transformer Engine's
+    # since 2021-09 without sequence parallelism, 2022-03 with it) and Transformer Engine's
     # Linear ("Overlap dgrad-RS/AR with wgrad"), by default
     BACKWARD = "backward"
     # every collective chunked beside the GEMM that consumes or produces it: Megatron-LM
     # --tp-comm-overlap (Transformer Engine's userbuffers), torchtitan's async tensor
     # parallelism; needs sequence parallelism
     ALL = "all"
+
+    @property
+    def json(self) -> bool | str:
+        """As JSON shows it: ``true`` and ``false`` for all and none (as ``overlap = true`` and
+        ``false`` are written), else the word (``"backward"``)."""
+        return {"all": True, "none": False}.get(self.value, self.value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,12 +60,6 @@ def _option(value: object) -> object:
     return value.value if isinstance(value, Enum) else value
 
 
-def _tensor_overlap(level: TensorOverlap) -> bool | str:
-    """A tensor axis's overlap as JSON shows it: ``true`` for every collective (as ``overlap =
-    true`` is written), else the level's word (``"backward"``)."""
-    return True if level is TensorOverlap.ALL else level.value
-
-
 def _float(value: Any) -> float:
     return float(Fraction(value))
 
@@ -128,7 +122,7 @@ def check_document(result: CheckResult) -> dict[str, Any]:
                      **({"reduce": p.reduce.value} if p.reduce is not Reduce.MICROBATCH else {}),
                      **({"overlap": p.data_overlap.value}
                         if p.data_overlap is not Overlap.ALL else {}),
-                     **({"overlap": _tensor_overlap(p.overlap)}
+                     **({"overlap": p.overlap.json}
                         if p.overlap is not TensorOverlap.NONE else {}),
                      **({"layers": list(p.layers)} if p.layers is not None else {}),
                      **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}

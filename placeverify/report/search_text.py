@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from placeverify.ir.placement import TensorOverlap
 from placeverify.report.layout import Column, fit, print_lines
 from placeverify.report.units import significant, size
 
@@ -26,10 +25,7 @@ def _layout_json(e: Evaluated, verdict: str | None, written: dict[str, str]) -> 
             "sharding": lay.sharding.value, "shard": lay.shard, "sequence_parallel": lay.sp,
             "recompute": lay.recompute.value, "offload": lay.offload, "micro_batch": lay.b,
             "microbatches": lay.m, "reduce": "step" if lay.reduce_step else "microbatch",
-            "tp_overlap": (True if lay.tp_overlap is TensorOverlap.ALL else
-                           False if lay.tp_overlap is TensorOverlap.NONE else
-                           lay.tp_overlap.value),
-            "data_overlap": not lay.dp_wait,
+            "tp_overlap": lay.tp_overlap.json, "data_overlap": not lay.dp_wait,
             "stage_layers": list(lay.stages) if lay.stages is not None else None},
         "peak_bytes": e.peak_bytes, "needed_bytes": e.needed_bytes,
         "step_seconds": e.step_seconds, "tokens_per_second": e.tokens_per_second, "mfu": e.mfu,

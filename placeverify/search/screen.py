@@ -216,8 +216,7 @@ class Screen:
 
     def _links(self, lay: Layout) -> dict[str, tuple[float, float]]:
         """(bandwidth, latency) per axis, as the mesh's device profile gives them."""
-        return self._links_of(_axis_order(lay.pp, lay.sharding is Sharding.HSDP, lay.dp,
-                                          lay.shard, lay.ep, lay.cp, lay.tp))
+        return self._links_of(_order_of(lay))
 
     def _axis_links(self, axes: tuple[tuple[str, int], ...]) -> dict[str, tuple[float, float]]:
         dev = self.s.device
@@ -325,8 +324,7 @@ class Screen:
         grads, params = local * self.G, local * self.P
         m = lay.m
 
-        sizes = dict(_axis_order(lay.pp, lay.sharding is Sharding.HSDP, lay.dp, lay.shard,
-                                 lay.ep, lay.cp, lay.tp))
+        sizes = dict(_order_of(lay))
 
         def ring(axes: list[str], payload: float, all_reduce: bool) -> float:
             axes = [a for a in axes if a in links]
@@ -412,8 +410,12 @@ def _uneven_kinds(st: tuple[int, ...]) -> tuple[tuple[int, bool, bool, int], ...
 
 def axis_order(lay: Layout) -> list[tuple[str, int]]:
     """The mesh axes of a layout, outermost first (:func:`_axis_order`)."""
-    return list(_axis_order(lay.pp, lay.sharding is Sharding.HSDP, lay.dp, lay.shard, lay.ep,
-                            lay.cp, lay.tp))
+    return list(_order_of(lay))
+
+
+def _order_of(lay: Layout) -> tuple[tuple[str, int], ...]:
+    return _axis_order(lay.pp, lay.sharding is Sharding.HSDP, lay.dp, lay.shard, lay.ep, lay.cp,
+                       lay.tp)
 
 
 @lru_cache(maxsize=4096)
