@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import NamedTuple
 
 from placeverify.diagnostics import Code, Source
 from placeverify.importers.common import Origin, Reader, Value
-from placeverify.importers.shell import NAME_SEPARATOR, Script, Word
+from placeverify.importers.shell import NAME_SEPARATOR, Command, Script, Word
 
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed")
 _TRAINING = re.compile(r"(^|/)(pre)?train[^/]*\.py$")
@@ -169,25 +170,36 @@ def _tail(word: Word, cut: int) -> str:
     return NAME_SEPARATOR.join(word.name.split(NAME_SEPARATOR)[cut:])
 
 
-def split_launch(script: Script) -> tuple[list[Word], list[Word], bool]:
-    """(launcher words, training arguments, whether a launcher was found). The training command is
-    the first that runs a Python file under a launcher (torchrun, ``python -m
-    torch.distributed.run``, the ``deepspeed`` launcher); else the first running a
+class Launch(NamedTuple):
+    """The training command of a script, split: the words that start it (``torchrun ...``,
+    with the command that ran it from a ``bash -c`` string first: ``srun ... sh -c``), the
+    Python file it runs, that file's arguments, and whether a launcher (torchrun, ``python -m
+    torch.distributed.run``, ``deepspeed``) starts it."""
+
+    launcher: list[Word]
+    program: Word | None
+    arguments: list[Word]
+    launched: bool
+
+
+def split_launch(script: Script) -> Launch:
+    """The training command is the first that runs a Python file under a launcher (torchrun,
+    ``python -m torch.distributed.run``, the ``deepspeed`` launcher); else the first running a
     ``pretrain*.py`` / ``train*.py``; else the first running any Python file (a data preparation
-    step before the launch is passed over)."""
-    found: list[tuple[list[Word], int, bool]] = []
+    step before the launch is passed over). A script running no Python file is an argument
+    file: every word of every command is an argument."""
+    found: list[tuple[Command, int, bool]] = []
     for command in script.commands:
-        words = list(command.words)
-        texts = [w.text for w in words]
+        texts = [w.text for w in command.words]
         py = next((i for i, t in enumerate(texts) if t.endswith(".py") and " " not in t), None)
         if py is None or texts[0] in ("echo", "printf"):
             continue
         launcher = any(t.endswith(LAUNCHERS) or t in LAUNCHERS for t in texts[:py])
-        found.append((words, py, launcher))
+        found.append((command, py, launcher))
     if found:
-        words, py, launcher = next(
+        command, py, launcher = next(
             (f for f in found if f[2]), None) or next(
-            (f for f in found if _TRAINING.search(f[0][f[1]].text)), None) or found[0]
-        return words[:py], words[py + 1:], launcher
-    # an argument file: every word of every command is an argument
-    return [], [w for c in script.commands for w in c.words], False
+            (f for f in found if _TRAINING.search(f[0].words[f[1]].text)), None) or found[0]
+        words = list(command.words)
+        return Launch([*command.via, *words[:py]], words[py], words[py + 1:], launcher)
+    return Launch([], None, [w for c in script.commands for w in c.words], False)

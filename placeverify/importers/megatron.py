@@ -21,11 +21,12 @@ micro-batch's token mean is divided by the number of micro-batches (microbatch_m
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from placeverify.diagnostics import Code, Severity, Source
+from placeverify.diagnostics import Code, Severity, Source, Span
 from placeverify.importers import megatron_yaml
-from placeverify.importers.arguments import Arguments, split_launch
+from placeverify.importers.arguments import Arguments, Launch, split_launch
 from placeverify.importers.common import Line, Origin, Plan, Reader, Value, ignored_header
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.megatron_deepspeed import read_engine
@@ -72,20 +73,24 @@ NOT_MODELLED = {
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    launch: list[Word]
     script: Script | None = None
     if megatron_yaml.is_test_config(source):
-        launch, words, launched = [], megatron_yaml.arguments(source), False
+        started = Launch([], None, megatron_yaml.arguments(source), False)
     else:
         script = Script(source)
-        launch, words, launched = split_launch(script)
+        started = split_launch(script)
+    launch, words, launched = started.launcher, started.arguments, started.launched
     plan = Plan("megatron", source.path)
     args = Arguments(reader, words, source)
     runner = Arguments(reader, launch, source)
 
-    # ---- world size: torchrun --nproc-per-node x --nnodes, or --world ----
-    world_value, world_line, replaced = _world(runner, reader, world, launched or not launch,
-                                               launch)
+    # ---- world size: torchrun --nproc-per-node x --nnodes, srun's tasks, or --world ----
+    tasks = None if launched or script is None else _srun_tasks(launch, script, reader)
+    if tasks is not None:
+        world_value, world_line, replaced = _tasks_world(tasks, reader, world)
+    else:
+        world_value, world_line, replaced = _world(runner, reader, world,
+                                                   launched or not launch, launch)
     for name in (*NPROC_FLAGS, *NNODES_FLAGS):
         runner.used.add(name)
 
@@ -161,7 +166,8 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
 
     # ---- model ----
     seq = args.integer("--seq-length")
-    own = None if model is not None else model_lines(args, reader)
+    own = None if model is not None else model_lines(
+        args, reader, started.program.text if started.program is not None else None)
     if model is not None:
         for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
                      "--num-query-groups", "--group-query-attention", "--swiglu", "--normalization",
@@ -338,6 +344,11 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     plan.title = f"{Path(source.path).name}: " + \
         ("Megatron-DeepSpeed" if engine is not None else "Megatron-LM") + ", " + ", ".join(parts)
     _leftovers(args, runner, reader, plan)
+    for swallowed, line in script.swallowed if script is not None else []:
+        reader.warning(f"the shell reads {swallowed.text} as the file of a redirection ('<' or "
+                       f"'>') in the command at line {line}, not as an argument: a '<...>' "
+                       "placeholder left in the script? The flag is not read",
+                       Origin(swallowed.text, source, swallowed.span), code=Code.NOT_STATIC)
     for sourced in script.sourced if script is not None else []:
         reader.warning(f"the script sources {sourced.text}, which placeverify does not read: a "
                        "variable that file sets is taken as the script leaves it",
@@ -349,6 +360,85 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         plan.header.append("Assumed about the launch (defaults of variables the environment or "
                            "the script's arguments may set): " + "; ".join(assumed))
     return plan
+
+
+_SRUN_OPTIONS = {"--nodes": "--nodes", "-N": "--nodes", "--ntasks-per-node": "--ntasks-per-node",
+                 "--ntasks": "--ntasks", "-n": "--ntasks"}
+
+
+@dataclass(frozen=True, slots=True)
+class Tasks:
+    """The processes ``srun`` starts, one per task (srun(1)): ``--ntasks``, else nodes x
+    ``--ntasks-per-node``; each count from srun's own option or the allocation's ``#SBATCH``
+    line. ``count`` is None when the counts do not give it (``why`` says which is missing)."""
+
+    count: int | None
+    why: str
+    origin: Origin
+
+
+def _srun_tasks(launch: list[Word], script: Script, reader: Reader) -> Tasks | None:
+    """The tasks of an ``srun`` that runs the training program itself (no torchrun under it),
+    or None when no srun starts it. An option whose value only running the script gives is an
+    error at the word."""
+    at = next((k for k, w in enumerate(launch) if w.text.rsplit("/", 1)[-1] == "srun"), None)
+    if at is None:
+        return None
+    given: dict[str, tuple[int, str, Span | None]] = {
+        o: (v.value, f"#SBATCH {o}={v.value} (line {v.span.line})", v.span)
+        for o, v in script.sbatch.items()}
+    k = at + 1
+    while k < len(launch):
+        text = launch[k].text
+        name, eq, inline = text.partition("=") if text.startswith("--") else (text[:2], "", text[2:])
+        option = _SRUN_OPTIONS.get(name)
+        if option is None:
+            k += 1
+            continue
+        value_word = launch[k] if (eq or inline) else launch[k + 1] if k + 1 < len(launch) else None
+        k += 1 if (eq or inline) else 2
+        if value_word is None:
+            continue
+        if value_word.unresolved:
+            reader.error(f"srun {name}: {value_word.unresolved}; write the number or pass "
+                         "--world N", Origin(name, script.source, value_word.span),
+                         code=Code.NOT_STATIC)
+            continue
+        value = inline if (eq or inline) else value_word.text
+        if value.isdigit():
+            given[option] = (int(value), f"srun {name} {value}", value_word.span)
+    first = launch[at]
+    origin = Origin("srun", script.source, first.span)
+    if "--ntasks" in given:
+        count, why, span = given["--ntasks"]
+        return Tasks(count, why, Origin("--ntasks", script.source, span))
+    if "--ntasks-per-node" in given and "--nodes" in given:
+        per, per_why, span = given["--ntasks-per-node"]
+        nodes, nodes_why, _ = given["--nodes"]
+        return Tasks(per * nodes, f"{per_why} x {nodes_why}",
+                     Origin("--ntasks-per-node", script.source, span))
+    missing = " and ".join(o for o in ("--nodes", "--ntasks-per-node") if o not in given)
+    return Tasks(None, f"srun starts the training program with no {missing} (from its own "
+                 "options or an #SBATCH line); Slurm's default of one task per node is not "
+                 "assumed", origin)
+
+
+def _tasks_world(tasks: Tasks, reader: Reader, world: int | None
+                 ) -> tuple[int | None, Line | None, list[str]]:
+    """The world of an srun launch: its task count, or --world where the script does not give
+    it; a --world that contradicts it is an error."""
+    if tasks.count is None:
+        if world is not None:
+            return world, Line(f"world = {world}", "--world (placeverify option): "
+                               + tasks.why.split(";")[0]), []
+        reader.error(f"world size unknown: {tasks.why}; pass --world N", tasks.origin,
+                     code=Code.MISSING)
+        return None, None, []
+    if world is not None and world != tasks.count:
+        reader.error(f"--world {world} contradicts srun's {tasks.count} tasks ({tasks.why})",
+                     tasks.origin, code=Code.WORLD_MISMATCH)
+    return tasks.count, Line(f"world = {tasks.count}", f"srun tasks, one process each: "
+                             f"{tasks.why}", tasks.origin), []
 
 
 def _world(runner: Arguments, reader: Reader, world: int | None, launched: bool,

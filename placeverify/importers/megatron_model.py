@@ -13,6 +13,11 @@ from placeverify.importers.hf_config import HFModel
 
 # GPT-2 BPE (Megatron's GPT2BPETokenizer): 50,257 tokens before padding.
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
+# The tokenizer a training program sets when --tokenizer-type is not given: Megatron-LM's
+# pretrain_gpt.py calls initialize_megatron with args_defaults={'tokenizer_type':
+# 'GPT2BPETokenizer'} (from 152aab304d, 2021-01, to the current tree; Megatron-DeepSpeed keeps it)
+DEFAULT_TOKENIZER = {"pretrain_gpt.py": "GPT2BPETokenizer"}
+OLD_RECOMPUTE_FLAGS = ("--checkpoint-activations", "--activations-checkpoint-method")
 # A hybrid Mamba / attention stack (megatron/core/models/hybrid, arguments.py): its layers come
 # from a pattern, not --num-layers; refused at the flag.
 HYBRID = ("--hybrid-layer-pattern", "--hybrid-override-pattern", "--is-hybrid-model")
@@ -25,7 +30,7 @@ REFUSED = {
 }
 
 
-def model_lines(args: Arguments, reader: Reader) -> list[Line]:
+def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> list[Line]:
     """``model transformer`` entries from Megatron's own model flags."""
     def line(entry: str, v: Value | None, text: object | None = None) -> Line:
         if v is None:
@@ -79,6 +84,11 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
             args.used.add(flag)
     if vocab is None:
         tokenizer = args.text("--tokenizer-type")
+        if tokenizer is None and program is not None and \
+                program.rsplit("/", 1)[-1] in DEFAULT_TOKENIZER:
+            name = program.rsplit("/", 1)[-1]
+            tokenizer = Value(DEFAULT_TOKENIZER[name], Origin(
+                f"--tokenizer-type (default of {name}: {DEFAULT_TOKENIZER[name]})", args.source))
         if tokenizer is not None and tokenizer.value in TOKENIZER_VOCAB:
             vocab = Value(TOKENIZER_VOCAB[str(tokenizer.value)], tokenizer.origin)
         elif "model.vocab" not in reader.given:  # else the override's value replaces 'vocab = 1'
@@ -112,7 +122,12 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
         args.flag("--use-flash-attn-triton")
     # Megatron-DeepSpeed's softmax is Megatron's fused masked softmax unless a --use-flash-attn*
     # flag asks for FlashAttention (its forks have no --attention-backend)
-    legacy = "--deepspeed" in args.flags and backend is None and flash is None
+    # A Megatron-LM that takes --checkpoint-activations / --activations-checkpoint-method (renamed
+    # --recompute-activations / --recompute-method in bbab79f869, 2022-05; the old names only
+    # kept as deprecated aliases) predates FlashAttention in Megatron-LM (--use-flash-attn,
+    # d693034ecf, 2022-12): its softmax is the fused masked softmax as well
+    old = next((f for f in OLD_RECOMPUTE_FLAGS if f in args.flags), None)
+    legacy = ("--deepspeed" in args.flags or old is not None) and backend is None and flash is None
     standard = legacy or (backend is not None and backend.value in ("unfused", "local"))
     lines = [line("layers", layers), line("hidden", hidden), line("heads", heads),
              line("kv_heads", kv), line("ffn", ffn),
@@ -133,7 +148,8 @@ def model_lines(args: Arguments, reader: Reader) -> list[Line]:
                    "--hidden-dropout / --attention-dropout (default 0.1)"),
               Line(f"attention = {'standard' if standard else 'flash'}",
                    backend.origin.key if backend else (flash.origin.key if flash else
-                                                       "--deepspeed: no --use-flash-attn" if legacy
+                                                       f"{old or '--deepspeed'}: no --use-flash-attn"
+                                                       if legacy
                                                        else "--attention-backend (default auto)"),
                    backend.origin if backend else None)]
     embed_norm = args.flag("--embed-layernorm")

@@ -77,8 +77,16 @@ _BINARY = frozenset(("=", "==", "!=", "=~", "<", ">", "-nt", "-ot", "-ef", *_INT
 _MAX_CALLS = 32  # nested function calls read before giving up
 _SHELLS = ("bash", "sh")  # `bash -c STRING` runs STRING in a child shell
 _OPAQUE = "\ue000"  # stands for a character whose value is not known while a string is re-read
-_SBATCH_NODES = re.compile(r"#SBATCH[ \t]+(?:--nodes[= \t]*|-N[ \t]*)(\d+)[ \t]*(?:#.*)?$")
-_NODE_VARIABLES = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+# an sbatch option on a ``#SBATCH`` line, among others (``#SBATCH --nodes=128 --exclusive
+# --ntasks-per-node=8``): a whole number only (``--nodes=2-4`` is a range, not read)
+_SBATCH_OPTION = re.compile(r"(?:^|[ \t])(--nodes|-N|--ntasks-per-node|--ntasks|-n)(?:=|[ \t]*)"
+                            r"(\d+)(?=[ \t]|$)")
+# Slurm's names for each option: sbatch exports them to the job's environment (sbatch(1),
+# "OUTPUT ENVIRONMENT VARIABLES")
+SBATCH_VARIABLES = {"--nodes": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
+                    "--ntasks-per-node": ("SLURM_NTASKS_PER_NODE",),
+                    "--ntasks": ("SLURM_NTASKS", "SLURM_NPROCS")}
+_SBATCH_LONG = {"-N": "--nodes", "-n": "--ntasks"}
 NAME_SEPARATOR = "\x1f"  # between the characters of a file name with unknown parts
 
 
@@ -103,6 +111,17 @@ class Word:
 class Command:
     words: tuple[Word, ...]
     line: int
+    # the command that ran this one's ``bash -c`` string, up to the shell (``srun -l ... sh -c``)
+    via: tuple[Word, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Sbatch:
+    """One whole-number option of the script's ``#SBATCH`` lines (its long name) and where."""
+
+    option: str
+    value: int
+    span: Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,12 +223,17 @@ class Script:
         self._doubts: list[Doubt] = []
         self.decided: list[str] = []  # defaults taken that decided a test (which branch ran)
         self.sourced: list[Word] = []  # `source FILE` / `. FILE`: files not read
+        # redirection targets that read as flags (``<PATH TO DIR> --fp16``: the placeholder's
+        # '>' takes --fp16 as its file), with the command's line
+        self.swallowed: list[tuple[Word, int]] = []
         self.files: dict[str, Written] = {}  # written from here-documents, by name as written
         self._calls = 0
         self._carried: dict[int, Unknown] = {}  # while re-reading a string: unknown characters
         self._assumed_at: dict[int, str] = {}  # source offsets of values taken as assumptions
+        self._via: tuple[Word, ...] = ()  # while a ``bash -c`` string is read: who ran it
+        self.sbatch: dict[str, Sbatch] = {}  # ``#SBATCH`` options, by long name
         self.state = State()
-        self._sbatch_nodes()
+        self._sbatch()
         try:
             self._list(parse(source.text), self.state)
         except ShellSyntaxError as error:
@@ -220,27 +244,40 @@ class Script:
             raise _error(source, "cannot read this script: it nests statements too deeply",
                          Span.point(1, 1), Code.TOO_DEEP) from None
 
-    def _sbatch_nodes(self) -> None:
-        """``#SBATCH --nodes=N`` before the first command: Slurm's node count, the value of
-        ``$SLURM_NNODES`` when the job runs (unless sbatch's command line says otherwise)."""
+    def _sbatch(self) -> None:
+        """The ``#SBATCH`` lines before the first command: Slurm's node and task counts
+        (``--nodes``/``-N``, ``--ntasks-per-node``, ``--ntasks``/``-n``), whatever other options
+        share the line. Each is the value of its ``$SLURM_...`` variables when the job runs
+        (unless sbatch's command line says otherwise) and the allocation an ``srun`` in the
+        script inherits."""
         offset = 0
         for raw in self.source.text.splitlines(keepends=True):
             line = raw.strip()
             if line and not line.startswith("#"):
                 break
-            match = _SBATCH_NODES.match(line)
-            if match is not None:
-                start = offset + raw.index(line) + match.start(1)
-                nodes = match.group(1)
-                note = (f"${_NODE_VARIABLES[0]} = {nodes}, from #SBATCH at line "
-                        f"{self.line_of(start)} (also ${_NODE_VARIABLES[1]}; an sbatch --nodes "
-                        "on the command line would change it)")
-                value = Text(tuple((c, start + k, None) for k, c in enumerate(nodes)))
-                for name in _NODE_VARIABLES:
-                    self.state.values[name] = value
-                for k in range(len(nodes)):
-                    self._assumed_at[start + k] = note
+            if line.startswith("#SBATCH") and line[7:8] in (" ", "\t"):
+                start = offset + raw.index(line)
+                options = line.split("#", 2)  # a second '#' starts a comment
+                for match in _SBATCH_OPTION.finditer(options[1][6:]):
+                    self._sbatch_option(match, start + 7)
             offset += len(raw)
+
+    def _sbatch_option(self, match: re.Match[str], base: int) -> None:
+        option = _SBATCH_LONG.get(match.group(1), match.group(1))
+        start = base + match.start(2)
+        number = match.group(2)
+        line = self.line_of(start)
+        self.sbatch[option] = Sbatch(option, int(number), self.span(start, start + len(number)))
+        names = SBATCH_VARIABLES[option]
+        note = (f"${names[0]} = {number}, from #SBATCH at line {line}"
+                + (f" (also ${names[1]}" if len(names) > 1 else " (")
+                + ("; " if len(names) > 1 else "") + f"an sbatch {option} on the command line "
+                "would change it)")
+        value = Text(tuple((c, start + k, None) for k, c in enumerate(number)))
+        for name in names:
+            self.state.values[name] = value
+        for k in range(len(number)):
+            self._assumed_at[start + k] = note
 
     # ---- positions ----
 
@@ -469,12 +506,23 @@ class Script:
             return status
         doubt = self._doubts[0].given_only_if() if self._doubts else None
         self._writes(node, words, state, line, doubt)
-        string = _shell_string(words)
-        if string is not None:
-            return self._run_string(string, state, line)
+        for redirect in node.redirects:
+            if isinstance(redirect.target, WordTok) and redirect.op in ("<", ">", ">>", ">|"):
+                for target in self._expand(redirect.target, state, split=False):
+                    if target.text.startswith("--"):
+                        self.swallowed.append((self._word(target, doubt), line))
+        shell = _shell_string(words)
+        if shell is not None:
+            via, string = shell
+            outer = self._via
+            self._via = (*outer, *(self._word(t, doubt) for t in words[:via]))
+            try:
+                return self._run_string(string, state, line)
+            finally:
+                self._via = outer
         out = tuple(self._word(t, doubt) for t in words)
         if out:
-            self.commands.append(Command(out, line))
+            self.commands.append(Command(out, line, self._via))
         return f"the exit status of `{name}` at line {line} (only running the script gives it)"
 
     def _writes(self, node: Simple, words: list[Text], state: State, line: int,
@@ -799,9 +847,9 @@ def _file_name(text: Text) -> str:
     return NAME_SEPARATOR.join(out)
 
 
-def _shell_string(words: list[Text]) -> Text | None:
-    """STRING of ``[launcher ...] bash -c STRING``: the word after the first ``-c`` option
-    (``-c``, ``-lc``, ``-ec``...) given to bash or sh."""
+def _shell_string(words: list[Text]) -> tuple[int, Text] | None:
+    """``(k, STRING)`` of ``[launcher ...] bash -c STRING``: STRING is the word after the first
+    ``-c`` option (``-c``, ``-lc``, ``-ec``...) given to bash or sh, the shell word k."""
     for k, word in enumerate(words[:-2]):
         if word.problem() is None and word.text.rsplit("/", 1)[-1] in _SHELLS:
             for option in range(k + 1, len(words) - 1):
@@ -809,7 +857,7 @@ def _shell_string(words: list[Text]) -> Text | None:
                 if not flag.startswith("-") or flag.startswith("--"):
                     break
                 if "c" in flag[1:]:
-                    return words[option + 1]
+                    return k, words[option + 1]
             return None
     return None
 
