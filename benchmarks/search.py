@@ -21,37 +21,36 @@ Runs (the published layout as this project reads the source):
   last stage has only output projection and loss calculation" (§3.3.2): a model chunk held one
   of 126 + 2 layers, 128 chunks over p = 16 is v = 8, and the 126 layers are 0, 1 x 126, 0 over
   the 128 virtual stages (as ``benchmarks/step_time.py`` reads the same rows).
-- GPT-3 175B on 1,024 A100 80GB, batch 1,536 sequences of 2,048: Megatron-LM's 3D layout for
-  this model, t = 8 in a node and p = 8 interleaved over v = 3 chunks (Korthikanti et al. 2022,
-  arXiv 2205.05198, Table 5, with sequence parallelism and selective recomputation), d = 16,
-  b = 1, m = 96, plain data parallelism: Narayanan et al. 2021 (arXiv 2104.04473) Table 1 runs
-  "no ZeRO", and neither paper uses the distributed optimizer. Megatron-LM of those years
-  all-reduced the gradients after the whole forward-backward (``train_step`` after
-  ``forward_backward_func``, default ``--DDP-impl local``): ``ddp(overlap = none)``. Its
-  tensor-parallel layers (``LinearWithGradAccumulationAndAsyncCommunication``, 2022, kept since)
-  run the column-parallel layers' backward collectives beside their GEMMs: ``overlap =
-  backward``, for the published layout and for every layout searched (all run Megatron-LM's
-  layers, ``search --tp-overlap-backward``).
+- GPT-3 175B on 1,024 A100 80GB, batch 1,536 sequences of 2,048, fp16: the run Megatron-LM's
+  README published with its launch script (NVIDIA/Megatron-LM at 152aab304d, 2021-01-11:
+  "With full global batch size of 1536 on 1024 A100 GPUs, each iteration takes around 32
+  seconds"; ``examples/pretrain_gpt3_175B.sh``: 128 nodes x 8 srun tasks, t = 8, p = 16, so
+  d = 8, micro-batch 1, m = 192, ``--fp16`` with fp16 gradients, ``--checkpoint-activations``,
+  the row ``megatron-lm-2021`` of ``benchmarks/step_time.py``). That Megatron-LM ran plain 1F1B
+  (no interleaving yet), waited for every tensor-parallel collective (the async all-reduce came
+  in 2021-08) and all-reduced the gradients after the whole forward-backward (``train_step``
+  after ``forward_backward_func``, default ``--DDP-impl local``): ``ddp(overlap = none)``. The
+  search's layouts run Megatron-LM's tensor-parallel layers of today
+  (``LinearWithGradAccumulationAndAsyncCommunication``: ``overlap = backward``,
+  ``search --tp-overlap-backward``), except over the run's own software.
 
-Each run is searched twice, every layout with the run's framework's tensor-parallel overlap
-(GPT-3: Megatron-LM's, ``overlap = backward``; Llama 3: none assumed, its training stack is not
-public). First over every layout the language has; then over the choices
-that run's own software offered, so that the published layout is ranked against the layouts its
-authors could have launched:
+Each run is searched over every layout the language has, then over the choices that run's
+own software offered, so that the published layout is ranked against the layouts its authors
+could have launched:
 
-- GPT-3 (Megatron-LM of 2021-22): data parallelism without sharding (DDP; Narayanan et al.
-  Table 1: "no ZeRO") whose all-reduce waits for the backward (``search --no-data-overlap``),
-  and no context parallelism (Megatron-LM's context parallelism came with Megatron-core in
-  2023);
+- GPT-3 (Megatron-LM of 2021-01): DDP whose all-reduce waits for the backward (``search
+  --no-data-overlap``), 1F1B, full or no recomputation, no sequence or context parallelism
+  (2022, 2023), every tensor-parallel collective waited for;
 - Llama 3: the FSDP family (``zero2`` for "FSDP without resharding after forward", ``zero3``
   for resharding, ``hsdp`` for hybrid sharding), every other degree open (the paper uses context
   parallelism for long sequences).
 
-GPT-3 is searched a third time over what Megatron-LM offered once it had its distributed
-optimizer (ZeRO-1, ``zero1``) and overlapped its data-parallel traffic (2023): DDP or ``zero1``,
-no context parallelism. In a pipeline the search
-reduces ZeRO-2/3 and HSDP gradients once a step (``reduce = step``), as the pipeline runtimes
-do (README "Which layout?").
+GPT-3 is searched twice more: over Megatron-LM of 2022 (Korthikanti et al., arXiv 2205.05198:
+interleaving, sequence parallelism, selective recomputation, the backward overlap; DDP still
+waited for) and over what Megatron-LM offered once it had its distributed optimizer (ZeRO-1,
+``zero1``) and overlapped its data-parallel traffic (2023): DDP or ``zero1``, no context
+parallelism. In a pipeline the search reduces ZeRO-2/3 and HSDP gradients once a step
+(``reduce = step``), as the pipeline runtimes do (README "Which layout?").
 
 The goal line is printed for every search; only the first (every layout) is the issue's goal as
 written.
@@ -86,9 +85,10 @@ from placeverify.search.screen import Screen, Setting  # noqa: E402
 from placeverify.search.space import Layout, Recompute, Sharding, Space, stage_layers  # noqa: E402
 
 
-def problem(model: str, dev: str, devices: int, batch: int, seq: int) -> Problem:
+def problem(model: str, dev: str, devices: int, batch: int, seq: int,
+            precision: str = "megatron") -> Problem:
     text = (f'strategy "base"\nmodel {model} {{ seq = {seq}, micro_batch = 1 }}\n'
-            f"precision megatron\nmesh {{\n    dp = {devices}\n    device = {dev}\n}}\n"
+            f"precision {precision}\nmesh {{\n    dp = {devices}\n    device = {dev}\n}}\n"
             "place ddp over dp\n")
     return problem_from(load_text(text, "<base>"), parse(Source("<base>", text)),
                         global_batch=batch)
@@ -110,17 +110,24 @@ def llama3_405b() -> Run:
 
 
 def gpt3_175b() -> Run:
-    pb = problem("gpt3_175b", "a100_80gb_sxm", 1024, 1536, 2048)
+    """The run of Megatron-LM's README (module docstring): fp16 with fp16 gradients."""
+    pb = problem("gpt3_175b", "a100_80gb_sxm", 1024, 1536, 2048, precision="mixed_adam")
     backward = TensorOverlap.BACKWARD  # Megatron-LM's tensor-parallel layers (module docstring)
-    published = Layout(tp=8, cp=1, pp=8, v=3, ep=1, dp=16, sharding=Sharding.DDP, shard=16,
-                       sp=True, recompute=Recompute.SELECTIVE, offload=False, b=1, m=96,
-                       tp_overlap=backward, dp_wait=True)
+    published = Layout(tp=8, cp=1, pp=16, v=1, ep=1, dp=8, sharding=Sharding.DDP, shard=8,
+                       sp=False, recompute=Recompute.FULL, offload=False, b=1, m=192,
+                       dp_wait=True)
     every = Space(tp_overlap=backward)
-    own = Space(shardings=(Sharding.DDP,), max_cp=1, data_overlap=False, tp_overlap=backward)
+    own = Space(shardings=(Sharding.DDP,), max_cp=1, max_v=1, data_overlap=False,
+                sequence_parallel=(False,), recomputes=(Recompute.NONE, Recompute.FULL))
+    korthikanti = Space(shardings=(Sharding.DDP,), max_cp=1, data_overlap=False,
+                        tp_overlap=backward)
     later = Space(shardings=(Sharding.DDP, Sharding.ZERO1), max_cp=1, tp_overlap=backward)
-    return ("GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048", pb, published, every,
-            [("the run's own choices: Megatron-LM 2021-22: DDP waiting for its all-reduce, no "
-              "context parallelism", own),
+    return ("GPT-3 175B, 1,024 x A100 80GB, batch 1536 x 2048, fp16", pb, published, every,
+            [("the run's own choices: Megatron-LM of 2021-01: DDP waiting for its all-reduce, "
+              "1F1B, full or no recomputation, no sequence or context parallelism, every "
+              "tensor-parallel collective waited for", own),
+             ("Megatron-LM of 2022 (Korthikanti et al.): that, with interleaving, sequence "
+              "parallelism, selective recomputation and the backward overlap", korthikanti),
              ("Megatron-LM with its distributed optimizer: DDP or zero1, no context "
               "parallelism", later)])
 

@@ -18,6 +18,10 @@ Sources (measured step time from the published figure):
   F / (TFLOP/s per GPU · GPUs) with the paper's hardware FLOPs (§5.1, full recomputation)
   F = 96·B·s·l·h²(1 + s/(6h) + V/(16·l·h)). The paper's Megatron-LM all-reduced the gradients
   after the whole forward-backward (``ddp(overlap = none)``, :func:`narayanan_rows`).
+- MEGATRON_LM_2021: NVIDIA/Megatron-LM's README at 152aab304d (2021-01-11): GPT-3 175B on
+  1,024 A100 with the launch script it ships, "each iteration takes around 32 seconds
+  resulting in 138 teraFLOPs per GPU"; step time from the 138 TFLOP/s with Narayanan et al.'s
+  count. Held out only (:func:`megatron_gpt3_row`).
 - KORTHIKANTI: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", arXiv 2205.05198, Table 5: seconds per iteration, full recomputation and sequence
   parallelism + selective recomputation (A100 80GB, t = 8).
@@ -145,6 +149,31 @@ def narayanan_rows() -> list[Row]:
         rows.append(Row("narayanan", f"{b}B t{t} p{p} d{d} m{m}" + (f" v{v}" if v > 1 else ""),
                         text, measured, i % 2 == 0))
     return rows
+
+
+def megatron_gpt3_row() -> Row:
+    """GPT-3 175B on 1,024 A100 at its full batch of 1,536 (held out), the run Megatron-LM's
+    README published with its launch script (NVIDIA/Megatron-LM at 152aab304d, 2021-01-11):
+    ``examples/pretrain_gpt3_175B.sh`` runs 128 nodes x 8 tasks (``#SBATCH --nodes=128
+    --ntasks-per-node=8``, one srun task per GPU) with ``--tensor-model-parallel-size 8
+    --pipeline-model-parallel-size 16`` (so d = 8), micro-batch 1 (192 micro-batches),
+    ``--fp16`` (gradients all-reduced in fp16: no ``--accumulate-allreduce-grads-in-fp32``) and
+    ``--checkpoint-activations``; its README: "With full global batch size of 1536 on 1024 A100
+    GPUs, each iteration takes around 32 seconds resulting in 138 teraFLOPs per GPU". The step
+    time is taken from the 138 TFLOP/s with Narayanan et al.'s count (the same team's
+    convention; 31.9 s, "around 32"). That Megatron-LM had no interleaved schedule in the
+    script, no scatter-gather of the pipeline's tensors (27fc468964, 2021-01-20) and no async
+    tensor-parallel all-reduce (2021-08): plain 1F1B, every collective waited for; its
+    DDP all-reduced after the whole forward-backward (:func:`narayanan_rows`)."""
+    l, h, a, s, V, B, n = 96, 12288, 96, 2048, 51200, 1536, 1024
+    flops = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+    text = ('strategy "Megatron-LM README (2021-01): GPT-3 175B on 1,024 A100"\n'
+            f"{gpt_model(l, h, a, s, 1)}\nprecision mixed_adam\n"
+            + mesh("a100_80gb_sxm", [("dp", 8), ("pp", 16), ("tp", 8)]) + "\n"
+            "place ddp(overlap = none) over dp\nplace megatron over tp\n"
+            + pipeline_line(16, 192, 1) + "recompute full\n")
+    return Row("megatron-lm-2021", "GPT-3 175B t8 p16 d8 m192", text,
+               flops / (138e12 * n), False)
 
 
 # ---- Korthikanti et al. 2022, Table 5 --------------------------------------------------------
@@ -441,7 +470,7 @@ def bloom_rows() -> list[Row]:
 
 
 def all_rows() -> list[Row]:
-    return [*narayanan_rows(), *korthikanti_rows(), *llama3_rows(), *nemo_rows(),
+    return [*narayanan_rows(), megatron_gpt3_row(), *korthikanti_rows(), *llama3_rows(), *nemo_rows(),
             *torchtitan_rows(), *megatron_bridge_rows(), *megatron_lm_rows(), *bloom_rows()]
 
 

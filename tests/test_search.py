@@ -345,7 +345,7 @@ def test_search_benchmark_breakdown_splits_the_step_time() -> None:
     from placeverify.search.run import evaluate
 
     bench = _search_benchmark()
-    _name, pb, published, _every, _spaces = bench.gpt3_175b()  # t8 p8v3 d16 ddp, m = 96
+    _name, pb, published, _every, _spaces = bench.gpt3_175b()  # t8 p16 d8 ddp, m = 192
     screen = screen_of(pb)
     hsdp = Layout(tp=8, cp=1, pp=1, v=1, ep=1, dp=128, sharding=Sharding.HSDP, shard=8,
                   sp=True, recompute=Recompute.FULL, offload=False, b=1, m=12)
@@ -356,11 +356,14 @@ def test_search_benchmark_breakdown_splits_the_step_time() -> None:
         assert set(terms) == set(bench.TERMS)
         assert sum(terms.values()) == pytest.approx(e.step_seconds, rel=1e-12)
         # GPT-3 175B per micro-batch (b = 1), FLOPs ∝ 1/t on every stage: a layer's forward
-        # 24sh² + 4s²h (Narayanan et al. 2021, Appendix), run 3 times (forward, backward) plus
-        # the attention core's 4s²h again (selective recomputation, unfused softmax); the
-        # output layer 2shV (V = 50,257 padded to 51,200) 3 times on the last stage
+        # 24sh² + 4s²h (Narayanan et al. 2021, Appendix), run 3 times (forward, backward) and
+        # once more with full recomputation (Narayanan et al.'s 4x), or only the attention
+        # core's 4s²h again with selective recomputation (unfused softmax); the output layer
+        # 2shV (V = 50,257 padded to 51,200) 3 times on the last stage, never recomputed
         h, s, vocab = 12288, 2048, 51200
-        layer = 3 * (24 * s * h**2 + 4 * s**2 * h) + 4 * s**2 * h  # (no bubble at pp = 1)
+        forward = 24 * s * h**2 + 4 * s**2 * h
+        layer = (4 * forward if lay.recompute is Recompute.FULL
+                 else 3 * forward + 4 * s**2 * h)  # (no bubble at pp = 1)
         held = 96 // lay.pp
         slowest = held * layer + 3 * 2 * s * h * vocab
         idle = (lay.pp - 1) * held * layer / slowest / lay.v * terms["compute"] / lay.m
@@ -372,7 +375,8 @@ def test_search_benchmark_breakdown_splits_the_step_time() -> None:
         data = sum(sec for label, sec in st.exposed
                    if {"dp", "replica", "shard"} & set(label.split(" * ")))
         assert terms["data"] == pytest.approx(data, rel=1e-12)
-    assert published.pp == 8 and published.v == 3 and published.m == 96
+    assert published.pp == 16 and published.v == 1 and published.m == 192
+    assert published.recompute is Recompute.FULL
 
 
 def test_one_device_searches_zero_offload() -> None:

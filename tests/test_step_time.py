@@ -428,3 +428,22 @@ def test_narayanan_rows_wait_for_their_all_reduce() -> None:
 
     for row in _benchmark().narayanan_rows():
         assert load_text(row.text).placement("dp").data_overlap is Overlap.NONE
+
+
+def test_megatron_gpt3_2021_row_is_the_published_run() -> None:
+    """Megatron-LM's README of 2021-01 (152aab304d): GPT-3 175B, global batch 1,536 on 1,024
+    A100, "each iteration takes around 32 seconds resulting in 138 teraFLOPs per GPU", with
+    its launch script: TP 8, PP 16 (DP 8), micro-batch 1, --fp16, --checkpoint-activations."""
+    from placeverify.ir.placement import Overlap
+
+    (row,) = [r for r in _benchmark().all_rows() if r.source == "megatron-lm-2021"]
+    assert not row.calibrate
+    flops = 96 * 1536 * 2048 * 96 * 12288**2 * (1 + 2048 / (6 * 12288)
+                                                  + 51200 / (16 * 96 * 12288))
+    assert row.measured == pytest.approx(flops / (138e12 * 1024), rel=1e-12)
+    assert abs(row.measured - 32) < 0.5  # "around 32 seconds"
+    s = load_text(row.text)
+    assert {a.name: a.size for a in s.mesh.axes} == {"dp": 8, "pp": 16, "tp": 8}
+    assert s.microbatches == 1536 // 8 and s.precision.grads_dtype == "fp16"
+    assert s.pipeline is not None and s.pipeline.chunks == 1
+    assert s.placement("dp").data_overlap is Overlap.NONE
