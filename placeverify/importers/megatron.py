@@ -384,9 +384,10 @@ def _srun_tasks(launch: list[Word], script: Script, reader: Reader) -> Tasks | N
     at = next((k for k, w in enumerate(launch) if w.text.rsplit("/", 1)[-1] == "srun"), None)
     if at is None:
         return None
-    given: dict[str, tuple[int, str, Span | None]] = {
+    sbatch: dict[str, tuple[int, str, Span | None]] = {
         o: (v.value, f"#SBATCH {o}={v.value} (line {v.span.line})", v.span)
         for o, v in script.sbatch.items()}
+    own: dict[str, tuple[int, str, Span | None]] = {}
     k = at + 1
     while k < len(launch):
         text = launch[k].text
@@ -406,11 +407,15 @@ def _srun_tasks(launch: list[Word], script: Script, reader: Reader) -> Tasks | N
             continue
         value = inline if (eq or inline) else value_word.text
         if value.isdigit():
-            given[option] = (int(value), f"srun {name} {value}", value_word.span)
-    first = launch[at]
-    origin = Origin("srun", script.source, first.span)
-    if "--ntasks" in given:
-        count, why, span = given["--ntasks"]
+            own[option] = (int(value), f"srun {name} {value}", value_word.span)
+    # srun's own counts first; the allocation's fill in what srun leaves (srun(1): the
+    # SLURM_NTASKS / SLURM_NNODES / SLURM_NTASKS_PER_NODE of the job are its defaults)
+    if "--ntasks" in own:
+        count, why, span = own["--ntasks"]
+        return Tasks(count, why, Origin("--ntasks", script.source, span))
+    given = {**sbatch, **own}
+    if "--ntasks" in sbatch and not own:
+        count, why, span = sbatch["--ntasks"]
         return Tasks(count, why, Origin("--ntasks", script.source, span))
     if "--ntasks-per-node" in given and "--nodes" in given:
         per, per_why, span = given["--ntasks-per-node"]
@@ -420,7 +425,7 @@ def _srun_tasks(launch: list[Word], script: Script, reader: Reader) -> Tasks | N
     missing = " and ".join(o for o in ("--nodes", "--ntasks-per-node") if o not in given)
     return Tasks(None, f"srun starts the training program with no {missing} (from its own "
                  "options or an #SBATCH line); Slurm's default of one task per node is not "
-                 "assumed", origin)
+                 "assumed", Origin("srun", script.source, launch[at].span))
 
 
 def _tasks_world(tasks: Tasks, reader: Reader, world: int | None
