@@ -505,7 +505,7 @@ def score(rows: list[Loaded], cal: Calibration) -> float:
 
 
 # The grid the fit searches: (score_passes, hidden_passes, ffn_passes, link_efficiency,
-# attention_efficiency, fp8_cast_bytes, tp_overlap, backward_overlap)
+# attention_efficiency, fp8_cast_bytes, tp_overlap, backward_overlap, data_overlap)
 GRID = (
     [0.0, 4.0, 8.0, 16.0],  # score_passes
     [0.0, 4.0, 8.0, 16.0, 32.0],  # hidden_passes
@@ -515,6 +515,7 @@ GRID = (
     [0.0, 4.0, 8.0],  # fp8_cast_bytes
     [0.7, 0.85, 1.0],  # tp_overlap
     [0.0, 0.5, 1.0],  # backward_overlap
+    [0.8, 0.9, 1.0],  # data_overlap
 )
 
 _ROWS: list[Loaded] = []  # a fitting process's calibration rows (_load_rows)
@@ -529,11 +530,11 @@ def _fit_point(point: tuple[float, ...]) -> tuple[float, Calibration]:
     iteration (η ← η · median predicted/measured over its rows), and their score."""
     rows = _ROWS
     classes = sorted({_class(r) for r in rows})
-    scores, hidden, ffn, link, attention, casts, overlap, backward = point
+    scores, hidden, ffn, link, attention, casts, overlap, backward, data = point
     eff = {c: 0.6 for c in classes}
     cal = replace(CALIBRATION, score_passes=scores, hidden_passes=hidden, ffn_passes=ffn,
                   link_efficiency=link, attention_efficiency=attention, fp8_cast_bytes=casts,
-                  tp_overlap=overlap, backward_overlap=backward)
+                  tp_overlap=overlap, backward_overlap=backward, data_overlap=data)
     for _ in range(4):
         cal = replace(cal, efficiency=(("default", 0.5), *sorted(eff.items())))
         for c in classes:
@@ -546,9 +547,9 @@ def _fit_point(point: tuple[float, ...]) -> tuple[float, Calibration]:
 
 def fit(rows: list[Loaded]) -> Calibration:
     """Every point of GRID (the memory-bound passes, the link and attention efficiencies, the
-    fp8 casts, the two tensor-parallel overlap shares), each with its η_max (_fit_point), in as
-    many processes as there are cores; keep the point with the least median + worst/2 of
-    |error| over the calibration rows (ties: the first in GRID's order)."""
+    fp8 casts, the two tensor-parallel overlap shares and the data-parallel one), each with its
+    η_max (_fit_point), in as many processes as there are cores; keep the point with the least
+    median + worst/2 of |error| over the calibration rows (ties: the first in GRID's order)."""
     labels = [r[0].label for r in rows]
     points = list(itertools.product(*GRID))
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, initializer=_load_rows,
@@ -596,7 +597,8 @@ def main() -> int:
           f"hidden_passes {cal.hidden_passes}, attention_efficiency {cal.attention_efficiency}, "
           f"link_efficiency {cal.link_efficiency}, fp8_cast_bytes {cal.fp8_cast_bytes}, "
           f"memory_efficiency {cal.memory_efficiency}, tp_overlap {cal.tp_overlap}, "
-          f"backward_overlap {cal.backward_overlap}, ffn_passes {cal.ffn_passes}")
+          f"backward_overlap {cal.backward_overlap}, ffn_passes {cal.ffn_passes}, "
+          f"data_overlap {cal.data_overlap}")
     sources = sorted({r[0].source for r in loaded})
     print(f"{len(loaded)} rows from {len(sources)} sources ({', '.join(sources)}); "
           f"{len(calibration)} calibration, {len(held)} held out")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from placeverify.api import check, costs
-from placeverify.cost.time import step_time
+from placeverify.cost.time import CALIBRATION, step_time
 from placeverify.errors import PlaceverifyError
 from placeverify.ir.placement import Reduce
 from placeverify.ir.step import Collective, CollectiveKind
@@ -123,7 +123,8 @@ def test_the_chunks_reductions_queue_behind_the_later_chunks_backward(tmp_path: 
     """Exposed over dp: the token count's all-reduce, the reduce-scatter's max(T / v, T - (v - 1)
     B / v) with B = m t_bwd the stage's backward (t_bwd = 2 t_fwd without recomputation, so B is
     2/3 of the compute), and the parameter all-gather beyond one forward (t_fwd = compute / 3m).
-    A slow link exposes T - (v - 1) B / v, a fast one T / v."""
+    A slow link exposes T - (v - 1) B / v, a fast one T / v; and at least the share
+    1 - data_overlap of each is exposed."""
     path = tmp_path / "queue.place"
     path.write_text(DEVICE_TEXT.replace("BW", str(bandwidth)), encoding="utf-8")
     out = subprocess.run([sys.executable, "-m", "placeverify", "check", "--json", str(path)],
@@ -136,8 +137,9 @@ def test_the_chunks_reductions_queue_behind_the_later_chunks_backward(tmp_path: 
     compute = time["breakdown"]["compute_seconds"]
     backward, forward = 2 * compute / 3, compute / (3 * m)
     scatter = secs[("reduce_scatter", "grads")]
-    queued = max(scatter / v, scatter - (v - 1) * backward / v)
-    gather = max(0.0, secs[("all_gather", "params")] - forward)
+    share = 1 - CALIBRATION.data_overlap  # what no window hides (README "Step time")
+    queued = max(scatter / v, scatter * share, scatter - (v - 1) * backward / v)
+    gather = max(secs[("all_gather", "params")] * share, secs[("all_gather", "params")] - forward)
     expected = secs[("all_reduce", "tokens(dp, step)")] + queued + gather
     assert time["breakdown"]["exposed_communication_seconds"]["dp"] == pytest.approx(expected,
                                                                                      rel=1e-9)

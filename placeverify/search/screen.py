@@ -375,10 +375,16 @@ class Screen:
             per_mb = loop_fwd + loop_bwd
             exposed = post + following + by_chunk + counts
         else:
-            exposed = (m * max(0.0, loop_fwd - t_fwd) + m * max(0.0, loop_bwd - t_bwd)
-                       + max(0.0, post - t_bwd) + max(0.0, following - t_fwd) + counts)
+            share = 1 - self.s.cal.data_overlap  # what cannot hide (cost/time.py: hide)
+
+            def left(total: float, window: float) -> float:
+                return max(total * share, total - window)
+
+            exposed = (m * left(loop_fwd, t_fwd) + m * left(loop_bwd, t_bwd)
+                       + left(post, t_bwd) + left(following, t_fwd) + counts)
             if by_chunk:
-                exposed += max(by_chunk / lay.v, by_chunk - (lay.v - 1) * m * t_bwd / lay.v)
+                exposed += max(by_chunk / lay.v, by_chunk * share,
+                               by_chunk - (lay.v - 1) * m * t_bwd / lay.v)
         if lay.offload:
             split = lay.shard if kind is Sharding.HSDP else lay.dp
             exposed += (grads / split * m + params / split) / self.s.pcie_bandwidth
