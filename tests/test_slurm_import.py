@@ -19,23 +19,18 @@ from placeverify.api import check_strategy, load_text
 from placeverify.diagnostics import PlaceError
 from placeverify.importers import Options
 from placeverify.importers.registry import import_file, load
+from tests.test_shell_import import write
 
 HERE = Path(__file__).parent / "importers"
 ARGS = ("--tensor-model-parallel-size 2 --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
         "--vocab-size 100 --seq-length 32 --micro-batch-size 1 --global-batch-size 16")
 
 
-def _script(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "train.sh"
-    path.write_text(text)
-    return str(path)
-
-
 def _messages(error: pytest.ExceptionInfo[PlaceError]) -> list[str]:
     return [d.message for d in error.value.diagnostics]
 
 
-def test_the_2021_gpt3_launch_script() -> None:
+def test_the_2021_gpt3_launchwrite() -> None:
     """128 nodes x 8 tasks = 1,024 processes; tp 8 x pp 16 -> dp 1024 / 128 = 8; 1,536 / (1 x 8)
     = 192 micro-batches; --fp16 without --accumulate-allreduce-grads-in-fp32: fp16 gradients."""
     strategy, imported = load(str(HERE / "gpt3-175b-megatron-2021-srun.sh"), Options())
@@ -78,14 +73,14 @@ recompute full
 ])
 def test_srun_tasks_are_the_world(tmp_path: Path, launch: str, world: int) -> None:
     closing = '"' if 'bash -c "' in launch else ""
-    text = import_file(_script(tmp_path, f"{launch} {ARGS}{closing}\n")).text
+    text = import_file(write(tmp_path, f"{launch} {ARGS}{closing}\n")).text
     assert f"world = {world} " in text and "srun tasks" in text
     assert f"dp = {world // 2} " in text
 
 
 def test_srun_without_a_task_count_says_so(tmp_path: Path) -> None:
     """Slurm's default of one task per node is not assumed; --world gives the count."""
-    path = _script(tmp_path, f"#SBATCH --nodes=4\nsrun python pretrain_gpt.py {ARGS}\n")
+    path = write(tmp_path, f"#SBATCH --nodes=4\nsrun python pretrain_gpt.py {ARGS}\n")
     with pytest.raises(PlaceError) as error:
         import_file(path)
     assert any("--ntasks-per-node" in m and "--world" in m for m in _messages(error))
@@ -93,7 +88,7 @@ def test_srun_without_a_task_count_says_so(tmp_path: Path) -> None:
 
 
 def test_a_node_range_is_not_a_node_count(tmp_path: Path) -> None:
-    path = _script(tmp_path, "#SBATCH --nodes=2-4 --ntasks-per-node=8\n"
+    path = write(tmp_path, "#SBATCH --nodes=2-4 --ntasks-per-node=8\n"
                              f"srun python pretrain_gpt.py {ARGS}\n")
     with pytest.raises(PlaceError) as error:
         import_file(path)
@@ -101,7 +96,7 @@ def test_a_node_range_is_not_a_node_count(tmp_path: Path) -> None:
 
 
 def test_world_contradicting_srun_is_an_error(tmp_path: Path) -> None:
-    path = _script(tmp_path, "#SBATCH --nodes=2 --ntasks-per-node=8\n"
+    path = write(tmp_path, "#SBATCH --nodes=2 --ntasks-per-node=8\n"
                              f"srun python pretrain_gpt.py {ARGS}\n")
     with pytest.raises(PlaceError) as error:
         import_file(path, Options(world=32))
@@ -110,7 +105,7 @@ def test_world_contradicting_srun_is_an_error(tmp_path: Path) -> None:
 
 def test_srun_running_torchrun_keeps_torchrun_s_count(tmp_path: Path) -> None:
     """srun starts one torchrun per node; torchrun starts --nproc-per-node processes each."""
-    text = import_file(_script(tmp_path, "#SBATCH --nodes=4 --ntasks-per-node=1\n"
+    text = import_file(write(tmp_path, "#SBATCH --nodes=4 --ntasks-per-node=1\n"
                                          "srun torchrun --nnodes $SLURM_NNODES --nproc-per-node 8 "
                                          f"pretrain_gpt.py {ARGS}\n")).text
     assert "world = 32 " in text and "srun tasks" not in text
@@ -118,28 +113,28 @@ def test_srun_running_torchrun_keeps_torchrun_s_count(tmp_path: Path) -> None:
 
 def test_pretrain_gpt_defaults_to_the_gpt2_tokenizer(tmp_path: Path) -> None:
     args = ARGS.replace("--vocab-size 100 ", "")
-    text = import_file(_script(tmp_path, f"torchrun --nproc-per-node 2 pretrain_gpt.py {args}\n")).text
+    text = import_file(write(tmp_path, f"torchrun --nproc-per-node 2 pretrain_gpt.py {args}\n")).text
     assert "vocab = 50257 " in text and "default of pretrain_gpt.py" in text
     with pytest.raises(PlaceError) as error:  # another program: the vocabulary is not known
-        import_file(_script(tmp_path, f"torchrun --nproc-per-node 2 pretrain_mamba.py {args}\n"))
+        import_file(write(tmp_path, f"torchrun --nproc-per-node 2 pretrain_mamba.py {args}\n"))
     assert any("vocabulary size" in m for m in _messages(error))
 
 
 def test_the_old_recompute_flag_means_the_fused_softmax(tmp_path: Path) -> None:
     """--checkpoint-activations (renamed in 2022-05) predates --use-flash-attn (2022-12)."""
     launch = "torchrun --nproc-per-node 2 pretrain_gpt.py " + ARGS
-    old = import_file(_script(tmp_path, launch + " --checkpoint-activations\n")).text
+    old = import_file(write(tmp_path, launch + " --checkpoint-activations\n")).text
     assert "attention = standard" in old and "recompute full" in old
-    flash = import_file(_script(tmp_path, launch + " --checkpoint-activations --use-flash-attn\n"))
+    flash = import_file(write(tmp_path, launch + " --checkpoint-activations --use-flash-attn\n"))
     assert "attention = flash" in flash.text
-    new = import_file(_script(tmp_path, launch + " --recompute-activations\n")).text
+    new = import_file(write(tmp_path, launch + " --recompute-activations\n")).text
     assert "attention = flash" in new
 
 
 def test_a_placeholder_swallowing_a_flag_is_reported(tmp_path: Path) -> None:
     """``--save <PATH TO CHECKPOINTS> --fp16``: the shell reads '>' then takes --fp16 as the
     file to write; the import warns at --fp16 instead of losing it silently."""
-    path = _script(tmp_path, "#SBATCH --nodes=1 --ntasks-per-node=2\n"
+    path = write(tmp_path, "#SBATCH --nodes=1 --ntasks-per-node=2\n"
                              f'options="{ARGS} --save <PATH TO CHECKPOINTS> --fp16"\n'
                              'srun sh -c "python pretrain_gpt.py ${options}"\n')
     imported = import_file(path)
