@@ -410,6 +410,9 @@ def test_a_hugging_face_config_is_a_model_for_search(tmp_path: Path) -> None:
     assert unsized.returncode == 0
     assert "llama3-8b-config.json:" in unsized.stderr and "seq = 8192" in unsized.stderr
     assert json.loads(unsized.stdout)["problem"]["seq"] == 8192
+    # the problem is named by its file, not by the model statement's "transformer"
+    assert json.loads(unsized.stdout)["problem"]["model"] == "llama3-8b-config.json"
+    assert json.loads(bundled.stdout)["problem"]["model"] == "llama3_8b"
     data = json.loads(Path(config).read_text(encoding="utf-8"))
     del data["max_position_embeddings"]
     bare = tmp_path / "config.json"

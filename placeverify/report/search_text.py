@@ -39,7 +39,7 @@ def search_document(result: SearchResult, exit_code: int,
     return {
         "schema": SCHEMA,
         "problem": {
-            "model": p.model_name, "device": p.device.key, "devices": p.devices,
+            "model": p.title, "device": p.device.key, "devices": p.devices,
             "global_batch": p.global_batch, "seq": p.arch.seq, "tokens_per_step": p.tokens,
             "device_memory": p.device_memory, "reserve": p.reserve,
             "pcie_bandwidth": float(p.pcie_bandwidth), "pcie_assumed": p.pcie_assumed},
@@ -81,7 +81,7 @@ def render_search(result: SearchResult, console: Console, width: int,
     p = result.problem
     s = result.seconds
     console.print(
-        f"search: {p.model_name} on {p.devices:,} x {p.device.key}, global batch "
+        f"search: {p.title} on {p.devices:,} x {p.device.key}, global batch "
         f"{p.global_batch:,} x {p.arch.seq:,} tokens, device memory {size(p.device_memory)}"
         + (f", reserve {size(p.reserve)}" if p.reserve else ""), markup=False, highlight=False)
     console.print(

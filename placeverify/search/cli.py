@@ -78,9 +78,12 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
         space = framework_space(strategy, space)
     problem = problem_from(strategy, parse(strategy.source), devices=devices, device=profile,
                            global_batch=global_batch, batch_tokens=batch_tokens, seq=seq)
+    if file is None and model is not None and model not in ARCHITECTURES:
+        # a Hugging Face config.json: its file names the model (its statement says "transformer")
+        problem = dataclasses.replace(problem, title=Path(model).name)
     if plot is not None:
         _check_plot_target(plot)
-    with progress.task(f"search: {problem.model_name} on {problem.devices} devices") as say:
+    with progress.task(f"search: {problem.title} on {problem.devices} devices") as say:
         result = search(problem, space, top=top, budget_s=budget_s, slack=slack, report=say)
     code = exit_code(result)
     written = write_layouts(result, out_dir) if out_dir is not None else {}
