@@ -16,8 +16,10 @@ Sources (measured step time from the published figure):
 - NARAYANAN: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
   Clusters Using Megatron-LM", arXiv 2104.04473, Table 1 (A100 80GB, Selene). Step time =
   F / (TFLOP/s per GPU · GPUs) with the paper's hardware FLOPs (§5.1, full recomputation)
-  F = 96·B·s·l·h²(1 + s/(6h) + V/(16·l·h)). The paper's Megatron-LM all-reduced the gradients
-  after the whole forward-backward (``ddp(overlap = none)``, :func:`narayanan_rows`).
+  F = 96·B·s·l·h²(1 + s/(6h) + V/(16·l·h)). Layouts and DDP as the paper's scripts ran them
+  (``examples/sc21/run_table_1.sh``): the pipelined rows' Megatron-LM all-reduced the gradients
+  after the whole forward-backward (``ddp(overlap = none)``), the others ran PyTorch's DDP,
+  which overlaps it with the last backward (:func:`narayanan_rows`).
 - MEGATRON_LM_2021: NVIDIA/Megatron-LM's README at 152aab304d (2021-01-11): GPT-3 175B on
   1,024 A100 with the launch script it ships, "each iteration takes around 32 seconds
   resulting in 138 teraFLOPs per GPU"; step time from the 138 TFLOP/s with Narayanan et al.'s
@@ -127,10 +129,16 @@ def pipeline_line(p: int, m: int, chunks: int, scatter_gather: bool = False) -> 
 
 
 def narayanan_rows() -> list[Row]:
-    """Megatron-LM of the paper (6fd781891c, 2021-04-03) all-reduces the gradients after the
-    whole forward-backward: ``train_step`` calls ``allreduce_gradients`` of its default
-    ``--DDP-impl local`` once ``forward_backward_func`` returns, its hooks only accumulating into
-    the main gradient: ``ddp(overlap = none)``."""
+    """The layouts and DDP of the paper's own scripts (NVIDIA/Megatron-LM
+    ``examples/sc21/run_table_1.sh``, "scripts for sc21", de7dc40f88, 2021-08-10; now
+    ``examples/academic_paper_scripts/sc21``): the pipelined rows run ``--DDP-impl local``, whose
+    gradients Megatron-LM all-reduces after the whole forward-backward (``train_step`` calls
+    ``allreduce_gradients`` once ``forward_backward_func`` returns, the hooks only accumulating
+    into the main gradient): ``ddp(overlap = none)``. The rows without a pipeline (1.7B to 18B)
+    run ``DDP=torch``: PyTorch's DistributedDataParallel, which Megatron-LM's
+    ``forward_backward_no_pipelining`` keeps in ``no_sync`` for all but the last micro-batch,
+    whose backward then all-reduces the gradients bucket by bucket: ``ddp``, the reduction
+    hidden behind the last backward."""
     rows = []
     for i, (b, a, h, l, t, p, n, B, mb, tflops, per_virtual) in enumerate(NARAYANAN):
         d = n // (t * p)
@@ -142,7 +150,7 @@ def narayanan_rows() -> list[Row]:
         text = (f'strategy "Narayanan 2021 Table 1: {b}B"\n{gpt_model(l, h, a, s, mb)}\n'
                 "precision mixed_adam\n"
                 + mesh("a100_80gb_sxm", [("dp", d), ("pp", p), ("tp", t)]) + "\n"
-                + "place ddp(overlap = none) over dp\n"
+                + ("place ddp(overlap = none) over dp\n" if p > 1 else "place ddp over dp\n")
                 + ("place megatron over tp\n" if t > 1 else "")
                 + pipeline_line(p, m, v, scatter_gather=True)
                 + ("" if p > 1 else f"microbatches = {m}\n") + "recompute full\n")
