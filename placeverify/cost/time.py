@@ -123,6 +123,13 @@ CALIBRATION = Calibration(
 )
 
 
+def outlasting(total: float, window: float, share: float) -> float:
+    """The exposed part of ``total`` seconds of communication that runs beside ``window``
+    seconds of compute and can hide at most the fraction ``share`` of itself: what outlasts the
+    window, or ``1 - share`` of it if more (the overlap shares of :class:`Calibration`)."""
+    return max(total * (1 - share), total - window)
+
+
 @dataclass(frozen=True, slots=True)
 class StepTime:
     device: str | None
@@ -404,7 +411,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
         device, no GEMM time to hide in."""
         window = 0.0 if rate is None else gemm_flops / rate
         total = sum(sec for _, sec in items)
-        left = max(total / m * (1 - share), total / m - window)
+        left = outlasting(total / m, window, share)
         for item, sec in items:
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + \
                 left * m * (1 + bubble_mb / m) * sec / total
@@ -426,7 +433,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
         total = sum(sec for _, sec in items)
         if total == 0:
             return 0.0
-        left = max(total * (1 - cal.data_overlap), total - (window or 0.0))
+        left = outlasting(total, window or 0.0, cal.data_overlap)
         for item, sec in items:
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + times * left * sec / total
         return times * left
@@ -443,8 +450,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
         # max(T / v, T - (v - 1) · m · t_bwd / v) after the backward does, and at least the
         # share 1 - data_overlap of T is exposed (as every hidden data-parallel collective)
         total = sum(sec for _, sec in by_chunk)
-        left = max(total / v, total * (1 - cal.data_overlap),
-                   total - (v - 1) * m * t_bwd / v)
+        left = max(total / v, outlasting(total, (v - 1) * m * t_bwd / v, cal.data_overlap))
         for item, sec in by_chunk:
             exposed[_label(item)] = exposed.get(_label(item), 0.0) + left * sec / total
         data_exposed += left

@@ -29,6 +29,7 @@ from placeverify.cost.time import (
     column_flops,
     ffn_width,
     layer_flops,
+    outlasting,
     output_flops,
     pace,
 )
@@ -263,15 +264,14 @@ class Screen:
                 tensor = layers * count * (2 * bsh * (n - 1) / n / bw + lat * 2 * (n - 1))
             if lay.tp_overlap is TensorOverlap.ALL:
                 # overlapped with the linear layers' GEMMs (cost/time.py: overlapped)
-                exposed_mb += max(tensor * (1 - cal.tp_overlap), tensor - gemms / self.rate)
+                exposed_mb += outlasting(tensor, gemms / self.rate, cal.tp_overlap)
             elif lay.tp_overlap is TensorOverlap.BACKWARD:
                 # two of each kind the backward issues per layer, beside the column-parallel
                 # layers' input- and weight-gradient GEMMs (cost/time.py: column_flops)
                 # (one of each kind for an MoE layer: only its QKV projection's)
                 beside = tensor * (1 if arch.moe else 2) / count * (2 if lay.sp else 1)
                 window = 2 * layers * column_flops(arch, tokens, lay.tp) / self.rate
-                exposed_mb += tensor - beside + max(beside * (1 - cal.backward_overlap),
-                                                    beside - window)
+                exposed_mb += tensor - beside + outlasting(beside, window, cal.backward_overlap)
             else:
                 exposed_mb += tensor
         if lay.cp > 1:
@@ -375,16 +375,14 @@ class Screen:
             per_mb = loop_fwd + loop_bwd
             exposed = post + following + by_chunk + counts
         else:
-            share = 1 - self.s.cal.data_overlap  # what cannot hide (cost/time.py: hide)
-
-            def left(total: float, window: float) -> float:
-                return max(total * share, total - window)
-
-            exposed = (m * left(loop_fwd, t_fwd) + m * left(loop_bwd, t_bwd)
-                       + left(post, t_bwd) + left(following, t_fwd) + counts)
+            share = self.s.cal.data_overlap
+            exposed = (m * outlasting(loop_fwd, t_fwd, share)
+                       + m * outlasting(loop_bwd, t_bwd, share)
+                       + outlasting(post, t_bwd, share) + outlasting(following, t_fwd, share)
+                       + counts)
             if by_chunk:
-                exposed += max(by_chunk / lay.v, by_chunk * share,
-                               by_chunk - (lay.v - 1) * m * t_bwd / lay.v)
+                exposed += max(by_chunk / lay.v,
+                               outlasting(by_chunk, (lay.v - 1) * m * t_bwd / lay.v, share))
         if lay.offload:
             split = lay.shard if kind is Sharding.HSDP else lay.dp
             exposed += (grads / split * m + params / split) / self.s.pcie_bandwidth
