@@ -3,7 +3,7 @@
 It follows the cost model (:mod:`placeverify.cost`) term by term, in the megatron memory profile
 and for the canonical step of each layout, but without building a strategy: no parsing, no step,
 no exact rationals. The layer's saved tensors (:func:`placeverify.cost.activations.saved_tensors`)
-and FLOPs (:func:`placeverify.cost.time.layer_flops`) are the cost model's own functions, called
+and FLOPs (:func:`placeverify.cost.flops.layer_flops`) are the cost model's own functions, called
 with floats; what is restated here is the bookkeeping (which state is split by which axis, which
 collective runs how often). The screen only chooses which layouts reach the full model
 (:mod:`placeverify.search.run`); ``tests/test_search.py`` holds it within a stated tolerance of
@@ -23,16 +23,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from placeverify.cost.activations import LayerShape, per_layer_bytes, saved_tensors
-from placeverify.cost.time import (
-    CALIBRATION,
-    Calibration,
-    column_flops,
-    ffn_width,
-    layer_flops,
-    outlasting,
-    output_flops,
-    pace,
-)
+from placeverify.cost.calibration import CALIBRATION, Calibration
+from placeverify.cost.exposure import outlasting
+from placeverify.cost.flops import column_flops, ffn_width, layer_flops, output_flops
+from placeverify.cost.time import pace
 from placeverify.ir.devices import Device, intra_node, ranks_per_node
 from placeverify.ir.model import ParamGroup, Transformer
 from placeverify.ir.placement import TensorOverlap
@@ -263,11 +257,11 @@ class Screen:
                 count = 4 + 2 * refwd
                 tensor = layers * count * (2 * bsh * (n - 1) / n / bw + lat * 2 * (n - 1))
             if lay.tp_overlap is TensorOverlap.ALL:
-                # overlapped with the linear layers' GEMMs (cost/time.py: overlapped)
+                # overlapped with the linear layers' GEMMs (cost/exposure.py: overlapped)
                 exposed_mb += outlasting(tensor, gemms / self.rate, cal.tp_overlap)
             elif lay.tp_overlap is TensorOverlap.BACKWARD:
                 # two of each kind the backward issues per layer, beside the column-parallel
-                # layers' input- and weight-gradient GEMMs (cost/time.py: column_flops)
+                # layers' input- and weight-gradient GEMMs (cost/flops.py: column_flops)
                 # (one of each kind for an MoE layer: only its QKV projection's)
                 beside = tensor * (1 if arch.moe else 2) / count * (2 if lay.sp else 1)
                 window = 2 * layers * column_flops(arch, tokens, lay.tp) / self.rate
@@ -318,7 +312,7 @@ class Screen:
         and gathers for backward behind its backward; reductions after the loop behind the last
         backward; the all-gather after a sharded update behind the next forward; the token-count
         all-reduce and host transfers exposed. With ``dp_wait`` (``overlap = none``) nothing is
-        hidden: what runs in the loop lengthens every micro-batch (cost/time.py: waits). Returns
+        hidden: what runs in the loop lengthens every micro-batch (cost/exposure.py: waits). Returns
         (seconds added to the step, seconds added to every micro-batch)."""
         local = self._model_share(lay)
         grads, params = local * self.G, local * self.P
@@ -361,7 +355,7 @@ class Screen:
             post = ring(rest, grads / lay.shard, True)
         if lay.reduce_step and lay.chunk_ordered:
             # each chunk reduced after its last micro-batch, behind the later chunks' backward
-            # (cost/time.py: reduced_by_chunk); HSDP's replica all-reduce with it
+            # (cost/exposure.py: reduced_by_chunk); HSDP's replica all-reduce with it
             by_chunk = scatter
             if kind is Sharding.HSDP and lay.cp == 1:
                 by_chunk, post = by_chunk + post, 0.0

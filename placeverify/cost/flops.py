@@ -1,0 +1,78 @@
+"""Matmul FLOPs of the step-time model (:mod:`placeverify.cost.time`, its "FLOPs" bullet).
+
+Per micro-batch per device, matmuls only (2 FLOPs per multiply-add): the QKV projection with
+grouped-query attention ``2bs·h(h + 2·kv·d)``, the attention core ``4b·s·s·h`` (half of it under
+the causal kernels of ``attention = flash``), the output projection ``2bsh²``, the MLP
+``2·2bsh·f`` or ``3·2bsh·f`` gated (SwiGLU), MoE ``top_k`` expert MLPs plus the router, the output
+layer ``2bsh·V``; what ``recompute selective_op`` runs again (torchtitan's op policy), the GEMM
+inputs fp8 casts, and the model FLOPs of MFU (PaLM, Chowdhery et al. 2022, App. B).
+"""
+
+from __future__ import annotations
+
+from placeverify.ir.model import Transformer
+
+
+def layer_flops(arch: Transformer, tokens: float, keys: float, t: float, causal_skip: bool
+                ) -> tuple[float, float]:
+    """Forward matmul FLOPs of one layer on one device: (everything, the attention core).
+
+    ``tokens`` queries per device attend to ``keys`` keys; ``t`` tensor-parallel ranks split
+    heads and the MLP."""
+    h, f, q = arch.hidden, arch.ffn, arch.q_dim
+    kv = arch.kv_dim
+    dense = 2 * tokens * (h * (q + 2 * kv) + q * h)
+    mlp_mats = 3 if arch.gated else 2
+    if arch.moe:
+        f_e = arch.expert_ffn or f
+        dense += 2 * tokens * (arch.top_k * mlp_mats * h * f_e + h * arch.experts * t)
+    else:
+        dense += 2 * tokens * mlp_mats * h * f
+    core = 4 * tokens * keys * q * (0.5 if causal_skip else 1.0)
+    return (dense + core) / t, core / t
+
+
+def column_flops(arch: Transformer, tokens: float, t: float) -> float:
+    """Forward GEMM FLOPs of one layer's column-parallel linear layers on one device, whose
+    input- and weight-gradient GEMMs the backward collectives of ``overlap = backward`` run
+    beside: the QKV projection and the MLP's first matmul (both halves of a gated one); an MoE
+    layer's experts have no such collectives of their own (cost.communication), only its QKV
+    projection counts."""
+    h, kv = arch.hidden, arch.kv_dim
+    first = 0 if arch.moe else (2 if arch.gated else 1) * h * arch.ffn
+    return 2 * tokens * (h * (arch.q_dim + 2 * kv) + first) / t
+
+
+def ffn_width(arch: Transformer) -> float:
+    """The MLP intermediate's width per token: ``ffn`` (``expert_ffn`` times ``top_k`` under
+    MoE), the elements ``ffn_passes`` counts."""
+    return float((arch.expert_ffn or arch.ffn) * (arch.top_k if arch.moe else 1))
+
+
+def op_policy_flops(arch: Transformer, tokens: float, t: float) -> float:
+    """Forward matmul FLOPs ``recompute selective_op`` runs again per layer on one device: the
+    matmuls torchtitan's op policy does not save (every second one, README "Step time"): K, the
+    output projection, and the up projection (gated) or the second MLP matmul (plain)."""
+    h, q = arch.hidden, arch.q_dim
+    kv = arch.kv_dim
+    f = (arch.expert_ffn or arch.ffn) * (arch.top_k if arch.moe else 1)
+    return 2 * tokens * (h * kv + q * h + h * f) / t
+
+
+def gemm_inputs(arch: Transformer, tokens: float, t: float, sp: bool) -> float:
+    """Elements a layer's forward casts to fp8 on one device: the inputs of the QKV projection
+    and the first MLP matmul (the hidden states; the sequence shard under sequence parallelism,
+    which casts before its all-gather), of the output projection and of the last MLP matmul."""
+    h = arch.hidden
+    f = (arch.expert_ffn or arch.ffn) * (arch.top_k if arch.moe else 1)
+    return tokens * (2 * h / (t if sp else 1) + (arch.q_dim + f) / t)
+
+
+def output_flops(arch: Transformer, tokens: float, t: int) -> float:
+    return 2 * tokens * arch.hidden * arch.padded_vocab(t) / t
+
+
+def model_flops_per_token(arch: Transformer) -> float:
+    """Forward + backward model FLOPs per token (PaLM: no recomputation, full s² attention)."""
+    layer, _ = layer_flops(arch, 1, arch.seq, 1, False)
+    return 3 * (arch.layers * layer + output_flops(arch, 1, 1))
