@@ -11,16 +11,11 @@ from fractions import Fraction
 from typing import Any
 
 from placeverify.cost.activations import ActivationCost
-from placeverify.cost.communication import (
-    CommItem,
-    pipeline_bubble,
-    placement_items,
-    step_items,
-    timed,
-)
+from placeverify.cost.communication import CommItem, pipeline_bubble, step_items, timed
 from placeverify.cost.domain import Domain, Exact, Num, Symbolic
 from placeverify.cost.memory import MemoryItem, RankMemory, fullest, memory_by_rank
 from placeverify.cost.peak import Peak, peak
+from placeverify.cost.placement_traffic import placement_items
 from placeverify.ir.strategy import Strategy
 
 CATEGORIES = ("params", "optimizer", "gradients", "activations", "outside_layers", "buffers")
