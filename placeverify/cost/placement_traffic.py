@@ -24,6 +24,7 @@ from placeverify.cost.activations import (
 from placeverify.cost.communication import CommItem, comm_item
 from placeverify.cost.domain import Domain, Num
 from placeverify.cost.memory import bytes_per_element, local_params
+from placeverify.diagnostics import Span
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup, Transformer
 from placeverify.ir.placement import Role, State, TensorOverlap
@@ -151,10 +152,7 @@ def _tensor_items(d: Domain, strategy: Strategy, x: _Layers) -> list[CommItem]:
     """Megatron tensor parallelism's collectives, per layer and around the embedding, the output
     layer and the loss."""
     mesh = strategy.mesh
-    arch, m, b, s, c, sp = x.arch, x.m, x.b, x.s, x.c, x.sp
-    layers, bsh, refwd = x.layers, x.bsh, x.refwd
-    pipeline = strategy.pipeline
-    p_size = strategy.size(pipeline.axis) if pipeline else 1
+    arch, m, sp, layers, bsh, refwd = x.arch, x.m, x.sp, x.layers, x.bsh, x.refwd
     items: list[CommItem] = []
     tensor_axes = strategy.axes(Role.TENSOR)
     if not (tensor_axes and strategy.mesh.group(*tensor_axes).size(mesh) > 1):
@@ -218,26 +216,37 @@ def _tensor_items(d: Domain, strategy: Strategy, x: _Layers) -> list[CommItem]:
         items.append(comm_item(d, strategy, "all_reduce", group,
                                "embedding output (vocab-parallel, forward)", bsh, m,
                                "activations", "placement", span))
-    if p_size == 1:  # the output layer and the loss live on this device too
-        # the output layer is column-parallel: its backward collectives run beside its
-        # GEMMs as the layers' do
-        near = ", beside the weight-gradient GEMM" if beside else ""
-        out_kind = "reduce_scatter" if sp else "all_reduce"
-        items.append(comm_item(d, strategy, out_kind, group,
-                               f"output layer input gradient (backward{near})", bsh, m,
-                               "activations", "placement", span, beside_gemm=beside))
-        if sp:
-            items.append(comm_item(d, strategy, "all_gather", group,
-                                   "final hidden states (sequence parallel, forward)", bsh, m,
-                                   "activations", "placement", span))
-            near = ", beside the input-gradient GEMM" if beside else ""
-            items.append(comm_item(d, strategy, "all_gather", group,
-                                   "final hidden states (sequence parallel, re-gathered in "
-                                   f"backward{near})", bsh, m, "activations", "placement", span,
-                                   beside_gemm=beside))
-        items.append(comm_item(d, strategy, "all_reduce", group,
-                               "vocab-parallel cross-entropy (max, sum-exp, target logit)",
-                               4 * b * s / c, 3 * m, "activations", "placement", span))
+    pipeline = strategy.pipeline
+    if pipeline is None or strategy.size(pipeline.axis) == 1:
+        # the output layer and the loss live on this device too
+        items.extend(_output_layer_items(d, strategy, x, group, span, beside))
+    return items
+
+
+def _output_layer_items(d: Domain, strategy: Strategy, x: _Layers, group: Group, span: Span | None,
+                        beside: bool) -> list[CommItem]:
+    """The tensor-parallel collectives of the output layer and the vocab-parallel loss."""
+    m, b, s, c, sp, bsh = x.m, x.b, x.s, x.c, x.sp, x.bsh
+    items: list[CommItem] = []
+    # the output layer is column-parallel: its backward collectives run beside its
+    # GEMMs as the layers' do
+    near = ", beside the weight-gradient GEMM" if beside else ""
+    out_kind = "reduce_scatter" if sp else "all_reduce"
+    items.append(comm_item(d, strategy, out_kind, group,
+                           f"output layer input gradient (backward{near})", bsh, m,
+                           "activations", "placement", span, beside_gemm=beside))
+    if sp:
+        items.append(comm_item(d, strategy, "all_gather", group,
+                               "final hidden states (sequence parallel, forward)", bsh, m,
+                               "activations", "placement", span))
+        near = ", beside the input-gradient GEMM" if beside else ""
+        items.append(comm_item(d, strategy, "all_gather", group,
+                               "final hidden states (sequence parallel, re-gathered in "
+                               f"backward{near})", bsh, m, "activations", "placement", span,
+                               beside_gemm=beside))
+    items.append(comm_item(d, strategy, "all_reduce", group,
+                           "vocab-parallel cross-entropy (max, sum-exp, target logit)",
+                           4 * b * s / c, 3 * m, "activations", "placement", span))
     return items
 
 
