@@ -6,7 +6,7 @@ needs. Its operations and expressions are read by :class:`placeverify.lower.step
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.flights import flight_errors
@@ -50,6 +50,23 @@ def lower_step(ctx: Context, stmt: ast.StepStmt, config: Config) -> Step:
     return StepLowerer(ctx, config).run(stmt)
 
 
+@dataclass
+class _Reading:
+    """What :meth:`StepLowerer.run` has read of a step block so far."""
+
+    pre: list[Op] = field(default_factory=list)
+    loop: list[LoopOp] = field(default_factory=list)
+    post: list[Op] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)  # index: the block's statements before it
+    # (loop: resolved by resolve_loop)
+    seeds: list[Seed] = field(default_factory=list)
+    backward_seen: bool = False
+    terms_seen: set[str] = field(default_factory=set)
+    deferred_on: list[ast.OnMicrobatch] = field(default_factory=list)
+    top_gather: LossGather | None = None  # a collective of embeddings (lower/gather.py)
+    top_gather_used: bool = False
+
+
 class StepLowerer(OpReader):
     """Lowers ``step { ... }``; keeps the micro-batch count the step declares."""
 
@@ -60,148 +77,157 @@ class StepLowerer(OpReader):
         self.windows: tuple[int, ...] = ()  # microbatches = [4, 4, 2]: one optimizer step each
 
     def run(self, stmt: ast.StepStmt) -> Step:
-        pre: list[Op] = []
-        loop: list[LoopOp] = []
-        post: list[Op] = []
-        waits: list[Wait] = []  # index: the block's statements before it (loop: resolved below)
-        seeds: list[Seed] = []
-        backward_seen = False
-        terms_seen: set[str] = set()
-        deferred_on: list[ast.OnMicrobatch] = []
-        top_gather: LossGather | None = None  # a collective of embeddings (lower/gather.py)
-        top_gather_used = False
+        r = _Reading()
         for item in stmt.items:
-            if isinstance(item, ast.MicrobatchesStmt):
-                self.set_microbatches(item)
-            elif is_loss_gather(item) and not backward_seen:
-                assert isinstance(item, ast.OpStmt)
-                if top_gather is not None and not top_gather_used:
-                    unused_gather(self.ctx, top_gather)
-                top_gather, top_gather_used = read_loss_gather(self.ctx, item, self.config), False
-            elif isinstance(item, ast.BackwardStmt):
-                backward_seen = True
-                backward = self.backward(item, terms_seen)
-                top_gather_used = True
-                if backward is not None:
-                    loop.append(LoopOp(with_gather(backward, top_gather)))
-            elif isinstance(item, ast.EachMicrobatch):
-                gather: LossGather | None = None
-                gather_used = False
-                for inner in item.items:
-                    if is_loss_gather(inner):
-                        assert isinstance(inner, ast.OpStmt)
-                        if gather is not None and not gather_used:
-                            unused_gather(self.ctx, gather)
-                        gather, gather_used = read_loss_gather(self.ctx, inner, self.config), False
-                    elif isinstance(inner, ast.BackwardStmt):
-                        backward_seen = True
-                        backward = self.backward(inner, terms_seen)
-                        gather_used = True
-                        if backward is not None:
-                            loop.append(LoopOp(with_gather(backward, gather)))
-                    elif is_wait(inner):
-                        assert isinstance(inner, ast.OpStmt)
-                        wait = self.wait(inner, "loop", len(loop), None)
-                        if wait is not None:
-                            waits.append(wait)
-                            loop.append(LoopOp(Update(inner.span), -2))  # its place, resolved below
-                    else:
-                        op = self.inner_op(inner)
-                        if op is not None:
-                            loop.append(LoopOp(op))
-                if not gather_used:
-                    unused_gather(self.ctx, gather)
-            elif isinstance(item, ast.OnMicrobatch):
-                deferred_on.append(item)
-                loop.append(LoopOp(Update(item.span), -1))  # placeholder keeps textual order
-            elif isinstance(item, ast.SeedStmt):
-                seed = self.seed(item)
-                if seed is not None:
-                    self.check_seed_conflict(seed, seeds)
-                    seeds.append(seed)
-            elif is_wait(item) and backward_seen:
-                assert isinstance(item, ast.OpStmt)
-                wait = self.wait(item, "post", len(post), None)
-                if wait is not None:
-                    waits.append(wait)
-            elif is_wait(item) and waits_params(item):
-                # 'wait params' before the forward: completes the parameter gather the step
-                # before started (placeverify.semantics.param_flights)
-                assert isinstance(item, ast.OpStmt)
-                wait = self.wait(item, "pre", len(pre), None)
-                if wait is not None:
-                    waits.append(wait)
-            else:
-                op = self.op(item)
-                if op is None:
-                    continue
-                if backward_seen:
-                    self.check_post_scale(op)
-                    post.append(op)
-                else:
-                    if not ((isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS)
-                            or (isinstance(op, Free) and op.zero)):
-                        self.error("this runs before 'backward'; only token counts are reduced "
-                                   "(and 'zero grads' run) before the micro-batch loop",
-                                   Code.BAD_VALUE, item.span)
-                    pre.append(op)
-        if not top_gather_used:
-            unused_gather(self.ctx, top_gather)
-        if not backward_seen:
+            self.read_item(r, item)
+        if not r.top_gather_used:
+            unused_gather(self.ctx, r.top_gather)
+        if not r.backward_seen:
             self.error("the step has no 'backward' (the loss each micro-batch back-propagates, "
                        "e.g. 'backward sum / tokens(dp, step)')", Code.MISSING, stmt.span)
-        # resolve 'on microbatch' blocks now that the micro-batch count is known
-        resolved: list[LoopOp] = []
-        last_ops: list[int] = []
-        pending = iter(deferred_on)
-        in_loop = iter([w for w in waits if w.phase == "loop"])
-        placed: list[Wait] = []
-        for lo in loop:
-            if lo.microbatch == -2:
-                placed.append(replace(next(in_loop), index=len(resolved)))
-                continue
-            if lo.microbatch == -1:
-                block = next(pending)
-                index = self.which(block.which)
-                is_last = isinstance(block.which, ast.NameValue) and block.which.name.text == "last"
-                for inner in block.items:
-                    if isinstance(inner, ast.BackwardStmt):
-                        self.error("'backward' belongs in the step or in 'each microbatch'",
-                                   Code.BAD_VALUE, inner.span)
-                        continue
-                    if is_wait(inner):
-                        assert isinstance(inner, ast.OpStmt)
-                        wait = self.wait(inner, "loop", len(resolved), index)
-                        if wait is not None and index is not None:
-                            placed.append(wait)
-                        continue
-                    op = self.inner_op(inner)
-                    if op is not None and index is not None:
-                        if is_last:
-                            last_ops.append(len(resolved))
-                        resolved.append(LoopOp(op, index))
-            else:
-                resolved.append(lo)
-        updates = [op for op in post if isinstance(op, Update)]
-        if backward_seen and not updates:
+        resolved, last_ops, placed = self.resolve_loop(r)
+        updates = [op for op in r.post if isinstance(op, Update)]
+        if r.backward_seen and not updates:
             self.error("the step never runs 'update params' (the optimizer step)", Code.MISSING,
                        stmt.span)
         for extra in updates[1:]:
             self.error("a step updates the parameters once", Code.DUPLICATE, extra.span)
-        placed += [w for w in waits if w.phase == "post"]
+        placed += [w for w in r.waits if w.phase == "post"]
         if self.run_counts and len(self.windows) < 2:
             self.error("a count over the run ('run') or the batch ('batch') spans several "
                        "optimizer steps, but this step verifies one", Code.BAD_VALUE,
                        self.run_counts[0],
                        "write the steps' windows as 'microbatches = [4, 4]' (state across steps)")
-        placed += [w for w in waits if w.phase == "pre"]  # 'wait params' before the forward
-        step = Step(self.microbatches, tuple(pre), tuple(resolved), tuple(post), tuple(seeds),
-                    False, stmt.span, waits=tuple(placed), windows=self.windows,
+        placed += [w for w in r.waits if w.phase == "pre"]  # 'wait params' before the forward
+        step = Step(self.microbatches, tuple(r.pre), tuple(resolved), tuple(r.post),
+                    tuple(r.seeds), False, stmt.span, waits=tuple(placed), windows=self.windows,
                     last_ops=tuple(last_ops) if self.windows else ())
-        if backward_seen:
+        if r.backward_seen:
             for message, code, span in flight_errors(step):
                 self.error(message, code, span)
         return step
+
+    def read_item(self, r: _Reading, item: ast.StepItem) -> None:
+        """One statement of the step block, in its phase: before, inside or after the loop."""
+        if isinstance(item, ast.MicrobatchesStmt):
+            self.set_microbatches(item)
+        elif is_loss_gather(item) and not r.backward_seen:
+            assert isinstance(item, ast.OpStmt)
+            if r.top_gather is not None and not r.top_gather_used:
+                unused_gather(self.ctx, r.top_gather)
+            r.top_gather, r.top_gather_used = read_loss_gather(self.ctx, item, self.config), False
+        elif isinstance(item, ast.BackwardStmt):
+            r.backward_seen = True
+            backward = self.backward(item, r.terms_seen)
+            r.top_gather_used = True
+            if backward is not None:
+                r.loop.append(LoopOp(with_gather(backward, r.top_gather)))
+        elif isinstance(item, ast.EachMicrobatch):
+            self.read_each_microbatch(r, item)
+        elif isinstance(item, ast.OnMicrobatch):
+            r.deferred_on.append(item)
+            r.loop.append(LoopOp(Update(item.span), -1))  # placeholder keeps textual order
+        elif isinstance(item, ast.SeedStmt):
+            seed = self.seed(item)
+            if seed is not None:
+                self.check_seed_conflict(seed, r.seeds)
+                r.seeds.append(seed)
+        elif is_wait(item) and r.backward_seen:
+            assert isinstance(item, ast.OpStmt)
+            wait = self.wait(item, "post", len(r.post), None)
+            if wait is not None:
+                r.waits.append(wait)
+        elif is_wait(item) and waits_params(item):
+            # 'wait params' before the forward: completes the parameter gather the step
+            # before started (placeverify.semantics.param_flights)
+            assert isinstance(item, ast.OpStmt)
+            wait = self.wait(item, "pre", len(r.pre), None)
+            if wait is not None:
+                r.waits.append(wait)
+        else:
+            op = self.op(item)
+            if op is None:
+                return
+            if r.backward_seen:
+                self.check_post_scale(op)
+                r.post.append(op)
+            else:
+                if not ((isinstance(op, Collective) and op.target.kind is TargetKind.TOKENS)
+                        or (isinstance(op, Free) and op.zero)):
+                    self.error("this runs before 'backward'; only token counts are reduced "
+                               "(and 'zero grads' run) before the micro-batch loop",
+                               Code.BAD_VALUE, item.span)
+                r.pre.append(op)
+
+    def read_each_microbatch(self, r: _Reading, item: ast.EachMicrobatch) -> None:
+        """``each microbatch { ... }``: the loop's operations, its waits and its backward."""
+        gather: LossGather | None = None
+        gather_used = False
+        for inner in item.items:
+            if is_loss_gather(inner):
+                assert isinstance(inner, ast.OpStmt)
+                if gather is not None and not gather_used:
+                    unused_gather(self.ctx, gather)
+                gather, gather_used = read_loss_gather(self.ctx, inner, self.config), False
+            elif isinstance(inner, ast.BackwardStmt):
+                r.backward_seen = True
+                backward = self.backward(inner, r.terms_seen)
+                gather_used = True
+                if backward is not None:
+                    r.loop.append(LoopOp(with_gather(backward, gather)))
+            elif is_wait(inner):
+                assert isinstance(inner, ast.OpStmt)
+                wait = self.wait(inner, "loop", len(r.loop), None)
+                if wait is not None:
+                    r.waits.append(wait)
+                    r.loop.append(LoopOp(Update(inner.span), -2))  # its place, resolved below
+            else:
+                op = self.inner_op(inner)
+                if op is not None:
+                    r.loop.append(LoopOp(op))
+        if not gather_used:
+            unused_gather(self.ctx, gather)
+
+    def resolve_loop(self, r: _Reading) -> tuple[list[LoopOp], list[int], list[Wait]]:
+        """The loop with its 'on microbatch' blocks resolved now that the micro-batch count is
+        known, the indices of the operations on the last micro-batch, and the loop's waits at
+        their places."""
+        resolved: list[LoopOp] = []
+        last_ops: list[int] = []
+        pending = iter(r.deferred_on)
+        in_loop = iter([w for w in r.waits if w.phase == "loop"])
+        placed: list[Wait] = []
+        for lo in r.loop:
+            if lo.microbatch == -2:
+                placed.append(replace(next(in_loop), index=len(resolved)))
+                continue
+            if lo.microbatch == -1:
+                self.read_on_microbatch(next(pending), resolved, last_ops, placed)
+            else:
+                resolved.append(lo)
+        return resolved, last_ops, placed
+
+    def read_on_microbatch(self, block: ast.OnMicrobatch, resolved: list[LoopOp],
+                           last_ops: list[int], placed: list[Wait]) -> None:
+        """``on microbatch N { ... }``: its operations on micro-batch N only."""
+        index = self.which(block.which)
+        is_last = isinstance(block.which, ast.NameValue) and block.which.name.text == "last"
+        for inner in block.items:
+            if isinstance(inner, ast.BackwardStmt):
+                self.error("'backward' belongs in the step or in 'each microbatch'",
+                           Code.BAD_VALUE, inner.span)
+                continue
+            if is_wait(inner):
+                assert isinstance(inner, ast.OpStmt)
+                wait = self.wait(inner, "loop", len(resolved), index)
+                if wait is not None and index is not None:
+                    placed.append(wait)
+                continue
+            op = self.inner_op(inner)
+            if op is not None and index is not None:
+                if is_last:
+                    last_ops.append(len(resolved))
+                resolved.append(LoopOp(op, index))
 
     def backward(self, item: ast.BackwardStmt, seen: set[str]) -> Backward | None:
         """``backward L`` (the main loss) or ``backward name: L`` (a named loss term): one
