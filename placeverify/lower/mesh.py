@@ -35,6 +35,36 @@ NAMED_PROPERTIES = ("device", "matmul", "memory_profile")
 
 
 def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
+    axes, properties = _read_entries(ctx, stmt)
+    if not axes and not ctx.diag.errors:
+        ctx.error("the mesh has no axes, e.g. 'dp = 8'", Code.MISSING, stmt.span)
+        return None
+    mesh = Mesh(tuple(axes), stmt.span)
+    groups: list[tuple[str, Group]] = []
+    for entry in stmt.entries:
+        if isinstance(entry, ast.GroupEntry):
+            group = read_group(ctx, entry.group, mesh, allow_named=False)
+            if group is not None:
+                groups.append((entry.name.text, group))
+    mesh = Mesh(mesh.axes, stmt.span, tuple(groups))
+    memory, profile, matmul, memory_profile = _read_properties(ctx, properties, mesh)
+    if mesh.world > MAX_WORLD:
+        ctx.error(f"the mesh has {mesh.world:,} devices, absurdly many", Code.BAD_VALUE,
+                  stmt.span)
+    axes_out = mesh.axes if profile is None else device_links(mesh.axes, profile)
+    if profile is not None and "device_memory" not in memory:
+        memory["device_memory"] = profile.memory_bytes
+    if profile is not None and matmul is not None and profile.peak(matmul) is None:
+        ctx.error(f"device '{profile.key}' has no {matmul} matmuls", Code.BAD_VALUE,
+                  properties["matmul"].value.span,
+                  "it has: " + ", ".join(dtype for dtype, _ in profile.flops))
+    return Mesh(axes_out, stmt.span, mesh.groups, memory.get("device_memory"),  # type: ignore[arg-type]
+                memory.get("host_memory"), memory.get("pcie_bandwidth"),  # type: ignore[arg-type]
+                profile, matmul, memory.get("reserve"), memory_profile)  # type: ignore[arg-type]
+
+
+def _read_entries(ctx: Context, stmt: ast.MeshStmt) -> tuple[list[Axis], dict[str, ast.AxisEntry]]:
+    """The mesh's axes (with their links), and its property entries by name (read later)."""
     axes: list[Axis] = []
     properties: dict[str, ast.AxisEntry] = {}
     seen: dict[str, Span] = {}
@@ -47,12 +77,7 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
         seen[name] = entry.name.span
         if isinstance(entry, ast.GroupEntry):
             continue
-        if name in NAMED_PROPERTIES:
-            properties[name] = entry
-            if entry.block is not None:
-                ctx.error(f"'{name}' takes no block", Code.BAD_VALUE, entry.block.span)
-            continue
-        if name in MESH_PROPERTIES:
+        if name in NAMED_PROPERTIES or name in MESH_PROPERTIES:
             properties[name] = entry
             if entry.block is not None:
                 ctx.error(f"'{name}' takes no block", Code.BAD_VALUE, entry.block.span)
@@ -76,17 +101,13 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
             continue
         bandwidth, latency = link(ctx, entry.block)
         axes.append(Axis(name, size, entry.name.span, bandwidth, latency))
-    if not axes and not ctx.diag.errors:
-        ctx.error("the mesh has no axes, e.g. 'dp = 8'", Code.MISSING, stmt.span)
-        return None
-    mesh = Mesh(tuple(axes), stmt.span)
-    groups: list[tuple[str, Group]] = []
-    for entry in stmt.entries:
-        if isinstance(entry, ast.GroupEntry):
-            group = read_group(ctx, entry.group, mesh, allow_named=False)
-            if group is not None:
-                groups.append((entry.name.text, group))
-    mesh = Mesh(mesh.axes, stmt.span, tuple(groups))
+    return axes, properties
+
+
+def _read_properties(ctx: Context, properties: dict[str, ast.AxisEntry], mesh: Mesh
+                     ) -> tuple[dict[str, object], Device | None, str | None, str | None]:
+    """The mesh's properties: its memory and link sizes, the device profile, the matmul dtype
+    and the memory profile; ``world`` checked against the axes' product."""
     memory: dict[str, object] = {}
     profile: Device | None = None
     matmul: str | None = None
@@ -101,7 +122,7 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
         elif name == "world":
             world = ctx.integer(entry.value, "world", 1, MAX_WORLD)
             if world is not None and world != mesh.world:
-                product = " x ".join(f"{a.name} {a.size}" for a in axes) or "no axes"
+                product = " x ".join(f"{a.name} {a.size}" for a in mesh.axes) or "no axes"
                 ctx.error(f"the mesh has {mesh.world:,} devices ({product}) but world = "
                           f"{world:,}", Code.WORLD_MISMATCH, entry.value.span)
         elif name == "pcie_bandwidth":
@@ -111,19 +132,7 @@ def read_mesh(ctx: Context, stmt: ast.MeshStmt) -> Mesh | None:
             amount = ctx.quantity(entry.value, name.replace("_", " "), BYTE_UNITS, False,
                                   Fraction(MAX_MEMORY))
             memory[name] = None if amount is None else int(amount)
-    if mesh.world > MAX_WORLD:
-        ctx.error(f"the mesh has {mesh.world:,} devices, absurdly many", Code.BAD_VALUE,
-                  stmt.span)
-    axes_out = mesh.axes if profile is None else device_links(mesh.axes, profile)
-    if profile is not None and "device_memory" not in memory:
-        memory["device_memory"] = profile.memory_bytes
-    if profile is not None and matmul is not None and profile.peak(matmul) is None:
-        ctx.error(f"device '{profile.key}' has no {matmul} matmuls", Code.BAD_VALUE,
-                  properties["matmul"].value.span,
-                  "it has: " + ", ".join(dtype for dtype, _ in profile.flops))
-    return Mesh(axes_out, stmt.span, mesh.groups, memory.get("device_memory"),  # type: ignore[arg-type]
-                memory.get("host_memory"), memory.get("pcie_bandwidth"),  # type: ignore[arg-type]
-                profile, matmul, memory.get("reserve"), memory_profile)  # type: ignore[arg-type]
+    return memory, profile, matmul, memory_profile
 
 
 def read_memory_profile(ctx: Context, entry: ast.AxisEntry) -> str | None:
