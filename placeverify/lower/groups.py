@@ -122,71 +122,82 @@ def read_group_placements(ctx: Context, statements: Sequence[ast.PlaceStmt],
     names = {g.value: g for g in ParamGroup}
     present = model.groups_present()
     for stmt in statements:
-        assert stmt.groups is not None
-        groups: list[ParamGroup] = []
-        for sel in stmt.groups.groups:
-            found = names.get(sel.text)
-            if found is None:
-                ctx.error(f"unknown parameter group '{sel.text}'{did_you_mean(sel.text, names)}",
-                          Code.UNKNOWN_NAME, sel.span)
-            elif found not in present:
-                ctx.error(f"this model has no '{sel.text}' parameters (it has "
-                          f"{', '.join(g.value for g in present)})", Code.BAD_VALUE, sel.span)
-            else:
-                groups.append(found)
-        group = read_group(ctx, stmt.group, mesh)
-        if group is None or len(groups) != len(stmt.groups.groups):
+        _read_group_placement(ctx, stmt, columns, mesh, read, names, present)
+    _expert_replicas(columns, present)
+
+
+def _read_group_placement(ctx: Context, stmt: ast.PlaceStmt, columns: dict[str, AxisPlacement],
+                          mesh: Mesh, read: Reader, names: dict[str, ParamGroup],
+                          present: Sequence[ParamGroup]) -> None:
+    """One ``place P over G for g1, g2``."""
+    assert stmt.groups is not None
+    groups: list[ParamGroup] = []
+    for sel in stmt.groups.groups:
+        found = names.get(sel.text)
+        if found is None:
+            ctx.error(f"unknown parameter group '{sel.text}'{did_you_mean(sel.text, names)}",
+                      Code.UNKNOWN_NAME, sel.span)
+        elif found not in present:
+            ctx.error(f"this model has no '{sel.text}' parameters (it has "
+                      f"{', '.join(g.value for g in present)})", Code.BAD_VALUE, sel.span)
+        else:
+            groups.append(found)
+    group = read_group(ctx, stmt.group, mesh)
+    if group is None or len(groups) != len(stmt.groups.groups):
+        return
+    if group.ends:
+        ctx.error("a placement is over whole axes, not ends(...)", Code.BAD_VALUE,
+                  stmt.group.span)
+        return
+    for placement in read(ctx, stmt, group, mesh, []):
+        column = columns.get(placement.axis)
+        if placement.role is not Role.DATA:
+            ctx.error(f"a placement for some parameter groups is a data preset (ddp, zero1, "
+                      f"zero2, zero3, fsdp, hsdp), got '{placement.preset}'",
+                      Code.BAD_VALUE, stmt.placement.span)
+            break
+        options = [name for name, field, default in _GROUP_OPTIONS
+                   if getattr(placement, field) != default]
+        if options:
+            # only the modes are applied per group: the axis's own options hold for every
+            # group, so a group's own would be silently dropped
+            ctx.error(f"not modelled: {', '.join(options)} on a placement for some parameter "
+                      "groups (the options of the axis's own placement apply to every group)",
+                      Code.NOT_MODELLED, stmt.placement.span)
+            break
+        if column is None:
+            ctx.error(f"axis '{placement.axis}' has no placement for every group; write "
+                      f"e.g. 'place ddp over {placement.axis}' as well", Code.MISSING,
+                      stmt.span)
             continue
-        if group.ends:
-            ctx.error("a placement is over whole axes, not ends(...)", Code.BAD_VALUE,
-                      stmt.group.span)
+        if column.role is Role.EXPERT and ParamGroup.EXPERTS in groups:
+            ctx.error(f"the experts are split over the expert axis '{column.axis}': a data "
+                      "preset cannot place them along it", Code.BAD_VALUE,
+                      next(sel.span for sel in stmt.groups.groups
+                           if sel.text == ParamGroup.EXPERTS.value),
+                      "name the groups the expert axis copies (dense, norms, embedding); "
+                      "the experts' states are sharded along the data axes")
             continue
-        for placement in read(ctx, stmt, group, mesh, []):
-            column = columns.get(placement.axis)
-            if placement.role is not Role.DATA:
-                ctx.error(f"a placement for some parameter groups is a data preset (ddp, zero1, "
-                          f"zero2, zero3, fsdp, hsdp), got '{placement.preset}'",
-                          Code.BAD_VALUE, stmt.placement.span)
-                break
-            options = [name for name, field, default in _GROUP_OPTIONS
-                       if getattr(placement, field) != default]
-            if options:
-                # only the modes are applied per group: the axis's own options hold for every
-                # group, so a group's own would be silently dropped
-                ctx.error(f"not modelled: {', '.join(options)} on a placement for some parameter "
-                          "groups (the options of the axis's own placement apply to every group)",
-                          Code.NOT_MODELLED, stmt.placement.span)
-                break
-            if column is None:
-                ctx.error(f"axis '{placement.axis}' has no placement for every group; write "
-                          f"e.g. 'place ddp over {placement.axis}' as well", Code.MISSING,
-                          stmt.span)
+        if column.role is not Role.DATA and column.role is not Role.EXPERT:
+            ctx.error(f"a placement for some parameter groups over the {column.role.value} "
+                      f"axis '{column.axis}': not modelled", Code.BAD_VALUE, stmt.group.span,
+                      "per-group placements are along data and expert axes")
+            continue
+        placed = dict(column.group_modes)
+        for g in groups:
+            if g.value in placed:
+                ctx.error(f"the {g.value} parameters are placed twice over "
+                          f"'{placement.axis}'", Code.DUPLICATE, stmt.span)
                 continue
-            if column.role is Role.EXPERT and ParamGroup.EXPERTS in groups:
-                ctx.error(f"the experts are split over the expert axis '{column.axis}': a data "
-                          "preset cannot place them along it", Code.BAD_VALUE,
-                          next(sel.span for sel in stmt.groups.groups
-                               if sel.text == ParamGroup.EXPERTS.value),
-                          "name the groups the expert axis copies (dense, norms, embedding); "
-                          "the experts' states are sharded along the data axes")
-                continue
-            if column.role is not Role.DATA and column.role is not Role.EXPERT:
-                ctx.error(f"a placement for some parameter groups over the {column.role.value} "
-                          f"axis '{column.axis}': not modelled", Code.BAD_VALUE, stmt.group.span,
-                          "per-group placements are along data and expert axes")
-                continue
-            placed = dict(column.group_modes)
-            for g in groups:
-                if g.value in placed:
-                    ctx.error(f"the {g.value} parameters are placed twice over "
-                              f"'{placement.axis}'", Code.DUPLICATE, stmt.span)
-                    continue
-                placed[g.value] = placement.modes
-            columns[placement.axis] = replace(column, group_modes=tuple(placed.items()))
+            placed[g.value] = placement.modes
+        columns[placement.axis] = replace(column, group_modes=tuple(placed.items()))
+
+
+def _expert_replicas(columns: dict[str, AxisPlacement], present: Sequence[ParamGroup]) -> None:
+    """The groups an expert axis copies and no statement placed along it stay replicas there
+    (data-parallel: reduced over it, whole), not the experts' split modes."""
     for axis, column in list(columns.items()):
         if column.role is Role.EXPERT and column.group_modes:
-            # the groups an expert axis copies and no statement placed along it stay replicas
-            # there (data-parallel: reduced over it, whole), not the experts' split modes
             placed = dict(column.group_modes)
             for g in present:
                 if g is not ParamGroup.EXPERTS and g.value not in placed:
