@@ -144,49 +144,61 @@ def late_outcome(step: Step, *, keep_params: bool = False) -> tuple[Step, list[C
         hit = [f for f in flying if _overlaps(item, f.groups)]
         if starts_flight(item):
             assert isinstance(item, Collective)
-            if item.op is ReduceOp.MAX:
-                raise Unmodelled(f"'{item.label()}': an asynchronous maximum (not linear in the "
-                                 "gradients, so the two extreme outcomes do not bound the mixed "
-                                 "ones)", item.span)
-            if hit:
-                raise Unmodelled(f"'{item.label()}' starts while '{hit[0].op.label()}' (line "
-                                 f"{hit[0].op.span.line}) is in flight on the same gradients",
-                                 item.span)
-            flying.append(_Flight(item, groups_of(item.target)))
+            flying.append(_started(item, hit))
             continue
-        if not hit:
-            out.append((e.phase, e.k, item))
-            continue
-        lost = frozenset().union(*(f.groups for f in hit))
-        if isinstance(item, Clip | Update):
-            for f in hit:
-                if f.wrote is not None:
-                    raise Unmodelled(f"'{_label(item)}' reads gradients in flight after "
-                                     f"'{_label(f.wrote)}' wrote them in the same flight (line "
-                                     f"{f.op.span.line})", item.span)
-            out.append((e.phase, e.k, item))
-            continue
-        for f in hit:
-            if isinstance(item, Backward | Scale | Collective) and f.op not in blamed:
-                blamed.append(f.op)
-        if isinstance(item, Backward):
-            for f in hit:
-                f.wrote = f.wrote or item
-            reaches = (ALL_GROUPS if item.reaches is None else item.reaches) - lost
-            out.append((e.phase, e.k, replace(item, reaches=reaches)))
-            continue
-        if isinstance(item, Scale | Collective) and item.target.kind is TargetKind.GRADS:
-            # a scale, or a synchronous reduction of the same gradients (it reads them as they
-            # were and writes its result): overwritten by the flight's result
-            for f in hit:
-                f.wrote = f.wrote or item
-            kept = groups_of(item.target) - lost
-            if kept:
-                out.append((e.phase, e.k, replace(item, target=replace(item.target, groups=kept))))
-            continue
-        raise Unmodelled(f"'{_label(item)}' while '{hit[0].op.label()}' (line "
+        landed = _beside_flights(item, hit, blamed) if hit else item
+        if landed is not None:
+            out.append((e.phase, e.k, landed))
+    return _rebuilt(step, out, unroll), blamed
+
+
+def _started(item: Collective, hit: list[_Flight]) -> _Flight:
+    """The flight an asynchronous collective starts (``hit``: the flights on its gradients)."""
+    if item.op is ReduceOp.MAX:
+        raise Unmodelled(f"'{item.label()}': an asynchronous maximum (not linear in the "
+                         "gradients, so the two extreme outcomes do not bound the mixed "
+                         "ones)", item.span)
+    if hit:
+        raise Unmodelled(f"'{item.label()}' starts while '{hit[0].op.label()}' (line "
                          f"{hit[0].op.span.line}) is in flight on the same gradients",
-                         getattr(item, "span", None))
+                         item.span)
+    return _Flight(item, groups_of(item.target))
+
+
+def _beside_flights(item: Op, hit: list[_Flight], blamed: list[Collective]) -> Op | None:
+    """``item`` in the late outcome of the flights ``hit`` on its gradients: a read sees the
+    buffer without them, a write reaches no group they reduce (None: it reaches none); each
+    flight that loses a write is added to ``blamed``."""
+    lost = frozenset().union(*(f.groups for f in hit))
+    if isinstance(item, Clip | Update):
+        for f in hit:
+            if f.wrote is not None:
+                raise Unmodelled(f"'{_label(item)}' reads gradients in flight after "
+                                 f"'{_label(f.wrote)}' wrote them in the same flight (line "
+                                 f"{f.op.span.line})", item.span)
+        return item
+    for f in hit:
+        if isinstance(item, Backward | Scale | Collective) and f.op not in blamed:
+            blamed.append(f.op)
+    if isinstance(item, Backward):
+        for f in hit:
+            f.wrote = f.wrote or item
+        reaches = (ALL_GROUPS if item.reaches is None else item.reaches) - lost
+        return replace(item, reaches=reaches)
+    if isinstance(item, Scale | Collective) and item.target.kind is TargetKind.GRADS:
+        # a scale, or a synchronous reduction of the same gradients (it reads them as they
+        # were and writes its result): overwritten by the flight's result
+        for f in hit:
+            f.wrote = f.wrote or item
+        kept = groups_of(item.target) - lost
+        return replace(item, target=replace(item.target, groups=kept)) if kept else None
+    raise Unmodelled(f"'{_label(item)}' while '{hit[0].op.label()}' (line "
+                     f"{hit[0].op.span.line}) is in flight on the same gradients",
+                     getattr(item, "span", None))
+
+
+def _rebuilt(step: Step, out: list[tuple[str, int | None, Op | Wait]], unroll: bool) -> Step:
+    """``step`` with the operations ``out`` lists (phase, micro-batch, operation), in order."""
     blocks: dict[str, list[Op | LoopOp]] = {"pre": [], "loop": [], "post": []}
     waits: list[Wait] = []  # the parameter waits kept, where they now stand
     for phase, k, op in out:
@@ -200,7 +212,7 @@ def late_outcome(step: Step, *, keep_params: bool = False) -> tuple[Step, list[C
     pre = tuple(op for op in blocks["pre"] if not isinstance(op, LoopOp))
     post = tuple(op for op in blocks["post"] if not isinstance(op, LoopOp))
     loop = tuple(lo for lo in blocks["loop"] if isinstance(lo, LoopOp))
-    return replace(step, pre=pre, loop=loop, post=post, waits=tuple(waits)), blamed
+    return replace(step, pre=pre, loop=loop, post=post, waits=tuple(waits))
 
 
 def _filter(step: Step, op: Op) -> int | None:
