@@ -8,7 +8,7 @@ from typing import Any
 
 from placeverify import __version__
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES, Overlap, Reduce, TensorOverlap
+from placeverify.ir.placement import STATES, AxisPlacement, Overlap, Reduce, TensorOverlap
 from placeverify.ir.render import op_label
 from placeverify.ir.step import Op
 from placeverify.ir.strategy import Strategy
@@ -87,27 +87,13 @@ def peak_document(costs: Costs) -> dict[str, Any]:
 def check_document(result: CheckResult) -> dict[str, Any]:
     s = result.strategy
     costs = result.costs
-    device = costs.device_bytes()
     capacity = s.mesh.device_memory
-    arch = s.model.arch
     doc: dict[str, Any] = {
         "schema": CHECK_SCHEMA,
         "placeverify": __version__,
         "file": s.source.path,
         "strategy": s.name,
-        "model": {
-            "name": s.model.name,
-            "params": s.model.params,
-            "groups": {g.value: n for g, n in s.model.group_params().items() if n},
-            "architecture": None if arch is None else {
-                "layers": arch.layers, "hidden": arch.hidden, "heads": arch.heads,
-                "kv_heads": arch.kv_heads, "ffn": arch.ffn, "gated": arch.gated,
-                "vocab": arch.vocab, "seq": arch.seq, "micro_batch": arch.micro_batch,
-                "tied_embeddings": arch.tied_embeddings, "experts": arch.experts,
-                "top_k": arch.top_k, **({"head_dim": arch.head_dim} if arch.head_size else {}),
-                **({"qkv_bias": True} if arch.qkv_bias else {}),
-                **({"qk_norm": True} if arch.qk_norm else {})},
-        },
+        "model": _model_document(s),
         "precision": {
             "name": s.precision.name, "params_bytes": _float(s.precision.params),
             "grads_bytes": _float(s.precision.grads),
@@ -115,71 +101,24 @@ def check_document(result: CheckResult) -> dict[str, Any]:
             "activation_bytes": _float(s.precision.activations), "loss_scale": s.loss_scale},
         "mesh": {a.name: a.size for a in s.mesh.axes},
         "world": s.mesh.world,
-        "placement": {
-            p.axis: {"role": p.role.value, "preset": p.preset,
-                     "modes": {st.value: p.mode(st).value for st in STATES},
-                     **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options},
-                     **({"reduce": p.reduce.value} if p.reduce is not Reduce.MICROBATCH else {}),
-                     **({"overlap": p.data_overlap.value}
-                        if p.data_overlap is not Overlap.ALL else {}),
-                     **({"overlap": p.overlap.json}
-                        if p.overlap is not TensorOverlap.NONE else {}),
-                     **({"layers": list(p.layers)} if p.layers is not None else {}),
-                     **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}
-                                    for g, _ in p.group_modes}} if p.group_modes else {})}
-            for p in s.placements},
+        "placement": {p.axis: _placement_document(p) for p in s.placements},
         "recompute": {"kind": s.recompute.kind.value, "restore_rng": s.recompute.restore_rng,
                       **({"every": s.recompute.every} if s.recompute.every > 1 else {})},
         "loss": s.loss.kind.value,
         "step": {"canonical": s.step.canonical, "microbatches": s.step.microbatches,
                  "ops": step_lines(s)},
-        "memory": {
-            "device_bytes": {k: whole(device[k]) for k in (*CATEGORIES, "total")},
-            "host_bytes": whole(costs.host_bytes()),
-            "items": [{"category": i.category, "label": i.label, "bytes": whole(i.bytes),
-                       "host": i.host} for i in costs.memory],
-            "ranks": [{"kind": r.kind.name, "stages": list(r.kind.stages),
-                       **({"layers": r.kind.layers} if r.kind.layers is not None else {}),
-                       # several stages: the figures are those of the first, the fullest
-                       **({"figures_of_stage": r.kind.stages[0]} if len(r.kind.stages) > 1
-                          and r.kind.name != "every" else {}),
-                       "fullest": r.items == costs.memory,
-                       "device_bytes": {k: whole(v) for k, v in costs.rank_bytes(r).items()},
-                       "host_bytes": whole(sum((i.bytes for i in r.items if i.host), 0))}
-                      for r in costs.ranks],
-            "capacity_bytes": capacity,
-            "fits": costs.fits(),
-            "headroom_bytes": None if capacity is None else capacity - costs.needed_bytes(),
-            **peak_document(costs),
-        },
+        "memory": _memory_document(costs, capacity),
         "activations": None if costs.activations is None else {
             "per_layer_bytes": whole(costs.activations.per_layer),
             "layers": _float(costs.activations.layers),
             "in_flight_microbatches": _float(costs.activations.in_flight),
             "rule": costs.activations.in_flight_rule},
-        "communication": {
-            "bytes_per_step": whole(costs.network_bytes()),
-            "state_bytes_per_step": whole(costs.state_bytes()),
-            "pcie_bytes_per_step": whole(costs.pcie_bytes()),
-            "seconds_per_step": _seconds(costs),
-            "collectives": [{
-                "op": c.op, "axes": list(c.axes), "what": c.what, "bytes": whole(c.bytes),
-                "count": whole(c.calls), "payload_bytes": whole(c.payload),
-                "group_size": c.group_size, "state": c.state, "source": c.source,
-                "line": c.span.line if c.span else None,
-                "seconds": None if c.seconds is None else float(c.seconds)} for c in costs.comm],
-        },
+        "communication": _communication_document(costs),
         "pipeline": None if costs.bubble is None else {
             "bubble_fraction": _float(costs.bubble), "bubble_ratio": _float(costs.bubble),
             "idle_fraction": _float(costs.idle())},
         "verdicts": {} if result.verification is None else result.verification.verdicts(),
-        "obligations": [] if result.verification is None else [
-            {"condition": o.condition.value, "claim": o.claim, "verdict": o.verdict.value,
-             "kind": o.kind, "line": o.span.line if o.span else None,
-             "column": o.span.column if o.span else None, "reason": o.reason or None,
-             "fix": o.fix, "method": o.method, "seconds": round(o.seconds, 4),
-             "counterexample": o.counterexample}
-            for o in result.verification.obligations],
+        "obligations": _obligations_document(result),
         "warnings": [w.to_json(s.source) for w in s.warnings],
     }
     if s.overrides:  # only with --set: a document without overrides keeps its shape
@@ -190,6 +129,91 @@ def check_document(result: CheckResult) -> dict[str, Any]:
     if result.time is not None:
         doc["time"] = result.time.to_json()
     return doc
+
+
+def _model_document(s: Strategy) -> dict[str, Any]:
+    """The ``model`` section: the name, the parameters by group and the architecture."""
+    arch = s.model.arch
+    return {
+        "name": s.model.name,
+        "params": s.model.params,
+        "groups": {g.value: n for g, n in s.model.group_params().items() if n},
+        "architecture": None if arch is None else {
+            "layers": arch.layers, "hidden": arch.hidden, "heads": arch.heads,
+            "kv_heads": arch.kv_heads, "ffn": arch.ffn, "gated": arch.gated,
+            "vocab": arch.vocab, "seq": arch.seq, "micro_batch": arch.micro_batch,
+            "tied_embeddings": arch.tied_embeddings, "experts": arch.experts,
+            "top_k": arch.top_k, **({"head_dim": arch.head_dim} if arch.head_size else {}),
+            **({"qkv_bias": True} if arch.qkv_bias else {}),
+            **({"qk_norm": True} if arch.qk_norm else {})},
+    }
+
+
+def _placement_document(p: AxisPlacement) -> dict[str, Any]:
+    """One axis's entry of the ``placement`` section: its role, preset, modes and options."""
+    return {"role": p.role.value, "preset": p.preset,
+            "modes": {st.value: p.mode(st).value for st in STATES},
+            **{name: _option(getattr(p, name)) for name in ROLES[p.role].reported_options},
+            **({"reduce": p.reduce.value} if p.reduce is not Reduce.MICROBATCH else {}),
+            **({"overlap": p.data_overlap.value}
+               if p.data_overlap is not Overlap.ALL else {}),
+            **({"overlap": p.overlap.json}
+               if p.overlap is not TensorOverlap.NONE else {}),
+            **({"layers": list(p.layers)} if p.layers is not None else {}),
+            **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}
+                           for g, _ in p.group_modes}} if p.group_modes else {})}
+
+
+def _memory_document(costs: Costs, capacity: int | None) -> dict[str, Any]:
+    """The ``memory`` section: the fullest rank's bytes and items, every rank kind, the fit and
+    the peak."""
+    device = costs.device_bytes()
+    return {
+        "device_bytes": {k: whole(device[k]) for k in (*CATEGORIES, "total")},
+        "host_bytes": whole(costs.host_bytes()),
+        "items": [{"category": i.category, "label": i.label, "bytes": whole(i.bytes),
+                   "host": i.host} for i in costs.memory],
+        "ranks": [{"kind": r.kind.name, "stages": list(r.kind.stages),
+                   **({"layers": r.kind.layers} if r.kind.layers is not None else {}),
+                   # several stages: the figures are those of the first, the fullest
+                   **({"figures_of_stage": r.kind.stages[0]} if len(r.kind.stages) > 1
+                      and r.kind.name != "every" else {}),
+                   "fullest": r.items == costs.memory,
+                   "device_bytes": {k: whole(v) for k, v in costs.rank_bytes(r).items()},
+                   "host_bytes": whole(sum((i.bytes for i in r.items if i.host), 0))}
+                  for r in costs.ranks],
+        "capacity_bytes": capacity,
+        "fits": costs.fits(),
+        "headroom_bytes": None if capacity is None else capacity - costs.needed_bytes(),
+        **peak_document(costs),
+    }
+
+
+def _communication_document(costs: Costs) -> dict[str, Any]:
+    """The ``communication`` section: bytes and seconds per step, and every collective."""
+    return {
+        "bytes_per_step": whole(costs.network_bytes()),
+        "state_bytes_per_step": whole(costs.state_bytes()),
+        "pcie_bytes_per_step": whole(costs.pcie_bytes()),
+        "seconds_per_step": _seconds(costs),
+        "collectives": [{
+            "op": c.op, "axes": list(c.axes), "what": c.what, "bytes": whole(c.bytes),
+            "count": whole(c.calls), "payload_bytes": whole(c.payload),
+            "group_size": c.group_size, "state": c.state, "source": c.source,
+            "line": c.span.line if c.span else None,
+            "seconds": None if c.seconds is None else float(c.seconds)} for c in costs.comm],
+    }
+
+
+def _obligations_document(result: CheckResult) -> list[dict[str, Any]]:
+    """The ``obligations`` section: every verified condition with its verdict."""
+    return [] if result.verification is None else [
+        {"condition": o.condition.value, "claim": o.claim, "verdict": o.verdict.value,
+         "kind": o.kind, "line": o.span.line if o.span else None,
+         "column": o.span.column if o.span else None, "reason": o.reason or None,
+         "fix": o.fix, "method": o.method, "seconds": round(o.seconds, 4),
+         "counterexample": o.counterexample}
+        for o in result.verification.obligations]
 
 
 def overrides_document(strategy: Strategy) -> list[dict[str, Any]]:
