@@ -4,7 +4,7 @@ FSDP2 with ``set_requires_gradient_sync(False)`` before the last micro-batch, as
 ``torch.distributed.pipelining`` runs its stages, and Llama 3's "FP32 gradient accumulation
 during backward computation over multiple micro-batches" (arXiv 2407.21783 §3.3.2). The byte
 counts are worked by hand from the model's shape; the overlap rule from its statement in
-``placeverify/cost/time.py`` (one chunk's share queued behind the later chunks' backward).
+``placeverify/cost/exposure.py`` (one chunk's share queued behind the later chunks' backward).
 """
 
 from __future__ import annotations
