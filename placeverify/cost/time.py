@@ -89,6 +89,8 @@ __all__ = ["CALIBRATION", "Calibration", "StepTime", "default_matmul", "model_fl
 
 @dataclass(frozen=True, slots=True)
 class StepTime:
+    """The step-time estimate of one strategy, per device (the ``time`` section of ``check --json``)."""
+
     device: str | None
     matmul: str
     peak_flops: float | None  # per device
