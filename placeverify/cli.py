@@ -28,6 +28,7 @@ from placeverify.console import (
     worst,
 )
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
+from placeverify.files import WriteFailed, check_writable
 from placeverify.ir.placement import TensorOverlap
 
 # A command's process ends with the command. Freezing the heap at exit spares the interpreter's
@@ -54,6 +55,11 @@ Exit codes:
   143 stopped by SIGTERM, the same way
 """
 
+# Paths are checked by placeverify, not by click: a missing, unreadable or non-regular file is
+# exit 4 with a diagnostic (click's own checks would make it a usage error, exit 2).
+PATH = click.Path(readable=False)
+
+
 def finite(value: float) -> float:
     """Reject NaN, which every range comparison lets through."""
     if value != value:
@@ -77,7 +83,7 @@ def import_options(command: Callable[..., None]) -> Callable[..., None]:
                            help="Configuration format (default: recognised from the content).")(command)
     command = click.option("--world", type=click.IntRange(1, 10**8), default=None,
                            help="World size, for configurations that leave it to the launcher.")(command)
-    return click.option("--model", type=click.Path(dir_okay=False), default=None,
+    return click.option("--model", type=PATH, metavar="FILE", default=None,
                         help="A Hugging Face config.json describing the model.")(command)
 
 
@@ -159,6 +165,9 @@ def guarded(run: Callable[[], ExitCode]) -> NoReturn:
     except PlaceError as error:
         print_errors(error)
         code = error.exit_code
+    except WriteFailed as failed:  # a full disk, a folder at the path: exit 4, nothing left
+        print_errors(failed.error())
+        code = ExitCode.READ_ERROR
     except click.UsageError as error:
         error_console().print(f"Error: {error.format_message()}", markup=False)
         code = ExitCode.INPUT_ERROR
@@ -195,16 +204,16 @@ def main() -> None:
 
 
 @main.command(epilog=EXIT_CODES)
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.argument("files", nargs=-1, required=True, type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--formulas", is_flag=True, help="Show the SymPy closed forms of every cost.")
 @click.option("--no-verify", is_flag=True, help="Costs only; skip the Z3 proofs.")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", type=PATH, metavar="FILE",
               help="Write the counterexample trace (JSON) of a refuted file here.")
 @click.option("--replay", is_flag=True,
               help="Replay the step on real torch.distributed processes at the declared mesh "
                    "(a smaller one, said so, above 8 devices; needs torch).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", "plot_path", type=PATH, metavar="FILE", default=None,
               help="Draw the memory per rank kind to FILE.png or FILE.svg, and a pipeline's "
                    "schedule to FILE-schedule.png/.svg (needs the plot extra: matplotlib).")
 @budget_option
@@ -227,8 +236,10 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         fmt_out = output_of(as_json, output)
         settings = override_settings(overrides)
         paths = expand_paths(files)
-        if trace_path is not None and len(paths) != 1:
-            raise click.UsageError("--trace takes exactly one file")
+        if trace_path is not None:
+            if len(paths) != 1:
+                raise click.UsageError("--trace takes exactly one file")
+            check_writable(trace_path, "trace")
         if plot_path is not None:
             from placeverify.report import plot
 
@@ -238,6 +249,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
                 plot.check_format(plot_path)
             except ValueError as error:
                 raise click.UsageError(str(error)) from None
+            check_writable(plot_path, "plot")
             if not plot.available():
                 error_console().print("placeverify: --plot needs matplotlib, the plot extra: "
                                       "pip install 'placeverify[plot]'", markup=False)
@@ -283,7 +295,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
                 render_check(result, out, formulas=formulas)
         progress.done()
         if fmt_out == "json":  # one file argument: its document; several or a folder: the list
-            listing = len(files) > 1 or any(Path(f).is_dir() for f in files)
+            listing = len(files) > 1 or any(is_folder(Path(f)) for f in files)
             emit_json(check_list_document(outcomes, worst(codes)) if listing
                       else report_document(outcomes[0]))
         elif fmt_out != "text":
@@ -338,7 +350,7 @@ def replay_check(result: Any, as_json: bool, out: Console, progress: Progress) -
 
 
 @main.command(epilog=EXIT_CODES)
-@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.argument("files", nargs=-1, required=True, type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
 @click.option("--width", type=click.IntRange(20, 10_000), default=None,
@@ -383,7 +395,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
 
 
 @main.command(epilog=EXIT_CODES)
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 3600),
               callback=lambda _ctx, _param, value: finite(value),
@@ -405,7 +417,7 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float, width: int | No
 
 
 @main.command(epilog=EXIT_CODES)
-@click.argument("trace", type=click.Path())
+@click.argument("trace", type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the replay result as JSON.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100),
               help="Training steps to run before comparing.")
@@ -414,7 +426,7 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float, width: int | No
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1, 3600),
               callback=lambda _ctx, _param, value: finite(value),
               help="Seconds before a hung replay is stopped.")
-@click.option("--emit", type=click.Path(dir_okay=False), default=None,
+@click.option("--emit", type=PATH, metavar="FILE", default=None,
               help="Write a standalone torchrun script (no placeverify import) instead of replaying.")
 @width_option
 @quiet_option
@@ -436,7 +448,7 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
 
 
 @main.command(epilog=EXIT_CODES)
-@click.argument("file", type=click.Path())
+@click.argument("file", type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600),
               callback=lambda _ctx, _param, value: finite(value),
@@ -456,7 +468,7 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
 
 
 @main.command(epilog=EXIT_CODES)
-@click.argument("file", required=False, type=click.Path())
+@click.argument("file", required=False, type=PATH)
 @click.option("--device", default=None,
               help="Device profile (a100_80gb_sxm, h100_sxm, h200, mi300x, b200); default: the "
                    "FILE's mesh device.")
@@ -498,9 +510,9 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
               show_default=True,
               help="Show the frontier's layouts up to this many times the fastest step time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (placeverify.search/1).")
-@click.option("-o", "--output-dir", "out_dir", type=click.Path(file_okay=False), default=None,
+@click.option("-o", "--output-dir", "out_dir", type=PATH, metavar="DIRECTORY", default=None,
               help="Write every layout shown as a .place file into this folder.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", type=PATH, metavar="FILE", default=None,
               help="Draw the frontier (peak memory vs step time) to a .png or .svg file "
                    "(needs the plot extra: pip install 'placeverify[plot]').")
 @click.option("--width", type=click.IntRange(20, 10_000), default=None,
@@ -554,8 +566,8 @@ def search(file: str | None, device: str | None, devices: int | None,
 
 
 @main.command("import", epilog=EXIT_CODES)
-@click.argument("file", type=click.Path())
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), default=None,
+@click.argument("file", type=PATH)
+@click.option("-o", "--output", "out", type=PATH, metavar="FILE", default=None,
               help="Write the .place file here (atomically) instead of printing it.")
 @import_options
 @set_option
@@ -566,6 +578,8 @@ def import_(file: str, out: str | None, model: str | None, world: int | None,
     def run() -> ExitCode:
         from placeverify.importers.cli import import_command
 
+        if out is not None:
+            check_writable(out)
         return import_command(file, import_settings(model, world, fmt), out,
                               override_settings(overrides))
 
@@ -577,7 +591,7 @@ def expand_paths(items: Iterable[str]) -> list[str]:
     out: list[str] = []
     for item in items:
         p = Path(item)
-        if p.is_dir():
+        if is_folder(p):
             found = sorted(str(f) for f in p.rglob("*.place"))
             if not found:
                 raise PlaceError([_no_files(item)], Source(item, ""), ExitCode.READ_ERROR)
@@ -585,6 +599,15 @@ def expand_paths(items: Iterable[str]) -> list[str]:
         else:
             out.append(item)
     return out
+
+
+def is_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder; one that cannot be looked at (a parent its user may not
+    search) is not, and reading it then says why (exit 4)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def _no_files(folder: str) -> Any:
