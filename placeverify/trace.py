@@ -32,10 +32,10 @@ from placeverify.files import write_file
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.lower.values import MAX_AXIS
+from placeverify.obligations import Condition, Obligation, ObligationKind
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.surd import Real
 from placeverify.syntax.source import MAX_FILE_BYTES, decode_text
-from placeverify.verdicts import Condition, Obligation, ObligationKind
 
 SCHEMA = "placeverify.trace/1"
 MAX_TRACE_BYTES = 8 << 20
