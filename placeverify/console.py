@@ -3,7 +3,7 @@ printing, exit codes, progress, and what a termination signal does.
 
 Both CLIs (:mod:`placeverify.cli` and :mod:`placeverify.prove.cli`) and the comparison table print
 diagnostics and combine per-file outcomes into one exit code the same way; the codes and their
-order are documented in ``placeverify --help`` (:data:`placeverify.cli.EXIT_CODES`).
+order are documented in ``placeverify --help`` (:data:`placeverify.cli.exits.EXITS`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ class WriteFailed(OSError):
                                       Code.READ)], Source(self.path, ""), ExitCode.READ_ERROR)
 
 
-def _reason(err: OSError) -> str:
+def reason(err: OSError) -> str:
+    """Why ``err`` happened, as a diagnostic says it: ``no space left on device``."""
     text = err.strerror or str(err) or type(err).__name__
     return text[:1].lower() + text[1:]
 
@@ -66,7 +67,7 @@ def target(path: str | Path, what: str = "file") -> Path:
     except WriteFailed:
         raise
     except OSError as err:
-        raise WriteFailed(name, _reason(err), what) from None
+        raise WriteFailed(name, reason(err), what) from None
     return where
 
 
@@ -86,7 +87,7 @@ def write_atomically(text: str, path: str | Path, what: str = "file") -> None:
     try:
         fd, temporary = tempfile.mkstemp(prefix=f".{where.name}.", suffix=".tmp", dir=where.parent)
     except OSError as err:
-        raise WriteFailed(str(path), _reason(err), what) from None
+        raise WriteFailed(str(path), reason(err), what) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -96,7 +97,7 @@ def write_atomically(text: str, path: str | Path, what: str = "file") -> None:
     except BaseException as err:
         Path(temporary).unlink(missing_ok=True)
         if isinstance(err, OSError):
-            raise WriteFailed(str(path), _reason(err), what) from None
+            raise WriteFailed(str(path), reason(err), what) from None
         raise
 
 

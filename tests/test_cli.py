@@ -94,7 +94,8 @@ def test_exit_4_on_a_folder_without_place_files(tmp_path: Path) -> None:
 def test_usage_errors_exit_2(args: list[str]) -> None:
     done = run(*args)
     assert done.returncode == ExitCode.INPUT_ERROR
-    assert "Usage:" in done.stderr
+    assert done.stderr.startswith("placeverify: error: "), done.stderr
+    assert "Usage:" not in done.stderr  # click's block is placeverify's one voice (test_cli_voice.py)
 
 
 def test_trace_with_several_files_is_a_usage_error(tmp_path: Path) -> None:

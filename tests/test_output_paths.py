@@ -124,7 +124,8 @@ def test_a_write_that_fails_at_sync_removes_its_temporary(tmp_path: Path,
     ["import", str(CONFIG), "--world", "64", "--model", str(MODEL), "-o", "{dir}"],
     ["import", str(CONFIG), "--world", "64", "--model", "{dir}"],
     ["check", str(CONFIG), "--world", "64", "--model", "{dir}"],
-], ids=["check-trace", "check-plot", "import-o", "import-model", "check-model"])
+    ["replay", "--emit", "{dir}", "examples/bugs/missing-allreduce.place"],
+], ids=["check-trace", "check-plot", "import-o", "import-model", "check-model", "replay-emit"])
 def test_a_directory_as_a_file_path_is_exit_4(args: list[str], tmp_path: Path) -> None:
     folder = tmp_path / "out.png"  # a plot's suffix, so that only its being a folder is wrong
     folder.mkdir()

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from placeverify import __version__
 from placeverify.cli.commands import compare, import_, measure, prove, replay, search
-from placeverify.cli.exits import EXIT_CODES, guarded
+from placeverify.cli.exits import EXIT_CODES, Group, epilog, guarded, print_failure
 from placeverify.cli.options import (
     PATH,
     budget_option,
@@ -37,7 +37,7 @@ from placeverify.cli.options import (
 )
 from placeverify.console import Progress, console, error_console, print_errors, verdict_exit, worst
 from placeverify.diagnostics import ExitCode, PlaceError
-from placeverify.files import check_writable
+from placeverify.files import WriteFailed, check_writable, reason
 
 # A command's process ends with the command. Freezing the heap at exit spares the interpreter's
 # final garbage collections a walk over every object the loaded modules hold (about 30 ms of a
@@ -46,7 +46,7 @@ from placeverify.files import check_writable
 atexit.register(gc.freeze)
 
 
-@click.group(epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="placeverify")
 def main() -> None:
     """placeverify: check a distributed-training strategy before you launch it.
@@ -58,7 +58,7 @@ def main() -> None:
     """
 
 
-@main.command(epilog=EXIT_CODES)
+@main.command(epilog=epilog("check"))
 @click.argument("files", nargs=-1, required=True, type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--formulas", is_flag=True, help="Show the SymPy closed forms of every cost.")
@@ -139,8 +139,7 @@ def refuse_outputs(paths: list[str], trace_path: str | None, plot_path: str | No
             raise click.UsageError(str(error)) from None
         check_writable(plot_path, "plot")
         if not plot.available():
-            error_console().print("placeverify: --plot needs matplotlib, the plot extra: "
-                                  "pip install 'placeverify[plot]'", markup=False)
+            print_failure("--plot needs matplotlib, the plot extra: pip install 'placeverify[plot]'")
             return ExitCode.BACKEND_ERROR
     return None
 
@@ -200,8 +199,9 @@ def write_trace(result: Any, path: str) -> None:
 
     verification = result.verification
     if verification.trace is None:
-        error_console().print(f"placeverify: no counterexample to write: {result.strategy.source.path}"
-                              f" is {verification.overall().value}", markup=False)
+        error_console().print("placeverify: note: no counterexample to write: "
+                              f"{result.strategy.source.path} is {verification.overall().value}",
+                              markup=False)
         return
     write(verification.trace, path)
     error_console().print(f"trace written to {path}", markup=False)
@@ -223,11 +223,10 @@ def write_plots(result: Any, path: str) -> ExitCode:
             else:
                 plot.schedule_chart(result.strategy, target)
         except plot.PlotUnavailable as err:
-            error_console().print(f"placeverify: {err}", markup=False)
+            print_failure(str(err))
             return ExitCode.BACKEND_ERROR
         except OSError as err:
-            error_console().print(f"placeverify: cannot write plot {target}: "
-                                  f"{err.strerror or err}", markup=False)
+            print_errors(WriteFailed(target, reason(err), "plot").error())
             return ExitCode.READ_ERROR
         error_console().print(f"plot written to {target}", markup=False)
     return ExitCode.OK

@@ -10,7 +10,7 @@ import dataclasses
 
 import click
 
-from placeverify.cli.exits import EXIT_CODES, guarded
+from placeverify.cli.exits import epilog, guarded
 from placeverify.cli.options import (
     PATH,
     budget_option,
@@ -33,7 +33,7 @@ from placeverify.files import check_writable
 from placeverify.ir.placement import TensorOverlap
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(epilog=epilog("compare"))
 @click.argument("files", nargs=-1, required=True, type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--verify", "with_verdicts", is_flag=True, help="Also prove the three conditions.")
@@ -78,7 +78,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
     guarded(run)
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(epilog=epilog("prove"))
 @click.argument("paths", nargs=-1, required=True, type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 3600),
@@ -100,7 +100,7 @@ def prove(paths: tuple[str, ...], as_json: bool, timeout: float, width: int | No
     guarded(run)
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(epilog=epilog("replay"))
 @click.argument("trace", type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the replay result as JSON.")
 @click.option("--steps", default=3, show_default=True, type=click.IntRange(1, 100),
@@ -122,6 +122,8 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
         if emit is not None:
             from placeverify.replay.emit import emit_trace
 
+            check_writable(emit)
+
             return emit_trace(trace, emit, world=world, steps=steps, console=console(width))
         from placeverify.replay.cli import replay_trace
 
@@ -131,7 +133,7 @@ def replay(trace: str, as_json: bool, steps: int, world: int | None, timeout: fl
     guarded(run)
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(epilog=epilog("measure"))
 @click.argument("file", type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(1, 3600),
@@ -151,7 +153,7 @@ def measure(file: str, as_json: bool, timeout: float, width: int | None, quiet: 
     guarded(run)
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(epilog=epilog("search"))
 @click.argument("file", required=False, type=PATH)
 @click.option("--device", default=None,
               help="Device profile (a100_80gb_sxm, h100_sxm, h200, mi300x, b200); default: the "
@@ -249,7 +251,7 @@ def search(file: str | None, device: str | None, devices: int | None,
     guarded(run)
 
 
-@click.command("import", epilog=EXIT_CODES)
+@click.command("import", epilog=epilog("import"))
 @click.argument("file", type=PATH)
 @click.option("-o", "--output", "out", type=PATH, metavar="FILE", default=None,
               help="Write the .place file here (atomically) instead of printing it.")
