@@ -125,6 +125,15 @@ def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
         err.print(diagnostic.render(error.source, pretty=pretty), markup=False, emoji=False)
 
 
+def print_failure(message: str, *notes: str) -> None:
+    """An error with no position in a file, as every command says it: ``placeverify: error:
+    message``, then ``placeverify: note: ...`` for each note."""
+    err = error_console()
+    err.print(f"placeverify: error: {message}", markup=False)
+    for note in notes:
+        err.print(f"placeverify: note: {note}", markup=False)
+
+
 class Terminated(BaseException):
     """Raised in the main thread by a SIGTERM or SIGHUP (:func:`stop_cleanly_on_signals`), so that
     every ``finally`` on the way out runs: rank processes are killed, temporary folders removed."""

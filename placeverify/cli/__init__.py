@@ -18,7 +18,7 @@ from rich.console import Console
 
 from placeverify import __version__
 from placeverify.cli.commands import compare, import_, measure, prove, replay, search
-from placeverify.cli.exits import EXIT_CODES, Group, epilog, guarded, print_failure
+from placeverify.cli.exits import EXIT_CODES, Group, epilog, guarded
 from placeverify.cli.options import (
     PATH,
     budget_option,
@@ -35,7 +35,15 @@ from placeverify.cli.options import (
     set_option,
     width_option,
 )
-from placeverify.console import Progress, console, error_console, print_errors, verdict_exit, worst
+from placeverify.console import (
+    Progress,
+    console,
+    error_console,
+    print_errors,
+    print_failure,
+    verdict_exit,
+    worst,
+)
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.files import WriteFailed, check_writable, reason
 

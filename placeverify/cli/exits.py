@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import click
 
-from placeverify.console import Terminated, error_console, print_errors
+from placeverify.console import Terminated, error_console, print_errors, print_failure
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.files import WriteFailed
 
@@ -121,14 +121,6 @@ def epilog(command: str | None = None) -> str:
 
 
 EXIT_CODES = epilog()  # the whole table, as ``placeverify --help`` prints it
-
-
-def print_failure(message: str, *notes: str) -> None:
-    """An error with no position in a file: ``placeverify: error: message``, then each note."""
-    err = error_console()
-    err.print(f"placeverify: error: {message}", markup=False)
-    for note in notes:
-        err.print(f"placeverify: note: {note}", markup=False)
 
 
 def _sentence(text: str) -> str:
