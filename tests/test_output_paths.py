@@ -219,3 +219,21 @@ def test_a_file_in_a_folder_its_user_may_not_search_is_exit_4(open_folder: Path)
         done = cli(*args, cwd=open_folder, user="nobody")
         assert done.returncode == ExitCode.READ_ERROR, (args, done.stderr)
         assert done.stderr == f"{closed / 'x.place'}: error: cannot read file: permission denied  [read]\n"
+
+
+@pytest.mark.usefixtures("nobody")
+def test_an_unreadable_model_config_and_an_unwritable_folder_are_exit_4(open_folder: Path) -> None:
+    locked = open_folder / "config.json"
+    shutil.copy(MODEL, locked)
+    locked.chmod(0o000)
+    done = cli("import", str(CONFIG), "--world", "64", "--model", str(locked), cwd=open_folder,
+               user="nobody")
+    assert done.returncode == ExitCode.READ_ERROR, done.stderr
+    assert done.stderr.startswith(f"{locked}: error: "), done.stderr
+    assert "permission denied" in done.stderr
+    # open_folder is root's: nobody may not create the trace's temporary file there
+    trace = open_folder / "t.json"
+    done = cli("check", "--trace", str(trace), str(BUG), cwd=open_folder, user="nobody")
+    assert done.returncode == ExitCode.READ_ERROR, done.stderr
+    assert done.stderr.endswith(f"{trace}: error: cannot write trace: permission denied  [read]\n")
+    assert sorted(p.name for p in open_folder.iterdir()) == ["config.json"]
