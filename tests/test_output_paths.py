@@ -134,6 +134,9 @@ def test_a_directory_as_a_file_path_is_exit_4(args: list[str], tmp_path: Path) -
     assert done.stderr.startswith(f"{folder}: error: "), done.stderr
     assert "directory" in done.stderr and done.stderr.endswith("  [read]\n"), done.stderr
     assert "Usage:" not in done.stderr
+    if "--model" in args and args[args.index("--model") + 1] == "{dir}":
+        assert done.stderr == (f"{folder}: error: cannot read file: is a directory, not a "
+                               "config.json  [read]\n")
     assert list(folder.iterdir()) == []
 
 

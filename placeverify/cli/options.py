@@ -82,8 +82,13 @@ def override_settings(texts: tuple[str, ...]) -> Any:
 
 
 def import_settings(model: str | None, world: int | None, fmt: str | None) -> Any:
+    """The importers' options; a folder given as ``--model`` is refused here (exit 4), before
+    any file is read."""
     from placeverify.importers import Options
 
+    if model is not None and is_folder(Path(model)):
+        raise PlaceError([Diagnostic(Severity.ERROR, "cannot read file: is a directory, not a "
+                                     "config.json", Code.READ)], Source(model, ""), ExitCode.READ_ERROR)
     return Options(model, world, fmt)
 
 
