@@ -3,7 +3,7 @@ printing, exit codes, progress, and what a termination signal does.
 
 Both CLIs (:mod:`placeverify.cli` and :mod:`placeverify.prove.cli`) and the comparison table print
 diagnostics and combine per-file outcomes into one exit code the same way; the codes and their
-order are documented in ``placeverify --help`` (:data:`placeverify.cli.EXIT_CODES`).
+order are documented in ``placeverify --help`` (:data:`placeverify.cli.exits.EXITS`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -26,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from placeverify.diagnostics import ExitCode, PlaceError
+from placeverify.files import write_atomically as write_atomically  # the commands' one writer
 from placeverify.verdicts import Verdict
 
 PRIORITY = [ExitCode.INTERNAL_ERROR, ExitCode.READ_ERROR, ExitCode.INPUT_ERROR,
@@ -126,6 +125,15 @@ def print_errors(error: PlaceError, *, pretty: bool = True) -> None:
         err.print(diagnostic.render(error.source, pretty=pretty), markup=False, emoji=False)
 
 
+def print_failure(message: str, *notes: str) -> None:
+    """An error with no position in a file, as every command says it: ``placeverify: error:
+    message``, then ``placeverify: note: ...`` for each note."""
+    err = error_console()
+    err.print(f"placeverify: error: {message}", markup=False)
+    for note in notes:
+        err.print(f"placeverify: note: {note}", markup=False)
+
+
 class Terminated(BaseException):
     """Raised in the main thread by a SIGTERM or SIGHUP (:func:`stop_cleanly_on_signals`), so that
     every ``finally`` on the way out runs: rank processes are killed, temporary folders removed."""
@@ -156,6 +164,8 @@ def stop_cleanly_on_signals() -> None:
     for each in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(each) is signal.SIG_DFL:  # an ignored SIGHUP (nohup) stays ignored
             signal.signal(each, _terminate)
+
+
 class Progress:
     """Progress of long work on standard error, so that CI logs show it too.
 
@@ -208,18 +218,3 @@ class Progress:
         else:
             with error_console().status(text) as status:
                 yield status.update
-
-
-def write_atomically(text: str, path: str | Path) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: a
-    reader never sees half a file, and the old one is never lost to a failed write."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -19,9 +19,6 @@ order above, :meth:`Trace.from_json` reads them back and refuses a missing key o
 from __future__ import annotations
 
 import json
-import os
-import stat
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,13 +28,14 @@ from placeverify import __version__
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source, Span
 from placeverify.errors import PlaceverifyError
 from placeverify.evidence import Counterexample, Divergence, Evidence
+from placeverify.files import write_file
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.lower.values import MAX_AXIS
+from placeverify.obligations import Condition, Obligation, ObligationKind
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.surd import Real
 from placeverify.syntax.source import MAX_FILE_BYTES, decode_text
-from placeverify.verdicts import Condition, Obligation, ObligationKind
 
 SCHEMA = "placeverify.trace/1"
 MAX_TRACE_BYTES = 8 << 20
@@ -331,38 +329,11 @@ def build(strategy: Strategy, obligation: Obligation, evidence: Evidence | None)
 
 
 def write(trace: Trace, path: str) -> None:
-    """Write atomically: a reader never sees half a trace, and an old file is never lost. Only a
-    regular file is written (a symlink to one is followed and its target replaced); a device, a
-    FIFO, a socket or a directory at ``path`` is refused (exit 2), never replaced."""
-    target = Path(path)
-    try:
-        if target.is_symlink() or target.exists():
-            target = target.resolve()
-            mode = target.stat().st_mode
-            if not stat.S_ISREG(mode):
-                kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                        else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                        else "not a regular file")
-                raise PlaceError([Diagnostic(Severity.ERROR, f"cannot write trace: {path} is "
-                                             f"{kind}; give the path of a regular file",
-                                             Code.READ)], Source(path, ""))
-    except OSError as err:
-        raise PlaceError([Diagnostic(Severity.ERROR, f"cannot write trace: {err.strerror}",
-                                     Code.READ)], Source(path, ""), ExitCode.READ_ERROR) from None
-    directory = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, temporary = tempfile.mkstemp(prefix=".trace-", suffix=".json", dir=directory)
-    except OSError as err:
-        raise PlaceError([Diagnostic(Severity.ERROR, f"cannot write trace: {err.strerror}",
-                                     Code.READ)], Source(path, ""), ExitCode.READ_ERROR) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(trace.to_json(), handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write the trace atomically (:func:`placeverify.files.write_atomically`): a reader never
+    sees half a trace, and an old file is never lost. Only a regular file is written (a symlink
+    to one is followed and its target replaced); a directory, a FIFO, a socket or a device at
+    ``path``, a missing folder or a full disk is a :class:`PlaceError` with exit 4."""
+    write_file(json.dumps(trace.to_json(), indent=2, ensure_ascii=False) + "\n", path, "trace")
 
 
 def load(path: str) -> Trace:

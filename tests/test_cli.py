@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from placeverify.api import check
-from placeverify.diagnostics import ExitCode
+from placeverify.diagnostics import ExitCode, PlaceError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -94,7 +94,8 @@ def test_exit_4_on_a_folder_without_place_files(tmp_path: Path) -> None:
 def test_usage_errors_exit_2(args: list[str]) -> None:
     done = run(*args)
     assert done.returncode == ExitCode.INPUT_ERROR
-    assert "Usage:" in done.stderr
+    assert done.stderr.startswith("placeverify: error: "), done.stderr
+    assert "Usage:" not in done.stderr  # click's block is placeverify's one voice (test_cli_voice.py)
 
 
 def test_trace_with_several_files_is_a_usage_error(tmp_path: Path) -> None:
@@ -260,7 +261,7 @@ def test_trace_into_a_missing_folder_is_a_write_error(tmp_path: Path) -> None:
 
 def test_trace_onto_a_folder_is_refused(tmp_path: Path) -> None:
     done = run("check", "--trace", str(tmp_path), "examples/bugs/missing-allreduce.place")
-    assert done.returncode == ExitCode.INPUT_ERROR
+    assert done.returncode == ExitCode.READ_ERROR
     assert "is a directory" in done.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -274,12 +275,13 @@ def test_a_failed_trace_write_keeps_the_old_file(tmp_path: Path, monkeypatch: py
     refuted = check(str(EXAMPLES / "bugs/missing-allreduce.place")).verification
     assert refuted is not None and refuted.trace is not None
 
-    def explode(document: Any, handle: Any, **_: Any) -> None:
-        handle.write('{"half": ')
+    def explode(fd: int) -> None:  # the disk fills as the text is synced
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(json, "dump", explode)  # the module trace.write calls
-    with pytest.raises(OSError):
+    monkeypatch.setattr(os, "fsync", explode)
+    with pytest.raises(PlaceError) as failed:
         trace.write(refuted.trace, str(out))
+    assert failed.value.exit_code == ExitCode.READ_ERROR
+    assert str(failed.value) == (f"{out}: error: cannot write trace: no space left on device  [read]")
     assert json.loads(out.read_text(encoding="utf-8")) == {"old": True}
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]

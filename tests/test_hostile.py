@@ -1,5 +1,6 @@
-"""Hostile output paths, traces and options: input errors (exit 2) with a clear message, never a
-replaced special file, an internal error or a hang."""
+"""Hostile output paths, traces and options: a clear message with its documented exit (4 for a
+path that cannot be written, 2 for a malformed trace or option), never a replaced special file,
+an internal error or a hang."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_a_fifo_is_never_replaced_by_a_trace(tmp_path: Path, trace: object) -> N
     os.mkfifo(fifo)
     with pytest.raises(PlaceError) as err:
         write(trace, str(fifo))  # type: ignore[arg-type]
-    assert err.value.exit_code == ExitCode.INPUT_ERROR
+    assert err.value.exit_code == ExitCode.READ_ERROR
     assert "is a FIFO" in err.value.diagnostics[0].message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
@@ -69,11 +70,11 @@ def test_a_symlink_to_a_regular_file_writes_its_target(tmp_path: Path, trace: ob
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
 
 
-def test_check_trace_onto_a_fifo_exits_2(tmp_path: Path) -> None:
+def test_check_trace_onto_a_fifo_exits_4(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     done = cli("check", "--trace", str(fifo), str(BUG))
-    assert done.returncode == ExitCode.INPUT_ERROR, done.stderr
+    assert done.returncode == ExitCode.READ_ERROR, done.stderr
     assert "is a FIFO" in done.stderr
 
 

@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "placeverify"
 
 # Lowest first; a module belongs to the layer of its first dotted component below placeverify.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(names) for names in (
-    ("errors", "diagnostics", "verdicts", "node", "__init__"),
+    ("errors", "diagnostics", "files", "obligations", "verdicts", "node", "__init__"),
     ("syntax",),
     ("ir",),
     ("roles",),
