@@ -16,7 +16,6 @@ parameters with a bf16 compute copy).
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +31,7 @@ from placeverify.importers.common import (
     mesh_title,
 )
 from placeverify.importers.hf_config import attach_model
-from placeverify.importers.positions import toml_key_spans
+from placeverify.importers.positions import load_toml
 from placeverify.importers.rules import Facts, batch_rule
 from placeverify.ir.model import ARCHITECTURES
 
@@ -96,13 +95,7 @@ FLAVORS: dict[tuple[str, str], str] = {
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    try:
-        data = tomllib.loads(source.text)
-    except tomllib.TOMLDecodeError as error:
-        reader.error(f"not valid TOML: {error}", None, code=Code.SYNTAX)
-        reader.raise_if_errors()
-        data = {}
-    spans = toml_key_spans(source)
+    data, spans = load_toml(source)
     plan = Plan("torchtitan", source.path)
 
     def get(table: str, key: str, default: Any) -> Value:
