@@ -37,17 +37,9 @@ from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source, Span
 from placeverify.importers import deepspeed
-from placeverify.importers.common import (
-    Keys,
-    Line,
-    Origin,
-    Plan,
-    Reader,
-    Value,
-    leftovers,
-    mesh_title,
-)
+from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_yaml
 from placeverify.syntax.source import read_source
 

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from placeverify.diagnostics import Code, Severity, Source, Span
-from placeverify.importers.common import Keys, Line, Origin, Plan, Reader, Value, leftovers
+from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers
 from placeverify.importers.hf_config import attach_model
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_json, syntax_error
 from placeverify.importers.rules import Facts, Rule, batch_rule, reads_placement
 

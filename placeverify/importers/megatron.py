@@ -27,10 +27,11 @@ from pathlib import Path
 from placeverify.diagnostics import Code, Severity, Source, Span
 from placeverify.importers import megatron_yaml
 from placeverify.importers.arguments import Arguments, Launch, split_launch
-from placeverify.importers.common import Line, Origin, Plan, Reader, Value, ignored_header
+from placeverify.importers.common import Line, Plan, Reader, ignored_header
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.megatron_deepspeed import read_engine
 from placeverify.importers.megatron_model import REFUSED, cross_check, model_lines
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.rules import Facts, Rule, batch_rule, reads_tensor, world_rule
 from placeverify.importers.shell import Script, Word
 

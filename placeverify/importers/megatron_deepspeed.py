@@ -40,7 +40,7 @@ from pathlib import Path
 
 from placeverify.diagnostics import Code, PlaceError, Source, Span
 from placeverify.importers.arguments import Arguments
-from placeverify.importers.common import Line, Origin, Plan, Reader, Value, leftovers
+from placeverify.importers.common import Line, Plan, Reader, leftovers
 from placeverify.importers.deepspeed import (
     KEYS,
     ZERO_KEYS,
@@ -50,6 +50,7 @@ from placeverify.importers.deepspeed import (
     data_overlap,
     precision_line,
 )
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_json
 from placeverify.importers.rules import Facts, batch_rule
 from placeverify.importers.shell import Script, Word, Written

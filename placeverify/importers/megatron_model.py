@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from placeverify.diagnostics import Code
 from placeverify.importers.arguments import Arguments
-from placeverify.importers.common import Line, Origin, Reader, Value
+from placeverify.importers.common import Line, Reader
 from placeverify.importers.hf_config import HFModel
+from placeverify.importers.origins import Origin, Value
 
 # GPT-2 BPE (Megatron's GPT2BPETokenizer): 50,257 tokens before padding.
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}

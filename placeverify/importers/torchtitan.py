@@ -20,17 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from placeverify.diagnostics import Code, Source
-from placeverify.importers.common import (
-    Keys,
-    Line,
-    Origin,
-    Plan,
-    Reader,
-    Value,
-    leftovers,
-    mesh_title,
-)
+from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_toml
 from placeverify.importers.rules import Facts, batch_rule
 from placeverify.ir.model import ARCHITECTURES
