@@ -42,6 +42,12 @@ CASES = [
     # property name was expected where the '}' is
     Case("ds.json", '{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 2,}\n}\n',
          "deepspeed", 3, 36, "not valid JSON: Expecting property name enclosed in double quotes"),
+    # a .json file is JSON even when its text holds Megatron-LM words (before, read as Megatron-LM
+    # arguments): line 3 ends '8' with no ',', and the decoder wants one at the next token, the
+    # '"' of line 4 after its 2-space indent, column 3
+    Case("words.json", '{\n  "note": "launched by pretrain_gpt.py --hidden-size 4096",\n'
+         '  "train_batch_size": 8\n  "gradient_clipping": 1.0\n}\n', "deepspeed", 4, 3,
+         "not valid JSON: Expecting ',' delimiter"),
     # line 3 is 'data_parallel_shard_degree = = 4': the 26-character key, ' ' 27, '=' 28, ' ' 29,
     # the second '=' at 30, where the value should start
     Case("tt.toml", "[parallelism]\ntensor_parallel_degree = 2\ndata_parallel_shard_degree = = 4\n",

@@ -33,9 +33,10 @@ FORMATS: dict[str, ReadFn] = {
 
 
 def detect(source: Source) -> str:
-    """The format of a configuration, from its content. A file whose content names no format
-    but does not parse in the syntax its name (or its first character, ``{``) says gets that
-    parser's error at its line and column (:func:`syntax_error_of`)."""
+    """The format of a configuration, from its content. A ``.json`` file that is not JSON, and
+    a file whose content names no format but does not parse in the syntax its name (or its first
+    character, ``{``) says, get that parser's error at its line and column
+    (:func:`syntax_error_of`)."""
     text = source.text
     stripped = text.lstrip()
     if stripped.startswith("{"):
@@ -43,6 +44,10 @@ def detect(source: Source) -> str:
             data = json.loads(text)
         except (ValueError, RecursionError):
             data = None  # not JSON: the syntax error is reported unless the content says more
+        if data is None and Path(source.path).suffix.lower() == ".json":
+            error = syntax_error_of(source)  # a .json file is JSON, whatever words it holds
+            if error is not None:
+                raise error
         if isinstance(data, dict):
             if "model_type" in data and "zero_optimization" not in data:
                 raise _refuse(source, "this is a Hugging Face model config.json: give it with "
