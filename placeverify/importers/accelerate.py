@@ -37,17 +37,9 @@ from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source, Span
 from placeverify.importers import deepspeed
-from placeverify.importers.common import (
-    Keys,
-    Line,
-    Origin,
-    Plan,
-    Reader,
-    Value,
-    leftovers,
-    mesh_title,
-)
+from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_yaml
 from placeverify.syntax.source import read_source
 
@@ -115,6 +107,57 @@ STRATEGIES = {"FULL_SHARD": "fsdp", "1": "fsdp", "SHARD_GRAD_OP": "fsdp(grad_op)
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
     data, spans = load_yaml(source)
     plan = Plan("accelerate", source.path)
+    get = _getter(source, data, spans)
+    kind = get("distributed_type", default="NO")
+    if kind.value not in ("DEEPSPEED", "FSDP", "MULTI_GPU", "NO"):
+        reader.error(f"not modelled: distributed_type {kind.value}", kind.origin,
+                     code=Code.NOT_MODELLED)
+    world, world_line = _world(reader, get, world)
+    sizes = {k: get("parallelism_config", f"parallelism_config_{k}_size", default=1)
+             for k in SIZES}
+    values = [_size(reader, sizes[k]) for k in SIZES]
+    rep, shard, tp, cp, _ = (v or 1 for v in values)
+    _check_parallelism(reader, source, data, spans, sizes, values, world)
+    if kind.value == "DEEPSPEED":
+        for name, size in (("dp_replicate", rep), ("tp", tp), ("cp", cp)):
+            if size > 1:
+                reader.error(f"not modelled: parallelism_config_{name}_size > 1 with "
+                             "distributed_type DEEPSPEED (DeepSpeed's ZeRO spans every rank)",
+                             sizes[name].origin, code=Code.NOT_MODELLED)
+        return _deepspeed(reader, source, data, spans, get, plan, model, world, world_line)
+    section = data.get("deepspeed_config")
+    if isinstance(section, dict) and section:
+        reader.warning(f"deepspeed_config has no effect with distributed_type {kind.value}",
+                       get("deepspeed_config").origin, code=Code.CONFLICT)
+    if not (isinstance(data.get("parallelism_config"), dict) and data["parallelism_config"]):
+        shard = world if kind.value == "FSDP" else 1
+        rep = world if kind.value != "FSDP" else 1
+    preset, why, origin = _data_preset(reader, get, kind)
+    if tp > 1:
+        plan.mesh.append(Line(f"tp = {tp}", "parallelism_config_tp_size", sizes["tp"].origin))
+        plan.body.append(Line("place megatron(sequence_parallel) over tp",
+                              "parallelism_config_tp_size", sizes["tp"].origin))
+    if cp > 1:
+        plan.mesh.append(Line(f"cp = {cp}", "parallelism_config_cp_size", sizes["cp"].origin))
+        plan.body.append(Line("place context over cp", "parallelism_config_cp_size",
+                              sizes["cp"].origin))
+    if rep > 1 and shard > 1:
+        plan.mesh += [Line(f"shard = {shard}", sizes["dp_shard"].origin.key, sizes["dp_shard"].origin),
+                      Line(f"replica = {rep}", sizes["dp_replicate"].origin.key,
+                           sizes["dp_replicate"].origin)]
+        plan.body.append(Line("place hsdp over shard * replica", why, origin))
+    else:
+        plan.mesh.append(Line(f"dp = {rep * shard}", "num_processes / (tp x cp)"))
+        plan.body.append(Line(f"place {'ddp' if preset == 'hsdp' else preset} over dp", why, origin))
+    plan.mesh.append(world_line)
+    _training(reader, plan, get, model, kind)
+    leftovers(reader, plan, source, data, spans, ((), KEYS))
+    plan.title = mesh_title(plan, source, f"accelerate {kind.value}")
+    return plan
+
+
+def _getter(source: Source, data: dict[str, Any], spans: dict[tuple[str, ...], Span]) -> Get:
+    """The value at a path of keys, with its origin (the default when it is not written)."""
 
     def get(*path: str, default: Any = None) -> Value:
         node: Any = data
@@ -124,10 +167,12 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
             return Value(default, Origin(".".join(path) + " (default)", source))
         return Value(node, Origin(".".join(path), source, spans.get(path)))
 
-    kind = get("distributed_type", default="NO")
-    if kind.value not in ("DEEPSPEED", "FSDP", "MULTI_GPU", "NO"):
-        reader.error(f"not modelled: distributed_type {kind.value}", kind.origin,
-                     code=Code.NOT_MODELLED)
+    return get
+
+
+def _world(reader: Reader, get: Get, world: int | None) -> tuple[int, Line]:
+    """The world: num_processes (all processes of the job), else --world."""
+    world_line: Line | None = None
     procs = get("num_processes", default=-1)
     if isinstance(procs.value, int) and procs.value > 0:
         if world is not None and world != procs.value:
@@ -142,10 +187,14 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                      code=Code.MISSING)
     reader.raise_if_errors()
     assert world is not None
+    assert world_line is not None
+    return world, world_line
 
-    sizes = {k: get("parallelism_config", f"parallelism_config_{k}_size", default=1)
-             for k in SIZES}
-    values = [_size(reader, sizes[k]) for k in SIZES]
+
+def _check_parallelism(reader: Reader, source: Source, data: dict[str, Any],
+                       spans: dict[tuple[str, ...], Span], sizes: dict[str, Value],
+                       values: list[int | None], world: int) -> None:
+    """ParallelismConfig's checks of its sizes, and the sequence parallelism not modelled."""
     rep, shard, tp, cp, sp = (v or 1 for v in values)
     if isinstance(data.get("parallelism_config"), dict) and data["parallelism_config"]:
         # ParallelismConfig.total_size; _validate_accelerator skips the check for DeepSpeed's
@@ -162,20 +211,11 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         reader.error("not modelled: parallelism_config_sp_size > 1 (ALST/Ulysses sequence "
                      "parallelism, DeepSpeed's sequence_parallel_size)", sizes["sp"].origin,
                      code=Code.NOT_MODELLED)
-    if kind.value == "DEEPSPEED":
-        for name, size in (("dp_replicate", rep), ("tp", tp), ("cp", cp)):
-            if size > 1:
-                reader.error(f"not modelled: parallelism_config_{name}_size > 1 with "
-                             "distributed_type DEEPSPEED (DeepSpeed's ZeRO spans every rank)",
-                             sizes[name].origin, code=Code.NOT_MODELLED)
-        return _deepspeed(reader, source, data, spans, get, plan, model, world, world_line)
-    section = data.get("deepspeed_config")
-    if isinstance(section, dict) and section:
-        reader.warning(f"deepspeed_config has no effect with distributed_type {kind.value}",
-                       get("deepspeed_config").origin, code=Code.CONFLICT)
-    if not (isinstance(data.get("parallelism_config"), dict) and data["parallelism_config"]):
-        shard = world if kind.value == "FSDP" else 1
-        rep = world if kind.value != "FSDP" else 1
+
+
+def _data_preset(reader: Reader, get: Get, kind: Value) -> tuple[str, str, Origin]:
+    """The data axis's preset, why, and the key it comes from: FSDP's sharding strategy (or
+    fsdp_reshard_after_forward under FSDP2), else DDP."""
     strategy = get("fsdp_config", "fsdp_sharding_strategy", default="FULL_SHARD")
     version = get("fsdp_config", "fsdp_version", default=1)
     reshard = get("fsdp_config", "fsdp_reshard_after_forward")
@@ -198,24 +238,12 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
             preset = found
             why, origin = f"fsdp_sharding_strategy {text}", (reshard if reshard.value is not None
                                                             else strategy).origin
-    if tp > 1:
-        plan.mesh.append(Line(f"tp = {tp}", "parallelism_config_tp_size", sizes["tp"].origin))
-        plan.body.append(Line("place megatron(sequence_parallel) over tp",
-                              "parallelism_config_tp_size", sizes["tp"].origin))
-    if cp > 1:
-        plan.mesh.append(Line(f"cp = {cp}", "parallelism_config_cp_size", sizes["cp"].origin))
-        plan.body.append(Line("place context over cp", "parallelism_config_cp_size",
-                              sizes["cp"].origin))
-    if rep > 1 and shard > 1:
-        plan.mesh += [Line(f"shard = {shard}", sizes["dp_shard"].origin.key, sizes["dp_shard"].origin),
-                      Line(f"replica = {rep}", sizes["dp_replicate"].origin.key,
-                           sizes["dp_replicate"].origin)]
-        plan.body.append(Line("place hsdp over shard * replica", why, origin))
-    else:
-        plan.mesh.append(Line(f"dp = {rep * shard}", "num_processes / (tp x cp)"))
-        plan.body.append(Line(f"place {'ddp' if preset == 'hsdp' else preset} over dp", why, origin))
-    plan.mesh.append(world_line)
+    return preset, why, origin
 
+
+def _training(reader: Reader, plan: Plan, get: Get, model: str | None, kind: Value) -> None:
+    """The precision (mixed_precision: the compute dtype), the model, the loss, the
+    recomputation and the offload; what the training script decides is named in a warning."""
     mp = get("mixed_precision", default="no")
     act = {"bf16": "bf16", "fp16": "fp16", "no": "fp32", "fp8": "bf16"}.get(str(mp.value))
     if act is None:
@@ -239,9 +267,6 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     reader.warning("batch size, gradient accumulation and clipping are set in the training "
                    "script, not in an accelerate config: micro_batch = 1, no accumulation, no "
                    "clipping assumed", kind.origin, code=Code.MISSING)
-    leftovers(reader, plan, source, data, spans, ((), KEYS))
-    plan.title = mesh_title(plan, source, f"accelerate {kind.value}")
-    return plan
 
 
 def _size(reader: Reader, size: Value) -> int | None:

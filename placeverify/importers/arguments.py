@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from placeverify.diagnostics import Code, Source
-from placeverify.importers.common import Origin, Reader, Value
+from placeverify.importers.common import Reader
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.shell import NAME_SEPARATOR, Command, Script, Word
 
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed")

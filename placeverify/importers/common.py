@@ -12,31 +12,13 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, Diagnostics, PlaceError, Severity, Source, Span
-
-if TYPE_CHECKING:
-    from placeverify.importers.rules import Rule
+from placeverify.importers.origins import Origin
+from placeverify.importers.rules import Rule
 
 COMMENT_COLUMN = 44  # where the "# key" comments start, when the statement is shorter
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """The key a value came from: its name as the user wrote it, and where."""
-
-    key: str
-    source: Source
-    span: Span | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Value:
-    """A value read from a configuration file, with its origin."""
-
-    value: Any
-    origin: Origin
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from placeverify.diagnostics import Code, Severity, Source, Span
-from placeverify.importers.common import Keys, Line, Origin, Plan, Reader, Value, leftovers
+from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers
 from placeverify.importers.hf_config import attach_model
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_json, syntax_error
 from placeverify.importers.rules import Facts, Rule, batch_rule, reads_placement
 
@@ -177,8 +178,19 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
     """Fill ``plan`` with what a DeepSpeed configuration means (model, precision, mesh, ZeRO
     stage, micro-batches, loss, clipping, offload) and give its ZeRO stage; the title and the
     leftover keys are the caller's, who knows the file."""
-    reader, source, launch = doc.reader, doc.source, doc.launch
-    world = launch.world
+    _sequence_parallel(doc)
+    ga, acc, micro_value = _batch(doc, plan)
+    attach_model(plan, doc.reader, model, None, micro_value, None, doc.launch.what)
+    plan.precision = precision_line(doc)
+    stage = _zero(doc, plan)
+    _accumulation_loss_clip(doc, plan, ga, acc)
+    _offload(doc, plan, stage)
+    return stage
+
+
+def _sequence_parallel(doc: Config) -> None:
+    """DeepSpeed-Ulysses (sequence_parallel_size > 1) is not modelled."""
+    reader = doc.reader
     sp = doc.integer("sequence_parallel_size")
     if sp is not None and sp.value != 1:
         reader.error("not modelled: sequence_parallel_size > 1 (DeepSpeed-Ulysses)", sp.origin,
@@ -189,7 +201,12 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
                        "sequence parallelism, whose size the training script sets (an mpu, or "
                        "accelerate's ParallelismConfig(sp_size)); none assumed", ulysses.origin)
 
-    # ---- batch: DeepSpeedConfig._set_batch_related_parameters and _batch_assertion ----
+
+def _batch(doc: Config, plan: Plan) -> tuple[int | None, Value | None, Value | None]:
+    """The accumulation steps, the key that gives them, and the micro-batch: train = micro x
+    accumulation x world, a missing one derived (DeepSpeedConfig._set_batch_related_parameters
+    and _batch_assertion)."""
+    reader, source, world = doc.reader, doc.source, doc.launch.world
     train = doc.integer("train_batch_size")
     micro = doc.integer("train_micro_batch_size_per_gpu")
     acc = doc.integer("gradient_accumulation_steps")
@@ -228,13 +245,13 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
         plan.rules.append(batch_rule(train.origin, t, broken))
     if micro_value is None and mb:
         micro_value = Value(mb, Origin("train_batch_size / world / accumulation", source))
+    return ga, acc, micro_value
 
-    attach_model(plan, reader, model, None, micro_value, None, launch.what)
 
-    # ---- precision ----
-    plan.precision = precision_line(doc)
-
-    # ---- ZeRO ----
+def _zero(doc: Config, plan: Plan) -> int:
+    """The ZeRO stage's placement over the data axis (MiCS: hsdp over its shard groups), and
+    the stage."""
+    reader, launch, world = doc.reader, doc.launch, doc.launch.world
     stage_v = doc.integer("zero_optimization", "stage", low=0)
     stage = 0 if stage_v is None else int(stage_v.value)
     if stage > 3 and stage_v is not None:
@@ -265,6 +282,12 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
         plan.mesh += [Line(f"dp = {world}", f"{launch.world_why}: all data-parallel",
                            launch.world_origin)]
         plan.body.append(Line(f"place {preset} over dp", why, origin))
+    return stage
+
+
+def _accumulation_loss_clip(doc: Config, plan: Plan, ga: int | None, acc: Value | None) -> None:
+    """The micro-batches, the loss (gradient_allreduce_op) and the clipping."""
+    reader = doc.reader
     if ga and ga > 1:
         plan.body.append(Line(f"microbatches = {ga}", acc.origin.key if acc else
                               "gradient_accumulation_steps", acc.origin if acc else None))
@@ -288,6 +311,12 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
         reader.warning("not modelled: activation_checkpointing configures DeepSpeed's "
                        "checkpointing API; which layers are checkpointed is in the model code",
                        ckpt.origin)
+
+
+def _offload(doc: Config, plan: Plan, stage: int) -> None:
+    """offload_optimizer and offload_param (the latter only at stage 3: judged on the final
+    placement below it)."""
+    reader = doc.reader
     for what, key in (("optimizer", "offload_optimizer"), ("params", "offload_param")):
         device = doc.get("zero_optimization", key, "device")
         if device is None or device.value in ("none", None):
@@ -306,7 +335,6 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
         if device.value == "nvme":
             reader.warning("nvme offload is modelled as host memory", device.origin)
         plan.body.append(Line(f"offload {what} to cpu", device.origin.key, device.origin))
-    return stage
 
 
 def precision_line(doc: Config) -> Line:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
-from placeverify.importers.common import Line, Origin, Plan, Reader, Value
+from placeverify.importers.common import Line, Plan, Reader
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_json, syntax_error
 from placeverify.syntax.source import read_source
 

@@ -10,13 +10,8 @@ launch script writes from a here-document, ``cat <<EOT > $config_json``, or one 
   no interleaving, and reduces the gradients after the whole schedule (its ``ReduceGrads``
   instruction): nothing overlapped. It asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are
   incompatible with pipeline parallelism", ``runtime/pipe/engine.py``).
-- **Pipeline stages** (``runtime/pipe/module.py``, ``_partition_layers``): ``type:REGEX``
-  (``--pp-partition-method``; Megatron-DeepSpeed's default ``type:transformer``) weighs each
-  layer of GPTModelPipe's list whose class name the regex finds (case-insensitive) 1, the
-  others 0, and ``runtime/utils.py``'s ``partition_balanced`` splits the list. Since DeepSpeed
-  0.12.5 (deepspeedai/DeepSpeed#4312) that is a dynamic programme minimising the spread between
-  the heaviest and lightest stage; before, a binary search on the heaviest stage. Both are
-  computed; the newer is written, the older named in a warning where it differs.
+- **Pipeline stages**: how DeepSpeed's ``PipelineModule`` splits GPTModelPipe's layers
+  (:mod:`.deepspeed_pipe`).
 - **The optimizer** (``runtime/engine.py``, ``_configure_optimizer``): ZeRO stage 0 with bf16 in
   a pipeline is DeepSpeed's ``BF16_Optimizer`` (``runtime/bf16_optimizer.py``): fp32 master
   weights and Adam sharded over the data-parallel ranks, an fp32 gradient accumulation buffer
@@ -33,14 +28,12 @@ launch script writes from a here-document, ``cat <<EOT > $config_json``, or one 
 
 from __future__ import annotations
 
-import re
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from placeverify.diagnostics import Code, PlaceError, Source, Span
 from placeverify.importers.arguments import Arguments
-from placeverify.importers.common import Line, Origin, Plan, Reader, Value, leftovers
+from placeverify.importers.common import Line, Plan, Reader, leftovers
 from placeverify.importers.deepspeed import (
     KEYS,
     ZERO_KEYS,
@@ -50,6 +43,14 @@ from placeverify.importers.deepspeed import (
     data_overlap,
     precision_line,
 )
+
+# partition_balanced and its predecessor are re-exported: the tests reach them here
+from placeverify.importers.deepspeed_pipe import partition_balanced as partition_balanced
+from placeverify.importers.deepspeed_pipe import (
+    partition_balanced_before_4312 as partition_balanced_before_4312,
+)
+from placeverify.importers.deepspeed_pipe import pipeline_line
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_json
 from placeverify.importers.rules import Facts, batch_rule
 from placeverify.importers.shell import Script, Word, Written
@@ -65,8 +66,6 @@ NOT_MODELLED = {
     "--contigious-checkpointing": "contiguous activation-checkpoint buffers",
     "--checkpoint-in-cpu": "activation checkpoints moved to the host",
 }
-DEFAULT_PARTITION = "type:transformer"
-TRANSFORMER_LAYER = "ParallelTransformerLayerPipe"
 
 
 @dataclass
@@ -79,106 +78,6 @@ class Engine:
     clip: Line | None
     microbatches: int | None  # from the JSON when --global-batch-size is not given
     body: list[Line] = field(default_factory=list)  # offload
-
-
-def gpt_pipe_layers(layers: int, float16: bool, untied: bool = False) -> list[str]:
-    """The class (or function) names of GPTModelPipe's layer list, in order
-    (bigscience-workshop/Megatron-DeepSpeed ``megatron/model/gpt_model.py``): the cast to 16 bits,
-    the tied embedding, a transpose, the transformer layers, its undo, the final LayerNorm
-    (``MixedFusedLayerNorm``), the tied embedding again (the logits; deepspeedai's fork has an
-    ``LMHeadPipe`` there under --untie-embeddings-and-output-weights) and, with fp16 or bf16, the
-    cast back."""
-    return ["_to_float16", "EmbeddingPipe", "<lambda>", *[TRANSFORMER_LAYER] * layers, "undo",
-            "MixedFusedLayerNorm", "LMHeadPipe" if untied else "EmbeddingPipe",
-            *(["float16_to_fp32"] if float16 else [])]
-
-
-def partition_uniform(items: int, parts: int) -> list[int]:
-    """``runtime/utils.py`` ``partition_uniform``: boundaries of ``parts`` near-equal runs."""
-    if items <= parts:
-        return [min(p, items) for p in range(parts + 1)]
-    chunk, rest = divmod(items, parts)
-    return [p * chunk + min(p, rest) for p in range(parts + 1)]
-
-
-def partition_balanced(weights: list[int], parts: int) -> list[int]:
-    """DeepSpeed >= 0.12.5 ``partition_balanced``: of the splits into ``parts`` contiguous runs,
-    the one with the least difference between its heaviest and lightest run (ties: the last
-    split point tried)."""
-    n = len(weights)
-    if n <= parts:
-        return partition_uniform(n, parts)
-    inf = float("inf")
-    top = [[inf] * (parts + 1) for _ in range(n + 1)]
-    low = [[inf] * (parts + 1) for _ in range(n + 1)]
-    cost = [[inf] * (parts + 1) for _ in range(n + 1)]
-    where = [[0] * (parts + 1) for _ in range(n + 1)]
-    prefix = [0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
-    top[0][0] = cost[0][0] = 0
-    for i in range(1, n + 1):
-        for j in range(1, min(i, parts) + 1):
-            for k in range(i):
-                run = prefix[i] - prefix[k]
-                high, small = max(top[k][j - 1], run), min(low[k][j - 1], run)
-                if cost[i][j] >= high - small:
-                    cost[i][j], top[i][j], low[i][j], where[i][j] = high - small, high, small, k
-    bounds = [n]
-    for j in range(parts, 0, -1):
-        bounds.append(where[bounds[-1]][j])
-    return bounds[::-1]
-
-
-def partition_balanced_before_4312(weights: list[int], parts: int, eps: float = 1e-3) -> list[int]:
-    """DeepSpeed < 0.12.5 ``partition_balanced``: a binary search for the smallest heaviest run
-    (``_rb_partition_balanced``), then that run's greedy probe (``_lprobe``)."""
-    n = len(weights)
-    if n <= parts:
-        return partition_uniform(n, parts)
-    sums: list[int] = []
-    for w in weights:
-        sums.append((sums[-1] if sums else 0) + w)
-
-    def probe(bottleneck: float) -> tuple[list[int], bool]:
-        bounds = [0] + [n] * parts
-        target, chunk = bottleneck, n // parts
-        step = chunk
-        for p in range(1, parts):
-            while step < n and sums[step] < target:
-                step += chunk
-            bounds[p] = bisect_left(sums, target, lo=step - chunk, hi=min(step, n))
-            if bounds[p] == n:
-                return bounds, sums[-1] - sums[bounds[p - 1]] < bottleneck
-            target = sums[bounds[p] - 1] + bottleneck
-        return bounds, target >= sums[-1]
-
-    lower, upper = sums[-1] / parts, float(sums[-1])
-    while upper > lower + eps:
-        middle = lower + (upper - lower) / 2
-        if probe(middle)[1]:
-            upper = middle
-        else:
-            lower = middle + eps
-    return probe(upper)[0]
-
-
-def stage_layers(names: list[str], bounds: list[int]) -> list[int]:
-    """Transformer layers in each stage's run of ``names``."""
-    return [names[bounds[s]:bounds[s + 1]].count(TRANSFORMER_LAYER) for s in range(len(bounds) - 1)]
-
-
-def _outside_the_ends(names: list[str], bounds: list[int]) -> str:
-    """What a split puts where the language cannot: a stage with no module of the list, the
-    embedding after the first stage or the logits before the last ('' when none)."""
-    empty = [s for s in range(len(bounds) - 1) if bounds[s] == bounds[s + 1]]
-    if empty:
-        return f"leaves stage {empty[0]} with no layer at all"
-    if names.index("EmbeddingPipe") >= bounds[1]:
-        return "puts the embedding after the first stage"
-    if names.index("MixedFusedLayerNorm") + 1 < bounds[-2]:  # the logits follow the last norm
-        return "puts the output layer before the last stage"
-    return ""
 
 
 def read_engine(args: Arguments, reader: Reader, script: Script | None, plan: Plan, *, t: int,
@@ -217,6 +116,26 @@ def read_engine(args: Arguments, reader: Reader, script: Script | None, plan: Pl
                      "(runtime/pipe/engine.py); Megatron-DeepSpeed builds the model as a pipeline "
                      "unless --no-pipeline-parallel", origin, code=Code.CONFLICT)
         return None
+    chosen = _optimizer(args, reader, doc, stage, origin, pipe)
+    if chosen is None:
+        return None
+    data, precision, float16 = chosen
+    engine = Engine(data, precision, None, _clip(doc), None)
+    _batch(args, reader, doc, plan, micro, dp, microbatches, global_batch, engine)
+    if pipe and p > 1:
+        engine.pipeline = pipeline_line(args, reader, p, float16,
+                                        engine.microbatches or microbatches)
+    _rest(args, reader, doc, plan, engine, stage)
+    plan.framework = "megatron_deepspeed"
+    return engine
+
+
+def _optimizer(args: Arguments, reader: Reader, doc: Config, stage: int, origin: Origin,
+               pipe: bool) -> tuple[Line, Line, bool] | None:
+    """The data axis and the precision of the optimizer DeepSpeed wraps (module docstring):
+    BF16_Optimizer, FP16_Optimizer or plain training at stage 0, ZeRO at 1-3, and whether the
+    model trains in 16 bits; None, after an error, where placeverify does not model which
+    optimizer runs."""
     _precision_agrees(args, reader, doc)
     precision = precision_line(doc)
     bf16, fp16 = _enabled(doc, "bf16"), _enabled(doc, "fp16")
@@ -244,11 +163,13 @@ def read_engine(args: Arguments, reader: Reader, script: Script | None, plan: Pl
         preset = ("zero1", "zero2", "zero3")[min(stage, 3) - 1]
         overlap, why = ("(overlap = none)", after) if pipe else data_overlap(reader, doc, stage)
         data = Line(f"place {preset}{overlap} over dp", f"{origin.key} {stage}; {why}", origin)
-    engine = Engine(data, precision, None, _clip(doc), None)
-    _batch(args, reader, doc, plan, micro, dp, microbatches, global_batch, engine)
-    if pipe and p > 1:
-        engine.pipeline = _pipeline(args, reader, p, bf16 or fp16,
-                                    engine.microbatches or microbatches)
+    return data, precision, bf16 or fp16
+
+
+def _rest(args: Arguments, reader: Reader, doc: Config, plan: Plan, engine: Engine,
+          stage: int) -> None:
+    """The engine's optimizer offload, and the warnings about what it does not read or model;
+    the configuration's keys left over."""
     offload = doc.get("zero_optimization", "offload_optimizer", "device")
     if offload is not None and offload.value in ("cpu", "nvme") and stage >= 1:
         engine.body.append(Line("offload optimizer to cpu", offload.origin.key, offload.origin))
@@ -268,8 +189,6 @@ def read_engine(args: Arguments, reader: Reader, script: Script | None, plan: Pl
                        code=Code.CONFLICT)
     leftovers(reader, plan, doc.source, doc.data, doc.spans, ((), KEYS),
               (("zero_optimization",), ZERO_KEYS))
-    plan.framework = "megatron_deepspeed"
-    return engine
 
 
 def _precision_agrees(args: Arguments, reader: Reader, doc: Config) -> None:
@@ -321,63 +240,6 @@ def _batch(args: Arguments, reader: Reader, doc: Config, plan: Plan, micro: Valu
     plan.rules.append(batch_rule(train.origin, total, broken))
     if not global_batch and micro is not None:
         engine.microbatches = max(1, total // (int(str(micro.value)) * dp))
-
-
-def _pipeline(args: Arguments, reader: Reader, p: int, float16: bool, m: int) -> Line | None:
-    layers = args.integer("--num-layers")
-    virtual = next((f for f in ("--virtual-pipeline-model-parallel-size",
-                                "--num-layers-per-virtual-pipeline-stage") if f in args.flags),
-                   None)
-    if virtual is not None:
-        reader.error(f"not modelled: {virtual} with DeepSpeed's pipeline engine, which has no "
-                     "interleaved schedule", args.origin(args.flags[virtual][0]),
-                     code=Code.NOT_MODELLED)
-        return None
-    if layers is None:
-        return None  # already an error: no model
-    method = args.text("--pp-partition-method") or Value(
-        DEFAULT_PARTITION, Origin("--pp-partition-method (Megatron-DeepSpeed's default)",
-                                  args.source))
-    names = gpt_pipe_layers(int(str(layers.value)), float16,
-                            "--untie-embeddings-and-output-weights" in args.flags)
-    text = str(method.value)
-    if not text.lower().startswith("type:"):
-        reader.error(f"not modelled: --pp-partition-method {text} (placeverify splits by "
-                     "'type:REGEX'; 'parameters' and 'uniform' weigh layers it does not list)",
-                     method.origin, code=Code.NOT_MODELLED)
-        return None
-    try:
-        pattern = re.compile(text.split(":", 1)[1], re.IGNORECASE)
-    except re.error as error:
-        reader.error(f"--pp-partition-method {text}: not a regular expression ({error})",
-                     method.origin, code=Code.BAD_VALUE)
-        return None
-    weights = [1 if pattern.search(name) else 0 for name in names]
-    if not any(weights):
-        reader.error(f"--pp-partition-method {text} finds no layer of GPTModelPipe (DeepSpeed "
-                     "raises 'found no valid layers to partition')", method.origin,
-                     code=Code.BAD_VALUE)
-        return None
-    bounds = partition_balanced(weights, p)
-    outside = _outside_the_ends(names, bounds)
-    if outside:
-        reader.error(f"not modelled: --pp-partition-method {text} over {p} stages {outside}: "
-                     "placeverify holds the embedding on the first stage and the output layer "
-                     "on the last, and every stage runs a part of the list", method.origin,
-                     code=Code.NOT_MODELLED)
-        return None
-    split = stage_layers(names, bounds)
-    older = stage_layers(names, partition_balanced_before_4312(weights, p))
-    why = (f"{method.origin.key} {text}: DeepSpeed's partition_balanced over GPTModelPipe's "
-           "layers; 1F1B, no interleaving")
-    if older != split:
-        reader.warning(f"DeepSpeed before 0.12.5 (partition_balanced before "
-                       f"deepspeedai/DeepSpeed#4312) splits these {layers.value} layers "
-                       f"{', '.join(map(str, older))}, not {', '.join(map(str, split))} as "
-                       "written: a run on such a version holds those", method.origin,
-                       code=Code.CONFLICT)
-    listed = "" if len(set(split)) == 1 else f", layers = [{', '.join(map(str, split))}]"
-    return Line(f"place pipeline(1f1b, microbatches = {m}{listed}) over pp", why, method.origin)
 
 
 # ---- the DeepSpeed configuration ----------------------------------------------------------------

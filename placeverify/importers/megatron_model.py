@@ -6,10 +6,13 @@ generates flags from), and the cross-check against a Hugging Face config given w
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from placeverify.diagnostics import Code
 from placeverify.importers.arguments import Arguments
-from placeverify.importers.common import Line, Origin, Reader, Value
+from placeverify.importers.common import Line, Reader
 from placeverify.importers.hf_config import HFModel
+from placeverify.importers.origins import Origin, Value
 
 # GPT-2 BPE (Megatron's GPT2BPETokenizer): 50,257 tokens before padding.
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
@@ -37,20 +40,8 @@ def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> 
             return Line(f"{entry} = 1")
         return Line(f"{entry} = {v.value if text is None else text}", v.origin.key, v.origin)
 
-    provider = args.text("--model-provider")  # which model pretrain_*.py builds; default gpt
-    if provider is not None and provider.value != "gpt":
-        reader.error(f"not modelled: --model-provider {provider.value} (placeverify models "
-                     "GPT-style transformers)", provider.origin, code=Code.NOT_MODELLED)
+    if _refused(args, reader):
         return []
-    for flag in HYBRID:
-        if args.has(flag):
-            reader.error(f"not modelled: {flag} (a hybrid Mamba / attention stack)",
-                         args.origin(args.flags[flag][0]), code=Code.NOT_MODELLED)
-            return []
-    for flag, what in REFUSED.items():
-        if args.has(flag):
-            reader.error(f"not modelled: {flag} ({what})", args.origin(args.flags[flag][0]),
-                         code=Code.NOT_MODELLED)
     layers, hidden = args.integer("--num-layers"), args.integer("--hidden-size")
     heads = args.integer("--num-attention-heads")
     for name, v in (("--num-layers", layers), ("--hidden-size", hidden),
@@ -73,6 +64,80 @@ def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> 
         int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h,
         Origin("--ffn-hidden-size (default: " + ("int(4h * 2/3 / 64) * 64 with --swiglu)"
                                                  if swiglu else "4h)"), args.source))
+    vocab, divisible = _vocabulary(args, reader, program)
+    untie = args.flag("--untie-embeddings-and-output-weights")
+    norm = args.text("--normalization") or Value("LayerNorm", Origin("--normalization (default)",
+                                                                     args.source))
+    # Megatron-LM spells them LayerNorm / RMSNorm, Megatron-DeepSpeed layernorm / rmsnorm
+    norm = Value({"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(str(norm.value).lower(),
+                                                                      norm.value), norm.origin)
+    if norm.value not in ("LayerNorm", "RMSNorm"):
+        reader.error(f"--normalization is LayerNorm or RMSNorm, not '{norm.value}'", norm.origin)
+    no_bias = args.flag("--disable-bias-linear")
+    position = args.text("--position-embedding-type") or Value(
+        "learned_absolute", Origin("--position-embedding-type (default)", args.source))
+    # alibi (Megatron-DeepSpeed): a bias added to the attention scores, no position parameters
+    positions = {"learned_absolute": "learned", "rope": "rotary", "none": "none", "alibi": "none"}
+    if position.value not in positions:
+        reader.error(f"not modelled: --position-embedding-type {position.value}", position.origin,
+                     code=Code.NOT_MODELLED)
+    max_position = args.integer("--max-position-embeddings")
+    dropout = max(float(str(args.real("--hidden-dropout", 0.1).value)),
+                  float(str(args.real("--attention-dropout", 0.1).value)))
+    attention = _attention(args)
+    lines = [line("layers", layers), line("hidden", hidden), line("heads", heads),
+             line("kv_heads", kv), line("ffn", ffn),
+             *([line("head_dim", channels)] if channels is not None else []),
+             *([Line("qk_norm = true", "--qk-layernorm", qk.origin)] if qk is not None else []),
+             Line("mlp = gated", "--swiglu", swiglu.origin) if swiglu else
+             Line("mlp = plain", "no --swiglu: GeLU"),
+             line("vocab", vocab), line("vocab_divisible_by", divisible),
+             Line("embeddings = untied", "--untie-embeddings-and-output-weights", untie.origin)
+             if untie else Line("embeddings = tied", "no --untie-embeddings-and-output-weights"),
+             line("position", position, positions.get(str(position.value), "learned"))]
+    if positions.get(str(position.value)) == "learned" and max_position is not None:
+        lines.append(line("max_position", max_position))
+    lines += [line("norm", norm, str(norm.value).lower()),
+              Line("bias = false", "--disable-bias-linear", no_bias.origin) if no_bias else
+              Line("bias = true", "no --disable-bias-linear"),
+              Line(f"dropout = {'true' if dropout > 0 else 'false'}",
+                   "--hidden-dropout / --attention-dropout (default 0.1)"),
+              attention]
+    embed_norm = args.flag("--embed-layernorm")
+    if embed_norm is not None:
+        reader.warning("not modelled: --embed-layernorm (a LayerNorm after the word embedding: "
+                       "2h parameters and its saved input on the first stage)", embed_norm.origin)
+    lines += _experts(args, line)
+    return lines
+
+
+Entry = Callable[[str, Value | None], Line]  # ``entry = value`` at the flag it comes from
+
+
+def _refused(args: Arguments, reader: Reader) -> bool:
+    """Whether the model is one placeverify does not model (an error at the flag): another
+    model provider, a hybrid stack; the flags of REFUSED are errors but leave the model read."""
+    provider = args.text("--model-provider")  # which model pretrain_*.py builds; default gpt
+    if provider is not None and provider.value != "gpt":
+        reader.error(f"not modelled: --model-provider {provider.value} (placeverify models "
+                     "GPT-style transformers)", provider.origin, code=Code.NOT_MODELLED)
+        return True
+    for flag in HYBRID:
+        if args.has(flag):
+            reader.error(f"not modelled: {flag} (a hybrid Mamba / attention stack)",
+                         args.origin(args.flags[flag][0]), code=Code.NOT_MODELLED)
+            return True
+    for flag, what in REFUSED.items():
+        if args.has(flag):
+            reader.error(f"not modelled: {flag} ({what})", args.origin(args.flags[flag][0]),
+                         code=Code.NOT_MODELLED)
+    return False
+
+
+def _vocabulary(args: Arguments, reader: Reader, program: str | None
+                ) -> tuple[Value | None, Value | None]:
+    """The vocabulary (--vocab-size, --pad-vocab-size-to, or the tokenizer's) and the multiple
+    it is padded to."""
     vocab = args.integer("--vocab-size")
     # Megatron-DeepSpeed (megatron/tokenizer/tokenizer.py, _vocab_size_with_padding): the padded
     # vocabulary is --pad-vocab-size-to exactly (asserted a multiple of TP and at least the
@@ -98,25 +163,11 @@ def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> 
                          code=Code.MISSING)
     divisible = args.integer("--make-vocab-size-divisible-by", 128) if padded is None else \
         Value(1, Origin("--pad-vocab-size-to (the padded size as given)", args.source))
-    untie = args.flag("--untie-embeddings-and-output-weights")
-    norm = args.text("--normalization") or Value("LayerNorm", Origin("--normalization (default)",
-                                                                     args.source))
-    # Megatron-LM spells them LayerNorm / RMSNorm, Megatron-DeepSpeed layernorm / rmsnorm
-    norm = Value({"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}.get(str(norm.value).lower(),
-                                                                      norm.value), norm.origin)
-    if norm.value not in ("LayerNorm", "RMSNorm"):
-        reader.error(f"--normalization is LayerNorm or RMSNorm, not '{norm.value}'", norm.origin)
-    no_bias = args.flag("--disable-bias-linear")
-    position = args.text("--position-embedding-type") or Value(
-        "learned_absolute", Origin("--position-embedding-type (default)", args.source))
-    # alibi (Megatron-DeepSpeed): a bias added to the attention scores, no position parameters
-    positions = {"learned_absolute": "learned", "rope": "rotary", "none": "none", "alibi": "none"}
-    if position.value not in positions:
-        reader.error(f"not modelled: --position-embedding-type {position.value}", position.origin,
-                     code=Code.NOT_MODELLED)
-    max_position = args.integer("--max-position-embeddings")
-    dropout = max(float(str(args.real("--hidden-dropout", 0.1).value)),
-                  float(str(args.real("--attention-dropout", 0.1).value)))
+    return vocab, divisible
+
+
+def _attention(args: Arguments) -> Line:
+    """``attention = standard`` (the fused masked softmax) or ``flash``."""
     backend = args.text("--attention-backend")
     flash = args.flag("--use-flash-attn") or args.flag("--use-flash-attn-v2") or \
         args.flag("--use-flash-attn-triton")
@@ -129,33 +180,17 @@ def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> 
     old = next((f for f in OLD_RECOMPUTE_FLAGS if f in args.flags), None)
     legacy = ("--deepspeed" in args.flags or old is not None) and backend is None and flash is None
     standard = legacy or (backend is not None and backend.value in ("unfused", "local"))
-    lines = [line("layers", layers), line("hidden", hidden), line("heads", heads),
-             line("kv_heads", kv), line("ffn", ffn),
-             *([line("head_dim", channels)] if channels is not None else []),
-             *([Line("qk_norm = true", "--qk-layernorm", qk.origin)] if qk is not None else []),
-             Line("mlp = gated", "--swiglu", swiglu.origin) if swiglu else
-             Line("mlp = plain", "no --swiglu: GeLU"),
-             line("vocab", vocab), line("vocab_divisible_by", divisible),
-             Line("embeddings = untied", "--untie-embeddings-and-output-weights", untie.origin)
-             if untie else Line("embeddings = tied", "no --untie-embeddings-and-output-weights"),
-             line("position", position, positions.get(str(position.value), "learned"))]
-    if positions.get(str(position.value)) == "learned" and max_position is not None:
-        lines.append(line("max_position", max_position))
-    lines += [line("norm", norm, str(norm.value).lower()),
-              Line("bias = false", "--disable-bias-linear", no_bias.origin) if no_bias else
-              Line("bias = true", "no --disable-bias-linear"),
-              Line(f"dropout = {'true' if dropout > 0 else 'false'}",
-                   "--hidden-dropout / --attention-dropout (default 0.1)"),
-              Line(f"attention = {'standard' if standard else 'flash'}",
-                   backend.origin.key if backend else (flash.origin.key if flash else
-                                                       f"{old or '--deepspeed'}: no --use-flash-attn"
-                                                       if legacy
-                                                       else "--attention-backend (default auto)"),
-                   backend.origin if backend else None)]
-    embed_norm = args.flag("--embed-layernorm")
-    if embed_norm is not None:
-        reader.warning("not modelled: --embed-layernorm (a LayerNorm after the word embedding: "
-                       "2h parameters and its saved input on the first stage)", embed_norm.origin)
+    return Line(f"attention = {'standard' if standard else 'flash'}",
+                backend.origin.key if backend else (flash.origin.key if flash else
+                                                    f"{old or '--deepspeed'}: no --use-flash-attn"
+                                                    if legacy
+                                                    else "--attention-backend (default auto)"),
+                backend.origin if backend else None)
+
+
+def _experts(args: Arguments, line: Entry) -> list[Line]:
+    """A mixture of experts: --num-experts, --moe-router-topk, --moe-ffn-hidden-size."""
+    lines: list[Line] = []
     experts = args.integer("--num-experts")
     if experts is not None:
         top_k = args.integer("--moe-router-topk", 2)

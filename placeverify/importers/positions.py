@@ -1,7 +1,8 @@
 """Where each key of a JSON, TOML or YAML file is written: the loaders give values, not positions.
 
-``json`` and ``tomllib`` (standard library) load the values; the scanners here only find the text
-of every key, so that a diagnostic points at it. accelerate's YAML files (written by
+``json`` and ``tomllib`` (standard library) load the values (a syntax error is reported at the
+line and column the loader names); the scanners here only find the text of every key, so that a
+diagnostic points at it. accelerate's YAML files (written by
 ``accelerate config`` with ``yaml.safe_dump``) are block mappings of plain scalars: this module
 reads that subset itself, with positions, and refuses anything else (anchors, aliases, tags,
 block scalars) with an error at its text. Nothing is ever evaluated.
@@ -13,6 +14,7 @@ import bisect
 import json
 import json.decoder
 import re
+import tomllib
 from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
@@ -38,6 +40,35 @@ def syntax_error(source: Source, message: str, span: Span | None) -> PlaceError:
     return PlaceError([Diagnostic(Severity.ERROR, message, Code.SYNTAX, span)], source)
 
 
+def too_deep(source: Source, *, comments: bool) -> PlaceError:
+    """The error for a document nested too deeply for the loader (which recursed out): at the
+    first ``[`` or ``{`` nested deeper than :data:`MAX_DEPTH` levels, as the JSON key scanner
+    counts them, outside strings (and ``#`` comments, with ``comments``)."""
+    text, depth, quote, i = source.text, 0, "", 0
+    at: int | None = None
+    while i < len(text) and at is None:
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1  # an escaped character
+            elif c == quote:
+                quote = ""
+        elif c == '"' or (c == "'" and comments):
+            quote = c
+        elif c == "#" and comments:
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        elif c in "[{":
+            depth += 1
+            at = i if depth > MAX_DEPTH + 1 else None
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    span = _Lines(text).span(at, at + 1) if at is not None else Span.point(1, 1)
+    return syntax_error(source, f"nested deeper than {MAX_DEPTH} levels", span)
+
+
 # ---- JSON -----------------------------------------------------------------------------------
 
 _JSON_ATOM = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?|true|false|null|NaN|-?Infinity")
@@ -50,6 +81,8 @@ def load_json(source: Source) -> tuple[Any, dict[Path, Span]]:
     except json.JSONDecodeError as error:
         raise syntax_error(source, f"not valid JSON: {error.msg}",
                            Span.point(error.lineno, error.colno)) from None
+    except RecursionError:
+        raise too_deep(source, comments=False) from None
     spans: dict[Path, Span] = {}
     lines = _Lines(source.text)
     text = source.text
@@ -97,6 +130,42 @@ def load_json(source: Source) -> tuple[Any, dict[Path, Span]]:
 
 
 # ---- TOML -----------------------------------------------------------------------------------
+
+# tomllib's message ends with where it stopped: "(at line 3, column 30)" or "(at end of document)"
+_TOML_AT = re.compile(r"\s*\((?:at line (\d+), column (\d+)|at (end of document))\)$")
+
+
+def load_toml(source: Source) -> tuple[dict[str, Any], dict[Path, Span]]:
+    """The document and the span of every table header and key (:func:`toml_key_spans`)."""
+    try:
+        data = tomllib.loads(source.text)
+    except tomllib.TOMLDecodeError as error:
+        message, span = _toml_error(source, error)
+        raise syntax_error(source, f"not valid TOML: {message}", span) from None
+    except RecursionError:
+        raise too_deep(source, comments=True) from None
+    return data, toml_key_spans(source)
+
+
+def _toml_error(source: Source, error: tomllib.TOMLDecodeError) -> tuple[str, Span | None]:
+    """The message of a TOML syntax error and where it is. Python 3.14 gives the bare message
+    and the position as attributes (``msg``, ``pos``, ``lineno``, ``colno``); before, only the
+    message says it. Past the last character, the error points just after the last text."""
+    text = str(error)
+    found = _TOML_AT.search(text)
+    message = getattr(error, "msg", None)
+    if not isinstance(message, str):
+        message = text[:found.start()] if found is not None else text
+    pos, line, column = (getattr(error, name, None) for name in ("pos", "lineno", "colno"))
+    if (isinstance(pos, int) and pos >= len(source.text)) or (
+            found is not None and found.group(3) is not None):
+        return message, source.end_span()
+    if isinstance(line, int) and isinstance(column, int):
+        return message, Span.point(line, column)
+    if found is not None:
+        return message, Span.point(int(found.group(1)), int(found.group(2)))
+    return message, None
+
 
 _TOML_HEADER = re.compile(r"\s*\[\s*([A-Za-z0-9_.\- \"']+?)\s*\]\s*(#.*)?$")
 _TOML_KEY = re.compile(r"\s*([A-Za-z0-9_\-]+(?:\s*\.\s*[A-Za-z0-9_\-]+)*|\"[^\"]*\")\s*=")

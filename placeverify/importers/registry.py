@@ -11,10 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
-from placeverify.importers import Options, accelerate, deepspeed, megatron, torchtitan
+from placeverify.importers import Options, accelerate, deepspeed, megatron, megatron_yaml, torchtitan
 from placeverify.importers.common import FRAMEWORKS, Imported, Plan, Reader, render
+from placeverify.importers.positions import load_json, load_toml, load_yaml
 from placeverify.importers.rules import Facts
 from placeverify.importers.rules import judge as judge_rules
+from placeverify.importers.shell import Script
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import load_text
 from placeverify.lower.overrides import Settings
@@ -31,14 +33,21 @@ FORMATS: dict[str, ReadFn] = {
 
 
 def detect(source: Source) -> str:
-    """The format of a configuration, from its content."""
+    """The format of a configuration, from its content. A ``.json`` file that is not JSON, and
+    a file whose content names no format but does not parse in the syntax its name (or its first
+    character, ``{``) says, get that parser's error at its line and column
+    (:func:`syntax_error_of`)."""
     text = source.text
     stripped = text.lstrip()
     if stripped.startswith("{"):
         try:
             data = json.loads(text)
-        except ValueError:
-            data = None
+        except (ValueError, RecursionError):
+            data = None  # not JSON: the syntax error is reported unless the content says more
+        if data is None and Path(source.path).suffix.lower() == ".json":
+            error = syntax_error_of(source)  # a .json file is JSON, whatever words it holds
+            if error is not None:
+                raise error
         if isinstance(data, dict):
             if "model_type" in data and "zero_optimization" not in data:
                 raise _refuse(source, "this is a Hugging Face model config.json: give it with "
@@ -51,8 +60,42 @@ def detect(source: Source) -> str:
     if re.search(r"--(tensor-model-parallel-size|pipeline-model-parallel-size|num-layers|"
                  r"micro-batch-size|hidden-size)\b", text) or "pretrain_gpt" in text:
         return "megatron"
+    error = syntax_error_of(source)
+    if error is not None:
+        raise error
     raise _refuse(source, "cannot tell the format of this file (Megatron-LM arguments, DeepSpeed "
                   "JSON, torchtitan TOML or accelerate YAML); give --format")
+
+
+def _yaml(source: Source) -> object:
+    """The YAML the importers read: a Megatron-LM test configuration's ``MODEL_ARGS`` lines, or
+    the block mappings accelerate writes."""
+    if megatron_yaml.is_test_config(source):
+        return megatron_yaml.arguments(source)
+    return load_yaml(source)
+
+
+# The parser of each syntax, by the file's suffix; each raises a positioned PlaceError.
+SYNTAXES: dict[str, Callable[[Source], object]] = {
+    ".json": load_json, ".toml": load_toml, ".yaml": _yaml, ".yml": _yaml,
+    **{suffix: Script for suffix in (".sh", ".bash", ".slurm", ".sbatch", ".args")},
+}
+
+
+def syntax_error_of(source: Source) -> PlaceError | None:
+    """The syntax error of a file in the syntax its suffix says (JSON for an unnamed one that
+    starts with ``{``), or None when it parses (or no syntax is said)."""
+    check = SYNTAXES.get(Path(source.path).suffix.lower())
+    if check is None and source.text.lstrip().startswith("{"):
+        check = load_json
+    if check is None:
+        return None
+    try:
+        check(source)
+    except PlaceError as error:
+        if error.diagnostics and all(d.code is Code.SYNTAX for d in error.diagnostics):
+            return error
+    return None
 
 
 def _refuse(source: Source, message: str) -> PlaceError:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from math import prod
 
 from placeverify.diagnostics import Code, Diagnostic, Severity, Source
-from placeverify.importers.common import Origin
+from placeverify.importers.origins import Origin
 from placeverify.ir.placement import Role, State
 from placeverify.ir.strategy import Strategy
 from placeverify.lower.overrides import Setting, Settings

@@ -16,25 +16,17 @@ parameters with a bf16 compute copy).
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from placeverify.diagnostics import Code, Source
-from placeverify.importers.common import (
-    Keys,
-    Line,
-    Origin,
-    Plan,
-    Reader,
-    Value,
-    leftovers,
-    mesh_title,
-)
+from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
-from placeverify.importers.positions import toml_key_spans
+from placeverify.importers.origins import Origin, Value
+from placeverify.importers.positions import load_toml
 from placeverify.importers.rules import Facts, batch_rule
-from placeverify.ir.model import ARCHITECTURES
+from placeverify.importers.torchtitan_stages import layer_count, stage_split
 
 READ = {
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
@@ -95,44 +87,101 @@ FLAVORS: dict[tuple[str, str], str] = {
 }
 
 
-def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    try:
-        data = tomllib.loads(source.text)
-    except tomllib.TOMLDecodeError as error:
-        reader.error(f"not valid TOML: {error}", None, code=Code.SYNTAX)
-        reader.raise_if_errors()
-        data = {}
-    spans = toml_key_spans(source)
-    plan = Plan("torchtitan", source.path)
+class _Job:
+    """A torchtitan job config being read: each key's value with its origin (the default when
+    it is not written), and the plan it fills."""
 
-    def get(table: str, key: str, default: Any) -> Value:
-        section = data.get(table, {})
+    def __init__(self, reader: Reader, source: Source) -> None:
+        self.reader, self.source = reader, source
+        self.data, self.spans = load_toml(source)
+        self.plan = Plan("torchtitan", source.path)
+
+    def get(self, table: str, key: str, default: Any) -> Value:
+        section = self.data.get(table, {})
         if isinstance(section, dict) and key in section:
-            return Value(section[key], Origin(f"[{table}] {key}", source, spans.get((table, key))))
-        return Value(default, Origin(f"[{table}] {key} (default)", source))
+            return Value(section[key], Origin(f"[{table}] {key}", self.source,
+                                              self.spans.get((table, key))))
+        return Value(default, Origin(f"[{table}] {key} (default)", self.source))
 
-    def integer(table: str, key: str, default: int, low: int = 1) -> int:
-        v = get(table, key, default)
+    def integer(self, table: str, key: str, default: int, low: int = 1) -> int:
+        v = self.get(table, key, default)
         if isinstance(v.value, bool) or not isinstance(v.value, int) or (
                 v.value < low and not (key == "data_parallel_shard_degree" and v.value == -1)):
-            reader.error(f"{v.origin.key} must be a whole number >= {low}, not {v.value!r}",
-                         v.origin)
+            self.reader.error(f"{v.origin.key} must be a whole number >= {low}, not {v.value!r}",
+                              v.origin)
             return default if default > 0 else 1
         return v.value
 
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """The parallel degrees (``ParallelDims``), the shard degree resolved from -1, and the
+    data-parallel shard without the expert ranks."""
+
+    world: int
+    rep: int
+    shard: int
+    shard_v: Value  # data_parallel_shard_degree as written
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    ep_origin: Origin
+
+    @property
+    def shard_dp(self) -> int:
+        return self.shard // self.ep if self.ep > 1 else self.shard
+
+    @property
+    def hsdp(self) -> bool:
+        return self.rep > 1 and self.shard_dp > 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """The local and global batch and the accumulation steps they give."""
+
+    local: Value
+    glob: Value
+    accumulation: int
+
+
+def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
+    job = _Job(reader, source)
+    sizes = _sizes(job, world)
+    batch = _batch(job, sizes)
+    preset = _model(job, model, sizes, batch)
+    _precision(job)
+    _mesh(job, sizes)
+    _placements(job, sizes)
+    if sizes.pp > 1:
+        job.plan.body.append(_pipeline(job, sizes, batch, preset))
+    elif batch.accumulation > 1:
+        job.plan.body.append(Line(f"microbatches = {batch.accumulation}",
+                                  "global / (local x dp degree)", batch.glob.origin))
+    _training(job)
+    leftovers(reader, job.plan, source, job.data, job.spans, ((), KEYS))
+    job.plan.title = mesh_title(job.plan, source, "torchtitan")
+    return job.plan
+
+
+def _sizes(job: _Job, world: int | None) -> _Sizes:
+    """The parallel degrees; their product must be the world (ParallelDims), the shard degree
+    -1 taking what the others leave."""
+    reader = job.reader
     if world is None:
         reader.error("world size unknown: torchtitan takes it from the launcher (NGPU); pass "
                      "--world N", None, code=Code.MISSING)
         reader.raise_if_errors()
     assert world is not None
-    rep = integer("parallelism", "data_parallel_replicate_degree", 1)
-    shard_v = get("parallelism", "data_parallel_shard_degree", -1)
-    shard = integer("parallelism", "data_parallel_shard_degree", -1)
-    tp = integer("parallelism", "tensor_parallel_degree", 1)
-    pp = integer("parallelism", "pipeline_parallel_degree", 1)
-    cp = integer("parallelism", "context_parallel_degree", 1)
-    ep = integer("parallelism", "expert_parallel_degree", 1)
-    etp = integer("parallelism", "expert_tensor_parallel_degree", 1)
+    rep = job.integer("parallelism", "data_parallel_replicate_degree", 1)
+    shard_v = job.get("parallelism", "data_parallel_shard_degree", -1)
+    shard = job.integer("parallelism", "data_parallel_shard_degree", -1)
+    tp = job.integer("parallelism", "tensor_parallel_degree", 1)
+    pp = job.integer("parallelism", "pipeline_parallel_degree", 1)
+    cp = job.integer("parallelism", "context_parallel_degree", 1)
+    ep = job.integer("parallelism", "expert_parallel_degree", 1)
+    etp = job.integer("parallelism", "expert_tensor_parallel_degree", 1)
     rest = rep * cp * tp * pp
     if shard == -1:
         shard = world // rest if world % rest == 0 else 0
@@ -141,32 +190,42 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                      f"world {world} (torchtitan's ParallelDims asserts it)", shard_v.origin,
                      code=Code.WORLD_MISMATCH)
         reader.raise_if_errors()
-    ep_origin = get("parallelism", "expert_parallel_degree", 1).origin
+    ep_origin = job.get("parallelism", "expert_parallel_degree", 1).origin
     if ep > 1 and (cp > 1 or shard % ep or (etp != tp and tp > 1)):
         reader.error("not modelled: expert parallelism that does not come out of the shard "
                      "degree alone (cp = 1, ep divides data_parallel_shard_degree, etp = tp)",
                      ep_origin, code=Code.NOT_MODELLED)
-    local = get("training", "local_batch_size", 8)
-    glob = get("training", "global_batch_size", -1)
-    batch_degree = rep * shard
-    g = int(glob.value) if isinstance(glob.value, int) and glob.value > 0 else int(local.value) * batch_degree
-    # train.py: accumulation = global / (local x dp degree), asserted whole; judged on the final
-    # values (rules.py), rounded down here (at least 1).
+    return _Sizes(world, rep, shard, shard_v, tp, pp, cp, ep, ep_origin)
+
+
+def _batch(job: _Job, sizes: _Sizes) -> _Batch:
+    """The accumulation steps: global / (local x dp degree), asserted whole by train.py; judged
+    on the final values (rules.py), rounded down here (at least 1)."""
+    local = job.get("training", "local_batch_size", 8)
+    glob = job.get("training", "global_batch_size", -1)
+    batch_degree = sizes.rep * sizes.shard
+    given = isinstance(glob.value, int) and glob.value > 0
+    g = int(glob.value) if given else int(local.value) * batch_degree
     ga = max(1, g // (int(local.value) * batch_degree))
-    if isinstance(glob.value, int) and glob.value > 0:
+    if given:
         def broken(facts: Facts, product: int, total: int = g) -> str:
             return (f"global_batch_size {total} != micro-batch {facts.micro_batch} x micro-batches "
                     f"{facts.microbatches} x data-parallel size {facts.batch_degree} = {product} "
                     "(torchtitan asserts global_batch_size = local_batch_size x accumulation "
                     "steps x data-parallel degree)")
 
-        plan.rules.append(batch_rule(glob.origin, g, broken))
-    seq = get("training", "seq_len", 2048)
-    pp_mb = get("parallelism", "pipeline_parallel_microbatch_size", 1)
-    micro = pp_mb if pp > 1 else local
+        job.plan.rules.append(batch_rule(glob.origin, g, broken))
+    return _Batch(local, glob, ga)
 
-    # ---- model: --model, or a bundled Llama 3 flavor ----
-    name, flavor = get("model", "name", "llama3"), get("model", "flavor", "debugmodel")
+
+def _model(job: _Job, model: str | None, sizes: _Sizes, batch: _Batch) -> str | None:
+    """The model block: --model's config.json, or a bundled preset or described flavor (the
+    preset's name, or None)."""
+    plan, reader = job.plan, job.reader
+    seq = job.get("training", "seq_len", 2048)
+    pp_mb = job.get("parallelism", "pipeline_parallel_microbatch_size", 1)
+    micro = pp_mb if sizes.pp > 1 else batch.local
+    name, flavor = job.get("model", "name", "llama3"), job.get("model", "flavor", "debugmodel")
     preset = PRESETS.get((str(name.value), str(flavor.value)))
     if model is None and preset is not None:
         plan.model_name = preset
@@ -188,35 +247,45 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                          "with placeverify; give its Hugging Face config with --model config.json",
                          flavor.origin, code=Code.MISSING)
         attach_model(plan, reader, model, seq, micro, None, "the torchtitan config")
+    return preset
 
-    param = get("training", "mixed_precision_param", "bfloat16")
+
+def _precision(job: _Job) -> None:
+    param = job.get("training", "mixed_precision_param", "bfloat16")
     act = "bf16" if param.value == "bfloat16" else "fp32"
-    plan.precision = Line(f"precision {{ params = fp32, grads = fp32, optimizer = 8, "
-                          f"activations = {act}, loss_scale = none }}",
-                          f"{param.origin.key}: fp32 sharded Θ, {act} compute (FSDP2 "
-                          "MixedPrecisionPolicy), AdamW 8 B", param.origin)
+    job.plan.precision = Line(f"precision {{ params = fp32, grads = fp32, optimizer = 8, "
+                              f"activations = {act}, loss_scale = none }}",
+                              f"{param.origin.key}: fp32 sharded Θ, {act} compute (FSDP2 "
+                              "MixedPrecisionPolicy), AdamW 8 B", param.origin)
 
-    # ---- mesh (innermost first: tp, cp, ep, shard, replicate, pp; ParallelDims.build_mesh) ----
-    axes = [("tp", tp, "tensor_parallel_degree"), ("cp", cp, "context_parallel_degree"),
-            ("ep", ep, "expert_parallel_degree")]
-    for axis, size, key in axes:
+
+def _mesh(job: _Job, sizes: _Sizes) -> None:
+    """The mesh, innermost first: tp, cp, ep, shard, replicate, pp (ParallelDims.build_mesh)."""
+    mesh, shard_v = job.plan.mesh, sizes.shard_v
+    for axis, size, key in (("tp", sizes.tp, "tensor_parallel_degree"),
+                            ("cp", sizes.cp, "context_parallel_degree"),
+                            ("ep", sizes.ep, "expert_parallel_degree")):
         if size > 1:
-            v = get("parallelism", key, 1)
-            plan.mesh.append(Line(f"{axis} = {size}", v.origin.key, v.origin))
-    shard_dp = shard // ep if ep > 1 else shard
-    hsdp = rep > 1 and shard_dp > 1
-    if hsdp:
-        plan.mesh.append(Line(f"shard = {shard_dp}", shard_v.origin.key, shard_v.origin))
-        plan.mesh.append(Line(f"replica = {rep}", "[parallelism] data_parallel_replicate_degree",
-                              get("parallelism", "data_parallel_replicate_degree", 1).origin))
+            v = job.get("parallelism", key, 1)
+            mesh.append(Line(f"{axis} = {size}", v.origin.key, v.origin))
+    if sizes.hsdp:
+        mesh.append(Line(f"shard = {sizes.shard_dp}", shard_v.origin.key, shard_v.origin))
+        mesh.append(Line(f"replica = {sizes.rep}", "[parallelism] data_parallel_replicate_degree",
+                         job.get("parallelism", "data_parallel_replicate_degree", 1).origin))
     else:
-        plan.mesh.append(Line(f"dp = {shard_dp * rep}", shard_v.origin.key, shard_v.origin))
-    if pp > 1:
-        v = get("parallelism", "pipeline_parallel_degree", 1)
-        plan.mesh.append(Line(f"pp = {pp}", v.origin.key, v.origin))
-    plan.mesh.append(Line(f"world = {world}", "--world (placeverify option)"))
+        mesh.append(Line(f"dp = {sizes.shard_dp * sizes.rep}", shard_v.origin.key, shard_v.origin))
+    if sizes.pp > 1:
+        v = job.get("parallelism", "pipeline_parallel_degree", 1)
+        mesh.append(Line(f"pp = {sizes.pp}", v.origin.key, v.origin))
+    mesh.append(Line(f"world = {sizes.world}", "--world (placeverify option)"))
 
-    # ---- placements ----
+
+def _placements(job: _Job, sizes: _Sizes) -> None:
+    """The tensor-, context- and expert-parallel placements, and FSDP's over the data axes
+    (parallelize.py's apply_fsdp, with fsdp_reshard_after_forward)."""
+    plan, reader, get = job.plan, job.reader, job.get
+    tp, cp, ep, pp, ep_origin = sizes.tp, sizes.cp, sizes.ep, sizes.pp, sizes.ep_origin
+    shard_v, shard_dp, hsdp = sizes.shard_v, sizes.shard_dp, sizes.hsdp
     if tp > 1:
         v = get("parallelism", "tensor_parallel_degree", 1)
         asynctp = get("parallelism", "enable_async_tensor_parallel", False)
@@ -274,31 +343,40 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
                               f"{reshard}{staged}", policy.origin))
     else:
         plan.body.append(Line("place ddp over dp", "data_parallel_shard_degree 1"))
-    if pp > 1:
-        schedule = get("parallelism", "pipeline_parallel_schedule", "1F1B")
-        kind = SCHEDULES.get(str(schedule.value))
-        if kind is None:
-            reader.error(f"not modelled: pipeline schedule {schedule.value} (1F1B, GPipe and "
-                         "Interleaved1F1B are)", schedule.origin, code=Code.NOT_MODELLED)
-            kind = "1f1b"
-        m = int(local.value) // int(pp_mb.value) * ga
-        split = _stage_split(reader, get, integer, pp, kind != "interleaved",
-                             _layer_count(plan, preset))
-        options = [kind]
-        if split is not None and len(split.value) > pp:
-            options.append(f"chunks = {len(split.value) // pp}")
-        elif split is None and kind == "interleaved":
-            options.append("chunks = 2")
-        options.append(f"microbatches = {m}")
-        if split is not None and len(set(split.value)) > 1:
-            options.append(f"layers = [{', '.join(str(n) for n in split.value)}]")
-        why = f"{schedule.origin.key}; local_batch_size / microbatch_size x accumulation"
-        if split is not None:
-            why += f"; {split.origin.key}"
-        plan.body.append(Line(f"place pipeline({', '.join(options)}) over pp", why,
-                              schedule.origin))
-    elif ga > 1:
-        plan.body.append(Line(f"microbatches = {ga}", "global / (local x dp degree)", glob.origin))
+
+
+def _pipeline(job: _Job, sizes: _Sizes, batch: _Batch, preset: str | None) -> Line:
+    """``place pipeline(...) over pp``: the schedule, the micro-batches (local / microbatch
+    size x accumulation) and the layers of each stage (:func:`.torchtitan_stages.stage_split`)."""
+    plan, reader, get, pp = job.plan, job.reader, job.get, sizes.pp
+    local, ga = batch.local, batch.accumulation
+    pp_mb = get("parallelism", "pipeline_parallel_microbatch_size", 1)
+    schedule = get("parallelism", "pipeline_parallel_schedule", "1F1B")
+    kind = SCHEDULES.get(str(schedule.value))
+    if kind is None:
+        reader.error(f"not modelled: pipeline schedule {schedule.value} (1F1B, GPipe and "
+                     "Interleaved1F1B are)", schedule.origin, code=Code.NOT_MODELLED)
+        kind = "1f1b"
+    m = int(local.value) // int(pp_mb.value) * ga
+    split = stage_split(reader, get, job.integer, pp, kind != "interleaved",
+                        layer_count(plan, preset))
+    options = [kind]
+    if split is not None and len(split.value) > pp:
+        options.append(f"chunks = {len(split.value) // pp}")
+    elif split is None and kind == "interleaved":
+        options.append("chunks = 2")
+    options.append(f"microbatches = {m}")
+    if split is not None and len(set(split.value)) > 1:
+        options.append(f"layers = [{', '.join(str(n) for n in split.value)}]")
+    why = f"{schedule.origin.key}; local_batch_size / microbatch_size x accumulation"
+    if split is not None:
+        why += f"; {split.origin.key}"
+    return Line(f"place pipeline({', '.join(options)}) over pp", why, schedule.origin)
+
+
+def _training(job: _Job) -> None:
+    """The loss, the clipping, the recomputation and the offload."""
+    plan, reader, get = job.plan, job.reader, job.get
     plan.body.append(Line("loss token_mean", "torchtitan: local loss sum / global valid tokens"))
     norm = get("training", "max_norm", 1.0)
     if isinstance(norm.value, (int, float)) and norm.value > 0:
@@ -329,112 +407,3 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     if offload.value is True:
         plan.body.append(Line("offload optimizer, gradients, params to cpu", offload.origin.key,
                               offload.origin))
-    leftovers(reader, plan, source, data, spans, ((), KEYS))
-    plan.title = mesh_title(plan, source, "torchtitan")
-    return plan
-
-
-
-def _layer_count(plan: Plan, preset: str | None) -> int | None:
-    """The model's transformer layers: a bundled preset's, else the ``layers`` entry of the model
-    block (a described flavor, or --model's config.json)."""
-    if plan.model_name is not None and preset is not None:
-        return ARCHITECTURES[preset].layers
-    for line in plan.model:
-        name, _, value = line.text.partition(" = ")
-        if name == "layers" and value.isdigit():
-            return int(value)
-    return None
-
-
-def _stage_split(reader: Reader, get: Callable[[str, str, Any], Value],
-                 integer: Callable[..., int], pp: int, single: bool,
-                 layers: int | None) -> Value | None:
-    """Transformer layers per virtual stage, in stage order, as torchtitan builds them (the last
-    TOML release, 9810191bb^, torchtitan/distributed/pipeline_parallel.py): the stages come from
-    ``pipeline_parallel_layers_per_stage`` (ceil((L + first + last) / n) virtual stages), else
-    one per rank for a single-stage schedule and two for a looped one; L + first + last
-    "effective" layers, the embedding and the output counted as ``..._first_stage_less_layers``
-    and ``..._last_stage_less_layers`` layers (1 each by default), split evenly, the remainder
-    one each to the first stages; or ``module_fqns_per_model_part`` as written. Virtual stage k
-    runs on rank k mod pp (the "loop" style of its looped schedules), placeverify's order too.
-    None when the model's layers are unknown (already an error)."""
-    parts = get("parallelism", "module_fqns_per_model_part", None)
-    if parts.value is not None:
-        return _written_parts(reader, parts, pp, single, layers)
-    if layers is None:
-        return None
-    first = get("parallelism", "pipeline_parallel_first_stage_less_layers", 1)
-    last = get("parallelism", "pipeline_parallel_last_stage_less_layers", 1)
-    first_n = integer("parallelism", "pipeline_parallel_first_stage_less_layers", 1, low=0)
-    last_n = integer("parallelism", "pipeline_parallel_last_stage_less_layers", 1, low=0)
-    effective = layers + first_n + last_n
-    per_stage = get("parallelism", "pipeline_parallel_layers_per_stage", None)
-    where = first.origin if first.origin.span is not None else last.origin
-    if per_stage.value is not None:
-        size = integer("parallelism", "pipeline_parallel_layers_per_stage", 1)
-        stages = -(-effective // size)
-        ranks = stages // pp
-        said = (f"{per_stage.origin.key} {size}: ceil(({layers} layers + {first_n} + {last_n}) / "
-                f"{size}) = {stages} virtual stages")
-        if stages % pp:
-            reader.error(f"{said}, not a multiple of pipeline_parallel_degree {pp} (torchtitan "
-                         "raises ValueError)", per_stage.origin, code=Code.NOT_DIVISIBLE)
-            return None
-        if single and ranks != 1:
-            reader.error(f"{said}, {ranks} per rank: a single-stage schedule needs exactly 1 "
-                         "(torchtitan raises ValueError)", per_stage.origin, code=Code.BAD_VALUE)
-            return None
-        if not single and ranks < 2:
-            reader.error(f"{said}, {ranks} per rank: a looped schedule needs at least 2 "
-                         "(torchtitan raises ValueError)", per_stage.origin, code=Code.BAD_VALUE)
-            return None
-        where = per_stage.origin
-    else:
-        stages = pp * (1 if single else 2)
-    base, extra = divmod(effective, stages)
-    counts = [base + (i < extra) for i in range(stages)]
-    counts[0] -= first_n
-    counts[-1] -= last_n
-    kind = "stages" if single else "virtual stages"
-    said = (f"{layers} layers + {first_n} + {last_n} over {stages} {kind}: {base} each"
-            + (f", one more on the first {extra}" if extra else ""))
-    if base == 0 or first_n > base or last_n > base:
-        reader.error(f"{said}; torchtitan refuses a stage with fewer layers than the embedding's "
-                     "or the output's weight (ValueError)", where, code=Code.BAD_VALUE)
-        return None
-    return Value(tuple(counts), Origin(said, where.source, where.span))
-
-
-def _written_parts(reader: Reader, parts: Value, pp: int, single: bool,
-                   layers: int | None) -> Value | None:
-    """``module_fqns_per_model_part``: one list of module names per virtual stage; placeverify
-    reads how many ``layers.N`` each holds, with the embedding on the first and the output on
-    the last."""
-    chunks = parts.value
-    at = parts.origin
-    if not (isinstance(chunks, list) and chunks and all(
-            isinstance(c, list) and all(isinstance(n, str) for n in c) for c in chunks)):
-        reader.error(f"{at.key} must be a list of lists of module names", at)
-        return None
-    if len(chunks) % pp or (single and len(chunks) != pp) or (not single and len(chunks) < 2 * pp):
-        need = f"{pp}" if single else f"a multiple of {pp}, at least {2 * pp}"
-        reader.error(f"{at.key} lists {len(chunks)} stages; the schedule over "
-                     f"pipeline_parallel_degree {pp} needs {need}", at, code=Code.BAD_VALUE)
-        return None
-    held: list[int] = []
-    counts = []
-    for chunk in chunks:
-        mine = [n for n in chunk if n.startswith("layers.")]
-        held += [int(n[7:]) for n in mine if n[7:].isdigit()]
-        counts.append(len(mine))
-    ends = "tok_embeddings" in chunks[0] and any(n in chunks[-1] for n in ("output", "lm_head"))
-    if layers is not None and sorted(held) != list(range(layers)):
-        reader.error(f"{at.key} does not name each of layers.0 .. layers.{layers - 1} once",
-                     at, code=Code.BAD_VALUE)
-        return None
-    if not ends or min(counts) < 1:
-        reader.error(f"not modelled: {at.key} without the embedding first, the output last and "
-                     "a transformer layer in every stage", at, code=Code.NOT_MODELLED)
-        return None
-    return Value(tuple(counts), at)

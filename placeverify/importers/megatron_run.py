@@ -1,0 +1,89 @@
+"""A Megatron-LM launch as the importer reads it: the training program's arguments and the
+launcher's, the world size and the parallel sizes, and what each step of
+:func:`placeverify.importers.megatron.read` has decided so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from placeverify.diagnostics import Code, Source
+from placeverify.importers import megatron_yaml
+from placeverify.importers.arguments import Arguments, Launch, split_launch
+from placeverify.importers.common import Line, Plan, Reader
+from placeverify.importers.megatron_deepspeed import Engine
+from placeverify.importers.megatron_launch import launch_world
+from placeverify.importers.origins import Value
+from placeverify.importers.shell import Script
+
+
+@dataclass
+class Run:
+    """A Megatron-LM launch as the steps of :func:`placeverify.importers.megatron.read` have
+    read it so far."""
+
+    reader: Reader
+    source: Source
+    model: str | None  # --model: a Hugging Face config.json
+    script: Script | None  # None for a test configuration (YAML)
+    started: Launch
+    args: Arguments  # the training program's
+    runner: Arguments  # the launcher's
+    plan: Plan
+    world: int | None
+    world_line: Line | None
+    replaced: list[str]  # the assumptions --world replaced
+    tp: Value
+    pp: Value
+    cp: Value
+    ep: Value
+    etp: Value | None
+    dp: int = 1  # world / (tp x pp x cp)
+    d: int = 1  # the dp axis: dp, less the expert ranks
+    sp: Value | None = None
+    overlap: Value | None = None
+    micro: Value | None = None
+    glob: Value | None = None
+    m: int = 1  # micro-batches per step
+    fsdp2: Value | None = None
+    dist_opt: Value | None = None
+    engine: Engine | None = None
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """TP, PP, CP and EP."""
+        t, p, c, e = (int(str(v.value)) for v in (self.tp, self.pp, self.cp, self.ep))
+        return t, p, c, e
+
+
+def start(reader: Reader, source: Source, model: str | None, world: int | None) -> Run:
+    """The launch: the training program's arguments and the launcher's, the world size, and the
+    parallel sizes (an error for any that is not a number)."""
+    script: Script | None = None
+    if megatron_yaml.is_test_config(source):
+        started = Launch([], None, megatron_yaml.arguments(source), False)
+    else:
+        script = Script(source)
+        started = split_launch(script)
+    launch, words, launched = started.launcher, started.arguments, started.launched
+    plan = Plan("megatron", source.path)
+    args = Arguments(reader, words, source)
+    runner = Arguments(reader, launch, source)
+    world_value, world_line, replaced = launch_world(runner, reader, script, launch, launched,
+                                                     world)
+    tp = args.integer("--tensor-model-parallel-size", 1)
+    pp = args.integer("--pipeline-model-parallel-size", 1)
+    cp = args.integer("--context-parallel-size", 1)
+    ep = args.integer("--expert-model-parallel-size", 1)
+    etp = args.integer("--expert-tensor-parallel-size")
+    sizes = [v for v in (tp, pp, cp, ep) if v is not None]
+    if len(sizes) < 4:
+        reader.raise_if_errors()
+    assert tp is not None and pp is not None and cp is not None and ep is not None
+    run = Run(reader, source, model, script, started, args, runner, plan, world_value, world_line,
+               replaced, tp, pp, cp, ep, etp)
+    t, _, _, e = run.sizes
+    if etp is not None and etp.value != t and e > 1:
+        reader.error(f"not modelled: --expert-tensor-parallel-size {etp.value} differs from "
+                     f"--tensor-model-parallel-size {t}", etp.origin, code=Code.NOT_MODELLED)
+    return run
