@@ -1,6 +1,9 @@
 # placeverify: the two commands of the README quick start, and the checks behind them.
 #   make demo   create .venv, install placeverify, check a bundled example
-#   make test   create .venv, install placeverify with its test and torch extras, run the tests
+#   make test   create .venv, install placeverify with its test, torch and docs extras, run the tests,
+#               build the docs site with --strict
+#   make docs   build the docs site (mkdocs.yml, docs/) with --strict into build/site
+#   make docs-serve  serve the docs site at http://127.0.0.1:8000
 
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +11,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test docs docs-serve lint typecheck bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "placeverify needs Python 3.11 or newer"'
@@ -24,7 +27,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(TSTAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,docs]'
 	@touch $@
 
 demo: $(STAMP)
@@ -34,6 +37,14 @@ demo: $(STAMP)
 
 test: $(TSTAMP)
 	$(BIN)/python -m pytest -q
+	$(BIN)/mkdocs build --strict --quiet
+
+# The docs site: the CLI reference is generated from placeverify.cli (mkdocs-click) at build time.
+docs: $(TSTAMP)
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(TSTAMP)
+	$(BIN)/mkdocs serve --strict
 
 lint: $(TSTAMP)
 	$(BIN)/ruff check placeverify tests benchmarks
