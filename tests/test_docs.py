@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from placeverify.api import parse
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
@@ -154,6 +155,16 @@ def test_every_statement_has_a_page_with_its_keys_and_an_example() -> None:
         assert re.search(r"^\|---", text, re.M), f"{page}: no table of keys"
         blocks = re.findall(r"^```\n(.*?)^```", text, re.M | re.S)
         assert any(re.search(rf"^\s*{keyword}\b", b, re.M) for b in blocks), f"{page}: no example"
+
+
+def test_every_example_of_the_language_pages_parses() -> None:
+    """Each ``.place`` example of docs/language/ is text the grammar accepts (no ``$`` command)."""
+    blocks = [(page, block) for page in sorted((DOCS / "language").rglob("*.md"))
+              for block in re.findall(r"^```\n(.*?)^```", page.read_text(encoding="utf-8"),
+                                      re.M | re.S) if not block.startswith("$")]
+    assert len(blocks) >= len(statements())
+    for page, block in blocks:
+        assert parse(block).statements, f"{page}: an example without statements"
 
 
 def test_the_site_builds_strict(tmp_path: Path) -> None:
