@@ -9,6 +9,7 @@ language page with a table of keys and an example, and ``mkdocs build --strict``
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import re
 import stat
@@ -165,6 +166,25 @@ def test_every_example_of_the_language_pages_parses() -> None:
     assert len(blocks) >= len(statements())
     for page, block in blocks:
         assert parse(block).statements, f"{page}: an example without statements"
+
+
+def test_every_figure_names_the_command_that_prints_it() -> None:
+    """docs/figures.md: each row of a figures table has a command, a benchmark script that exists
+    or a make target of the Makefile."""
+    lines = (DOCS / "figures.md").read_text(encoding="utf-8").splitlines()
+    figures: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith("| what |") and line.endswith("| command |"):  # a table of figures
+            figures += itertools.takewhile(lambda r: r.startswith("|"), lines[i + 2:])
+    assert len(figures) >= 10
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M))
+    for row in figures:
+        command = row.rstrip(" |").rsplit(" | ", 1)[1]
+        scripts = re.findall(r"benchmarks/(\w+\.py)", command)
+        makes = re.findall(r"`make (\w+)`", command)
+        assert scripts or makes, f"no command in: {row}"
+        assert all((ROOT / "benchmarks" / s).is_file() for s in scripts), row
+        assert all(m in targets for m in makes), row
 
 
 def test_the_site_builds_strict(tmp_path: Path) -> None:
