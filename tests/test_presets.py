@@ -34,8 +34,19 @@ class Row:
 
 
 def _cells(line: str) -> list[str]:
-    # split on | not escaped as \|
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+    """A table row's cells, as Markdown reads them: a | inside `code` or escaped as \\| is text."""
+    cells: list[str] = []
+    cell, code, escaped = "", False, False
+    for char in line.strip():
+        if char == "|" and not code and not escaped:
+            cells.append(cell)
+            cell = ""
+            continue
+        escaped = char == "\\" and not escaped
+        code = code != (char == "`")
+        cell += char
+    cells.append(cell)
+    return [c.strip().replace("\\|", "|") for c in cells[1:-1]]
 
 
 def readme_rows() -> list[Row]:
