@@ -147,9 +147,9 @@ def summary(rows: list[dict[str, Any]]) -> list[figures.Figure]:
             continue
         ratios = sorted(r["ratio"] for r in mine)
         usual = sorted(r["usual_ratio"] for r in mine if r["usual"] != r["predicted"])
-        text = (f"{ratios[0]:.3f}" if ratios[0] == ratios[-1] else f"{ratios[0]:.3f}-{ratios[-1]:.3f}")
+        text = spread(ratios)
         if usual:
-            text += f"; usual order {usual[0]:.3f}-{usual[-1]:.3f}"
+            text += f"; usual order {spread(usual)}"
         out.append((f"`{file}`: predicted / measured peak over {len(mine)} rank peaks", text))
     ratios = [r["ratio"] for r in measured]
     nearest = [min([r["ratio"], r["usual_ratio"]], key=lambda x: abs(x - 1)) for r in measured]
@@ -159,6 +159,12 @@ def summary(rows: list[dict[str, Any]]) -> list[figures.Figure]:
         out.append(("ranks within 5% of the predicted peak or of the usual-order figure",
                     f"{sum(1 for r in nearest if abs(r - 1) <= 0.05)} of {len(ratios)}"))
     return out
+
+
+def spread(ratios: list[float]) -> str:
+    """The lowest and highest of sorted ratios, or the one figure when they print alike."""
+    low, high = f"{ratios[0]:.3f}", f"{ratios[-1]:.3f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def table(rows: list[dict[str, Any]], device: str) -> str:
