@@ -1,6 +1,11 @@
 # placeverify: the two commands of the README quick start, and the checks behind them.
 #   make demo   create .venv, install placeverify, check a bundled example
-#   make test   create .venv, install placeverify with its test and torch extras, run the tests
+#   make test   create .venv, install placeverify with its test, torch and docs extras, run the tests,
+#               build the docs site with --strict
+#   make docs   build the docs site (mkdocs.yml, docs/) with --strict into build/site
+#   make docs-serve  serve the docs site at http://127.0.0.1:8000
+#   make figures     run every benchmark with --docs: each writes its section of the Measured
+#                    figures page (docs/figures/<script>.md; hours on a 2-core machine)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +13,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test docs docs-serve figures figures-cuda lint typecheck bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "placeverify needs Python 3.11 or newer"'
@@ -24,7 +29,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(TSTAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,docs]'
 	@touch $@
 
 demo: $(STAMP)
@@ -34,6 +39,14 @@ demo: $(STAMP)
 
 test: $(TSTAMP)
 	$(BIN)/python -m pytest -q
+	$(BIN)/mkdocs build --strict --quiet
+
+# The docs site: the CLI reference is generated from placeverify.cli (mkdocs-click) at build time.
+docs: $(TSTAMP)
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(TSTAMP)
+	$(BIN)/mkdocs serve --strict
 
 lint: $(TSTAMP)
 	$(BIN)/ruff check placeverify tests benchmarks
@@ -46,6 +59,27 @@ bench: $(TSTAMP)
 	$(BIN)/python benchmarks/verify_scaling.py
 	$(BIN)/python benchmarks/prove_all.py
 	$(BIN)/python benchmarks/measure_table.py
+
+# The Measured figures page (docs/figures.md includes docs/figures/*.md). latency_ab.py compares
+# two source trees and is not part of the page. fuzz.py writes its two sections
+# (fuzz.md, fuzz-seed1.md) once it takes --docs.
+figures: $(TSTAMP)
+	$(BIN)/python benchmarks/check_latency.py -n 3 --docs
+	$(BIN)/python benchmarks/verify_scaling.py --docs
+	$(BIN)/python benchmarks/prove_all.py --docs
+	$(BIN)/python benchmarks/replay_wall_time.py -n 3 --docs
+	$(BIN)/python benchmarks/search.py --docs
+	$(BIN)/python benchmarks/measure_table.py --docs
+	$(BIN)/python benchmarks/step_time.py --shipped --docs
+	$(BIN)/python benchmarks/peak_memory.py --docs
+	$(BIN)/python benchmarks/peak_memory.py --repeat 29 examples/measure/zero3.place --docs \
+		--docs-name zero3-29-runs
+	$(BIN)/python benchmarks/import_sweep.py tests/importers --docs
+	$(BIN)/python benchmarks/soundness.py --docs
+
+# The CUDA section of the page: needs a CUDA device.
+figures-cuda: $(TSTAMP)
+	$(BIN)/python benchmarks/peak_memory.py --device cuda --docs --docs-name cuda
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache .hypothesis

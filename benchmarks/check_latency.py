@@ -23,7 +23,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 GOAL_SECONDS = 0.5
+
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def main() -> int:
     parser.add_argument("-n", "--repeat", type=int, default=5, help="timed runs per file (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per file first (default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON here")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -125,6 +129,20 @@ def main() -> int:
           f"({max(timings, key=lambda t: t.median).file})")
     verdict = "met" if overall < GOAL_SECONDS else "NOT met"
     print(f"goal: median under {GOAL_SECONDS} s: {verdict}")
+    if args.docs:
+        slowest = max(timings, key=lambda t: t.median).file
+        figures.write_section("check_latency", "Whole-process `placeverify check`", [
+            (f"`placeverify check FILE` over {len(timings)} example files, a fresh process each "
+             f"({args.repeat} runs per file after {args.warmup} warm-up; median per file)",
+             f"median {overall:.3f} s, p90 {p90:.3f} s, slowest {medians[-1]:.3f} s (`{slowest}`)"),
+            ("baseline: `python -c pass`", f"{statistics.median(interpreter):.3f} s"),
+            ("baseline: `placeverify --version`", f"{statistics.median(version):.3f} s"),
+            (f"goal: median under {GOAL_SECONDS} s", verdict)],
+            name=args.docs_name,
+            facts={**figures.machine(load=True),
+                   "bytecode": "precompiled" if compiled else "none (every run compiles)",
+                   "parser cache": "as configured" if os.environ.get("PLACEVERIFY_CACHE_DIR")
+                   else "default (~/.cache/placeverify)"})
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": base, "repeat": args.repeat, "warmup": args.warmup,

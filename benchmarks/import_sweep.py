@@ -23,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 
 from placeverify.api import check_strategy  # noqa: E402
 from placeverify.diagnostics import PlaceError  # noqa: E402
@@ -53,6 +56,7 @@ def main() -> int:
     parser.add_argument("--format", dest="fmt")
     parser.add_argument("--set", dest="sets", action="append", default=[])
     parser.add_argument("--no-verify", action="store_true", help="costs only, no Z3")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
     options = Options(args.model, args.world, args.fmt)
     settings = parse_settings(args.sets) if args.sets else None
@@ -78,6 +82,15 @@ def main() -> int:
         print(f"  {count:4d}  {reason}   (e.g. {example[reason]})")
     for path, text in crashed:
         print(f"internal error on {path}:\n{text}")
+    if args.docs:
+        found: list[figures.Figure] = [
+            (f"configuration files of {', '.join(f'`{p}`' for p in args.paths)}",
+             f"{len(todo)} files: {checked} checked, {sum(refused.values())} refused, "
+             f"{len(crashed)} internal errors")]
+        found += [(f"refused: {reason}", f"{count} (e.g. `{example[reason]}`)")
+                  for reason, count in refused.most_common()]
+        figures.write_section("import_sweep", "Importing real configuration files", found,
+                              name=args.docs_name, facts=figures.machine())
     return 1 if crashed else 0
 
 

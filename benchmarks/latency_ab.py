@@ -23,12 +23,17 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import figures  # benchmarks/figures.py: the Measured figures page
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path, help="the source tree measured first")
     parser.add_argument("after", type=Path, help="the source tree measured second")
     parser.add_argument("-n", type=int, default=3, help="runs per file and tree (default 3)")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     files = sorted(p.relative_to(trees["before"]).as_posix()
@@ -46,12 +51,19 @@ def main() -> None:
                                check=False)
                 seconds[name].setdefault(file, []).append(time.perf_counter() - started)
                 cpu[name].setdefault(file, []).append(_children_cpu() - used)
+    found: list[figures.Figure] = []
     for what, table in (("wall", seconds), ("cpu", cpu)):
         for name, per_file in table.items():
             medians = sorted(statistics.median(v) for v in per_file.values())
             p90 = medians[min(len(medians) - 1, int(0.9 * len(medians)))]
             print(f"{what:<4} {name:<7} {trees[name]}: {len(medians)} files, "
                   f"median {statistics.median(medians):.3f} s, p90 {p90:.3f} s")
+            found.append((f"{what} time, {name} (`{args.before if name == 'before' else args.after}`)",
+                          f"{len(medians)} files, median {statistics.median(medians):.3f} s, "
+                          f"p90 {p90:.3f} s"))
+    if args.docs:
+        figures.write_section("latency_ab", "`placeverify check` latency of two source trees", found,
+                              name=args.docs_name, facts=figures.machine(load=True))
 
 
 def _children_cpu() -> float:

@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 
 from placeverify.backend.runtime import BackendFailure, run_jobs  # noqa: E402
 from placeverify.diagnostics import PlaceError  # noqa: E402
@@ -117,6 +120,7 @@ def main() -> int:
                         help="add a column with the placement-level cost model's figure "
                              "(placeverify check's formulas on the same model, fp32)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per world size")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
     try:
         comparisons = measure_all(files(args.paths), args.timeout)
@@ -130,11 +134,20 @@ def main() -> int:
         print(json.dumps([comparison_document(c) for c in comparisons], indent=2,
                          ensure_ascii=False))
     else:
-        print(markdown(comparisons, args.placement_model))
+        table = markdown(comparisons, args.placement_model)
+        print(table)
         exact = [r for c in comparisons for r in c.rows if r.tolerance == 0]
         close = [r for c in comparisons for r in c.rows if r.tolerance]
         print(f"\n{sum(r.ok for r in exact)} of {len(exact)} exact rows at 1.000; "
               f"{sum(r.ok for r in close)} of {len(close)} activation rows within 10%.")
+        if args.docs:
+            figures.write_section("measure_table", "Measured against predicted: model states and "
+                                  "communication", [
+                (f"model states and communication, {len(comparisons)} strategies",
+                 f"{sum(r.ok for r in exact)} of {len(exact)} exact rows at 1.000"),
+                ("activations", f"{sum(r.ok for r in close)} of {len(close)} rows within 10%")],
+                name=args.docs_name, facts=figures.machine(torch=True, device="cpu (gloo)"),
+                tables=[table])
     return 0
 
 

@@ -40,6 +40,7 @@ from placeverify.lower import load  # noqa: E402
 from placeverify.measure.plan import plan  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 from measure_table import files  # noqa: E402  (the same files: examples/measure by default)
 
 
@@ -107,6 +108,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run each file this many times (a row per rank and run)")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     for path in files(args.paths):
@@ -117,8 +119,52 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(table(rows, args.device))
+    text = table(rows, args.device)
+    print(text)
+    if args.docs:
+        figures.write_section("peak_memory", f"Peak memory, predicted against measured ({args.device})",
+                              summary(rows), name=args.docs_name, tables=[text], notes=[NOTE],
+                              facts=figures.machine(torch=True, device=args.device))
     return 0
+
+
+NOTE = ("Each strategy runs two warm-up steps and a measured third; the prediction is "
+        "`memory.peak_bytes` with `memory_profile = torch_cpu` (CPU) or `torch` (CUDA) "
+        "([the model](models/peak.md)), the largest over the orders the implementation allows; the "
+        "last column is the figure in the usual order ([two orders of frees under "
+        "gloo](models/peak.md#two-orders-of-frees-under-gloo)).")
+
+
+def summary(rows: list[dict[str, Any]]) -> list[figures.Figure]:
+    """The figures of :func:`table`'s summary line, per strategy file and over all ranks."""
+    measured = [r for r in rows if "skipped" not in r]
+    out: list[figures.Figure] = []
+    for file in dict.fromkeys(r["file"] for r in rows):
+        mine = [r for r in measured if r["file"] == file]
+        if not mine:
+            skipped = next(r["skipped"] for r in rows if r["file"] == file)
+            out.append((f"`{file}`", f"skipped: {skipped}"))
+            continue
+        ratios = sorted(r["ratio"] for r in mine)
+        usual = sorted(r["usual_ratio"] for r in mine if r["usual"] != r["predicted"])
+        text = spread(ratios)
+        if usual:
+            text += f"; usual order {spread(usual)}"
+        out.append((f"`{file}`: predicted / measured peak over {len(mine)} rank peaks", text))
+    ratios = [r["ratio"] for r in measured]
+    nearest = [min([r["ratio"], r["usual_ratio"]], key=lambda x: abs(x - 1)) for r in measured]
+    if ratios:
+        out.append(("ranks within 5% of the predicted peak",
+                    f"{sum(1 for r in ratios if abs(r - 1) <= 0.05)} of {len(ratios)}"))
+        out.append(("ranks within 5% of the predicted peak or of the usual-order figure",
+                    f"{sum(1 for r in nearest if abs(r - 1) <= 0.05)} of {len(ratios)}"))
+    return out
+
+
+def spread(ratios: list[float]) -> str:
+    """The lowest and highest of sorted ratios, or the one figure when they print alike."""
+    low, high = f"{ratios[0]:.3f}", f"{ratios[-1]:.3f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def table(rows: list[dict[str, Any]], device: str) -> str:

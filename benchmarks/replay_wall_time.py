@@ -26,8 +26,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 GOAL_COLD_WORLD_4 = 20.0
 DEFAULT_BUG = "examples/bugs/tp-dropout-seed.place"
+
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 
 
 def write_trace(bug: str, folder: str) -> str:
@@ -78,6 +81,7 @@ def main() -> int:
     parser.add_argument("-n", "--repeats", type=int, default=3,
                         help="cold processes and warm replays per world (the median is shown)")
     parser.add_argument("--json", dest="json_path", help="also write the figures here")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
     worlds = [int(w) for w in args.worlds.split(",")]
     rows = []
@@ -98,10 +102,23 @@ def main() -> int:
     print("cold: a fresh `placeverify replay --world N --json` (counterexample and control); "
           "warm: the same in a process that has replayed before; warm run: the counterexample "
           "run alone")
+    found: list[figures.Figure] = [
+        (f"replay at world {r['world']}: cold / warm / warm counterexample run alone",
+         f"{r['cold_seconds']:.2f} / {r['warm_seconds']:.2f} / {r['warm_run_seconds']:.2f} s; "
+         f"verdict {r['verdict']} (mesh {r['mesh']})") for r in rows]
     four = next((r for r in rows if r["world"] == 4), None)
     if four is not None:
         ok = float(four["cold_seconds"]) < GOAL_COLD_WORLD_4  # type: ignore[arg-type]
         print(f"goal: world 4 cold under {GOAL_COLD_WORLD_4:g} s: {'met' if ok else 'NOT met'}")
+        found.append((f"goal: world 4 cold under {GOAL_COLD_WORLD_4:g} s", "met" if ok else "NOT met"))
+    if args.docs:
+        figures.write_section(
+            "replay_wall_time", "`placeverify replay` at growing world size", found,
+            name=args.docs_name, facts=figures.machine(torch=True, device="cpu (gloo)", load=True),
+            notes=[f"The trace of `{args.trace_of}`, 3 steps, median of {args.repeats}. Cold: a fresh "
+                   "`placeverify replay trace.json --world N --json` process (counterexample and "
+                   "control run); warm: the same in a process that has replayed before (the "
+                   "forkserver up); warm run: the counterexample run alone."])
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     return 0

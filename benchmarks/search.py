@@ -74,6 +74,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 
 from placeverify.api import load_text, parse  # noqa: E402
 from placeverify.cost.time import step_time  # noqa: E402
@@ -137,7 +140,9 @@ def main() -> int:
     parser.add_argument("--breakdown", type=int, default=0, metavar="N",
                         help="print the step-time terms of the N fastest layouts that fit and "
                              "of the published layout (default: 0, none)")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
+    found: list[figures.Figure] = []
     for name, pb, published, every, spaces in (llama3_405b(), gpt3_175b()):
         screen = Screen(Setting(pb.arch, pb.precision, pb.device, pb.compute_dtype,
                                 float(pb.pcie_bandwidth)))
@@ -163,17 +168,25 @@ def main() -> int:
             for rank, e in enumerate(result.top, 1):
                 print(f"  {rank}. {e.label:52s} {e.step_seconds:8.3f} s  "
                       f"{e.needed_bytes / 1e9:6.1f} GB  MFU {100 * (e.mfu or 0):.1f}%")
+            figure = (f"{result.candidates:,} legal layouts screened at {result.rate:,.0f} per "
+                      f"second; {wall:.2f} s with the frontier verified")
             if mine is None:
                 print(f"  published layout {published.label()}: rejected by the language")
+                found.append((f"{name}: {title}", f"{figure}; the published layout is rejected"))
                 continue
-            ranked(result, mine, published)
+            figure += "; " + ranked(result, mine, published)
+            found.append((f"{name}: {title}", figure))
             if args.breakdown:
                 breakdown(result, mine, args.breakdown, variant)
+    if args.docs:
+        figures.write_section("search", "`placeverify search` on two published runs", found,
+                              name=args.docs_name, facts=figures.machine(load=True))
     return 0
 
 
-def ranked(result: SearchResult, own: Evaluated, published: Layout) -> None:
-    """Where the published layout ranks, and whether the goal holds."""
+def ranked(result: SearchResult, own: Evaluated, published: Layout) -> str:
+    """Where the published layout ranks, and whether the goal holds (printed, and returned in
+    short)."""
     faster = sum(1 for e in result.evaluated if e.step_seconds < own.step_seconds)
     best = result.top[0].step_seconds if result.top else float("nan")
     near = [e for e in result.top if abs(e.step_seconds / own.step_seconds - 1) <= 0.05]
@@ -183,6 +196,8 @@ def ranked(result: SearchResult, own: Evaluated, published: Layout) -> None:
     print(f"  goal (published or one within 5% of it in the top 5): "
           f"{'met' if faster < 5 or near else 'NOT met'} "
           f"({len(near)} of the top 5 within 5%)")
+    return (f"the published layout ranks {faster + 1} ({own.step_seconds:.3f} s); goal "
+            f"{'met' if faster < 5 or near else 'NOT met'} ({len(near)} of the top 5 within 5%)")
 
 
 TERMS = ("compute", "bubble", "tp", "cp", "pp", "ep", "data", "host", "optimizer")

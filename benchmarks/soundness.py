@@ -55,6 +55,9 @@ from typing import Any, cast
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 
 from placeverify.diagnostics import PlaceError  # noqa: E402
 from placeverify.ir.placement import Role  # noqa: E402
@@ -1938,6 +1941,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{REPLAY_TIMEOUT:g})")
     parser.add_argument("--operators", help="comma-separated operator names (default: all)")
     parser.add_argument("--json", dest="json_out", type=Path, help="write every record here")
+    figures.add_docs_flag(parser)
     args = parser.parse_args(argv)
     if args.world < 2:
         parser.error("--world must be at least 2")
@@ -1957,6 +1961,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json_out.write_text(json.dumps(document(result, options), indent=1, default=str) + "\n",
                                  encoding="utf-8")
     print_report(result)
+    if args.docs:
+        s = result.summary
+        figures.write_section("soundness", "Soundness: mutants of every example, checked and replayed", [
+            (f"{len(result.bases)} examples, {result.generated} distinct mutants made, "
+             f"{len(result.mutants)} checked", f"{s.mutants} mutants to a verdict: {s.proved} proved, "
+             f"{s.refuted} refuted, {s.unknown} unknown; {s.rejected} rejected (do not lower)"),
+            (f"replays on real processes ({s.replays})",
+             f"proved-but-diverges {s.proved_but_diverges}, refuted-but-matches "
+             f"{s.refuted_but_matches}, Z3 unknown at the replayed mesh {s.replay_unknown}, "
+             f"replay unsupported {s.replay_unsupported}, replay errors {s.replay_errors}"),
+            ("internal errors", str(s.internal_errors))],
+            argv=sys.argv[1:] if argv is None else argv, name=args.docs_name,
+            facts=figures.machine(torch=True, device="cpu (gloo)"))
     return 0
 
 

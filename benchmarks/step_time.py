@@ -71,6 +71,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 
 from placeverify.api import costs, load_text  # noqa: E402
 from placeverify.cost import Costs  # noqa: E402
@@ -583,6 +586,7 @@ def main() -> int:
     parser.add_argument("--shipped", action="store_true",
                         help="use the constants in placeverify/cost/time.py (no fitting)")
     parser.add_argument("--write", metavar="DIR", help="write every row's .place file there")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
     loaded = load(all_rows())
     if args.write:
@@ -596,10 +600,13 @@ def main() -> int:
     cal = CALIBRATION if args.shipped else fit(calibration)
     print(f"{'source':<15} {'row':<38} {'set':<5} {'measured s':>11} {'predicted s':>12} "
           f"{'error':>7}")
+    table = ["| source | row | set | measured s | predicted s | error |", "|---|---|---|---:|---:|---:|"]
     for r in loaded:
         p = predict(r, cal)
         print(f"{r[0].source:<15} {r[0].label:<38} {'cal' if r[0].calibrate else 'held':<5} "
               f"{r[0].measured:>11.3f} {p:>12.3f} {p / r[0].measured - 1:>+7.1%}")
+        table.append(f"| {r[0].source} | {r[0].label} | {'cal' if r[0].calibrate else 'held'} | "
+                     f"{r[0].measured:.3f} | {p:.3f} | {p / r[0].measured - 1:+.1%} |")
     print()
     print(f"constants: efficiency {dict(cal.efficiency)}, score_passes {cal.score_passes}, "
           f"hidden_passes {cal.hidden_passes}, attention_efficiency {cal.attention_efficiency}, "
@@ -610,9 +617,20 @@ def main() -> int:
     sources = sorted({r[0].source for r in loaded})
     print(f"{len(loaded)} rows from {len(sources)} sources ({', '.join(sources)}); "
           f"{len(calibration)} calibration, {len(held)} held out")
+    found: list[figures.Figure] = [
+        ("published runs", f"{len(loaded)} rows from {len(sources)} sources ({', '.join(sources)}); "
+                           f"{len(calibration)} calibration, {len(held)} held out"),
+        ("constants", "the shipped ones (`placeverify/cost/time.py`)" if args.shipped
+         else "fitted to the calibration rows by this run")]
     for name, subset in (("calibration", calibration), ("held-out", held)):
         median, worst = summary(subset, cal)
         print(f"{name:<12} median |error| {median:6.1%}   worst {worst:6.1%}")
+        found.append((f"{name} rows: step time, predicted against published",
+                      f"median error {median:.1%}, worst {worst:.1%}"))
+    if args.docs:
+        figures.write_section("step_time", "Step time against published runs", found,
+                              name=args.docs_name, tables=["\n".join(table)],
+                              facts=figures.machine())
     return 0
 
 

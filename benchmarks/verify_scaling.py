@@ -18,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
 
 from placeverify.api import resize, verify  # noqa: E402
 from placeverify.lower import load, load_text  # noqa: E402
@@ -57,7 +60,9 @@ def main() -> None:
                         help="time the wall clock (default) or the process's CPU")
     parser.add_argument("--skip-examples", action="store_true",
                         help="only the data-parallel and micro-batch scaling tables")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
+    found: list[figures.Figure] = []
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     verify(load(str(ROOT / "examples/zero-paper/zero3.place")))  # warm up z3
     if not args.skip_examples:
@@ -69,6 +74,9 @@ def main() -> None:
             print(f"  {seconds * 1000:8.1f} ms  {path.relative_to(ROOT)}")
         print(f"  median {statistics.median(rows) * 1000:.1f} ms, max {max(rows) * 1000:.1f} ms "
               f"over {len(rows)} files")
+        found.append((f"verification alone, per example file ({len(rows)} files, in process, "
+                      "median of 5 each)",
+                      f"median {statistics.median(rows) * 1000:.1f} ms, max {max(rows) * 1000:.1f} ms"))
         print()
     print("the same strategy at growing data-parallel size (median of 5)")
     cases = ["examples/ok/ga-token-normalisation-fixed.place",
@@ -78,20 +86,30 @@ def main() -> None:
     for case in cases:
         strategy = load(str(ROOT / case))
         axis = "replica" if "hsdp" in case else "dp"
-        cells = []
+        cells, ms = [], []
         for size in (8, 64, 512, 4096):
             resized = resize(strategy, {axis: size})
-            cells.append(f"{axis}={size}: {timed(resized) * 1000:7.1f} ms")
+            ms.append(timed(resized) * 1000)
+            cells.append(f"{axis}={size}: {ms[-1]:7.1f} ms")
         print(f"  {case}\n    " + "   ".join(cells))
+        found.append((f"`{case}` at {axis} = 8 / 64 / 512 / 4096",
+                      " / ".join(f"{x:.1f}" for x in ms) + " ms"))
     print()
     print("sharded data parallelism under a 1F1B pipeline (pp = 4) at growing micro-batch count "
           "(median of 5)")
     for preset in UNDER_PIPELINE:
-        cells = []
+        cells, ms = [], []
         for m in (8, 32, 128, 512):
             strategy = load_text(under_pipeline(preset, m), f"{preset}-{m}.place")
-            cells.append(f"m={m}: {timed(strategy) * 1000:7.1f} ms")
+            ms.append(timed(strategy) * 1000)
+            cells.append(f"m={m}: {ms[-1]:7.1f} ms")
         print(f"  {preset:6}" + "   ".join(cells))
+        found.append((f"`{preset}` under 1F1B (pp = 4, `llama3_8b`, `loss microbatch_mean`) at "
+                      "8 / 32 / 128 / 512 micro-batches", " / ".join(f"{x:.1f}" for x in ms) + " ms"))
+    if args.docs:
+        figures.write_section("verify_scaling", "Verification time as the mesh and the micro-batches grow",
+                              found, name=args.docs_name,
+                              facts={**figures.machine(load=True), "clock": args.clock})
 
 
 if __name__ == "__main__":

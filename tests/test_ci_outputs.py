@@ -431,8 +431,8 @@ def test_require_fit_fails_a_strategy_that_does_not_fit() -> None:
 def test_exit_code_6_is_documented() -> None:
     help_text = run("check", "--help").stdout
     assert re.search(r"^\s*6\s+with --require-fit", help_text, re.M)
-    readme = (ROOT / "README.md").read_text("utf-8")
-    assert re.search(r"^\| 6 \| .*does not fit", readme, re.M)
+    documented = (ROOT / "docs" / "exit-codes.md").read_text("utf-8")
+    assert re.search(r"^\| 6 \| .*does not fit", documented, re.M)
 
 
 def test_json_and_another_output_format_is_a_usage_error() -> None:

@@ -1,8 +1,9 @@
-"""README's module map names every module of the package, one line each, and nothing else.
+"""The module map (docs/architecture.md) names every module of the package, one line each, and
+nothing else.
 
 A package's ``__init__.py`` is listed as the package folder (``placeverify/lower/``). The test
-reads the map from README's "Module map" section, so adding a module without a line (or leaving a
-line for a module that is gone) fails here.
+reads the map from the "Module map" section of docs/architecture.md, so adding a module without a
+line (or leaving a line for a module that is gone) fails here.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ LINE = re.compile(r"^- `(placeverify/(?:[\w/]*(?:\.py|/))?)`: \S")
 
 
 def _section() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("### Module map")
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    start = text.index("## Module map")
     end = text.find("\n#", start + 1)
     return text[start:end if end != -1 else None].splitlines()
 
@@ -51,5 +52,5 @@ def test_every_module_has_one_line() -> None:
     duplicates = sorted({n for n in documented if documented.count(n) > 1})
     assert duplicates == []
     actual = _modules()
-    assert sorted(actual - set(documented)) == [], "modules without a line in README's map"
+    assert sorted(actual - set(documented)) == [], "modules without a line in the module map"
     assert sorted(set(documented) - actual) == [], "lines for modules that do not exist"

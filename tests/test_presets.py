@@ -1,6 +1,6 @@
-"""README's preset table and the data table ``placeverify/ir/presets.py`` state the same facts.
+"""The docs' preset table and the data table ``placeverify/ir/presets.py`` state the same facts.
 
-The expected values are parsed from README.md (the language section), not from the code: each
+The expected values are parsed from docs/language/place.md (the page of `place`), not from the code: each
 row's names and aliases, role, axis count, modes (Θ, Ω, G, A), and options (their names, kinds,
 words, defaults and bare forms).
 """
@@ -16,7 +16,7 @@ import pytest
 from placeverify.ir.placement import Mode, Role
 from placeverify.ir.presets import PRESETS, TABLE, OptionKind, PresetSpec
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "language" / "place.md"  # the docs page of `place`
 HEADER = "| preset | role | axes | (Θ, Ω, G, A) | options |"
 TUPLE = re.compile(r"\(([RSMO*]+(?:, [RSMO*]+){3})\)")
 OPTION = re.compile(r"`(\w+) = ([^`]+)`")
@@ -34,12 +34,23 @@ class Row:
 
 
 def _cells(line: str) -> list[str]:
-    # split on | not escaped as \|
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+    """A table row's cells, as Markdown reads them: a | inside `code` or escaped as \\| is text."""
+    cells: list[str] = []
+    cell, code, escaped = "", False, False
+    for char in line.strip():
+        if char == "|" and not code and not escaped:
+            cells.append(cell)
+            cell = ""
+            continue
+        escaped = char == "\\" and not escaped
+        code = code != (char == "`")
+        cell += char
+    cells.append(cell)
+    return [c.strip().replace("\\|", "|") for c in cells[1:-1]]
 
 
 def readme_rows() -> list[Row]:
-    lines = README.read_text(encoding="utf-8").splitlines()
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
     start = lines.index(HEADER) + 2
     rows: list[Row] = []
     for line in lines[start:]:
@@ -102,7 +113,7 @@ def test_sequence_parallelism_shards_the_activations_of_a_tensor_axis() -> None:
 
 
 def test_the_option_values_the_readme_equates_with_presets_are_rewrites() -> None:
-    lines = README.read_text(encoding="utf-8").splitlines()
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
     rewrites = {(row.names[0], value): preset for row in ROWS
                 for line in lines if line.startswith(f"| `{row.names[0]}`")
                 for value, preset in re.findall(r"`(\w+)` is `(\w+)`", line)}

@@ -1,7 +1,7 @@
-"""The roles registry ``placeverify.roles.ROLES`` against README's table of the modes each role
+"""The roles registry ``placeverify.roles.ROLES`` against the docs' table of the modes each role
 realises.
 
-The expected modes are parsed from README.md (the language section), not from the code.
+The expected modes are parsed from docs/language/place.md (the page of `place`), not from the code.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from placeverify.ir.presets import TABLE, PresetSpec
 from placeverify.roles import ROLES
 from placeverify.roles.spec import RoleSpec
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "language" / "place.md"  # the docs page of `place`
 HEADER = "| role | its ranks hold | Θ | Ω | G | A |"
 SUPPORT = ("relations", "queries", "shapes", "spec")  # roles/ modules that are not a role
 
 
 def readme_modes() -> dict[str, tuple[frozenset[Mode], ...]]:
-    lines = README.read_text(encoding="utf-8").splitlines()
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
     start = lines.index(HEADER) + 2
     table: dict[str, tuple[frozenset[Mode], ...]] = {}
     for line in lines[start:]:
         if not line.startswith("|"):
             break
         role, _, *columns = (c.strip() for c in line.strip().strip("|").split("|"))
-        assert role not in table, f"README lists the role {role} twice"
+        assert role not in table, f"the page lists the role {role} twice"
         table[role] = tuple(frozenset(Mode(m.strip()) for m in c.split(",")) for c in columns)
     return table
 
