@@ -50,7 +50,7 @@ interleaving, sequence parallelism, selective recomputation, the backward overla
 waited for) and over what Megatron-LM offered once it had its distributed optimizer (ZeRO-1,
 ``zero1``) and overlapped its data-parallel traffic (2023): DDP or ``zero1``, no context
 parallelism. In a pipeline the search reduces ZeRO-2/3 and HSDP gradients once a step
-(``reduce = step``), as the pipeline runtimes do (README "Which layout?").
+(``reduce = step``), as the pipeline runtimes do (docs/search.md).
 
 The goal line is printed for every search; only the first (every layout) is the issue's goal as
 written.
@@ -60,7 +60,7 @@ written.
 layout, where the step time goes: compute, the pipeline bubble's idle compute, the exposed
 communication per axis (tensor, context, pipeline, expert, data: every collective over a data
 axis, with its share of the bubble), the host, and the optimizer step, which add up to the step
-time; then the published layout minus the fastest, term by term (README "Which layout?"). For
+time; then the published layout minus the fastest, term by term (docs/search.md). For
 Llama 3 it adds the published degrees with ZeRO-1 in place of ZeRO-2, and whether they fit.
 """
 

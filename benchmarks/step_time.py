@@ -39,7 +39,7 @@ Sources (measured step time from the published figure):
   97ad8cc6f ("Added 25.11 starter pack"), 25.11 NeMo container, DGX-H100 table: step time =
   GBS · sequence length / (tokens/s/GPU · GPUs). Held out only: it checks the layout family
   ``placeverify search`` prefers for Llama 3 405B at sequence 8,192 (context parallelism 2
-  with Megatron's distributed optimizer, README "Which layout?") on the model itself.
+  with Megatron's distributed optimizer, docs/search.md) on the model itself.
 - MEGATRON_LM: NVIDIA/Megatron-LM README.md, "Performance Benchmarking", and its model table
   (images/model_table.png, added in f2e5db402c, July 2024; unchanged at d98e8a64dd): GPT models
   from 1.7B to 462B on H100 with Megatron-Core r0.8.0, vocabulary 131,072, sequence 4,096,
@@ -233,7 +233,7 @@ LLAMA3 = [
     (16384, 8, 1, 16, 128, 8192, 16, 400),
     (16384, 8, 16, 16, 8, 131072, 16, 380),
 ]
-LLAMA3_405B_PARAMS = 405_853_388_800  # README: placeverify's exact count of llama3_405b
+LLAMA3_405B_PARAMS = 405_853_388_800  # docs: placeverify's exact count of llama3_405b
 
 
 def llama3_rows() -> list[Row]:

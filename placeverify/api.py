@@ -60,7 +60,7 @@ def parse(source: Source | str, path: str = "<text>") -> ast.File:
 
 
 def overrides(texts: list[str] | tuple[str, ...]) -> Settings:
-    """``--set KEY=VALUE`` options, checked (README "Overrides"); raises
+    """``--set KEY=VALUE`` options, checked (``docs/overrides.md``); raises
     :class:`~placeverify.diagnostics.PlaceError` pointing into the ones that are malformed."""
     return parse_settings(texts)
 

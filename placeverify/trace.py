@@ -1,6 +1,6 @@
 """Counterexample traces: a versioned JSON document the replay backend can run.
 
-Schema ``placeverify.trace/1`` (documented in README):
+Schema ``placeverify.trace/1`` (documented in ``docs/verification.md``):
 
 ``schema``, ``placeverify`` (version), ``file``, ``source`` (the .place text, re-parsed by the
 replay, never evaluated), ``strategy``, ``condition``, ``kind``, ``claim``, ``reason``, ``fix``,

@@ -56,7 +56,7 @@ def quiet_option(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def width_option(command: Callable[..., None]) -> Callable[..., None]:
-    """--width N: the columns of the text output (README "CLI reference")."""
+    """--width N: the columns of the text output (``docs/cli.md``)."""
     return click.option(
         "--width", type=click.IntRange(20, 10_000), default=None,
         help="Columns the text output may use (default: COLUMNS, also off a terminal, else the "
@@ -64,12 +64,11 @@ def width_option(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def set_option(command: Callable[..., None]) -> Callable[..., None]:
-    """--set KEY=VALUE (repeatable): override a value of every strategy (README "Overrides")."""
+    """--set KEY=VALUE (repeatable): override a value of every strategy (``docs/overrides.md``)."""
     return click.option(
         "--set", "overrides", multiple=True, metavar="KEY=VALUE",
         help="Override a value of the strategy, e.g. mesh.dp=16, model.seq=8192, "
-             "place.dp=zero3, precision=megatron, microbatches=8 (repeatable; README "
-             "\"Overrides\").")(command)
+             "place.dp=zero3, precision=megatron, microbatches=8 (repeatable; docs/overrides.md).")(command)
 
 
 def override_settings(texts: tuple[str, ...]) -> Any:

@@ -3,7 +3,7 @@
 The matmul efficiency ``η_max`` per device and dtype kind, the memory-bound passes beside the
 matmuls, the fused attention kernels' rate, the links' and HBM's achieved fractions, and the
 shares of an overlapped collective that can hide behind compute. ``CALIBRATION`` holds the values
-``benchmarks/step_time.py`` fits on its calibration rows (README "Step time").
+``benchmarks/step_time.py`` fits on its calibration rows (``docs/models/step-time.md``).
 """
 
 from __future__ import annotations

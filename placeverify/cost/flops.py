@@ -51,7 +51,7 @@ def ffn_width(arch: Transformer) -> float:
 
 def op_policy_flops(arch: Transformer, tokens: float, t: float) -> float:
     """Forward matmul FLOPs ``recompute selective_op`` runs again per layer on one device: the
-    matmuls torchtitan's op policy does not save (every second one, README "Step time"): K, the
+    matmuls torchtitan's op policy does not save (every second one, ``docs/models/step-time.md``): K, the
     output projection, and the up projection (gated) or the second MLP matmul (plain)."""
     h, q = arch.hidden, arch.q_dim
     kv = arch.kv_dim

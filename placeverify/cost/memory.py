@@ -93,7 +93,7 @@ def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State,
 def data_split(d: Domain, strategy: Strategy, state: State, skip: tuple[str, ...] = (),
                group: ParamGroup | None = None) -> Num:
     """The divisor from sharding over data-parallel (and context) axes: ZeRO / FSDP (the axes in
-    ``skip`` left out), for one parameter group when given (README "Per-group meshes")."""
+    ``skip`` left out), for one parameter group when given (``docs/language/place.md``)."""
     divisor: Num = d.const(1)
     for p in strategy.placements:
         if partitions(strategy, p.axis, state, group) and p.axis not in skip:

@@ -86,7 +86,7 @@ def _gathers_by_group(d: Domain, strategy: Strategy, local: dict[ParamGroup, Num
     each axis moves (n - 1)/n of the payload per rank over the n = |dp x dq| ranks, not
     (|dp| - 1)/|dp| + (|dq| - 1)/|dq| of it, as one gather per axis would (a hierarchical gather,
     first over dq then over dp, also moves (n - 1)/n). With an expert axis (``place fsdp over ep
-    * dp``, README "Per-group meshes") the dense parameters are gathered over dp x ep and the
+    * dp``, ``docs/language/place.md``) the dense parameters are gathered over dp x ep and the
     experts over dp (torchtitan's ``apply_fsdp``: the dense parameters over dp_shard, which
     includes the ep ranks, the routed experts over dp_shard_mod_ep)."""
     by_axes: dict[tuple[str, ...], list[ParamGroup]] = {}
@@ -128,7 +128,8 @@ class _Layers:
     # Full recomputation runs each layer's forward again in backward, collectives included
     # (Megatron-LM's recompute granularity "full"); selective recomputation only redoes the
     # attention core, which has none; ``every = n`` re-runs ⌊layers / n⌋ of a stage's layers.
-    # Not modelled: the all-gathers that ``selective_op`` recomputation re-runs (README).
+    # Not modelled: the all-gathers that ``selective_op`` recomputation re-runs
+    # (``docs/models/step-time.md``).
     refwd: Fraction | int
 
 

@@ -1,6 +1,6 @@
 """Step time: compute, exposed communication, pipeline bubble and optimizer step per device.
 
-The model (README "Step time"; validated by ``benchmarks/step_time.py``):
+The model (``docs/models/step-time.md``; validated by ``benchmarks/step_time.py``):
 
 - **FLOPs** per micro-batch per pipeline stage, matmuls only (2 FLOPs per multiply-add): the
   QKV projection with grouped-query attention ``2bs·h(h + 2·kv·d)``, the attention core

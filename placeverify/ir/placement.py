@@ -147,7 +147,7 @@ class AxisPlacement:
     # §4.1): each tensor rank sends 1/t of it, the receivers all-gather it over the tensor axes
     scatter_gather: bool = False
     # data axes: parameter groups placed over this axis by their own preset (``place ddp over dp
-    # for norms``, README "Per-group meshes"): (group name, its modes); the others follow ``modes``
+    # for norms``, ``docs/language/place.md``): (group name, its modes); the others follow ``modes``
     group_modes: tuple[tuple[str, tuple[Mode, Mode, Mode, Mode]], ...] = ()
 
     def mode(self, state: State) -> Mode:

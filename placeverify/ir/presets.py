@@ -4,8 +4,8 @@ Each preset names a role, the modes (Θ, Ω, G, A) it gives the states along its
 it is placed over, and the options it takes: by keyword (``zero3(reshard_after_forward = false)``)
 and, for some, by a bare word (``fsdp(grad_op)``, ``pipeline(gpipe)``, ``megatron(sequence_parallel)``).
 A preset may also turn into another one by an option's value: FSDP's sharding strategies
-(PyTorch ``ShardingStrategy``: ``HYBRID_SHARD`` is HSDP, ``NO_SHARD`` is DDP). README's preset
-table states the same facts and ``tests/test_presets.py`` holds the two together.
+(PyTorch ``ShardingStrategy``: ``HYBRID_SHARD`` is HSDP, ``NO_SHARD`` is DDP). The preset table of
+``docs/language/place.md`` states the same facts and ``tests/test_presets.py`` holds the two together.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class RecomputeKind(StrEnum):
     FULL = "full"  # keep each layer's input, recompute the layer in backward
     # torchtitan's op-level policy (activation_checkpoint.selective_ac_option = "op"): keep each
     # layer's input, the fused attention's output and every other matmul's output; recompute
-    # the rest (README "Step time")
+    # the rest (``docs/models/step-time.md``)
     SELECTIVE_OP = "selective_op"
 
 
@@ -87,10 +87,10 @@ class Config:
     microbatches: int  # the micro-batches of one step (a written step may declare them)
     clip: ClipConfig | None
     loss_scale: str
-    terms: tuple[LossTerm, ...] = ()  # named loss terms beside the main loss (README "Loss terms")
-    # 'unused dense': groups a micro-batch may leave unused on any rank (README "Participation")
+    terms: tuple[LossTerm, ...] = ()  # named loss terms beside the main loss (``docs/language/loss.md``)
+    # 'unused dense': groups a micro-batch may leave unused on any rank (``docs/language/unused.md``)
     unused: frozenset[ParamGroup] = frozenset()
-    # 'empty microbatches': a micro-batch may hold no tokens (README "Empty micro-batches")
+    # 'empty microbatches': a micro-batch may hold no tokens (``docs/language/empty.md``)
     empty: bool = False
 
     def placement(self, axis: str) -> AxisPlacement:
@@ -122,7 +122,7 @@ class Config:
 
 @dataclass(frozen=True, slots=True)
 class Override:
-    """A ``--set KEY=VALUE`` the strategy was lowered with (README "Overrides"); ``implied`` for
+    """A ``--set KEY=VALUE`` the strategy was lowered with (``docs/overrides.md``); ``implied`` for
     the ``world`` a file writes, which follows the axes an override resizes."""
 
     key: str

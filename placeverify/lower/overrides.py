@@ -1,6 +1,6 @@
 """``--set KEY=VALUE``: a strategy with some of its values replaced, then lowered like any file.
 
-Keys name what the language names (README "Overrides"):
+Keys name what the language names (``docs/overrides.md``):
 
 ==========================  ===================================================================
 ``model=NAME``              the bundled model (``model=llama3_70b``)

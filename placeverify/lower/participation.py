@@ -1,4 +1,4 @@
-"""Lowering of ``unused dense, experts`` (README "Participation"): the parameter groups a
+"""Lowering of ``unused dense, experts`` (``docs/language/unused.md``): the parameter groups a
 micro-batch may leave unused on any rank, checked against the model's groups."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def read_unused(ctx: Context, stmts: Sequence[ast.UnusedStmt], model: Model) -> 
 
 
 def read_empty(ctx: Context, stmts: Sequence[ast.EmptyStmt], kinds: Sequence[LossKind]) -> bool:
-    """``empty microbatches`` (README "Empty micro-batches"): a micro-batch may hold no tokens.
+    """``empty microbatches`` (``docs/language/empty.md``): a micro-batch may hold no tokens.
     ``kinds``: the declared loss's kind and every named term's."""
     for index, stmt in enumerate(stmts):
         if stmt.what.text != "microbatches":

@@ -83,8 +83,8 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
 
 
 def hsdp_with_experts(a: AxisPlacement, b: AxisPlacement) -> bool:
-    """An ``hsdp`` statement and an ``expert`` statement over one axis (README "Per-group
-    meshes": HSDP with expert parallelism is not modelled)."""
+    """An ``hsdp`` statement and an ``expert`` statement over one axis (``docs/language/place.md``,
+    per-group meshes: HSDP with expert parallelism is not modelled)."""
     return {a.preset, b.preset} == {"hsdp", "expert"}
 
 

@@ -2,7 +2,7 @@
 
 Each term has its own single-device normalisation (a :class:`~placeverify.ir.strategy.LossKind`,
 read as the main ``loss`` statement is) and the parameter groups its gradient reaches; the
-single-device loss is the sum of the main loss and every term (README "Loss terms").
+single-device loss is the sum of the main loss and every term (``docs/language/loss.md``).
 """
 
 from __future__ import annotations

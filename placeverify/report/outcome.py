@@ -1,7 +1,7 @@
 """One file's outcome in a run of ``check`` or ``compare``: its report or its input errors, and its
 exit code. The machine-readable outputs (JSON, SARIF, GitHub annotations) render lists of these.
 
-JSON documents (schemas in ``placeverify/schemas/``, README "JSON output"):
+JSON documents (schemas in ``placeverify/schemas/``, ``docs/ci.md``):
 
 - ``placeverify.check/1``: ``check --json FILE`` with one file argument: the report of
   :func:`placeverify.report.data.check_document`, or, for a file that does not load, the error

@@ -21,8 +21,9 @@ from placeverify.roles.relations import relation
 def replicates_model(p: AxisPlacement, group: ParamGroup | None = None) -> bool:
     """Do the ranks along this axis hold the same parameters (data, context), so that a sharded
     state along it is a partition of one copy? Of ``group``, when given: along an expert axis
-    placed by a data preset over a product (``place zero1 over ep * dp``, README "Per-group
-    meshes") the groups it does not split are copies too, and their states are partitioned."""
+    placed by a data preset over a product (``place zero1 over ep * dp``,
+    ``docs/language/place.md``) the groups it does not split are copies too, and their states
+    are partitioned."""
     if ROLES[p.role].replicates_model:
         return True
     return (group is not None and p.role is Role.EXPERT and bool(p.group_modes)
@@ -30,7 +31,7 @@ def replicates_model(p: AxisPlacement, group: ParamGroup | None = None) -> bool:
 
 
 def partitions(strategy: Layout, axis: str, state: State, group: ParamGroup | None = None) -> bool:
-    """Is ``state`` (of ``group``, when given: README "Per-group meshes") along ``axis`` a
+    """Is ``state`` (of ``group``, when given: ``docs/language/place.md``) along ``axis`` a
     partition of one replicated copy (ZeRO-style)?"""
     p = strategy.placement(axis)
     return replicates_model(p, group) and p.mode_of(state, group).sharded
@@ -67,7 +68,7 @@ def gathered_axes(strategy: Layout, group: ParamGroup | None = None) -> tuple[st
 def gathers_copies(p: AxisPlacement, group: ParamGroup | None) -> bool:
     """Is ``p`` an expert axis along which ``group`` is a copy with its own placement
     (``place fsdp over ep * dp``: the dense groups' parameters sharded over ep x dp and gathered
-    over it, README "Per-group meshes")?"""
+    over it, ``docs/language/place.md``)?"""
     return group is not None and p.role is Role.EXPERT and replicates_model(p, group)
 
 
@@ -85,7 +86,7 @@ def gathered_after_update(strategy: Layout, group: ParamGroup | None = None) -> 
 
 
 def per_group(strategy: Layout) -> bool:
-    """Does some axis place a parameter group by its own preset (README "Per-group meshes")?"""
+    """Does some axis place a parameter group by its own preset (``docs/language/place.md``)?"""
     return any(p.group_modes for p in strategy.placements)
 
 

@@ -1,4 +1,4 @@
-"""Micro-batches with no tokens, written once for every backend (README "Empty micro-batches").
+"""Micro-batches with no tokens, written once for every backend (``docs/language/empty.md``).
 
 ``empty microbatches`` declares that a micro-batch may hold no token of the loss's kind on any
 rank: a micro-batch made entirely of padding (every label ``ignore_index``), as sequence packing
