@@ -507,7 +507,8 @@ def run_disk(name: str, spec: dict[str, Any], work: Path, setting: Setting) -> O
     options = "size=64k" + (",nr_inodes=16" if spec["variant"] == "inodes" else "")
     why = _mount(disk, options)
     if why:
-        return Outcome(name, None, "skipped", 0.0, family="disk", skipped=why, work=str(work))
+        return Outcome(name, None, "skipped", 0.0, family="disk", skipped=f"skipped: {why}",
+                       work=str(work))
     target_name = "trace.json" if spec["command"] == "check" else "out.place"
     target = disk / target_name
     argv = (["check", TRACE_BUG, "--trace", str(target), "-q"] if spec["command"] == "check" else
