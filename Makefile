@@ -33,7 +33,7 @@ demo: $(STAMP)
 		examples/zero-paper/zero2.place examples/zero-paper/zero3.place
 
 test: $(TSTAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: $(TSTAMP)
 	$(BIN)/ruff check placeverify tests benchmarks
