@@ -224,3 +224,22 @@ def test_a_short_campaign_of_disk_and_path_faults(fuzz: Any) -> None:
     for line in ("inputs 6 (0 checks, 6 faults", "\ninternal errors ", "\ntracebacks ",
                  "\nleftovers ", "\nwrong exits ", "\nbudget overruns "):
         assert line in text
+
+
+@needs_proc
+def test_a_real_check_stopped_by_sigterm_is_judged_and_settled(fuzz: Any, tmp_path: Path) -> None:
+    """A real ``placeverify check`` of a program that runs into its 5 s budget (input 61 of seed
+    0), sent SIGTERM to its process group at 1.5 s, well past start-up: ``check`` installs no
+    handler, so it dies of the signal (-15, which a shell reports as 143), before its budget
+    would have ended it; nothing of it is left."""
+    text = dict(fuzz.inputs(62, 0))["fuzz-0-61.place"]
+    setting = fuzz.Setting(tmp_path, f"pvfuzztest{os.getpid()}")
+    work = tmp_path / "run"
+    work.mkdir()
+    outcome = fuzz.run_signal("real", signal_spec(signal="SIGTERM", target="group", delay=1.5,
+                                                  input="generated", text=text), work, setting)
+    assert outcome.verdict == "signalled" and outcome.code in (-15, 143)
+    assert outcome.seconds < 4.5  # stopped by the signal, not by its 5 s budget
+    assert (outcome.wrong, outcome.traceback, outcome.internal) == ("", "", "")
+    fuzz.settle(outcome)
+    assert outcome.leftover == "" and not work.exists()
