@@ -939,8 +939,14 @@ def summary(outcomes: list[Outcome], budget: float, stray: Sequence[str] = (),
     families: dict[str, int] = {}
     for o in faults:
         families[o.family] = families.get(o.family, 0) + 1
-    worst_text = (f"max {_percent(worst.seconds, budget):+.1f}% of the {budget:g} s budget "
-                  f"({worst.name}, {worst.seconds:.2f} s)" if worst else "max -")
+    if worst is None:
+        worst_text = "worst overrun -"
+    elif worst.seconds > budget:
+        worst_text = (f"worst overrun {_percent(worst.seconds, budget):+.1f}% of the {budget:g} s "
+                      f"budget ({worst.name}, {worst.seconds:.2f} s)")
+    else:
+        worst_text = (f"worst overrun none (slowest {worst.name}, {worst.seconds:.2f} s, "
+                      f"{100 * worst.seconds / budget:.0f}% of the {budget:g} s budget)")
     lines = [f"command: {command}"] if command else []
     lines += [f"inputs {len(outcomes)} ({len(checks)} checks, {len(faults)} faults"
               + "".join(f", {f} {n}" for f, n in sorted(families.items())) + ")",
