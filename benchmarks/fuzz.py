@@ -243,6 +243,7 @@ LATE_S = 1.0  # an unsignalled exit this soon after the signal: the signal came 
 FAULT_KILL_AFTER = 150.0  # seconds on one fault before its worker is killed
 MARK = "PLACEVERIFY_FUZZ_RUN"
 TRACEBACK = "Traceback (most recent call last)"
+EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b")  # its last line
 INTERNAL = re.compile(r"internal error|a bug in placeverify", re.I)
 NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
 NO_DAC = ("setpriv", "--inh-caps=-dac_override,-dac_read_search",
@@ -363,7 +364,8 @@ def first_traceback(output: str) -> str:
         return ""
     lines = [line for line in output[at:].splitlines() if line.strip()]
     ends = [line for line in lines if not line.startswith((" ", TRACEBACK))]
-    return (ends[0] if ends else lines[-1]).strip()[:200]
+    named = [line for line in ends if EXCEPTION.match(line)]
+    return (named or ends or lines)[0].strip()[:200]
 
 
 def internal_error(code: int | None, output: str) -> str:
@@ -975,6 +977,17 @@ def summary(outcomes: list[Outcome], budget: float, stray: Sequence[str] = (),
             key = "skipped" if o.skipped else "dead" if o.code is None else str(o.code)
             fault_codes[key] = fault_codes.get(key, 0) + 1
         lines.append("fault exit codes " + ", ".join(f"{c}: {n}" for c, n in sorted(fault_codes.items())))
+        kinds: dict[str, list[Outcome]] = {}
+        for o in faults:
+            kinds.setdefault(o.name.split("-", 3)[-1], []).append(o)
+        for kind, runs in sorted(kinds.items()):
+            found = {"wrong exits": sum(bool(o.wrong) for o in runs),
+                     "tracebacks": sum(bool(o.traceback) for o in runs),
+                     "internal": sum(bool(o.internal) for o in runs),
+                     "leftovers": sum(bool(o.leftover) for o in runs),
+                     "skipped": sum(bool(o.skipped) for o in runs)}
+            said = ", ".join(f"{what} {n}" for what, n in found.items() if n) or "clean"
+            lines.append(f"  {kind}: {len(runs)} runs, {said}")
 
     def said(o: Outcome) -> str:
         return f" [{o.detail}]" if o.detail else ""

@@ -133,6 +133,10 @@ def test_tracebacks_and_internal_errors_are_found_in_the_output(fuzz: Any) -> No
               "    main()\nKeyboardInterrupt\n")
     assert fuzz.first_traceback(output) == "KeyboardInterrupt"
     assert fuzz.first_traceback("placeverify: interrupted\n") == ""
+    # a child's traceback cut short, then the parent's own message: the exception is named
+    cut = "Traceback (most recent call last):\n  File \"x\", line 1\nplaceverify: interrupted\n" \
+          "Traceback (most recent call last):\n  File \"y\"\nAttributeError: 'Context' object\n"
+    assert fuzz.first_traceback(cut) == "AttributeError: 'Context' object"
     said = "x.place: unknown: internal error in gradient_integrity (a bug in placeverify)\n"
     assert fuzz.internal_error(3, said) == said.strip()
     assert fuzz.internal_error(70, "") == "exit 70"
