@@ -678,7 +678,9 @@ def probe(base: Path) -> Setting:
     secret = base / "secret"
     secret.write_text("x")
     secret.chmod(0)
-    check = [sys.executable, "-c", f"open({str(secret)!r})"]
+    # The same interpreter, or the runs would test another Python (a user who cannot enter the
+    # folder of this one's standard library gets the system's, with this one's packages).
+    check = [sys.executable, "-c", f"import sys; print(sys.version, flush=True); open({str(secret)!r})"]
     tried = []
     for prefix, who in ((NOBODY, "nobody"),
                         (NO_DAC, "root without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH")):
@@ -688,12 +690,16 @@ def probe(base: Path) -> Setting:
         except (OSError, subprocess.SubprocessError) as err:
             tried.append(f"{who}: {err}")
             continue
-        if "PermissionError" in done.stderr and "Errno 13" in done.stderr:
+        if done.stdout.strip() != sys.version.strip() and "PermissionError" in done.stderr:
+            tried.append(f"{who}: runs Python {done.stdout.split()[0]}, not {sys.version.split()[0]}")
+        elif "PermissionError" in done.stderr and "Errno 13" in done.stderr:
             setting.user, setting.user_note = prefix, who
             if tried:
                 setting.user_note += f" ({'; '.join(tried)})"
             break
-        tried.append(f"{who}: " + (done.stderr.strip().splitlines() or ["it could read a mode-000 file"])[-1])
+        else:
+            tried.append(f"{who}: " + (done.stderr.strip().splitlines()
+                                       or ["it could read a mode-000 file"])[-1])
     else:
         setting.user_note = "skipped: no user without privileges: " + "; ".join(tried)
     secret.unlink()
