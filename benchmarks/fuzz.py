@@ -708,14 +708,14 @@ def probe(base: Path) -> Setting:
     return setting
 
 
-def prepare(setting: Setting) -> None:
-    """The replays' traces and the files a complete write must equal."""
+def prepare(setting: Setting, replays: bool = True) -> None:
+    """The replays' traces (with ``replays``) and the files a complete write must equal."""
     traces = setting.base / "traces"
     reference = setting.base / "reference"
     traces.mkdir()
     reference.mkdir()
     env = run_env(f"{setting.campaign}-prepare", setting.base)
-    for bug in REPLAY_BUGS:
+    for bug in REPLAY_BUGS if replays else ():
         subprocess.run(placeverify("check", f"examples/bugs/{bug}.place", "-q", "--trace",
                                    str(traces / f"{bug}.json")),
                        cwd=ROOT, env=env, capture_output=True, timeout=300, check=False)
@@ -723,7 +723,7 @@ def prepare(setting: Setting) -> None:
                    cwd=ROOT, env=env, capture_output=True, timeout=300, check=False)
     subprocess.run(placeverify("import", *IMPORT_ARGS, "-o", str(reference / "out.place")),
                    cwd=ROOT, env=env, capture_output=True, timeout=300, check=False)
-    missing = [p.name for p in (*(traces / f"{b}.json" for b in REPLAY_BUGS),
+    missing = [p.name for p in (*(traces / f"{b}.json" for b in REPLAY_BUGS if replays),
                                 reference / "trace.json", reference / "out.place") if not p.is_file()]
     if missing:
         raise RuntimeError(f"could not prepare the faults' inputs: {', '.join(missing)}")
@@ -882,7 +882,7 @@ def campaign(count: int, seed: int, budget: float, jobs: int = 0, kill_after: fl
     try:
         if any(name.startswith("fault-") for name, _ in todo):
             SETTING = probe(base)
-            prepare(SETTING)
+            prepare(SETTING, replays="signal" in families)
         if jobs > 0:
             return _parallel(todo, jobs, budget,
                              kill_after if kill_after is not None else 4 * budget + 30,
