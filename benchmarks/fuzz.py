@@ -593,19 +593,23 @@ def run_paths(name: str, spec: dict[str, Any], work: Path, setting: Setting) -> 
                    ended=time.monotonic(), work=str(work))
 
 
-def marked(marker: str, session: int = 0) -> dict[int, str]:
-    """Every live process whose environment holds ``MARK=marker...`` or whose session is
-    ``session``: pid -> its command line."""
+def marked(marker: str, session: int = 0, ended: float = math.inf) -> dict[int, str]:
+    """Every live process whose environment holds ``MARK=marker...``, or that is in session
+    ``session`` and was started before ``ended`` (``time.monotonic()``; a later one has only
+    reused the pid): pid -> its command line."""
     needle = f"{MARK}={marker}".encode()
+    ticks = os.sysconf("SC_CLK_TCK")
     found: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
+            # after "pid (comm)": state, ppid, pgrp, session, ..., starttime (field 22)
             stat = (entry / "stat").read_text().rpartition(")")[2].split()
             if stat[0] in ("Z", "X"):
                 continue
-            in_session = session > 0 and int(stat[4]) == session
+            in_session = (session > 0 and int(stat[3]) == session
+                          and int(stat[19]) / ticks <= ended + 1.0)
             if not in_session and needle not in (entry / "environ").read_bytes():
                 continue
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -635,7 +639,7 @@ def settle(outcome: Outcome) -> None:
     work = Path(outcome.work)
     found: list[str] = []
     if outcome.marker:
-        processes = marked(outcome.marker, outcome.session)
+        processes = marked(outcome.marker, outcome.session, outcome.ended)
         kill(list(processes))
         found += [f"process {pid} {command}" for pid, command in sorted(processes.items())]
     found += [f"TMPDIR/{name}" for name in left_files(work / "tmp")]

@@ -82,6 +82,7 @@ import signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 import os, subprocess, sys, tempfile, time
 subprocess.Popen(["sleep", "60"])
+subprocess.Popen(["env", "-i", "sleep", "61"])  # without the marker: found by its session
 out = sys.argv[sys.argv.index("--trace") + 1]
 open(os.path.join(tempfile.gettempdir(), "run-folder"), "w").close()
 open(os.path.join(os.path.dirname(out), ".trace-1.json"), "w").write("{")
@@ -158,7 +159,7 @@ def test_a_run_that_leaks_ignores_sigint_and_half_writes_is_caught(
     leaked = fuzz.marked(outcome.marker)
     assert any("sleep 60" in command for command in leaked.values())
     fuzz.settle(outcome)
-    assert "sleep 60" in outcome.leftover
+    assert "sleep 60" in outcome.leftover and "sleep 61" in outcome.leftover
     assert "TMPDIR/run-folder" in outcome.leftover
     assert "out/.trace-1.json (half-written)" in outcome.leftover
     assert fuzz.marked(outcome.marker) == {}  # settle killed what it found
