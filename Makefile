@@ -38,7 +38,7 @@ demo: $(STAMP)
 		examples/zero-paper/zero2.place examples/zero-paper/zero3.place
 
 test: $(TSTAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 	$(BIN)/mkdocs build --strict --quiet
 
 # The docs site: the CLI reference is generated from placeverify.cli (mkdocs-click) at build time.

@@ -16,7 +16,9 @@ exits 1. The inputs depend only on ``--seed``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -95,6 +97,7 @@ def main() -> int:
     model = ROOT / "tests" / "importers" / "llama3-8b-config.json"
     rng = random.Random(args.seed)
     folder = Path(tempfile.mkdtemp(prefix="pv-fuzz-import-"))
+    atexit.register(shutil.rmtree, folder, True)  # the inputs' folder goes with the run
     signal.signal(signal.SIGALRM, _alarm)
     failures = imported = refused = 0
     for index in range(args.count):
