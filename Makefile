@@ -61,8 +61,7 @@ bench: $(TSTAMP)
 	$(BIN)/python benchmarks/measure_table.py
 
 # The Measured figures page (docs/figures.md includes docs/figures/*.md). latency_ab.py compares
-# two source trees and is not part of the page. fuzz.py writes its two sections
-# (fuzz.md, fuzz-seed1.md) once it takes --docs.
+# two source trees and is not part of the page.
 figures: $(TSTAMP)
 	$(BIN)/python benchmarks/check_latency.py -n 3 --docs
 	$(BIN)/python benchmarks/verify_scaling.py --docs
@@ -76,6 +75,9 @@ figures: $(TSTAMP)
 		--docs-name zero3-29-runs
 	$(BIN)/python benchmarks/import_sweep.py tests/importers --docs
 	$(BIN)/python benchmarks/soundness.py --docs
+	$(BIN)/python benchmarks/fuzz.py --count 10000 --seed 0 --budget 5 -j 2 --faults 0.02 --docs
+	$(BIN)/python benchmarks/fuzz.py --count 10000 --seed 0 --budget 5 -j 2 --faults 0.02 --load \
+		--docs --docs-name load
 
 # The CUDA section of the page: needs a CUDA device.
 figures-cuda: $(TSTAMP)

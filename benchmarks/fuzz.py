@@ -73,6 +73,9 @@ from typing import Any
 
 from rich.console import Console
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
+
 from placeverify import api
 from placeverify.console import verdict_exit
 from placeverify.diagnostics import ExitCode, PlaceError
@@ -1012,6 +1015,33 @@ def summary(outcomes: list[Outcome], budget: float, stray: Sequence[str] = (),
     return "\n".join(lines)
 
 
+DOCS_NOTE = """The inputs are generated programs (random models, 1-5 axes of sizes 1..4096, presets and
+tuples, step blocks with loops, collectives, scales, clips, seeds) and, one input in five, token
+mutations of the bundled examples, each checked as `check --timeout BUDGET` does (verification,
+text report, JSON document, trace) in a worker with a 4 GiB address-space limit. With `--faults F`
+a share F of the inputs are faults instead: SIGINT, SIGTERM or SIGKILL at a random point of `check`,
+`search`, `replay` or `measure` (no leftover process 5 s later, the documented exit), a full tmpfs
+disk under `check --trace` and `import -o` (exit 4, nothing half-written), and unreadable or
+unwritable paths (exit 4). `--load` runs the campaign beside one busy-loop process per core."""
+
+
+SUMMARY_LABELS = ("inputs", "internal errors", "tracebacks", "leftovers", "wrong exits",
+                  "budget overruns", "load:", "SKIPPED", "check exit codes", "verdicts",
+                  "dead processes", "seconds per check:", "slowest", "peak RSS")
+
+
+def summary_figures(text: str) -> list[tuple[str, str]]:
+    """The summary's lines as (what, figure) rows, split after the label each line of
+    :func:`summary` starts with (``internal errors 0`` is ``("internal errors", "0")``); the
+    command line is left out, as the section states its own."""
+    rows = []
+    for line in text.splitlines():
+        label = next((x for x in SUMMARY_LABELS if line.startswith(x)), None)
+        if label is not None:
+            rows.append((label.rstrip(":"), line[len(label):].strip().replace("|", "/") or "-"))
+    return rows
+
+
 def failing(o: Outcome, budget: float) -> bool:
     return bool(o.internal or o.traceback or o.wrong or o.leftover or o.dead
                 or (o.family == "check" and o.code is not None and o.seconds > budget * (1 + OVERRUN)))
@@ -1042,6 +1072,7 @@ def main() -> None:
     parser.add_argument("--show", type=int, default=None, help="print input N and exit")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="start no input after this long (report the inputs run by then)")
+    figures.add_docs_flag(parser)
     args = parser.parse_args()
     families = tuple(f for f in args.fault_families.split(",") if f)
     unknown = sorted(set(families) - set(FAMILIES))
@@ -1070,8 +1101,14 @@ def main() -> None:
                 f"{os.getloadavg()[0]:.1f} at the end") if pids else ""
     if len(outcomes) < args.count:
         print(f"stopped after --max-seconds: inputs 0..{len(outcomes) - 1} of {args.count} ran")
-    print(summary(outcomes, args.budget, STRAY, command, load))
-    print(f"wall {time.monotonic() - started:.0f} s")
+    text = summary(outcomes, args.budget, STRAY, command, load)
+    print(text)
+    wall = f"{time.monotonic() - started:.0f} s"
+    print(f"wall {wall}")
+    if args.docs:
+        figures.write_section("fuzz", "Fuzz: generated and mutated inputs, faults and load",
+                              [*summary_figures(text), ("whole run", wall)], name=args.docs_name,
+                              facts=figures.machine(load=True), notes=[DOCS_NOTE])
     if args.save is not None:
         args.save.mkdir(parents=True, exist_ok=True)
         texts = dict(inputs(args.count, args.seed, args.faults, families))

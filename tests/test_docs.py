@@ -173,9 +173,6 @@ INCLUDE = re.compile(r'^--8<-- "figures/([\w-]+\.md)"$', re.M)
 COMMAND = re.compile(r"^Command: `\.venv/bin/python benchmarks/(\w+)\.py\b[^`]*`$", re.M)
 AWAITS = re.compile(r"^Awaits `\.venv/bin/python benchmarks/(\w+)\.py [^`]*--docs\b[^`]*`", re.M)
 WRITTEN = re.compile(r"^<!-- written by benchmarks/(\w+)\.py: ", re.M)
-# fuzz.py belongs to another change: its sections await its --docs flag (a strict xfail, so
-# the marker goes once it has the flag).
-NO_DOCS_FLAG_YET = {"fuzz"}
 
 
 def figures_module() -> ModuleType:
@@ -213,9 +210,7 @@ def test_a_section_names_the_script_that_writes_it(path: Path) -> None:
     assert re.search(r"^Machine: .+\.$", text, re.M), path.name
 
 
-@pytest.mark.parametrize("script", [
-    pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="fuzz.py has no --docs flag yet"))
-    if s in NO_DOCS_FLAG_YET else s for s in section_scripts()])
+@pytest.mark.parametrize("script", section_scripts())
 def test_a_script_with_a_section_takes_docs(script: str) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--help"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
