@@ -74,7 +74,7 @@ from typing import Any
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
+import figures
 
 from placeverify import api
 from placeverify.console import verdict_exit
