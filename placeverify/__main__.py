@@ -1,5 +1,25 @@
-"""``python -m placeverify``."""
+"""``python -m placeverify`` and the ``placeverify`` script.
 
-from placeverify.cli import main
+Loading the command takes a few hundred milliseconds; a Ctrl-C in that window, before the
+command's own handler runs, is the same one-line ``placeverify: interrupted`` and exit 130 as
+one during the work, never a traceback.
+"""
 
-main()
+from __future__ import annotations
+
+import sys
+
+INTERRUPTED = 130  # diagnostics.ExitCode.INTERRUPTED, not imported: the window is the import
+
+
+def run() -> None:
+    try:
+        from placeverify.cli import main
+    except KeyboardInterrupt:
+        sys.stderr.write("placeverify: interrupted\n")
+        raise SystemExit(INTERRUPTED) from None
+    main()
+
+
+if __name__ == "__main__":
+    run()

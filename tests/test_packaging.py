@@ -76,7 +76,7 @@ def test_wheel_contains_the_grammar(wheel: Path) -> None:
         assert GRAMMAR_IN_WHEEL in names
         assert archive.read(GRAMMAR_IN_WHEEL) == (ROOT / "grammar" / "placement.lark").read_bytes()
         [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-        assert "placeverify = placeverify.cli:main" in archive.read(entry_points).decode()
+        assert "placeverify = placeverify.__main__:run" in archive.read(entry_points).decode()
         for schema in ("check", "check-list", "compare"):  # the published JSON Schemas (README)
             name = f"placeverify/schemas/{schema}.schema.json"
             assert archive.read(name) == (ROOT / name).read_bytes()
