@@ -24,7 +24,7 @@ MAX_NESTING = 32  # brackets inside brackets; real strategies use 3, and deeper 
 # ---- brackets --------------------------------------------------------------------------------
 
 # Comments and strings hide brackets; a string ends at its closing quote or at the end of the line.
-_BRACKET_SCAN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"?|[(){}\[\]]')
+_BRACKET_SCAN = re.compile(r'#[^\r\n]*|"(?:[^"\\\r\n]|\\.)*"?|[(){}\[\]]')
 _CLOSER = {"(": ")", "{": "}", "[": "]"}
 
 
