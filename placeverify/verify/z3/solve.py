@@ -47,16 +47,47 @@ def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
     limit_ms, _ = budget.query_limit(timeout_ms)  # what is left once the query is built
     solver.set("timeout", max(1, limit_ms))
     started = time.perf_counter()
-    result = solver.check()
+    try:
+        result = solver.check()
+    except z3.Z3Exception as err:
+        if cancelled(err):
+            raise KeyboardInterrupt from None
+        raise
     seconds = time.perf_counter() - started
     if result == z3.sat:
         return Outcome(SolverStatus.SAT, solver.model(), seconds)
     if result == z3.unsat:
         return Outcome(SolverStatus.UNSAT, None, seconds)
+    reason = solver.reason_unknown()
+    if _interrupted(reason, seconds, limit_ms):
+        raise KeyboardInterrupt
     active = budget.current()
     if active is not None and active.exhausted():
         raise budget.BudgetExhausted(active.seconds)
-    return Outcome(SolverStatus.UNKNOWN, None, seconds, solver.reason_unknown())
+    return Outcome(SolverStatus.UNKNOWN, None, seconds, reason)
+
+
+# Ctrl-C inside a Z3 call: Z3 puts its own SIGINT handler in place of Python's for the call (its
+# ``ctrl_c`` parameter, on by default), so Python never sees the signal; Z3 cancels the call, and
+# the query answers unknown ("interrupted from keyboard" in the default tactic pipeline,
+# "canceled" in the incremental core) or another call raises ``Z3Exception("canceled")``. That is
+# the user's Ctrl-C, not a solver limit: it is raised again as KeyboardInterrupt (the CLI exits
+# 130). The incremental core says "canceled" at its timeout too; the timer cannot fire before the
+# limit, so a query cancelled earlier was interrupted (placeverify never cancels one itself).
+_KEYBOARD = "interrupted from keyboard"
+_CANCELED = "canceled"
+
+
+def _interrupted(reason: str, seconds: float, limit_ms: int) -> bool:
+    return reason == _KEYBOARD or (reason == _CANCELED and seconds * 1000 < limit_ms)
+
+
+def cancelled(err: BaseException) -> bool:
+    """Whether an exception is a Z3 call cancelled by Ctrl-C (see above)."""
+    if not isinstance(err, z3.Z3Exception):
+        return False
+    message = err.value.decode(errors="replace") if isinstance(err.value, bytes) else str(err.value)
+    return _CANCELED in message or _KEYBOARD in message
 
 
 def value(model: Any, term: Any) -> Fraction:
