@@ -32,9 +32,10 @@ def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
     (:mod:`placeverify.verify.budget`) if less; a query cut short by the budget raises
     :class:`~placeverify.verify.budget.BudgetExhausted` rather than answering unknown.
 
-    A query whose limit is what is left of the budget (not its own ``timeout_ms`` or the
-    per-query cap) runs in Z3's incremental SMT core (a scope is opened first), which honours
-    the limit. Otherwise Z3 runs a tactic pipeline whose preprocessing polls no limit: on a
+    A query the budget bounds (its limit is what is left of the budget, or what is left could
+    not absorb an overshoot of its own ``timeout_ms``: :data:`~placeverify.verify.budget.
+    PIPELINE_OVERSHOOT_S`) runs in Z3's incremental SMT core (a scope is opened first), which
+    honours the limit. Otherwise Z3 runs a tactic pipeline whose preprocessing polls no limit: on a
     large nonlinear loss-normaliser formula ``purify-arith`` alone takes 0.8 s, and 300 ms and
     2 s queries took 1.4 s and 3.7 s, past the budget's reserve. The pipeline stays the default
     because the two may answer with different models (and the context they leave behind changes
