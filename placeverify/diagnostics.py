@@ -264,6 +264,9 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     if not close:  # short names: one typo ('dq' for 'dp') is below difflib's ratio
         near = [c for c in options if _one_edit(word.lower(), c.lower())]
         close = near[:1] if len(near) == 1 else []
+    if not close:  # a name spelt out in full ('sequence' for 'seq'), below difflib's ratio too
+        spelt = [c for c in options if len(c) >= 3 and word.lower().startswith(c.lower())]
+        close = spelt[:1] if len(spelt) == 1 else []
     if close:
         return f"; did you mean '{close[0]}'?"
     if options and len(options) <= 12:
