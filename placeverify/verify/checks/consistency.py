@@ -53,7 +53,8 @@ def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
     for obligation, divergence in consistency_obligations(strategy, ctx.timeout_ms):
         if obligation.verdict is Verdict.REFUTED and obligation.fix is None:
             # Deferred, as the float32 helpers below: refutations only (check start-up time).
-            from placeverify.verify.fixes import FixCase, suggest
+            from placeverify.verify.fix_matchers import FixCase
+            from placeverify.verify.fixes import suggest
 
             obligation = replace(obligation, fix=suggest(FixCase(strategy, divergence)))
         yield Finding(obligation, divergence)

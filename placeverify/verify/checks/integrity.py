@@ -29,7 +29,8 @@ def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
     groups = strategy.model.groups_present()
     for index, (obligation, found, seen_by) in enumerate(judged):
         if found is not None and found.observe is None:
-            from placeverify.verify.fixes import FixCase, suggest
+            from placeverify.verify.fix_matchers import FixCase
+            from placeverify.verify.fixes import suggest
 
             fix = suggest(FixCase(seen_by, found))
             obligation = replace(obligation, fix=fix)
