@@ -87,19 +87,31 @@ class Span:
         return Span(start[0], start[1], end[0], end[1])
 
 
+def normalise_newlines(text: str) -> str:
+    """``text`` with every line end written ``'\n'``: ``'\r\n'`` (Windows) and a lone ``'\r'``
+    (classic Mac OS) are line ends too, as editors and Python's universal newlines read them.
+
+    Without this a lone ``'\r'`` is whitespace to the grammar, a ``#`` comment runs on over the
+    following lines to the next ``'\n'``, and every statement it swallows is silently dropped.
+    A form feed or U+2028 does not end a line (Lark does not count them either).
+    """
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A file's path (as the user named it) and its decoded text."""
+    """A file's path (as the user named it) and its decoded text, its line ends normalised
+    (:func:`normalise_newlines`): the parser, the line and column of every span and the caret
+    lines all count lines in this one text."""
 
     path: str
     text: str
-    # Lines as the parser counts them: split at '\n' only (a form feed or U+2028 does not start
-    # a line), with a trailing '\r' removed. Computed once: a file may get thousands of messages.
+    # Lines as the parser counts them, computed once: a file may get thousands of messages.
     lines: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lines", tuple(line.removesuffix("\r")
-                                                for line in self.text.split("\n")))
+        object.__setattr__(self, "text", normalise_newlines(self.text))
+        object.__setattr__(self, "lines", tuple(self.text.split("\n")))
 
     def line_text(self, line: int) -> str:
         if 1 <= line <= len(self.lines):
@@ -252,6 +264,9 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     if not close:  # short names: one typo ('dq' for 'dp') is below difflib's ratio
         near = [c for c in options if _one_edit(word.lower(), c.lower())]
         close = near[:1] if len(near) == 1 else []
+    if not close:  # a name spelt out in full ('sequence' for 'seq'), below difflib's ratio too
+        spelt = [c for c in options if len(c) >= 3 and word.lower().startswith(c.lower())]
+        close = spelt[:1] if len(spelt) == 1 else []
     if close:
         return f"; did you mean '{close[0]}'?"
     if options and len(options) <= 12:

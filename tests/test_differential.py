@@ -22,7 +22,7 @@ from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import atoms, run, uniform_instance
 from placeverify.verdicts import Verdict
 from placeverify.verify.agreement import agreement
-from placeverify.verify.checks.integrity import group_obligation
+from placeverify.verify.checks.coefficients import group_obligation
 
 ARCH = "model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }"
 

@@ -248,3 +248,49 @@ def test_emit_refuses_empty_microbatches_by_name() -> None:
 
     with pytest.raises(EmitRefused, match="empty microbatches"):
         check_layout(load_text(MEAN_TIMES_TOKENS, "e.place"))
+
+
+ZERO1_HEAD = """
+model transformer { layers = 2, hidden = 64, heads = 4, vocab = 128, seq = 16 }
+precision fp32_adam
+mesh { dp = 2 }
+place zero1 over dp
+loss token_mean
+"""
+# ZeRO-1 (Rajbhandari et al. 2020, §5.1 P_os): the full gradient buffer accumulates over the
+# micro-batches, one reduce-scatter leaves each rank its shard for the update, the updated
+# shards are all-gathered. G is replicated in memory, as zero1 places it.
+ZERO1_STEP = """    each microbatch { backward sum / tokens(dp, step) }
+    reduce_scatter(sum) grads over dp
+    update params
+    all_gather params over dp
+"""
+# ZeRO-2 (P_os+g): each micro-batch's gradient reduce-scattered into the shard, the full buffer
+# freed; a G-sharded step under zero1's replicated G is a placement the step does not keep.
+ZERO2_STEP = """    each microbatch {
+        backward sum / tokens(dp, step)
+        reduce_scatter(sum, accumulate) grads over dp
+        free grads
+    }
+    update params
+    all_gather params over dp
+"""
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("declared", [False, True])
+@pytest.mark.parametrize(("body", "expected"), [(ZERO1_STEP, "proved"), (ZERO2_STEP, "refuted")],
+                         ids=["zero1-step", "zero2-step"])
+def test_a_micro_batch_without_tokens_frees_no_gradient_buffer(
+        m: int, declared: bool, body: str, expected: str) -> None:
+    # Issue 36.2: with micro-batch 0 empty nothing is in the full buffer after it, and the
+    # placement check read that as "the step frees the full buffer after each micro-batch",
+    # refuting ZeRO-1's composition at m = 2. Whether the step frees a buffer is a property of its
+    # statements: empty micro-batches change no verdict here. With m = 1 ZeRO-1 and ZeRO-2 are
+    # the same program (verify/placement_step.py), so both are proved.
+    text = ZERO1_HEAD + ("empty microbatches\n" if declared else "") + \
+        f"step {{\n    microbatches = {m}\n{body}}}\n"
+    verification = verify(load_text(text, "z.place"))
+    assert verification.verdicts() == {
+        "gradient_integrity": "proved", "state_consistency": "proved",
+        "composition_safety": "proved" if m == 1 else expected}

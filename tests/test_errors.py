@@ -247,3 +247,22 @@ def test_a_diagnostic_at_line_100_prints_its_line_number(tmp_path: Path,
     result = CliRunner().invoke(main, ["import", "run.sh"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     assert "run.sh:100:" in result.stderr and "\N{HUNDRED POINTS SYMBOL}" not in result.stderr
+
+
+@pytest.mark.parametrize(("word", "meant"), [
+    ("Gbps", ["Gb/s"]), ("GBps", ["GB/s"]), ("gbps", ["Gb/s", "GB/s"]), ("Tbps", ["Tb/s"]),
+    ("gb", ["GB", "Gb"]), ("mb", ["MB"]), ("gib", ["GiB"]), ("usec", ["us"]), ("msec", ["ms"]),
+    ("μs", ["µs"]), ("seconds", ["s"]), ("dp", []), ("experts", []),
+])
+def test_a_unit_the_grammar_does_not_know_gets_the_units_it_may_mean(word: str, meant: list[str]) -> None:
+    # the grammar's units (grammar/placement.lark QUANTITY): B..PiB, Gb, Tb, ns, us, µs, ms, s
+    from placeverify.syntax.errors import unit_suggestions
+
+    assert unit_suggestions(word) == meant
+
+
+def test_a_number_and_a_name_that_is_no_unit_keeps_the_syntax_error() -> None:
+    with pytest.raises(PlaceError) as raised:
+        load_text("model { params = 1e9 }\nmesh { dp = 2 { bandwidth = 100 fast } }\nplace ddp over dp\n",
+                  "x.place")
+    assert "unexpected '}'; expected '='" in str(raised.value)

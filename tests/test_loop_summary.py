@@ -18,7 +18,7 @@ from placeverify.lower import load_text
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import run
 from placeverify.verdicts import Verdict
-from placeverify.verify.checks.integrity import group_obligation
+from placeverify.verify.checks.coefficients import group_obligation
 from placeverify.verify.z3 import integrity
 from tests.test_differential import ARCH, instances
 

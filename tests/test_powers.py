@@ -25,7 +25,7 @@ from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import run, uniform_instance
 from placeverify.semantics.surd import Surd, inverse, sign, sqrt_of
 from placeverify.verdicts import Verdict
-from placeverify.verify.checks.integrity import group_obligation
+from placeverify.verify.checks.coefficients import group_obligation
 
 # ---- exact square roots --------------------------------------------------------------------------
 

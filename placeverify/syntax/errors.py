@@ -24,7 +24,7 @@ MAX_NESTING = 32  # brackets inside brackets; real strategies use 3, and deeper 
 # ---- brackets --------------------------------------------------------------------------------
 
 # Comments and strings hide brackets; a string ends at its closing quote or at the end of the line.
-_BRACKET_SCAN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"?|[(){}\[\]]')
+_BRACKET_SCAN = re.compile(r'#[^\r\n]*|"(?:[^"\\\r\n]|\\.)*"?|[(){}\[\]]')
 _CLOSER = {"(": ")", "{": "}", "[": "]"}
 
 
@@ -220,6 +220,9 @@ def syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
     token = err.token
     span = token_span(token)
     offset = token.start_pos if token.start_pos is not None else 0
+    unit = _unknown_unit(text, offset, accepted)
+    if unit is not None:
+        return unit
     notes = _unclosed_note(text, offset)
     if token.type == "COLON":  # ':' is a token only after a loss term's name: read as before
         expected = _expected(accepted)
@@ -307,3 +310,65 @@ def _hint_for_token(token: Token, accepted: set[str], text: str,
     if token.type in after_comma or as_name:
         return (f"is a ',' missing before '{token.value}'?",)
     return ()
+
+
+# ---- units the grammar does not know ('100 Gbps', '80 gb', '5 usec') ---------------------------
+
+# The units of the QUANTITY terminal (grammar/placement.lark), each optionally followed by '/s'.
+UNITS = ("B", "KB", "MB", "GB", "TB", "PB", "KiB", "MiB", "GiB", "TiB", "PiB", "Gb", "Tb",
+         "ns", "us", "µs", "ms", "s")
+# Spellings of time units from other tools (C's usec, the Greek mu for the micro sign).
+_TIME_SPELLINGS = {"nsec": "ns", "usec": "us", "μs": "µs", "msec": "ms", "sec": "s", "secs": "s",
+                   "second": "s", "seconds": "s"}
+# A number, then a word the grammar read as a name (the unit it did not know), then only blanks.
+_NUMBER_THEN_WORD = re.compile(r"(?<![\w.])[+-]?(?:\d[\d_]*(?:\.\d+)?(?:[eE][+-]?\d+)?|\.\d+)"
+                               r"[ \t]*([^\W\d]\w*)[ \t]*$")
+
+
+def _unknown_unit(text: str, offset: int, accepted: set[str]) -> Diagnostic | None:
+    """``100 Gbps }``: a number followed by a word is a quantity whose unit the grammar does not
+    know; the parser read the word as the next entry's key and says "expected '='". Said as an
+    unknown unit, with the unit it most likely means."""
+    if accepted != {"EQUAL"}:
+        return None
+    end = len(text[:offset].rstrip())  # the unit may end the line before the unexpected token
+    line_start = text.rfind("\n", 0, end) + 1
+    found = _NUMBER_THEN_WORD.search(text, line_start, end)
+    if found is None:
+        return None
+    word = found.group(1)
+    suggestions = unit_suggestions(word)
+    if not suggestions:
+        return None
+    line = text.count("\n", 0, found.start(1)) + 1
+    column = found.start(1) - line_start + 1
+    span = Span(line, column, line, column + len(word))
+    if len(suggestions) == 1:
+        hint = f"did you mean '{suggestions[0]}'?"
+    else:
+        hint = "did you mean " + " or ".join(f"'{u}' ({_KIND[u[:2]]})" for u in suggestions) + "?"
+    return Diagnostic(Severity.ERROR, f"unknown unit '{word}'; {hint}", Code.UNKNOWN_NAME, span,
+                      ("units are " + ", ".join(UNITS) + ", and a rate adds '/s' (25 GB/s)",))
+
+
+_KIND = {"Gb": "bits", "GB": "bytes", "Tb": "bits", "TB": "bytes"}
+
+
+def unit_suggestions(word: str) -> list[str]:
+    """The units ``word`` most likely means: ``Gbps`` -> Gb/s, ``usec`` -> us, ``gb`` -> GB or Gb
+    (bytes or bits: both are units); none for a word that is no spelling of a unit."""
+    rate = ""
+    base = word
+    if len(word) > 2 and word.lower().endswith("ps"):  # Gbps, GBps, MBps: per second
+        base, rate = word[:-2], "/s"
+    if base in _TIME_SPELLINGS:
+        return [_TIME_SPELLINGS[base] + rate]
+    if base in UNITS and rate:
+        return [base + rate]
+    matches = [u for u in UNITS if u.lower() == base.lower()]
+    if base.lower() in ("gb", "tb") and not rate:
+        return sorted(matches, key=lambda u: u[1] != "B")  # bytes first: memory is in bytes
+    if base.lower() in ("gb", "tb"):  # Gbps is bits per second (network links)
+        return [u + rate for u in sorted(matches, key=lambda u: u[1] == "B")]
+    return [u + rate for u in matches]
+

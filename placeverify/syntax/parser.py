@@ -49,7 +49,7 @@ def parse_text(text: str, path: str = "<text>") -> ast.File:
     return parse_source(Source(path, text))
 
 
-_COMMENT_OR_SPACE = re.compile(r"(#[^\n]*|\s+)*")
+_COMMENT_OR_SPACE = re.compile(r"(#[^\r\n]*|\s+)*")
 
 
 def _has_statements(text: str) -> bool:

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source, Span
+from placeverify.diagnostics import (
+    Code,
+    Diagnostic,
+    ExitCode,
+    PlaceError,
+    Severity,
+    Source,
+    Span,
+    normalise_newlines,
+)
 
 MAX_FILE_BYTES = 1 << 20  # 1 MiB: a strategy is a page of text; larger input is refused at once
 
@@ -60,7 +69,7 @@ def decode_text(name: str, data: bytes) -> str:
         bad = err.start if bad < 0 else min(bad, err.start)
         text = data[:bad].decode("utf-8", errors="replace")
     if bad >= 0:
-        prefix = data[:bad].decode("utf-8", errors="replace")
+        prefix = normalise_newlines(data[:bad].decode("utf-8", errors="replace"))
         line = prefix.count("\n") + 1
         column = len(prefix) - (prefix.rfind("\n") + 1) + 1
         shown = Source(name, prefix)

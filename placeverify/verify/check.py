@@ -18,6 +18,7 @@ from placeverify.ir.strategy import Strategy
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.budget import TIME_BUDGET, Budget, BudgetExhausted, TooLarge, active
+from placeverify.verify.z3.solve import cancelled
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,8 @@ def run_check(check: Check, strategy: Strategy, ctx: Context) -> list[Finding]:
     except BudgetExhausted as err:
         return [*found, out_of_time(check, strategy, err)]
     except Exception as err:  # a bug in a family: unknown for it, the other families still run
+        if cancelled(err):  # Ctrl-C inside a Z3 call (placeverify.verify.z3.solve): the user's
+            raise KeyboardInterrupt from None
         if os.environ.get("PLACEVERIFY_DEBUG"):
             raise
         return [*found, Finding(Obligation(

@@ -98,7 +98,8 @@ def _rng_obligation(strategy: Strategy, axis: str, region: Region, differ: bool,
                   "reuse one mask draw, where single-device training draws them independently")
     divergence = Divergence(axis, ParamGroup.NORMS, Cause.RNG, small_mesh(strategy, axis, 2), 1,
                             values=values)
-    from placeverify.verify.fixes import FixCase, suggest  # refutations only (start-up time)
+    from placeverify.verify.fix_matchers import FixCase  # refutations only (start-up time)
+    from placeverify.verify.fixes import suggest
 
     fix = suggest(FixCase(strategy, divergence, {"copies": copies, "region": region.value}))
     return (Obligation(condition, claim, Verdict.REFUTED, span, ObligationKind.RNG, reason=reason,

@@ -12,68 +12,32 @@ the placement it compares, and :mod:`placeverify.verify.checks.composition` writ
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from fractions import Fraction
-from functools import cached_property
-from itertools import combinations
+from dataclasses import dataclass
 
-from placeverify.evidence import Cause, Counterexample, Divergence
-from placeverify.ir.model import ParamGroup
-from placeverify.ir.placement import Role, State
-from placeverify.ir.presets import hybrid
-from placeverify.ir.step import Backward, Collective, CollectiveKind, CountKind, Free, Op, TermKind
-from placeverify.ir.strategy import LossKind, Strategy
-from placeverify.roles.relations import batch_axes
-from placeverify.semantics.groups import GroupView, group_view
-from placeverify.verify.explain import has_local_count, ratio_pattern, reductions_of, wrong_count_kind
-
-Fields = Mapping[str, object]
-
-
-@dataclass(frozen=True)
-class FixCase:
-    """What a rule matches on: the strategy, the refutation's evidence, and the facts the check
-    that refuted it already knows (``copies``, ``region`` for dropout). The integrity facts are
-    computed once, when a rule first asks."""
-
-    strategy: Strategy
-    evidence: Counterexample | Divergence | None
-    facts: Fields = field(default_factory=dict)
-
-    @cached_property
-    def found(self) -> Counterexample:
-        assert isinstance(self.evidence, Counterexample)
-        return self.evidence
-
-    @cached_property
-    def view(self) -> GroupView:
-        return group_view(self.strategy, self.found.group)
-
-    @cached_property
-    def missing(self) -> list[str]:
-        """Axes where the group's gradient is never reduced (and that have more than one rank)."""
-        view = self.view
-        reduced = {a for op in reductions_of(self.strategy, view.group)
-                   if op.kind is not CollectiveKind.ALL_GATHER for a in op.group.axes}
-        return [a for a in view.coordinates if a not in reduced and a not in view.routed
-                and view.size(a, self.found.sizes) > 1]
-
-    @cached_property
-    def ratio(self) -> Fraction | None:
-        return ratio_pattern(self.strategy, self.view, self.found)
-
-    @cached_property
-    def named(self) -> str | None:
-        """The product of axes whose size is the (inverse) ratio, as ``a * b``."""
-        ratio = self.ratio
-        if ratio is None or ratio == 0 or ratio == 1:
-            return None
-        return _size_product(self.strategy, self.found.sizes, ratio)
-
-
-Match = Callable[[FixCase], Fields | None]
+from placeverify.evidence import Cause
+from placeverify.verify.fix_matchers import (
+    FixCase,
+    Match,
+    constant_factor,
+    context_loss_scale,
+    count_kind,
+    divergence_of,
+    double_division,
+    free_before_update,
+    free_in_loop,
+    hsdp_replicas,
+    local_count,
+    loss_term_scale,
+    microbatch_factor,
+    missing_reduction,
+    overwritten_shard,
+    reduced_in_loop,
+    sequence_parallel_norms,
+    sum_without_average,
+    tied_embedding,
+    tied_embedding_copies,
+    token_mean,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,219 +53,6 @@ class FixRule:
 
     def text(self, **fields: object) -> str:
         return self.template.format(reference=self.reference, **fields)
-
-
-def _integrity(case: FixCase) -> bool:
-    return isinstance(case.evidence, Counterexample)
-
-
-def _tied_embedding(case: FixCase) -> Fields | None:
-    if not _integrity(case) or case.view.group is not ParamGroup.EMBEDDING:
-        return None
-    ends = [a for a in case.missing if a in case.view.ends]
-    return {"axis": ends[0]} if ends else None
-
-
-def _sequence_parallel_norms(case: FixCase) -> Fields | None:
-    if not _integrity(case) or case.view.group is not ParamGroup.NORMS:
-        return None
-    sp_axes = [a for a in case.missing if a in case.view.extra
-               and case.strategy.placement(a).role is Role.TENSOR]
-    return {"axis": sp_axes[0]} if sp_axes else None
-
-
-def _token_mean(case: FixCase) -> Fields | None:
-    strategy = case.strategy
-    if _integrity(case) and strategy.loss.kind is LossKind.TOKEN_MEAN and \
-            has_local_count(strategy) and case.found.microbatches > 1:
-        return {"axes": ", ".join([*batch_axes(strategy), "step"])}
-    return None
-
-
-def _unreduced_data(case: FixCase) -> list[str]:
-    return [a for a in case.missing if a in case.view.batch] if _integrity(case) else []
-
-
-def _hsdp_replicas(case: FixCase) -> Fields | None:
-    data = _unreduced_data(case)
-    strategy = case.strategy
-    if data:
-        hsdp = [p for p in strategy.placements if hybrid(p.preset)]
-        # the shard axis is the one holding Ω sharded, whatever order the mesh declares them in
-        shards = [p.axis for p in hsdp if p.mode(State.OPTIMIZER).sharded]
-        replicas = [p.axis for p in hsdp if not p.mode(State.OPTIMIZER).sharded]
-        if shards and data[0] in replicas:
-            shard = shards[0]
-            return {"axis": data[0], "shard": shard, "n": case.found.sizes.get(shard, 1)}
-    return None
-
-
-def _missing_reduction(case: FixCase) -> Fields | None:
-    data = _unreduced_data(case)
-    return {"axes": " * ".join(data)} if data else None
-
-
-def _free_before_update(case: FixCase) -> Fields | None:
-    if not _integrity(case) or case.ratio != 0:
-        return None
-    freed = [op for op in case.strategy.step.ops() if isinstance(op, Free)
-             and op.target.applies_to(case.view.group)]
-    if freed:
-        return {"target": freed[0].target.label(), "line": freed[0].span.line}
-    return None
-
-
-def _too_large(case: FixCase) -> str | None:
-    ratio = case.ratio if _integrity(case) else None
-    return case.named if ratio is not None and ratio > 1 else None
-
-
-def _context_loss_scale(case: FixCase) -> Fields | None:
-    named = _too_large(case)
-    cp = case.strategy.axes(Role.CONTEXT)
-    return {"axes": named} if named is not None and cp and named == cp[0] else None
-
-
-def _sum_without_average(case: FixCase) -> Fields | None:
-    named = _too_large(case)
-    return {"axes": named} if named is not None else None
-
-
-def _double_division(case: FixCase) -> Fields | None:
-    ratio = case.ratio if _integrity(case) else None
-    if ratio is not None and ratio < 1 and case.named is not None:
-        return {"axes": case.named}
-    return None
-
-
-def _loss_term_scale(case: FixCase) -> Fields | None:
-    """A named loss term (judged on its projection, :mod:`placeverify.semantics.terms`) whose
-    gradient is off by the size of some axes."""
-    ratio = case.ratio if _integrity(case) else None
-    if ratio is None or ratio == 0 or ratio == 1:
-        return None
-    judged = [op for op in case.strategy.step.ops()
-              if isinstance(op, Backward) and op.term and op.reaches != frozenset()]
-    if not judged:
-        return None
-    m = case.found.microbatches
-    if case.named is not None:
-        factor = f"|{case.named}|"
-    elif m > 1 and ratio in (m, Fraction(1, m)):
-        factor = "microbatches"
-    else:
-        return None
-    small = ratio < 1
-    return {"term": judged[0].term, "factor": factor, "how": "small" if small else "large",
-            "then": "multiply" if small else "divide"}
-
-
-def _loop_ops(case: FixCase) -> list[Op]:
-    """The ops of the micro-batch loop, where the step accumulates over more than one."""
-    if not _integrity(case) or case.found.microbatches < 2:
-        return []
-    return [lo.op for lo in case.strategy.step.loop]
-
-
-def _free_in_loop(case: FixCase) -> Fields | None:
-    """A free in the loop with no reduce-scatter there to keep a shard (ZeRO-2 frees after it)."""
-    ops = [op for op in _loop_ops(case) if isinstance(op, Free | Collective)
-           and op.target.applies_to(case.view.group)]
-    freed = [op for op in ops if isinstance(op, Free)]
-    if freed and not any(isinstance(op, Collective) and op.kind is CollectiveKind.REDUCE_SCATTER
-                         for op in ops):
-        return {"target": freed[0].target.label(), "line": freed[0].span.line}
-    return None
-
-
-def _overwritten_shard(case: FixCase) -> Fields | None:
-    """Under a pipeline the composition check names the repair (reduce once, DeepSpeed#1629)."""
-    if case.strategy.axes(Role.PIPELINE):
-        return None
-    scatters = [op for op in _loop_ops(case) if isinstance(op, Collective)
-                and op.kind is CollectiveKind.REDUCE_SCATTER and not op.accumulate
-                and op.target.applies_to(case.view.group)]
-    return {"axes": scatters[0].group.label()} if scatters else None
-
-
-def _reduced_in_loop(case: FixCase) -> Fields | None:
-    reductions = [op for op in _loop_ops(case) if isinstance(op, Collective)
-                  and op.kind is CollectiveKind.ALL_REDUCE and op.target.applies_to(case.view.group)]
-    return {"axes": reductions[0].group.label()} if reductions else None
-
-
-def _loss_counts(case: FixCase) -> list[tuple[CountKind, tuple[str, ...]]]:
-    """(kind, axes) of every count the loss divides by."""
-    counts = []
-    for op in case.strategy.step.ops():
-        if isinstance(op, Backward):
-            for term, exponent in op.loss.factors:
-                if term.kind is TermKind.COUNT and term.count is not None and exponent < 0:
-                    counts.append((term.count.kind, term.count.axes))
-    return counts
-
-
-def _count_kind(case: FixCase) -> Fields | None:
-    if not _integrity(case) or not wrong_count_kind(case.strategy):
-        return None
-    loss = case.strategy.loss.kind
-    want, got = ("tokens", "samples") if loss is LossKind.TOKEN_MEAN else ("samples", "tokens")
-    return {"want": want, "got": got, "loss": loss.value}
-
-
-def _local_count(case: FixCase) -> Fields | None:
-    if not _integrity(case):
-        return None
-    data = [a for a in case.view.batch if case.view.size(a, case.found.sizes) > 1]
-    local = [k for k, axes in _loss_counts(case) if not axes]
-    if data and local:
-        return {"kind": local[0].value, "axes": ", ".join([*batch_axes(case.strategy), "step"])}
-    return None
-
-
-def _microbatch_factor(case: FixCase) -> Fields | None:
-    if not _integrity(case):
-        return None
-    ratio, m = case.ratio, case.found.microbatches
-    if ratio is None or m < 2:
-        return None
-    if ratio == m:
-        return {"m": m, "how": "large", "why": "the accumulated micro-batch losses are never "
-                "divided by their number ('microbatches')"}
-    if ratio == Fraction(1, m):
-        return {"m": m, "how": "small", "why": "the loss is divided by the number of "
-                "micro-batches on top of a normalisation that already covers the whole step"}
-    return None
-
-
-def _constant_factor(case: FixCase) -> Fields | None:
-    ratio = case.ratio if _integrity(case) else None
-    if ratio is None or ratio <= 0 or ratio == 1:
-        return None
-    return {"k": ratio if ratio > 1 else 1 / ratio, "how": "large" if ratio > 1 else "small"}
-
-
-def _cause(cause: Cause, *, elements: bool | None = None) -> Match:
-    """A divergence of this cause; with ``elements``, only where the dropout check says the
-    region's ranks hold different elements (True) or not (False)."""
-
-    def match(case: FixCase) -> Fields | None:
-        d = case.evidence
-        if not isinstance(d, Divergence) or d.cause is not cause:
-            return None
-        if elements is not None and (case.facts.get("copies") is False) != elements:
-            return None
-        return {"axis": d.axis, **case.facts}
-
-    return match
-
-
-def _tied_embedding_copies(case: FixCase) -> Fields | None:
-    d = case.evidence
-    if isinstance(d, Divergence) and d.cause is Cause.GRADIENT and \
-            d.group is ParamGroup.EMBEDDING and d.axis in case.strategy.axes():
-        return {"axis": d.axis}
-    return None
 
 
 # Decided by the check that detects the pattern (verify.checks.update, verify.checks.integrity).
@@ -375,91 +126,91 @@ EMPTY_MICROBATCH = FixRule(
 
 FIXES: tuple[FixRule, ...] = (
     # Integrity counterexamples (verify.checks.integrity), in order: the first match wins.
-    FixRule("tied-embedding", _tied_embedding,
+    FixRule("tied-embedding", tied_embedding,
             "all_reduce(sum) grads[embedding] over ends({axis}) before the data-parallel "
             "reduction: both stages hold the tied embedding (Megatron's embedding group; "
             "{reference[0]})", ("Megatron-LM#656",)),
-    FixRule("sequence-parallel-norms", _sequence_parallel_norms,
+    FixRule("sequence-parallel-norms", sequence_parallel_norms,
             "all_reduce(sum) grads[norms] over {axis}: under sequence parallelism each rank sees "
             "part of the sequence, so LayerNorm gradients are partial ({reference[0]}, "
             "{reference[1]})", ("gpt-neox#1257", "TransformerEngine#441")),
-    FixRule("token-mean", _token_mean,
+    FixRule("token-mean", token_mean,
             "normalise by the global token count: 'backward sum / tokens({axes})' with sum "
             "reductions and no division by the number of micro-batches ({reference[0]})",
             ("transformers#34191",)),
-    FixRule("hsdp-replicas", _hsdp_replicas,
+    FixRule("hsdp-replicas", hsdp_replicas,
             "all_reduce(sum) grads over {axis} after the reduce-scatter over {shard}: HSDP must "
             "synchronise replicas even when the shard group has {n} rank ({reference[0]})",
             ("verl#7493",)),
-    FixRule("missing-reduction", _missing_reduction,
+    FixRule("missing-reduction", missing_reduction,
             "all_reduce(sum) grads over {axes} after the last micro-batch: without it each "
             "replica trains on its own data and they drift"),
-    FixRule("free-before-update", _free_before_update,
+    FixRule("free-before-update", free_before_update,
             "'free {target}' (line {line}) drops the gradient before the update consumes it: "
             "free after 'update params', or reduce-scatter into the shard first"),
-    FixRule("loss-term-scale", _loss_term_scale,
+    FixRule("loss-term-scale", loss_term_scale,
             "loss term {term}'s gradients are too {how} by a factor {factor}: {then} its "
             "backward by {factor} (the statements after the backwards treat every term alike, and this "
             "term's own scale is off: a rank-local count or size, or a factor meant for another "
             "term; {reference[0]}, {reference[1]}, {reference[2]}, {reference[3]})",
             ("Megatron-LM#5047", "ms-swift#10116", "Automodel#3359", "Automodel#1412")),
-    FixRule("context-loss-scale", _context_loss_scale,
+    FixRule("context-loss-scale", context_loss_scale,
             "gradients are |{axes}|x too large: the loss is multiplied by |{axes}| while the "
             "reduction over the data and context axes is scaled by the data-parallel size only "
             "({reference[0]})", ("Megatron-LM#673",)),
-    FixRule("sum-without-average", _sum_without_average,
+    FixRule("sum-without-average", sum_without_average,
             "gradients are |{axes}|x too large: a sum reduction over {axes} without dividing by "
             "|{axes}|; use all_reduce(mean) or divide the loss by the global count"),
-    FixRule("double-division", _double_division,
+    FixRule("double-division", double_division,
             "gradients are |{axes}|x too small: the division by |{axes}| happens twice (the loss "
             "is already divided by the global count and the all-reduce averages); use "
             "all_reduce(sum) or drop one division"),
     # Matched only where none of the rules above does (examples/bugs/README.md's corpus).
-    FixRule("free-in-loop", _free_in_loop,
+    FixRule("free-in-loop", free_in_loop,
             "'free {target}' (line {line}) inside the micro-batch loop drops what the earlier "
             "micro-batches accumulated: free after 'update params'"),
-    FixRule("overwritten-shard", _overwritten_shard,
+    FixRule("overwritten-shard", overwritten_shard,
             "reduce_scatter(sum, accumulate) grads over {axes}: without accumulate every "
             "micro-batch's reduce-scatter overwrites the shard, and the update sees the last "
             "micro-batch only"),
-    FixRule("reduced-in-loop", _reduced_in_loop,
+    FixRule("reduced-in-loop", reduced_in_loop,
             "all_reduce(sum) grads over {axes} once, after the last micro-batch: a reduction "
             "inside the loop reduces everything accumulated so far, so the earlier micro-batches "
             "are reduced again with every later one"),
-    FixRule("count-kind", _count_kind,
+    FixRule("count-kind", count_kind,
             "divide by a {want} count: the declared loss {loss} is normalised by {want}, not by "
             "{got}"),
-    FixRule("local-count", _local_count,
+    FixRule("local-count", local_count,
             "normalise by the global count: 'backward sum / {kind}({axes})', all-reduced over "
             "the data axes, not by this rank's own {kind}"),
-    FixRule("microbatch-factor", _microbatch_factor,
+    FixRule("microbatch-factor", microbatch_factor,
             "gradients are {m}x too {how} (the number of micro-batches): {why}"),
-    FixRule("constant-factor", _constant_factor,
+    FixRule("constant-factor", constant_factor,
             "gradients are {k}x too {how} by a constant factor: compare the numbers in the loss and "
             "the scales with the step's own counts (write 'microbatches' rather than a configured "
             "number)"),
     # Consistency divergences (verify.checks.consistency, verify.dropout).
-    FixRule("stale-shard", _cause(Cause.STALE_SHARD),
+    FixRule("stale-shard", divergence_of(Cause.STALE_SHARD),
             "all_gather params over {axis} after the update: each rank updated only its "
             "optimizer shard (ZeRO-1/2)"),
-    FixRule("dropout-seed-differ", _cause(Cause.RNG, elements=True),
+    FixRule("dropout-seed-differ", divergence_of(Cause.RNG, elements=True),
             "seed dropout({region}) differ over {axis}: fold the {axis} coordinate into the "
             "dropout seed ({reference[0]} for data parallelism, {reference[1]} for sequence "
             "parallelism)", ("transformers#31412", "PaddleFleetX#1005")),
-    FixRule("dropout-seed-same", _cause(Cause.RNG, elements=False),
+    FixRule("dropout-seed-same", divergence_of(Cause.RNG, elements=False),
             "seed dropout(replicated) same over {axis}: replicated regions need one random "
             "stream across tensor-parallel ranks (Megatron's model-parallel RNG tracker; "
             "{reference[0]})", ("Megatron-DeepSpeed#276",)),
-    FixRule("fp-order", _cause(Cause.BITWISE),
+    FixRule("fp-order", divergence_of(Cause.BITWISE),
             "reduce in one fixed order on every rank (a ring or tree all-reduce gives every rank "
             "the same bits)"),
-    FixRule("skip", _cause(Cause.SKIP), "all_reduce(max) overflow over world"),
-    FixRule("clip-norm-divergence", _cause(Cause.CLIP),
+    FixRule("skip", divergence_of(Cause.SKIP), "all_reduce(max) overflow over world"),
+    FixRule("clip-norm-divergence", divergence_of(Cause.CLIP),
             "sum the squared gradient norm over every axis where ranks hold different gradients"),
-    FixRule("tied-embedding-copies", _tied_embedding_copies,
+    FixRule("tied-embedding-copies", tied_embedding_copies,
             "all_reduce(sum) grads[embedding] over ends({axis}): the first and last stage hold "
             "copies of the tied embedding ({reference[0]})", ("Megatron-LM#656",)),
-    FixRule("unreduced-gradient", _cause(Cause.GRADIENT),
+    FixRule("unreduced-gradient", divergence_of(Cause.GRADIENT),
             "reduce the gradients over {axis} after the last backward"),
     CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_COMBINE, CLIP_POLICY_NORM, CLIP_INPUT,
     RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, LOST_UPDATE, UNUSED_GROUPS, ASYNC_READ,
@@ -474,14 +225,4 @@ def suggest(case: FixCase) -> str | None:
             fields = rule.match(case)
             if fields is not None:
                 return rule.text(**fields)
-    return None
-
-
-def _size_product(strategy: Strategy, sizes: dict[str, int], ratio: Fraction) -> str | None:
-    target = ratio if ratio > 1 else 1 / ratio
-    axes = [p.axis for p in strategy.placements if sizes[p.axis] > 1]
-    for r in range(1, len(axes) + 1):
-        for combo in combinations(axes, r):
-            if math.prod(sizes[a] for a in combo) == target:
-                return " * ".join(combo)
     return None

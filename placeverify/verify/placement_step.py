@@ -38,7 +38,7 @@ sizes only with 1, so every size >= 2 behaves alike (``placeverify prove`` relie
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import AxisPlacement, Mode, Reduce, Role, State
@@ -144,11 +144,8 @@ def _walk(step: Step, group: ParamGroup, live: frozenset[str]) -> _Facts:
     and record what memory depends on. The loop stops once a micro-batch maps the state to
     itself (later ones then change nothing), so any micro-batch count costs a few."""
     facts = _Facts()
-    held_after: dict[int, bool] = {}  # does the full buffer hold a gradient after micro-batch k?
 
     def observe(machine: GradMachine[bool], op: Op, k: MicroBatch) -> None:
-        if machine.phase is Phase.LOOP and isinstance(k, int):
-            held_after[k] = machine.full
         if isinstance(op, Update):
             facts.update = op
             if machine.sharded:
@@ -164,10 +161,32 @@ def _walk(step: Step, group: ParamGroup, live: frozenset[str]) -> _Facts:
 
     machine = GradMachine(_Held(), group, live.__contains__, observe, judges_values=False)
     machine.run(step, step.microbatches, fixpoint=state)
-    facts.held_full = any(held for k, held in held_after.items() if k < step.microbatches - 1)
+    facts.held_full = _holds_full_buffer(step, group, live)
     facts.gathers = [p.op for p in machine.positions
                      if p.after_update and p.op.target.kind is TargetKind.PARAMS]
     return facts
+
+
+def _holds_full_buffer(step: Step, group: ParamGroup, live: frozenset[str]) -> bool:
+    """Does the full gradient buffer outlive a micro-batch (hold a gradient when the next one
+    starts)? A property of the statements, so judged with every micro-batch writing its gradient:
+    a micro-batch without tokens (``empty microbatches``) or one that leaves the group unused
+    (``unused``) writes nothing, so the buffer holds nothing after it although the step frees
+    nothing — read from that pattern, a step that keeps the full buffer (ZeRO-1) would seem to
+    free it after each micro-batch."""
+    held_after: dict[int, bool] = {}  # does the full buffer hold a gradient after micro-batch k?
+
+    def observe(machine: GradMachine[bool], op: Op, k: MicroBatch) -> None:
+        if machine.phase is Phase.LOOP and isinstance(k, int):
+            held_after[k] = machine.full
+
+    def state(machine: GradMachine[bool]) -> tuple[object, ...]:
+        return (machine.full, machine.shard, machine.sharded, machine.scattered)
+
+    every = replace(step, idle=(), empty=frozenset())
+    machine = GradMachine(_Held(), group, live.__contains__, observe, judges_values=False)
+    machine.run(every, every.microbatches, fixpoint=state)
+    return any(held for k, held in held_after.items() if k < step.microbatches - 1)
 
 
 # ---- judging ----------------------------------------------------------------------------------

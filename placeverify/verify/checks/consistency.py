@@ -53,7 +53,8 @@ def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
     for obligation, divergence in consistency_obligations(strategy, ctx.timeout_ms):
         if obligation.verdict is Verdict.REFUTED and obligation.fix is None:
             # Deferred, as the float32 helpers below: refutations only (check start-up time).
-            from placeverify.verify.fixes import FixCase, suggest
+            from placeverify.verify.fix_matchers import FixCase
+            from placeverify.verify.fixes import suggest
 
             obligation = replace(obligation, fix=suggest(FixCase(strategy, divergence)))
         yield Finding(obligation, divergence)
@@ -108,38 +109,8 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
     sizes = {a.name: a.size for a in strategy.mesh.axes}
 
     if _sharded_update(strategy, axis, group):
-        gather = _gathered_after_update(strategy, axis, group)
-        g = z3.Real("g")
-        owner = upd(theta0, g, omega0)
-        other = owner if gather is not None and gather.from_owner else theta0
-        if gather is not None and not gather.from_owner:
-            other = theta0  # every rank takes rank `source`'s copy, stale for others' shards
-            owner = theta0
-        outcome = solve.check(owner != other, timeout_ms)
-        if outcome.status is SolverStatus.UNSAT:
-            return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED,
-                              gather.span if gather else span, ObligationKind.REPLICA_AGREEMENT,
-                              seconds=outcome.seconds, method=METHOD_UF), None
-        if outcome.status is SolverStatus.UNKNOWN:
-            return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
-                              ObligationKind.REPLICA_AGREEMENT, reason="the solver timed out",
-                              method=METHOD_UF), None
-        model = outcome.model
-        old, new = str(solve.value(model, theta0)), str(solve.value(model, owner))
-        values = {"theta0": old, "updated": new, "devices": [
-            {"coords": {axis: 0}, "parameter element": new,
-             "note": "owns the element: updated it with its optimizer shard"},
-            {"coords": {axis: 1}, "parameter element": old,
-             "note": "does not own it: keeps the value from before the step"}]}
-        update_span = next((op.span for op in strategy.step.post if isinstance(op, Update)), span)
-        reason = (f"the optimizer state is sharded over {axis}, so each rank updates only its "
-                  f"shard, and no 'all_gather params over {axis}' follows the update: the owner of "
-                  f"an element holds {values['updated']}, the other ranks keep {values['theta0']}")
-        return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, update_span,
-                           ObligationKind.STALE_SHARD, reason=reason, counterexample=values,
-                           seconds=outcome.seconds, method=METHOD_UF),
-                Divergence(axis, group, Cause.STALE_SHARD, small_mesh(strategy, axis, 2),
-                           min(2, strategy.step.microbatches), values=values))
+        return _sharded_obligation(strategy, group, axis, claim, span, upd, theta0, omega0,
+                                   timeout_ms)
 
     same_gradient = axis in agree.identical
     fp_op = agree.bitwise_breaks.get(axis)
@@ -193,6 +164,45 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
                        seconds=outcome.seconds, method=method),
             divergence or Divergence(axis, group, cause, small_mesh(strategy, axis, 2),
                                      min(2, strategy.step.microbatches)))
+
+
+def _sharded_obligation(strategy: Strategy, group: ParamGroup, axis: str, claim: str, span: Any,
+                        upd: Any, theta0: Any, omega0: Any,
+                        timeout_ms: int) -> tuple[Obligation, Divergence | None]:
+    """Replicas agree after an update of optimizer shards over ``axis`` only if the updated
+    shards are gathered from their owners afterwards."""
+    gather = _gathered_after_update(strategy, axis, group)
+    g = z3.Real("g")
+    owner = upd(theta0, g, omega0)
+    other = owner if gather is not None and gather.from_owner else theta0
+    if gather is not None and not gather.from_owner:
+        other = theta0  # every rank takes rank `source`'s copy, stale for others' shards
+        owner = theta0
+    outcome = solve.check(owner != other, timeout_ms)
+    if outcome.status is SolverStatus.UNSAT:
+        return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.PROVED,
+                          gather.span if gather else span, ObligationKind.REPLICA_AGREEMENT,
+                          seconds=outcome.seconds, method=METHOD_UF), None
+    if outcome.status is SolverStatus.UNKNOWN:
+        return Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.UNKNOWN, span,
+                          ObligationKind.REPLICA_AGREEMENT, reason="the solver timed out",
+                          method=METHOD_UF), None
+    model = outcome.model
+    old, new = str(solve.value(model, theta0)), str(solve.value(model, owner))
+    values = {"theta0": old, "updated": new, "devices": [
+        {"coords": {axis: 0}, "parameter element": new,
+         "note": "owns the element: updated it with its optimizer shard"},
+        {"coords": {axis: 1}, "parameter element": old,
+         "note": "does not own it: keeps the value from before the step"}]}
+    update_span = next((op.span for op in strategy.step.post if isinstance(op, Update)), span)
+    reason = (f"the optimizer state is sharded over {axis}, so each rank updates only its "
+              f"shard, and no 'all_gather params over {axis}' follows the update: the owner of "
+              f"an element holds {values['updated']}, the other ranks keep {values['theta0']}")
+    return (Obligation(Condition.STATE_CONSISTENCY, claim, Verdict.REFUTED, update_span,
+                       ObligationKind.STALE_SHARD, reason=reason, counterexample=values,
+                       seconds=outcome.seconds, method=METHOD_UF),
+            Divergence(axis, group, Cause.STALE_SHARD, small_mesh(strategy, axis, 2),
+                       min(2, strategy.step.microbatches), values=values))
 
 
 def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: str,

@@ -16,6 +16,7 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import Backward, LoopOp, LossGather, Step
 from placeverify.ir.strategy import Strategy
 from placeverify.verdicts import Obligation, ObligationKind, Verdict
+from placeverify.verify.checks.coefficients import group_obligation
 
 
 def detached_gathers(strategy: Strategy) -> list[LossGather]:
@@ -42,8 +43,6 @@ def blame_gather(strategy: Strategy, group: ParamGroup, obligation: Obligation,
     if (not gathers or obligation.verdict is not Verdict.REFUTED
             or obligation.kind is not ObligationKind.COEFFICIENT):
         return obligation
-    from placeverify.verify.checks.integrity import group_obligation
-
     fixed = replace(strategy, step=made_differentiable(strategy.step))
     if group_obligation(fixed, group, timeout_ms)[0].verdict is not Verdict.PROVED:
         return obligation

@@ -3,7 +3,7 @@
 The consumed gradient is linear in every term's gradients (:mod:`placeverify.semantics.terms`),
 so it is the single-device gradient of the summed loss exactly when, for each term and each
 parameter group the term reaches, the term's projection consumes that term's single-device
-gradient. Each (term, group) pair is one obligation of :func:`~.integrity.group_obligation`, its
+gradient. Each (term, group) pair is one obligation of :func:`~.coefficients.group_obligation`, its
 claim naming the term; a ``max`` reduction of gradients makes them unknown (not modelled).
 """
 
@@ -18,7 +18,7 @@ from placeverify.ir.step import Backward
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.terms import nonlinear, projection, term_views
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
-from placeverify.verify.checks.integrity import _merged, clip_input_obligations, group_obligation
+from placeverify.verify.checks.coefficients import clip_input_obligations, group_obligation, merged_clips
 
 Judged = tuple[Obligation, Counterexample | None, Strategy]
 
@@ -61,5 +61,5 @@ def term_obligations(strategy: Strategy, timeout_ms: int) -> list[Judged]:
                         found, projected))
             for clip in clip_input_obligations(projected, group, timeout_ms):
                 clips.append((group, clip))
-    merged = _merged(clips)
+    merged = merged_clips(clips)
     return out + [(o, f, strategy) for o, f in merged]

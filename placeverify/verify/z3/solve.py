@@ -32,9 +32,10 @@ def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
     (:mod:`placeverify.verify.budget`) if less; a query cut short by the budget raises
     :class:`~placeverify.verify.budget.BudgetExhausted` rather than answering unknown.
 
-    A query whose limit is what is left of the budget (not its own ``timeout_ms`` or the
-    per-query cap) runs in Z3's incremental SMT core (a scope is opened first), which honours
-    the limit. Otherwise Z3 runs a tactic pipeline whose preprocessing polls no limit: on a
+    A query the budget bounds (its limit is what is left of the budget, or what is left could
+    not absorb an overshoot of its own ``timeout_ms``: :data:`~placeverify.verify.budget.
+    PIPELINE_OVERSHOOT_S`) runs in Z3's incremental SMT core (a scope is opened first), which
+    honours the limit. Otherwise Z3 runs a tactic pipeline whose preprocessing polls no limit: on a
     large nonlinear loss-normaliser formula ``purify-arith`` alone takes 0.8 s, and 300 ms and
     2 s queries took 1.4 s and 3.7 s, past the budget's reserve. The pipeline stays the default
     because the two may answer with different models (and the context they leave behind changes
@@ -47,16 +48,47 @@ def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
     limit_ms, _ = budget.query_limit(timeout_ms)  # what is left once the query is built
     solver.set("timeout", max(1, limit_ms))
     started = time.perf_counter()
-    result = solver.check()
+    try:
+        result = solver.check()
+    except z3.Z3Exception as err:
+        if cancelled(err):
+            raise KeyboardInterrupt from None
+        raise
     seconds = time.perf_counter() - started
     if result == z3.sat:
         return Outcome(SolverStatus.SAT, solver.model(), seconds)
     if result == z3.unsat:
         return Outcome(SolverStatus.UNSAT, None, seconds)
+    reason = solver.reason_unknown()
+    if _interrupted(reason, seconds, limit_ms):
+        raise KeyboardInterrupt
     active = budget.current()
     if active is not None and active.exhausted():
         raise budget.BudgetExhausted(active.seconds)
-    return Outcome(SolverStatus.UNKNOWN, None, seconds, solver.reason_unknown())
+    return Outcome(SolverStatus.UNKNOWN, None, seconds, reason)
+
+
+# Ctrl-C inside a Z3 call: Z3 puts its own SIGINT handler in place of Python's for the call (its
+# ``ctrl_c`` parameter, on by default), so Python never sees the signal; Z3 cancels the call, and
+# the query answers unknown ("interrupted from keyboard" in the default tactic pipeline,
+# "canceled" in the incremental core) or another call raises ``Z3Exception("canceled")``. That is
+# the user's Ctrl-C, not a solver limit: it is raised again as KeyboardInterrupt (the CLI exits
+# 130). The incremental core says "canceled" at its timeout too; the timer cannot fire before the
+# limit, so a query cancelled earlier was interrupted (placeverify never cancels one itself).
+_KEYBOARD = "interrupted from keyboard"
+_CANCELED = "canceled"
+
+
+def _interrupted(reason: str, seconds: float, limit_ms: int) -> bool:
+    return reason == _KEYBOARD or (reason == _CANCELED and seconds * 1000 < limit_ms)
+
+
+def cancelled(err: BaseException) -> bool:
+    """Whether an exception is a Z3 call cancelled by Ctrl-C (see above)."""
+    if not isinstance(err, z3.Z3Exception):
+        return False
+    message = err.value.decode(errors="replace") if isinstance(err.value, bytes) else str(err.value)
+    return _CANCELED in message or _KEYBOARD in message
 
 
 def value(model: Any, term: Any) -> Fraction:

@@ -1,0 +1,139 @@
+"""Ctrl-C while Z3 is inside a call (issue 36, item 3): the user's interrupt, never an unknown.
+
+Z3 replaces Python's SIGINT handler during a call and answers the cancelled query unknown (or
+raises ``Z3Exception("canceled")``); that was reported as an unknown obligation, or as "internal
+error ... a bug in placeverify" (exit 3), or the check simply went on. It must raise
+KeyboardInterrupt, and ``placeverify check`` exit 130 with no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import z3
+
+from placeverify.verify import checks
+from placeverify.verify.check import Check, run_check
+from placeverify.verify.check import Context as CheckContext
+from placeverify.verify.z3 import solve
+from tests.test_budget import FUZZ_0_93
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A query of FUZZ_0_93's gradient integrity (tests/test_budget.py): about 3 s of Z3 alone.
+DRIVER = """
+import sys, time
+from placeverify import api
+from placeverify.ir.model import ParamGroup
+from placeverify.semantics.groups import group_view
+from placeverify.verify import budget
+from placeverify.verify.z3 import integrity, solve
+from tests.test_budget import FUZZ_0_93
+strategy = api.load_text(FUZZ_0_93, "f.place")
+view = group_view(strategy, ParamGroup.DENSE)
+sizes = {a.name: a.size for a in strategy.mesh.axes}
+encoded = integrity.encode(strategy, view, sizes, strategy.step.microbatches, "t_", integer=False)
+formula = integrity.mismatch_formula(encoded)
+print("solving", flush=True)
+started = time.monotonic()
+try:
+    if sys.argv[1] == "budget":  # the budget limits the query: Z3's incremental core
+        with budget.active(budget.Budget.start(30.0, 20_000)):
+            outcome = solve.check(formula, 20_000)
+    else:  # its own limit: Z3's default tactic pipeline
+        outcome = solve.check(formula, 8_000)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.2f} s", flush=True)
+    sys.exit(130)
+print("answered", outcome.status, outcome.reason, flush=True)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["budget", "own-limit"])
+def test_ctrl_c_inside_a_query_raises_keyboard_interrupt(path: str) -> None:
+    process = subprocess.Popen([sys.executable, "-c", DRIVER, path], cwd=ROOT, env=_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "solving"
+        time.sleep(0.5)  # inside Z3's check: the query alone takes about 3 s
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, out + err
+    assert "interrupted after" in out and "answered" not in out
+    assert "Traceback" not in err
+
+
+def test_a_cancelled_z3_call_is_an_interrupt_not_an_internal_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def cancelled(strategy: object, ctx: object) -> list[object]:
+        raise z3.Z3Exception(b"canceled")  # what z3py raises for a call Ctrl-C cancelled
+
+    family = Check(checks.CHECKS[0].condition, checks.CHECKS[0].name, cancelled)
+    monkeypatch.delenv("PLACEVERIFY_DEBUG", raising=False)
+    from placeverify.lower import load_text
+
+    strategy = load_text(FUZZ_0_93, "f.place")
+    with pytest.raises(KeyboardInterrupt):
+        run_check(family, strategy, CheckContext(1000))
+
+
+def test_a_query_cut_at_its_timeout_is_not_an_interrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the incremental core answers "canceled" at its own timeout too: that is a limit, not Ctrl-C
+    from placeverify.verify import budget
+
+    reasons: list[str] = []
+    reason_unknown = z3.Solver.reason_unknown
+
+    def record(self: z3.Solver) -> str:
+        reasons.append(reason_unknown(self))
+        return reasons[-1]
+
+    monkeypatch.setattr(z3.Solver, "reason_unknown", record)
+    x, y, z = z3.Ints("x y z")
+    cubes = z3.And(x * x * x + y * y * y + z * z * z == 33, x > 1, y > 1)  # Z3 cannot decide it in 0.4 s
+    with budget.active(budget.Budget.start(0.4)):
+        try:
+            outcome = solve.check(cubes, 10_000)
+        except budget.BudgetExhausted:
+            outcome = None
+    assert reasons == ["canceled"]  # the query was cut at its limit (0.36 s), and then:
+    assert outcome is None or outcome.status is solve.SolverStatus.UNKNOWN
+
+
+@pytest.mark.slow
+def test_check_cli_exits_130_on_ctrl_c(tmp_path: Path) -> None:
+    place = tmp_path / "slow.place"
+    place.write_text(FUZZ_0_93)  # about 30 s of encoding and queries
+    for delay in (1.0, 3.0):
+        process = subprocess.Popen([sys.executable, "-m", "placeverify", "check", str(place)],
+                                   cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(delay)
+            sent = time.monotonic()
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        assert process.returncode == 130, (delay, out, err)
+        assert time.monotonic() - sent < 15  # at most one query's limit (10 s) and its read-back
+        assert "internal error" not in out + err and "Traceback" not in err
+        assert err.strip() == "placeverify: interrupted"
