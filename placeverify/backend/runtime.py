@@ -13,9 +13,12 @@ their ranks in one of two ways:
   measures its own import), reads its job from a JSON file and writes its result to another.
 
 In both the parent is the watchdog: the first rank to fail stops the others at once, a run that
-outlives its deadline (a mismatched collective hangs) is stopped as a whole, and only the
-processes started here are killed, by their handles (a forked rank's whole process group: each
-rank calls ``setsid``). Every failure is one :class:`BackendFailure` whose :class:`FailureKind`
+outlives its deadline (a mismatched collective hangs) is stopped as a whole, a forkserver lost
+while its ranks run fails the run at once, and only the processes started here are killed, by
+their handles (a forked rank's whole process group: each rank calls ``setsid``). A rank is
+started with the stop signals held back until its handle is kept (a forkserver rank's start,
+which waits for the server's import of torch, in a thread, so that Ctrl-C interrupts the wait);
+an interrupted replay also kills the forkserver and every process it forked. Every failure is one :class:`BackendFailure` whose :class:`FailureKind`
 says what happened. The run's folder is removed and its ranks killed on every way out of the
 parent that runs Python: an answer, a failure, Ctrl-C, and SIGTERM or SIGHUP (which the command
 turns into an exception, :func:`placeverify.console.stop_cleanly_on_signals`). A parent killed
@@ -27,10 +30,13 @@ outlives its own deadline.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
 import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
+import multiprocessing.resource_tracker as resource_tracker
 import multiprocessing.util
 import os
 import re
@@ -41,7 +47,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from multiprocessing.connection import Connection, wait
@@ -112,6 +118,33 @@ class MeasureJob(Protocol):
     def label(self) -> str: ...
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def blocked_signals(*signals: int) -> Iterator[None]:
+    """Hold ``signals`` (all of :data:`STOP_SIGNALS` by default) back while a child is started
+    and registered, so that a Ctrl-C cannot land between the fork and the handle that lets
+    this process stop the child; one that arrives meanwhile is delivered at the end. A child
+    inherits the blocked set: a rank unblocks it (:func:`watch_parent`). Main thread only."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+            signal, "pthread_sigmask"):
+        yield
+        return
+    held = set(signals or STOP_SIGNALS)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def server_pid() -> int | None:
+    """The pid of this process's multiprocessing forkserver, if one was started."""
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
 # ---- forked ranks: the warm pool ---------------------------------------------------------------
 
 
@@ -122,13 +155,41 @@ class Pool:
     context: Any = None
     last_pids: list[int] = field(default_factory=list)
     runs: int = 0
+    server: int | None = None  # the forkserver's pid, as told to the janitor
 
     def prestart(self) -> None:
         """Start the forkserver now, so that it imports torch while this process asks Z3."""
         self.start()
-        import multiprocessing.forkserver as forkserver
 
-        forkserver.ensure_running()
+    def _ensure_server(self) -> None:
+        """Start the forkserver (and multiprocessing's resource tracker) if it is not running,
+        with Ctrl-C blocked: a signal inherits into the new process blocked, so a Ctrl-C to the
+        terminal's process group does not interrupt the server's import of torch (printing a
+        traceback) before the server has set it aside. The janitor is told of the server: a
+        parent killed outright has it, and every rank it forked, killed."""
+        resource_tracker.ensure_running()  # first: it unblocks SIGINT after starting itself
+        with blocked_signals(signal.SIGINT):
+            forkserver.ensure_running()
+        pid = server_pid()
+        if pid is not None and pid != self.server:
+            if self.server is not None:
+                janitor.forget(self.server)  # multiprocessing reaped it and started this one
+            janitor.start()
+            janitor.serve_ranks(pid)
+            self.server = pid
+
+    def shutdown(self) -> None:
+        """Stop the forkserver and every process it forked, registered or not (a Ctrl-C can land
+        after the server forked a rank but before its handle reached this process); the next
+        run starts a new server. Used when a run is interrupted, and at exit."""
+        pid = server_pid()
+        if pid is None:
+            return
+        janitor.kill_server(pid)  # it outlives its parent while a rank holds its pipe
+        with contextlib.suppress(OSError):
+            forkserver._forkserver._stop()  # type: ignore[attr-defined]
+        janitor.forget(pid)
+        self.server = None
 
     def start(self) -> None:
         if self.context is None:
@@ -143,6 +204,8 @@ class Pool:
             context = mp.get_context("forkserver")
             context.set_forkserver_preload(REPLAY_PRELOAD)
             self.context = context
+            atexit.register(self.shutdown)  # a server still importing torch outlives its EOF
+        self._ensure_server()
 
     def run(self, spec: ReplayJob, timeout: float,
             progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
@@ -171,7 +234,7 @@ class Pool:
                           leave),
                     name=f"placeverify-replay-rank-{rank}", daemon=True)
                 try:
-                    proc.start()
+                    start_interruptibly(proc)
                 except (OSError, EOFError) as err:  # the forkserver died or was killed
                     raise BackendFailure(FailureKind.CRASH, f"the process that starts the ranks "
                                          f"(a multiprocessing forkserver) was lost while rank "
@@ -184,6 +247,11 @@ class Pool:
             self.last_pids = [p.pid for p in procs]
             self.runs += 1
             self._collect(procs, conns, results, deadline, timeout, progress)
+        except BaseException as stop:
+            if not isinstance(stop, Exception):  # Ctrl-C, SIGTERM (Terminated), exit
+                self._stop(procs)
+                self.shutdown()
+            raise
         finally:
             self._stop(procs)
             for c in conns.values():
@@ -198,6 +266,7 @@ class Pool:
         pending = dict(conns)
         sentinels = {p.sentinel: rank for rank, p in enumerate(procs)}
         while pending:
+            self._check_server()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 ranks = ", ".join(str(r) for r in sorted(pending))
@@ -211,6 +280,7 @@ class Pool:
                 if item in sentinels:
                     rank = sentinels[item]
                     if rank in pending and not pending[rank].poll():
+                        self._check_server()
                         procs[rank].join(timeout=1)
                         code = procs[rank].exitcode
                         raise BackendFailure(FailureKind.CRASH, f"rank {rank} exited (code {code}) "
@@ -234,6 +304,16 @@ class Pool:
                 results[rank] = doc
                 del pending[rank]
 
+    def _check_server(self) -> None:
+        """Fail now if the forkserver died while its ranks run: a rank's handle (its sentinel and
+        exit status) lives in the server, and an orphaned rank would run on to its deadline."""
+        if self.server is not None and not alive(self.server):
+            pid, self.server = self.server, None
+            janitor.forget(pid)
+            raise BackendFailure(FailureKind.CRASH, f"the process that starts the ranks (a "
+                                 f"multiprocessing forkserver, pid {pid}) was lost while the ranks "
+                                 "ran; the next replay starts a new one")
+
     @staticmethod
     def _stop(procs: list[Any]) -> None:
         """Kill every rank's process group that is still alive, then reap them."""
@@ -247,6 +327,27 @@ class Pool:
             p.join(timeout=10)
             if not p.is_alive():
                 janitor.forget(p.pid)
+
+
+def start_interruptibly(proc: Any) -> None:
+    """``proc.start()``, in a thread while this one waits: starting a rank waits for the
+    forkserver to finish importing torch (seconds), and a Ctrl-C that the kernel hands to another
+    thread of this process (rich's, the janitor's) would not interrupt that wait; a short
+    join does. An interrupted start is finished off by :meth:`Pool.shutdown`."""
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            proc.start()
+        except BaseException as error:  # handed to the waiting thread
+            failed.append(error)
+
+    thread = threading.Thread(target=start, name="placeverify-rank-start", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(POLL_SECONDS)
+    if failed:
+        raise failed[0]
 
 
 def worker_entry(worker: str, job: str, rank: int, world: int, store: str, conn: Connection,
@@ -263,7 +364,7 @@ def worker_entry(worker: str, job: str, rank: int, world: int, store: str, conn:
 # ---- in a rank: follow the parent ---------------------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether ``pid`` runs: it exists and, where /proc says, is not a zombie (a parent killed
     outright stays a zombie until its own parent reaps it, and signal 0 still reaches it)."""
     try:
@@ -305,16 +406,18 @@ def watch_parent(main_pid: int, leave: Sequence[str], deadline: float | None = N
     parent, seeing it crash, cleans up.
     """
     direct = os.getppid()
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while it was started
 
     def leave_if_orphaned(code: int) -> None:
-        if _alive(main_pid) and os.getppid() == direct:
+        if alive(main_pid) and os.getppid() == direct:
             return
         # A forkserver sees its main process's pipe close, and exits, while the kernel is still
         # tearing that process down: give it a moment to finish dying before deciding.
         until = time.monotonic() + ORPHAN_GRACE_SECONDS
-        while _alive(main_pid) and time.monotonic() < until:
+        while alive(main_pid) and time.monotonic() < until:
             time.sleep(0.02)
-        if not _alive(main_pid):
+        if not alive(main_pid):
             for folder in leave:
                 shutil.rmtree(folder, ignore_errors=True)
         os._exit(code)
@@ -429,12 +532,13 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
         for rank in range(world):
             err = open(folder / f"rank{rank}.err", "wb")  # noqa: SIM115 (closed below)
             try:
-                processes.append(subprocess.Popen(
-                    [sys.executable, "-m", MEASURE_WORKER, str(spec_path), str(rank),
-                     str(folder / "store"), str(folder / f"rank{rank}.json")],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                    cwd=folder))
-                janitor.watch(processes[-1].pid)
+                with blocked_signals():  # the rank is in `processes` before a Ctrl-C lands
+                    processes.append(subprocess.Popen(
+                        [sys.executable, "-m", MEASURE_WORKER, str(spec_path), str(rank),
+                         str(folder / "store"), str(folder / f"rank{rank}.json")],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                        cwd=folder))
+                    janitor.watch(processes[-1].pid)
             finally:
                 err.close()
         if progress is not None:
