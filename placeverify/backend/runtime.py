@@ -14,18 +14,19 @@ their ranks in one of two ways:
 
 In both the parent is the watchdog: the first rank to fail stops the others at once, a run that
 outlives its deadline (a mismatched collective hangs) is stopped as a whole, a forkserver lost
-while its ranks run fails the run at once, and only the processes started here are killed, by
-their handles (a forked rank's whole process group: each rank calls ``setsid``). A rank is
-started with the stop signals held back until its handle is kept (a forkserver rank's start,
-which waits for the server's import of torch, in a thread, so that Ctrl-C interrupts the wait);
-an interrupted replay also kills the forkserver and every process it forked. Every failure is one :class:`BackendFailure` whose :class:`FailureKind`
-says what happened. The run's folder is removed and its ranks killed on every way out of the
-parent that runs Python: an answer, a failure, Ctrl-C, and SIGTERM or SIGHUP (which the command
-turns into an exception, :func:`placeverify.console.stop_cleanly_on_signals`). A parent killed
-outright (SIGKILL) runs nothing: a janitor process (:mod:`placeverify.backend.janitor`) removes
-the run's folders when the parent's end closes its pipe, and each rank watches the parent
-(:func:`watch_parent`): when it is gone the rank removes the run's folders too, and exits; no rank
-outlives its own deadline.
+while its ranks run fails the run at once, and only the processes started here are killed, by their
+handles (a forked rank's whole process group: each rank calls ``setsid``). A rank is started with
+the stop signals held back until its handle is kept (a forkserver rank's start, which waits for the
+server's import of torch, in a thread, so that Ctrl-C interrupts the wait); an interrupted replay
+also kills the forkserver and every process it forked. Every failure is one :class:`BackendFailure`
+whose :class:`FailureKind` says what happened; a measurement's names the rank that failed first of
+its own accord (each rank records its exception and its time). The run's folder is removed and its
+ranks killed on every way out of the parent that runs Python: an answer, a failure, Ctrl-C, and
+SIGTERM or SIGHUP (which the command turns into an exception,
+:func:`placeverify.console.stop_cleanly_on_signals`). A parent killed outright (SIGKILL) runs
+nothing: a janitor process (:mod:`placeverify.backend.janitor`) removes the run's folders when the
+parent's end closes its pipe, and each rank watches the parent (:func:`watch_parent`): when it is
+gone the rank removes the run's folders too, and exits; no rank outlives its own deadline.
 """
 
 from __future__ import annotations
@@ -480,6 +481,75 @@ def _reason(path: Path) -> str:
     return lines[-1][:STDERR_TAIL] if lines else ""
 
 
+# A rank that failed because a peer went away: gloo's "Connection closed by peer" / "reset by
+# peer" from its TCP pairs, a broken pipe, a refused connection. Named only if no rank has a
+# failure of its own.
+PEER_ERROR = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|"
+                        r"ECONNRESET|EPIPE|gloo/transport", re.IGNORECASE)
+FIRST_FAILURE_GRACE = 5.0  # how long the failed ranks get to finish dying, for their status
+
+
+def failure_path(out_path: str | os.PathLike[str]) -> str:
+    """Where a measure rank writing ``rankN.json`` records what it died of (``rankN.failure.json``)."""
+    return str(Path(out_path).with_suffix(".failure.json"))
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank's death: what it said it died of and when (monotonic; None if it said nothing:
+    killed, aborted, a failure before its handler), and whether it only saw a peer go away."""
+
+    rank: int
+    error: str
+    at: float | None
+    secondary: bool
+
+
+def _rank_failure(folder: Path, rank: int) -> RankFailure | None:
+    try:
+        doc = json.loads(Path(failure_path(folder / f"rank{rank}.json")).read_text(encoding="utf-8"))
+        error, at = str(doc["error"]), float(doc["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return RankFailure(rank, error, at, bool(PEER_ERROR.search(error)))
+
+
+def _first_failure(folder: Path, processes: list[subprocess.Popen[bytes]]) -> BackendFailure:
+    """The root cause of a failed measurement: the rank that failed first of its own accord,
+    whatever order the deaths reached this process in. A rank's own exception (recorded with its
+    time) or a death with nothing said (a signal, an abort) ranks above an error that only says a
+    peer went away; among equals the earliest wins (a death with nothing said at the moment this
+    process saw it). Then every rank is stopped."""
+    seen = time.monotonic()
+    until = seen + FIRST_FAILURE_GRACE
+    codes = [p.poll() for p in processes]
+    failures: list[RankFailure] = []
+
+    def gather() -> None:
+        failures.clear()
+        for rank, code in enumerate(codes):
+            recorded = _rank_failure(folder, rank)
+            if recorded is not None:
+                failures.append(recorded)
+            elif code not in (None, 0) and not (folder / f"rank{rank}.json").exists():
+                failures.append(RankFailure(rank, _reason(folder / f"rank{rank}.err"), None, False))
+
+    gather()
+    # The first to fail is often the last to exit (its teardown outlasts its peers' errors):
+    # give a rank that recorded its own failure, or every failed rank, a moment to finish dying.
+    while time.monotonic() < until and any(codes[f.rank] is None for f in failures):
+        time.sleep(POLL_SECONDS)
+        codes = [p.poll() for p in processes]
+        gather()
+    _stop_processes(processes)
+    first = min(failures, key=lambda f: (f.secondary, seen if f.at is None else f.at, f.rank))
+    code = codes[first.rank]
+    status = f"exited with status {code}" if code is not None else "failed"
+    detail = first.error or _reason(folder / f"rank{first.rank}.err")
+    return BackendFailure(FailureKind.CRASH, f"rank {first.rank} of {len(processes)} {status}"
+                          + (f": {detail}" if detail else ""))
+
+
 def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
     """Kill every subprocess rank that is still running, then reap them."""
     for proc in processes:
@@ -552,12 +622,7 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
             failed = [r for r, c in enumerate(codes)
                       if c not in (None, 0) and not (folder / f"rank{r}.json").exists()]
             if failed:
-                rank = failed[0]
-                _stop_processes(processes)
-                detail = _reason(folder / f"rank{rank}.err")
-                raise BackendFailure(FailureKind.CRASH,
-                                     f"rank {rank} of {world} exited with status {codes[rank]}"
-                                     + (f": {detail}" if detail else ""))
+                raise _first_failure(folder, processes)
             if all(c is not None for c in codes):
                 break
             if time.monotonic() > deadline:
