@@ -90,12 +90,14 @@ def of_the_run(leader: int, marker: str) -> dict[int, str]:
 
 
 def ranks(leader: int, marker: str) -> list[int]:
-    """The run's ranks: the processes forked by its forkserver."""
+    """The run's ranks: the processes forked by its forkserver that run a rank (each makes a
+    session of its own first)."""
     run = of_the_run(leader, marker)
     table = processes()
     servers = {pid for pid, command in run.items()
                if FORKSERVER in command and table.get(pid, (0,))[0] == leader}
-    return [pid for pid in run if table.get(pid, (0,))[0] in servers]
+    return [pid for pid in run if pid in table and table[pid][0] in servers
+            and table[pid][2] == pid]
 
 
 def forkserver_started(leader: int, marker: str) -> bool:

@@ -66,6 +66,7 @@ REPLAY_WORKER = "placeverify.replay.worker"  # defines rank_main(job, rank, worl
 REPLAY_PRELOAD = ["placeverify.replay.warm", "placeverify.cli"]
 MEASURE_WORKER = "placeverify.measure.worker"  # python -m MODULE JOB RANK STORE OUT
 POLL_SECONDS = 0.05
+SERVER_DEATH_SECONDS = 2.0  # how long a forkserver that closed its pipes may take to show as dead
 STDERR_TAIL = 2000
 PARENT_POLL_SECONDS = 0.2  # how often a rank looks for its parent
 # How long an orphaned rank waits for its main process to be gone. Tearing down a killed process
@@ -281,9 +282,11 @@ class Pool:
                 if item in sentinels:
                     rank = sentinels[item]
                     if rank in pending and not pending[rank].poll():
-                        self._check_server()
                         procs[rank].join(timeout=1)
                         code = procs[rank].exitcode
+                        # 255: multiprocessing's status when the server sent none (it died;
+                        # its pipes close a moment before it shows as dead)
+                        self._check_server(SERVER_DEATH_SECONDS if code == 255 else 0.0)
                         raise BackendFailure(FailureKind.CRASH, f"rank {rank} exited (code {code}) "
                                              "without an answer")
                     continue
@@ -305,9 +308,13 @@ class Pool:
                 results[rank] = doc
                 del pending[rank]
 
-    def _check_server(self) -> None:
-        """Fail now if the forkserver died while its ranks run: a rank's handle (its sentinel and
-        exit status) lives in the server, and an orphaned rank would run on to its deadline."""
+    def _check_server(self, wait: float = 0.0) -> None:
+        """Fail now if the forkserver died while its ranks run (waiting up to ``wait`` seconds
+        for it to show as dead): a rank's handle (its sentinel and exit status) lives in the
+        server, and an orphaned rank would run on to its deadline."""
+        until = time.monotonic() + wait
+        while self.server is not None and alive(self.server) and time.monotonic() < until:
+            time.sleep(0.02)
         if self.server is not None and not alive(self.server):
             pid, self.server = self.server, None
             janitor.forget(pid)
