@@ -905,17 +905,6 @@ def test_a_trace_at_a_large_declared_mesh_loads_and_is_replayed_smaller() -> Non
     assert plan.main.sizes["dp"] <= MAX_DEFAULT_WORLD and plan.resize_reason is not None
 
 
-@pytest.mark.parametrize(("sensitivity", "unstable"), [(0.0, False), (1e-12, False),
-                                                       (2e-12, True), (math.nan, True)])
-def test_a_run_is_unstable_when_rounding_grows_past_the_tolerance(sensitivity: float,
-                                                                   unstable: bool) -> None:
-    from placeverify.replay.compare import Outcome
-
-    outcome = Outcome(2, {"dp": 2}, {"params": 0.0}, {"params": 0.0}, 1e-12, {}, [], "gloo", 0.1,
-                      1.0, sensitivity=sensitivity)
-    assert outcome.unstable is unstable
-
-
 def test_a_forkserver_lost_while_ranks_start_is_a_backend_failure(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # multiprocessing reads the new rank's pid from the forkserver; a server that died (killed,

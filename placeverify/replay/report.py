@@ -246,8 +246,9 @@ def _judge(run: RunReport, what: str, console: Console, resized: bool) -> None:
         console.print(
             f"  {what}: inconclusive: the single-device reference is numerically unstable over "
             f"{run.spec.steps} steps ("
-            + (f"one rounding unit per step moves a state by {_g(o.sensitivity)}, against a "
-               f"tolerance of {_g(o.tolerance)}" if o.sensitivity == o.sensitivity
+            + (f"one rounding unit per step moves a state by {_g(o.sensitivity)}: rounding "
+               f"grows to a tolerance of {_g(o.tolerance)}, the size of a bug beside its largest "
+               f"state, {_g(o.scale)}" if o.sensitivity == o.sensitivity
                else "its states overflow")
             + "), so rounding and a bug look alike; replay fewer steps (--steps)", markup=False)
     elif run.agrees is None:
