@@ -79,7 +79,7 @@ def judge(path: Path, steps: int) -> Any:
         for run in (report.main, report.control) if run is not None)
     assert report.verdict in ("confirmed", "unknown", "unconfirmed"), said
     for run in (report.main, report.control):
-        if run is None or run.outcome.unstable:
+        if run is None or run.outcome.unstable or not run.outcome.updated:
             continue
         # refuted: the run diverges (a real divergence is never swallowed by the tolerance);
         # proved: it matches (rounding never accuses the verifier)
@@ -95,6 +95,18 @@ def test_the_zero1_trace_never_accuses_the_verifier(replay_pool: Any, steps: int
     if steps <= 50:  # the states stay finite and small beside the bug: the replay decides
         assert report.verdict == "confirmed"
         assert report.main.outcome.diverges and not report.control.outcome.diverges
+
+
+@torch_test
+@pytest.mark.torch
+def test_a_replay_whose_every_step_is_skipped_decides_nothing(replay_pool: Any) -> None:
+    # dynamic loss scaling skips step 0 (the ranks inject an overflow): one step moves no state,
+    # so the refuted trace's run matches; that is no verdict on the verifier (it said
+    # "not confirmed" before)
+    report = judge(ROOT / "examples" / "bugs" / "clip-scaled-gradients.place", 1)
+    assert report.main.outcome.skipped == [0]
+    assert report.verdict == "unknown"
+    assert judge(ROOT / "examples" / "bugs" / "clip-scaled-gradients.place", 2).verdict == "confirmed"
 
 
 @torch_test

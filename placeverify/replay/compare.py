@@ -83,6 +83,13 @@ class Outcome:
     # how far one rounding unit per step moves the reference (reference.sensitivity); nan when a
     # reference state overflowed
     sensitivity: float = 0.0
+    steps: int = 0  # steps replayed (0: not said)
+
+    @property
+    def updated(self) -> bool:
+        """Did a replayed step update the states? Dynamic loss scaling skips its first step, so a
+        one-step replay updates nothing: no run can diverge, or show that it matches."""
+        return self.steps == 0 or len(self.skipped) < self.steps
 
     @property
     def unstable(self) -> bool:
@@ -162,4 +169,4 @@ def outcome(results: list[dict[str, Any]], sizes: dict[str, int], steps: int,
     sensitivity = math.nan if any(x != x for x in sensitivities) else max(sensitivities)
     return Outcome(len(results), dict(sizes), vs, across, tolerance(dtype, steps, scale, sensitivity),
                    worst, skipped, str(results[0].get("backend", "gloo")), seconds, scale,
-                   sensitivity=sensitivity)
+                   sensitivity=sensitivity, steps=steps)
