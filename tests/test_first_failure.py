@@ -16,7 +16,8 @@ from typing import cast
 
 import pytest
 
-from placeverify.backend.runtime import FailureKind, _first_failure, failure_path
+from placeverify.backend.contract import FailureKind
+from placeverify.backend.processes import _first_failure, failure_path
 
 PEER = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
         "Connection closed by peer [127.0.0.1]:62652. This is typically caused by a remote worker "
@@ -94,9 +95,9 @@ def test_only_peer_errors_name_the_earliest(tmp_path: Path) -> None:
 def test_a_failed_rank_still_dying_is_named_with_what_it_recorded(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch
                                                                    ) -> None:
-    from placeverify.backend import runtime
+    from placeverify.backend import processes
 
-    monkeypatch.setattr(runtime, "FIRST_FAILURE_GRACE", 0.2)
+    monkeypatch.setattr(processes, "FIRST_FAILURE_GRACE", 0.2)
     record(tmp_path, 0, PEER, 101.0)
     record(tmp_path, 1, OWN, 100.0)  # rank 1 is still tearing down when rank 0 has exited
     assert first(tmp_path, [1, None]) == f"rank 1 of 2 failed: {OWN}"

@@ -675,13 +675,13 @@ def test_a_missing_torch_is_a_backend_error(tmp_path: Path, monkeypatch: pytest.
                                            capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
-    from placeverify.backend import runtime
+    from placeverify.backend import pool
     from placeverify.replay import cli
     from placeverify.trace import write
 
     trace = tmp_path / "t.json"
     write(trace_of("examples/bugs/missing-allreduce.place"), str(trace))
-    monkeypatch.setattr(runtime, "torch_available", lambda: False)
+    monkeypatch.setattr(pool, "torch_available", lambda: False)
     monkeypatch.setattr(cli, "torch_available", lambda: False)
     code = cli.replay_trace(str(trace), as_json=False, steps=1, world=None, timeout=10,
                             console=Console())

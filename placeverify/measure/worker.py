@@ -32,13 +32,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from placeverify.backend.runtime import failure_path, watch_parent_from_env  # noqa: E402
+from placeverify.backend.follow import watch_parent_from_env  # noqa: E402
+from placeverify.backend.processes import failure_path  # noqa: E402
 from placeverify.cost.implementations.pipeline import stage_layers  # noqa: E402
 from placeverify.cost.implementations.spec import Implementation, OptimizerKind, RunSpec  # noqa: E402
 from placeverify.ir.placement import Schedule  # noqa: E402
+from placeverify.measure.allocation import AllocationMeter  # noqa: E402
 from placeverify.measure.models import TinyMlp, TinyTransformer, loss_fn  # noqa: E402
 from placeverify.measure.probes import (  # noqa: E402
-    AllocationMeter,
     CommRecorder,
     SavedTensorProbe,
     local_bytes,
