@@ -22,6 +22,13 @@ def test_serve_keeps_what_is_registered_and_not_released() -> None:
     assert left.ranks == {456}  # 1 (init) and words are never process ids to kill
 
 
+def test_serve_keeps_the_servers_whose_children_die_with_them() -> None:
+    left = serve(io.StringIO("^300\n^301\n!5\n~301\n^1\n"))
+    assert left.servers == {300}
+    assert left.ranks == {5}
+    assert serve(io.StringIO("^300\n.\n")).servers == set()
+
+
 def test_a_clean_exit_hands_the_folders_back() -> None:
     assert serve(io.StringIO("+/a\n+/b\n!7\n.\n")).folders == set()
     assert serve(io.StringIO("+/a\n!7\n.\n")).ranks == set()
@@ -89,3 +96,27 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def test_a_killed_process_leaves_no_server_and_no_child_of_it(tmp_path: Path) -> None:
+    """A server the janitor knows of (the replay's forkserver) is killed with every process it
+    forked, even one this process was never told of (a Ctrl-C between the fork and the handle)."""
+    pids = tmp_path / "pids"
+    run_child(tmp_path, f"""
+        import subprocess, sys, time
+        server = subprocess.Popen([sys.executable, "-c",
+            "import subprocess, sys, time; "
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+            "open({str(pids)!r}, 'w').write(str(child.pid)); time.sleep(300)"])
+        while not (os.path.exists({str(pids)!r}) and open({str(pids)!r}).read()):
+            time.sleep(0.05)
+        janitor.serve_ranks(server.pid)
+        open({str(pids)!r}, "a").write(" " + str(server.pid))
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    child, server = (int(word) for word in pids.read_text().split())
+    deadline = time.monotonic() + 20
+    while (_running(child) or _running(server)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child)
+    assert not _running(server)

@@ -251,6 +251,9 @@ def test_a_rank_that_aborts_after_writing_its_result_still_counts() -> None:
 
 @pytest.mark.parametrize(("fault", "timeout", "words"), [
     ("crash:1", "120", "rank 1 of 2 exited with status 1: RuntimeError: rank 1: crash injected"),
+    # rank 1 crashes first but dies last, after rank 0's broken-connection error ended rank 0:
+    # the first failure is named, not the first death (issue 36, item 5)
+    ("crash-slow:1", "120", ": RuntimeError: rank 1: crash injected"),
     ("hang:1", "6", "did not finish within 6 s"),
 ])
 def test_a_failed_rank_exits_5(fault: str, timeout: str, words: str) -> None:
@@ -260,6 +263,8 @@ def test_a_failed_rank_exits_5(fault: str, timeout: str, words: str) -> None:
                    env={"PLACEVERIFY_MEASURE_FAULT": fault, key: value})
     assert done.returncode == 5, (done.stdout, done.stderr)
     assert words in done.stderr
+    if fault.startswith("crash"):
+        assert "placeverify: measure: rank 1 of 2 " in done.stderr
     assert done.stdout == ""
     if Path("/proc").is_dir():
         assert leftover_workers(marker) == []

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from placeverify.backend import runtime
+from placeverify.backend import processes
 from placeverify.cost.implementations import predict
 from placeverify.cost.implementations.spec import Implementation, OptimizerKind
 from placeverify.diagnostics import ExitCode, PlaceError
@@ -153,7 +153,7 @@ def test_measure_file_reports_input_errors_with_exit_2(tmp_path: Path,
 
 def test_measure_file_without_torch_exits_5(monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(runtime, "torch_available", lambda: False)
+    monkeypatch.setattr(processes, "torch_available", lambda: False)
     console, _ = capture()
     code = measure_cli.measure_file(str(MEASURE / "ddp.place"), as_json=True, timeout=10,
                                     console=console)

@@ -8,15 +8,17 @@ placeverify.backend.janitor``) in its own session, out of reach of the terminal'
 hang-up, and tells it on a pipe which folders are live:
 
 - ``+PATH`` a folder the run made; ``-PATH`` one the run removed itself; ``!PID`` a rank the
-  run started (its own process group when it has made one); ``~PID`` a rank the run stopped and
-  reaped itself; ``.`` the process is ending through its own exit handlers, which remove what is
-  left (multiprocessing's among them: the janitor must not remove the forkserver's folder under
-  it).
+  run started (its own process group when it has made one); ``^PID`` a server that forks ranks
+  (the replay's forkserver: it and every process it forked, registered or not, are killed);
+  ``~PID`` a rank or server the run stopped and reaped itself; ``.`` the process is ending
+  through its own exit handlers, which remove what is left (multiprocessing's among them: the
+  janitor must not remove the forkserver's folder under it).
 
 The pipe's only writer is the placeverify process, and the kernel closes it when that process
 ends, however it ends, only once the process can no longer run code. At end of file the janitor
-kills every rank still registered (its process group, then the process) and removes every
-folder still registered, and exits. A rank follows its parent by itself (``watch_parent``), but
+kills every server still registered with every process it forked, and every rank still
+registered (its process group, then the process), removes every folder still registered, and
+exits. A rank follows its parent by itself (``watch_parent``), but
 only while it runs Python: one blocked in native code that holds the interpreter lock (a
 collective's rendezvous with a peer that is gone) runs neither its signal handler nor its watch
 thread until its own timeout; the janitor, a separate process, does not wait for it. The
@@ -46,6 +48,7 @@ class Left:
 
     folders: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
+    servers: set[int] = field(default_factory=set)
 
 
 def serve(stream: IO[str]) -> Left:
@@ -57,21 +60,65 @@ def serve(stream: IO[str]) -> Left:
             left.folders.add(rest)
         elif command == "-":
             left.folders.discard(rest)
-        elif command in "!~" and rest.isdigit() and int(rest) > 1:
-            (left.ranks.add if command == "!" else left.ranks.discard)(int(rest))
+        elif command in "!^~" and rest.isdigit() and int(rest) > 1:
+            pid = int(rest)
+            if command == "!":
+                left.ranks.add(pid)
+            elif command == "^":
+                left.servers.add(pid)
+            else:
+                left.ranks.discard(pid)
+                left.servers.discard(pid)
         elif command == ".":
             left.folders.clear()
             left.ranks.clear()
+            left.servers.clear()
     return left
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, from /proc (none where there is no /proc)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(os.path.join(entry.path, "stat"), encoding="ascii", errors="replace") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if len(fields) > 1 and fields[1] == str(pid):
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL ``pid``'s own process group (a rank and what it started), then ``pid`` itself (a
+    rank killed before it made its group)."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def kill_server(pid: int) -> None:
+    """SIGKILL server ``pid`` and every process it forked: stopped first, so that it forks no
+    more while its children are found (they are its children only while it lives)."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGSTOP)
+    for child in children(pid):
+        kill_group(child)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)  # in the parent's group: never killpg
 
 
 def main() -> int:
     left = serve(sys.stdin)
+    for server in sorted(left.servers):
+        kill_server(server)  # and a rank forked just before the end, not yet registered
     for pid in sorted(left.ranks):
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)  # the rank's own group: the rank and what it started
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)  # a rank killed before it made its group
+        kill_group(pid)
     for path in sorted(left.folders):
         shutil.rmtree(path, ignore_errors=True)
     return 0
@@ -134,8 +181,12 @@ class Janitor:
         """Have rank ``pid`` (and its process group) killed if this process ends first."""
         self._send(f"!{pid}")
 
+    def serve(self, pid: int) -> None:
+        """Have server ``pid`` and every process it forked killed if this process ends first."""
+        self._send(f"^{pid}")
+
     def forget(self, pid: int) -> None:
-        """Rank ``pid`` was stopped and reaped: forget it (its id may be reused)."""
+        """Rank or server ``pid`` was stopped and reaped: forget it (its id may be reused)."""
         if self._process is not None:
             self._send(f"~{pid}")
 
@@ -157,6 +208,10 @@ def release(folder: str | os.PathLike[str]) -> None:
 
 def watch(pid: int) -> None:
     _JANITOR.watch(pid)
+
+
+def serve_ranks(pid: int) -> None:
+    _JANITOR.serve(pid)
 
 
 def forget(pid: int) -> None:

@@ -15,6 +15,7 @@ Set ``PLACEVERIFY_MEASURE_FAULT=crash:<rank>`` or ``hang:<rank>`` to make a rank
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -31,13 +32,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from placeverify.backend.runtime import watch_parent_from_env  # noqa: E402
+from placeverify.backend.follow import watch_parent_from_env  # noqa: E402
+from placeverify.backend.processes import failure_path  # noqa: E402
 from placeverify.cost.implementations.pipeline import stage_layers  # noqa: E402
 from placeverify.cost.implementations.spec import Implementation, OptimizerKind, RunSpec  # noqa: E402
 from placeverify.ir.placement import Schedule  # noqa: E402
+from placeverify.measure.allocation import AllocationMeter  # noqa: E402
 from placeverify.measure.models import TinyMlp, TinyTransformer, loss_fn  # noqa: E402
 from placeverify.measure.probes import (  # noqa: E402
-    AllocationMeter,
     CommRecorder,
     SavedTensorProbe,
     local_bytes,
@@ -48,6 +50,8 @@ from placeverify.measure.probes import (  # noqa: E402
 
 WARMUP_STEPS = 2
 LEARNING_RATE = 1e-3
+SLOW_DEATH_SECONDS = 8.0
+STDERR_LIMIT = 2000
 
 
 @dataclass
@@ -179,22 +183,39 @@ def batch(spec: RunSpec, data_rank: int, samples: int) -> tuple[torch.Tensor, to
     return (torch.randn(samples, width, generator=g), torch.randn(samples, width, generator=g))
 
 
-def fault(rank: int, *, written: bool = False) -> None:
+def fault(rank: int, *, written: bool = False, dying: bool = False) -> None:
     """Fault injection for the tests: crash or hang this rank before its result is written, or
     abort it after (``abort-after-result``: as gloo's threads sometimes abort the process at its
-    teardown, "terminate called without an active exception")."""
+    teardown, "terminate called without an active exception"); ``crash-slow`` crashes as
+    ``crash`` does but takes :data:`SLOW_DEATH_SECONDS` to die after closing its connections, so
+    that its peers' broken-connection errors end them first."""
     value = os.environ.get("PLACEVERIFY_MEASURE_FAULT", "")
     kind, _, target = value.partition(":")
     if not kind or target != str(rank):
+        return
+    if dying:
+        if kind == "crash-slow":
+            time.sleep(SLOW_DEATH_SECONDS)
         return
     if kind == "abort-after-result" and written:
         os.abort()
     if written:
         return
-    if kind == "crash":
+    if kind in ("crash", "crash-slow"):
         raise RuntimeError(f"rank {rank}: crash injected by PLACEVERIFY_MEASURE_FAULT")
     if kind == "hang":
         time.sleep(3600)
+
+
+def record_failure(out_path: str, error: BaseException) -> None:
+    """Write what this rank died of, and when (the system-wide monotonic clock), beside its
+    result: the parent names the rank that failed first, not the peer that noticed."""
+    path = Path(failure_path(out_path))
+    text = json.dumps({"error": f"{type(error).__name__}: {error}"[:STDERR_LIMIT],
+                       "at": time.monotonic()})
+    with contextlib.suppress(OSError):
+        path.with_suffix(".tmp").write_text(text, encoding="utf-8")
+        path.with_suffix(".tmp").replace(path)
 
 
 def param_bytes(params: Sequence[torch.Tensor]) -> tuple[int, int]:
@@ -383,8 +404,12 @@ def main(argv: list[str]) -> int:
         tmp.write_text(json.dumps(document), encoding="utf-8")
         tmp.replace(out_path)
         fault(rank, written=True)
+    except BaseException as error:
+        record_failure(out_path, error)
+        raise
     finally:
         dist.destroy_process_group()
+        fault(rank, dying=True)
     return 0
 
 

@@ -20,10 +20,10 @@ import torch
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.step import Count
+from placeverify.replay.batch import Setup
 from placeverify.replay.distributed import Handle, ProcessGroups, RankGrid
 from placeverify.replay.layout import ParamSpec, holds, local_key, optimizer_axes
 from placeverify.replay.model import StageModel, init_params, local_value
-from placeverify.replay.reference import Setup
 
 
 def flat_slice(numel: int, count: int, index: int) -> tuple[int, int]:

@@ -23,13 +23,19 @@ float32 (REFERENCE §5 saw 1e-8 to 1e-6), while the bugs the verifier reports mo
 by more than 1e-3 after one step. Float64 is the default because it separates the two by more
 than nine orders of magnitude.
 
-**Stability.** The rule above assumes the training damps rounding differences (or lets them
-grow no faster than the steps add up). Over many steps a replay model's own training can
-diverge — the states grow without bound and rounding differences grow with them — and then no
-tolerance separates a bug from rounding. Rank 0 therefore trains the reference a second time with
-every gradient disturbed by one rounding unit per step (:func:`placeverify.replay.reference.
-sensitivity`); when that moves a state by more than the tolerance, or a state overflows, the
-comparison decides nothing and the replay's verdict is *unknown* (exit 3), never "not confirmed".
+**Sensitivity.** The rule above assumes the training damps rounding differences (or lets them
+grow no faster than the steps add up). Over many steps a replay model's own training can amplify
+them — its states grow, and rounding differences grow faster than the steps add up — so rank 0
+trains the reference a second time with every gradient disturbed by one rounding unit per step
+(:func:`placeverify.replay.reference.sensitivity`): how far that moves a state, ``S``, is the
+run's own amplification of rounding. A correct distributed run rounds by at most the ``2^8``
+units of step 2 per gradient element, with the safety factor 8 of step 4, so the tolerance is
+the larger of the rule above and ``2^11 · S`` (the two agree where the training damps rounding:
+``S`` is then about ``0.5 · T · u · s``, step 3). A bug moves the states by more than ``10^-3``
+of their size and is amplified by the same dynamics, so the comparison still separates the two
+while the tolerance stays small beside the states. It decides nothing — the replay's verdict is
+*unknown* (exit 3), never "not confirmed" — only when a state overflows (``S`` is nan) or the
+tolerance reaches ``2^-10`` of the largest state: rounding has grown to the size of a bug.
 
 **Across ranks** there is no tolerance: state consistency is about bitwise identical replicas
 (the same collective gives every rank the same bits), so any difference between two ranks that
@@ -47,10 +53,16 @@ from typing import Any
 
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}
 TOLERANCE_FACTOR = 2 ** 10
+SENSITIVITY_FACTOR = 2 ** 11  # rounding units per gradient element (2^8) × the safety factor 8
+UNDECIDED = 2.0 ** -10  # a tolerance this share of the largest state is the size of a bug
 
 
-def tolerance(dtype: str, steps: int, scale: float) -> float:
-    return TOLERANCE_FACTOR * steps * UNIT_ROUNDOFF[dtype] * max(1.0, scale)
+def tolerance(dtype: str, steps: int, scale: float, sensitivity: float = 0.0) -> float:
+    """How far a correct run may differ from the reference after ``steps`` steps: the rounding
+    rule, or the run's own measured amplification of rounding (``sensitivity``) when larger."""
+    rule = TOLERANCE_FACTOR * steps * UNIT_ROUNDOFF[dtype] * max(1.0, scale)
+    measured = SENSITIVITY_FACTOR * sensitivity if sensitivity == sensitivity else 0.0
+    return max(rule, measured)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +83,22 @@ class Outcome:
     # how far one rounding unit per step moves the reference (reference.sensitivity); nan when a
     # reference state overflowed
     sensitivity: float = 0.0
+    steps: int = 0  # steps replayed (0: not said)
+
+    @property
+    def updated(self) -> bool:
+        """Did a replayed step update the states? Dynamic loss scaling skips its first step, so a
+        one-step replay updates nothing: no run can diverge, or show that it matches."""
+        return self.steps == 0 or len(self.skipped) < self.steps
 
     @property
     def unstable(self) -> bool:
-        """Do the training's own dynamics amplify rounding past the tolerance (or overflow)? Then
-        a correct run may differ from the reference by more than the tolerance and a wrong one
-        by no more than rounding: the comparison decides nothing."""
-        return not (self.sensitivity <= self.tolerance)
+        """Have the training's own dynamics amplified rounding to the size of a bug (a state
+        overflowed, or the tolerance reaches :data:`UNDECIDED` of the largest state)? Then a
+        correct run and a wrong one may differ from the reference alike: the comparison decides
+        nothing."""
+        return not (self.sensitivity == self.sensitivity
+                    and self.tolerance < UNDECIDED * max(1.0, self.scale))
 
     @property
     def max_vs_reference(self) -> float:
@@ -146,6 +167,6 @@ def outcome(results: list[dict[str, Any]], sizes: dict[str, int], steps: int,
     skipped = sorted({s for r in results for s in r.get("skipped", [])})
     sensitivities = [float(r.get("reference_sensitivity", 0.0)) for r in results]
     sensitivity = math.nan if any(x != x for x in sensitivities) else max(sensitivities)
-    return Outcome(len(results), dict(sizes), vs, across, tolerance(dtype, steps, scale), worst,
-                   skipped, str(results[0].get("backend", "gloo")), seconds, scale,
-                   sensitivity=sensitivity)
+    return Outcome(len(results), dict(sizes), vs, across, tolerance(dtype, steps, scale, sensitivity),
+                   worst, skipped, str(results[0].get("backend", "gloo")), seconds, scale,
+                   sensitivity=sensitivity, steps=steps)

@@ -4,11 +4,12 @@ A run realises one pattern (``RunSpec.idle``): a backward in a micro-batch that 
 unused adds nothing to that group's gradient on any rank, and an ``only = used`` collective leaves
 the group's buffer as it is there (:mod:`placeverify.replay.step`,
 :mod:`placeverify.replay.collectives`); the single-device reference leaves that micro-batch's
-sequences out of the group's gradient (:func:`idle_grads`). A file refuted with every group used
-is replayed so (an idle micro-batch can hide a divergence: a zero gradient updates nothing);
-otherwise the pattern replayed is the first one under which Z3 refutes the file, so the run shows
-the divergence the verdict claims; for a file proved under every pattern, the one with the most
-idle micro-batches.
+sequences out of the group's gradient (:func:`placeverify.replay.idle.idle_grads`). This module
+chooses the pattern and imports no torch (the replay's parent process runs it). A file refuted with
+every group used is replayed so (an idle micro-batch can hide a divergence: a zero gradient updates
+nothing); otherwise the pattern replayed is the first one under which Z3 refutes the file, so the
+run shows the divergence the verdict claims; for a file proved under every pattern, the one with
+the most idle micro-batches.
 """
 
 from __future__ import annotations
@@ -20,12 +21,8 @@ from placeverify.ir.model import ParamGroup
 from placeverify.ir.strategy import Strategy
 from placeverify.semantics.participation import Pattern, patterns, with_pattern
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.semantics.terms import TermView, projection, term_views
 
 if TYPE_CHECKING:
-    import torch
-
-    from placeverify.replay.reference import Setup
     from placeverify.trace import Trace
 
 
@@ -76,46 +73,3 @@ def chosen_idle(strategy: Strategy, timeout_ms: int) -> list[tuple[str, list[int
     if pick is None:
         return []
     return [(g.value, sorted(ks)) for g, ks in pick.idle if ks]
-
-
-def idle_grads(setup: Setup, t: int, params: dict[str, torch.Tensor], losses: torch.Tensor,
-               weights: torch.Tensor, rows: list[tuple[tuple[int, ...], int, int]]
-               ) -> dict[str, torch.Tensor]:
-    """The single-device gradient of training step ``t`` under the setup's pattern: each group's
-    gradient from the sequences of the micro-batches that use it (with named loss terms, each
-    term weighted as its projection says and kept on the groups it reaches, as
-    :func:`placeverify.replay.terms.reference_grads` does)."""
-    import torch
-
-    step = setup.strategy.step
-    groups = {sp.name: sp.group for sp in setup.specs}
-    names = list(params)
-    out = {n: torch.zeros_like(v) for n, v in params.items()}
-    sets = sorted({step.idle_in(groups[n]) for n in names}, key=sorted)
-    terms = _weighted_terms(setup, t, losses, weights)
-    jobs = [(idle, loss, view) for idle in sets for loss, view in terms]
-    for j, (idle, loss, view) in enumerate(jobs):
-        keep = torch.cat([torch.full((samples, 1), 0.0 if k in idle else 1.0, dtype=weights.dtype,
-                                     device=weights.device) for _unit, k, samples in rows])
-        grads = torch.autograd.grad((loss * keep).sum(), [params[n] for n in names],
-                                    retain_graph=j + 1 < len(jobs), allow_unused=True)
-        for n, g in zip(names, grads, strict=True):
-            reached = view is None or view.reaches_group(groups[n])
-            if g is not None and step.idle_in(groups[n]) == idle and reached:
-                out[n] = out[n] + g
-    return out
-
-
-def _weighted_terms(setup: Setup, t: int, losses: torch.Tensor, weights: torch.Tensor
-                    ) -> list[tuple[torch.Tensor, TermView | None]]:
-    """Each loss term's weighted per-position losses (the main loss alone without terms)."""
-    if not setup.strategy.terms:
-        return [(losses * weights, None)]
-    from placeverify.replay.reference import global_batch
-    from placeverify.replay.terms import term_loss
-
-    out: list[tuple[torch.Tensor, TermView | None]] = []
-    for i, view in enumerate(term_views(setup.strategy)):
-        projected = replace(setup, strategy=projection(setup.strategy, view))
-        out.append((term_loss(losses, i) * global_batch(projected, t)[3], view))
-    return out

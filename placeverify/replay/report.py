@@ -57,7 +57,7 @@ class Report:
     def verdict(self) -> str:
         if self.error is not None or self.main is None:
             return "error"
-        if self.unstable:
+        if self.unstable or not self.updated:
             return "unknown"
         if self.main.agrees is False or (self.control is not None and self.control.agrees is False):
             return "not_confirmed"
@@ -71,6 +71,11 @@ class Report:
     def unstable(self) -> bool:
         """Does a run's reference amplify rounding past the tolerance (compare.Outcome.unstable)?"""
         return any(run is not None and run.outcome.unstable for run in (self.main, self.control))
+
+    @property
+    def updated(self) -> bool:
+        """Did every run update its states in some step (compare.Outcome.updated)?"""
+        return all(run is None or run.outcome.updated for run in (self.main, self.control))
 
     @property
     def exit_code(self) -> ExitCode:
@@ -246,10 +251,15 @@ def _judge(run: RunReport, what: str, console: Console, resized: bool) -> None:
         console.print(
             f"  {what}: inconclusive: the single-device reference is numerically unstable over "
             f"{run.spec.steps} steps ("
-            + (f"one rounding unit per step moves a state by {_g(o.sensitivity)}, against a "
-               f"tolerance of {_g(o.tolerance)}" if o.sensitivity == o.sensitivity
+            + (f"one rounding unit per step moves a state by {_g(o.sensitivity)}: rounding "
+               f"grows to a tolerance of {_g(o.tolerance)}, the size of a bug beside its largest "
+               f"state, {_g(o.scale)}" if o.sensitivity == o.sensitivity
                else "its states overflow")
             + "), so rounding and a bug look alike; replay fewer steps (--steps)", markup=False)
+    elif not run.outcome.updated:
+        console.print(f"  {what}: inconclusive: every step replayed was skipped (dynamic loss "
+                      "scaling skips its first step), so no state moved; replay more steps "
+                      "(--steps)", markup=False)
     elif run.agrees is None:
         console.print(f"  {what}: Z3 said unknown at this mesh, so there is nothing to confirm",
                       markup=False)

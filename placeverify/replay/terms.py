@@ -12,15 +12,12 @@ buffers of other groups get nothing from its backward) and in the single-device 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 
 from placeverify.ir.strategy import Strategy
+from placeverify.replay.batch import Setup, global_batch
 from placeverify.semantics.terms import TermView, projection, term_views
-
-if TYPE_CHECKING:
-    from placeverify.replay.reference import Setup
 
 
 def term_view(strategy: Strategy, name: str) -> TermView | None:
@@ -46,9 +43,8 @@ def term_loss(losses: torch.Tensor, index: int) -> torch.Tensor:
 def reference_grads(setup: Setup, step: int, params: dict[str, torch.Tensor],
                     losses: torch.Tensor) -> dict[str, torch.Tensor]:
     """The single-device gradient of the summed loss: each term weighted as its normalisation
-    says (:func:`placeverify.replay.reference.global_batch` on the term's projection), its
+    says (:func:`placeverify.replay.batch.global_batch` on the term's projection), its
     gradient kept on the parameter groups it reaches."""
-    from placeverify.replay.reference import global_batch  # it imports this module lazily
     groups = {sp.name: sp.group for sp in setup.specs}
     names = list(params)
     out = {n: torch.zeros_like(v) for n, v in params.items()}

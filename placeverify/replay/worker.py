@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,13 @@ import torch.distributed as dist
 import torch.nn.functional
 import torch.utils.checkpoint
 
+from placeverify.replay.batch import Setup
 from placeverify.replay.compare import UNIT_ROUNDOFF
 from placeverify.replay.data import Dropout
 from placeverify.replay.distributed import ProcessGroups, RankGrid
 from placeverify.replay.layout import global_specs, layout_of, model_config, param_specs
 from placeverify.replay.plan import RunSpec, strategy_of
-from placeverify.replay.reference import Setup, sensitivity, train
+from placeverify.replay.reference import sensitivity, train
 from placeverify.replay.step import RankRun, groups_needed
 
 torch.set_num_threads(1)
@@ -112,6 +114,40 @@ def run_rank(spec: RunSpec, rank: int, world: int, timeout: float,
     torch.set_num_threads(1)
     if world != spec.world:
         raise ValueError(f"the job's mesh has {spec.world} ranks, not {world}")
+    backend, device = _join(spec, rank, world, timeout, store)
+    try:
+        setup = build_setup(spec)
+        strategy = setup.strategy
+        grid = RankGrid(strategy.mesh.names, tuple(strategy.mesh.size(a) for a in strategy.mesh.names),
+                        rank)
+        groups = ProcessGroups(grid)
+        groups.create(groups_needed(strategy))
+        _fault(spec, rank, "start")
+        reference = _reference(setup, spec, rank, world, device, progress)
+        run = RankRun(setup, grid, groups, reference.alpha, device,
+                      progress if rank == 0 else (lambda _msg: None))
+        _fault(spec, rank, "step")
+        run.train(spec.steps)
+        states = run.states()
+        vs, worst, scale = _versus(states, run.reference_slices(reference.params,
+                                                                reference.momentum))
+        if world > 1:
+            dist.barrier()
+        return {"ok": True, "rank": rank, "coords": grid.coords, "vs_reference": vs,
+                "worst": worst, "reference_scale": scale,
+                "reference_sensitivity": reference.sensitivity, "dtype": spec.dtype,
+                "skipped": run.skipped,
+                "states": {k: [kind, _encode(v)] for k, (kind, v) in states.items()},
+                "seconds": time.perf_counter() - started, "reference_seconds": reference.seconds,
+                "backend": backend}
+    finally:
+        dist.destroy_process_group()
+
+
+def _join(spec: RunSpec, rank: int, world: int, timeout: float,
+          store: Any) -> tuple[str, torch.device]:
+    """Join the run's process group: NCCL when every rank can have its own CUDA device, gloo on
+    CPU otherwise; through ``store`` (a FileStore) or, under torchrun, ``env://``."""
     backend = spec.backend or ("nccl" if torch.cuda.is_available()
                                and torch.cuda.device_count() >= world else "gloo")
     device = torch.device("cpu")
@@ -125,67 +161,68 @@ def run_rank(spec: RunSpec, rank: int, world: int, timeout: float,
     else:
         kwargs["init_method"] = "env://"
     dist.init_process_group(**kwargs)
-    try:
-        setup = build_setup(spec)
-        strategy = setup.strategy
-        grid = RankGrid(strategy.mesh.names, tuple(strategy.mesh.size(a) for a in strategy.mesh.names),
-                        rank)
-        groups = ProcessGroups(grid)
-        groups.create(groups_needed(strategy))
-        _fault(spec, rank, "start")
-        specs = global_specs(setup.specs)
-        reference_seconds = 0.0
-        reference_sensitivity = 0.0
-        if rank == 0:
-            progress("single-device reference")
-            t0 = time.perf_counter()
-            ref = train(setup, spec.steps)
-            reference_seconds = time.perf_counter() - t0
-            reference_sensitivity = sensitivity(setup, spec.steps, ref, UNIT_ROUNDOFF[spec.dtype])
-            flat = torch.cat([torch.tensor([ref.alpha], dtype=setup.dtype)]
-                             + [ref.params[s.name].reshape(-1) for s in specs]
-                             + [ref.momentum[s.name].reshape(-1) for s in specs])
-        else:
-            size = 1 + 2 * sum(int(torch.Size(s.shape).numel()) for s in specs)
-            flat = torch.empty(size, dtype=setup.dtype)
-        flat = flat.to(device)
-        if world > 1:
-            dist.broadcast(flat, src=0)
-        alpha = float(flat[0].item())
-        params: dict[str, torch.Tensor] = {}
-        momentum: dict[str, torch.Tensor] = {}
-        offset = 1
-        for target in (params, momentum):
-            for s in specs:
-                n = int(torch.Size(s.shape).numel())
-                target[s.name] = flat[offset:offset + n].view(s.shape)
-                offset += n
-        run = RankRun(setup, grid, groups, alpha, device,
-                      progress if rank == 0 else (lambda _msg: None))
-        _fault(spec, rank, "step")
-        run.train(spec.steps)
-        states = run.states()
-        expected = run.reference_slices(params, momentum)
-        vs: dict[str, float] = {"params": 0.0, "optimizer": 0.0}
-        worst: dict[str, str] = {}
-        scale = 0.0
-        for key, (kind, value) in states.items():
-            d = _max_abs(value, expected[key])
-            if kind not in worst or d > vs[kind]:
-                worst[kind] = key
-                vs[kind] = max(vs[kind], d)
-            if expected[key].numel():
-                scale = max(scale, float(expected[key].abs().max().item()))
-        if world > 1:
-            dist.barrier()
-        return {"ok": True, "rank": rank, "coords": grid.coords, "vs_reference": vs,
-                "worst": worst, "reference_scale": scale,
-                "reference_sensitivity": reference_sensitivity, "dtype": spec.dtype, "skipped": run.skipped,
-                "states": {k: [kind, _encode(v)] for k, (kind, v) in states.items()},
-                "seconds": time.perf_counter() - started, "reference_seconds": reference_seconds,
-                "backend": backend}
-    finally:
-        dist.destroy_process_group()
+    return backend, device
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The single-device reference's final states, as every rank holds them after rank 0's
+    broadcast, and (on rank 0) how long it took and how far rounding moves it."""
+
+    alpha: float
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    seconds: float = 0.0
+    sensitivity: float = 0.0
+
+
+def _reference(setup: Setup, spec: RunSpec, rank: int, world: int, device: torch.device,
+               progress: Callable[[str], None]) -> Reference:
+    """Rank 0 trains the reference (and its sensitivity to rounding) and broadcasts its loss
+    scale and final states in one flat tensor; the other ranks receive them."""
+    specs = global_specs(setup.specs)
+    seconds = sensitivity_found = 0.0
+    if rank == 0:
+        progress("single-device reference")
+        t0 = time.perf_counter()
+        ref = train(setup, spec.steps)
+        seconds = time.perf_counter() - t0
+        sensitivity_found = sensitivity(setup, spec.steps, ref, UNIT_ROUNDOFF[spec.dtype])
+        flat = torch.cat([torch.tensor([ref.alpha], dtype=setup.dtype)]
+                         + [ref.params[s.name].reshape(-1) for s in specs]
+                         + [ref.momentum[s.name].reshape(-1) for s in specs])
+    else:
+        size = 1 + 2 * sum(int(torch.Size(s.shape).numel()) for s in specs)
+        flat = torch.empty(size, dtype=setup.dtype)
+    flat = flat.to(device)
+    if world > 1:
+        dist.broadcast(flat, src=0)
+    params: dict[str, torch.Tensor] = {}
+    momentum: dict[str, torch.Tensor] = {}
+    offset = 1
+    for target in (params, momentum):
+        for s in specs:
+            n = int(torch.Size(s.shape).numel())
+            target[s.name] = flat[offset:offset + n].view(s.shape)
+            offset += n
+    return Reference(float(flat[0].item()), params, momentum, seconds, sensitivity_found)
+
+
+def _versus(states: dict[str, tuple[str, torch.Tensor]], expected: dict[str, torch.Tensor]
+            ) -> tuple[dict[str, float], dict[str, str], float]:
+    """Per state kind, the largest difference from the reference's slices and the state that
+    holds it; and the largest reference value (the tolerance's scale)."""
+    vs: dict[str, float] = {"params": 0.0, "optimizer": 0.0}
+    worst: dict[str, str] = {}
+    scale = 0.0
+    for key, (kind, value) in states.items():
+        d = _max_abs(value, expected[key])
+        if kind not in worst or d > vs[kind]:
+            worst[kind] = key
+            vs[kind] = max(vs[kind], d)
+        if expected[key].numel():
+            scale = max(scale, float(expected[key].abs().max().item()))
+    return vs, worst, scale
 
 
 def warm_up() -> None:
