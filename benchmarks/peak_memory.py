@@ -6,12 +6,12 @@
 Each file runs as ``placeverify measure`` runs it (DDP, ZeroRedundancyOptimizer, FSDP2 with and
 without resharding, DTensor TP, FSDP2 x TP, torch pipelining with GPipe and 1F1B), two warm-up
 steps and a measured third, with the allocator metered phase by phase
-(:class:`placeverify.measure.probes.AllocationMeter`: the profiler's memory events on CPU,
+(:class:`placeverify.measure.allocation.AllocationMeter`: the profiler's memory events on CPU,
 ``torch.cuda.max_memory_allocated`` on CUDA). The prediction is ``placeverify check``'s
 ``memory.peak_bytes`` for the same file with ``memory_profile = torch_cpu`` (CPU) or ``torch``
 (CUDA), the largest over the orders the implementation allows: on CPU, FSDP2's start of
 backward with the last layer's all-gather output still held by gloo's worker thread
-(``cost/peak.py``, ``gloo_held_parts``), which happens in some runs and not others; the last
+(``cost/torch_moments.py``, ``gloo_held_parts``), which happens in some runs and not others; the last
 column gives the figure without that order. On CUDA the runtime's own allocations made before
 the model exists (cuBLAS's workspace) are measured on each rank and left out of the measured
 figure; they are what ``reserve`` is for.

@@ -10,8 +10,9 @@ imports them only inside the command that runs them, so ``placeverify check`` ne
 A function-local import of a placeverify module in the core is allowed only where it defers a
 heavy dependency (z3, torch), listed below with its reason; one that only breaks an import cycle
 is a layering error. (Backend modules defer freely: a rank's worker process imports only what the
-rank runs.) Imports under ``if TYPE_CHECKING:`` name types for annotations only and are not edges. The scan
-reads the source with :mod:`ast` and imports nothing.
+rank runs.) Imports under ``if TYPE_CHECKING:`` name types for annotations only and are not edges
+of the layer order; they are edges of the cycle test (no module imports, at any level, a module
+that imports it back: issue 31). The scan reads the source with :mod:`ast` and imports nothing.
 """
 
 from __future__ import annotations
@@ -219,3 +220,79 @@ def test_check_without_plot_does_not_import_matplotlib() -> None:
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Import edges between placeverify modules, wherever the import stands: at module level, in
+    a function or under ``if TYPE_CHECKING:`` (a type on the wrong side of a cycle is still a
+    cycle to a reader). A package's ``__init__`` is the package's name; ``from pkg import name``
+    names the submodule when ``name`` is one."""
+    known = {_module_name(p) for p in MODULES}
+    graph: dict[str, set[str]] = {m: set() for m in known}
+    for path in MODULES:
+        module = _module_name(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):  # every import: module level, in a function, for types
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                           for a in node.names]
+            else:
+                continue
+            graph[module].update(t for t in targets if t in known and t != module)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_scan_finds_a_cycle() -> None:
+    # The detector must see a cycle that is plainly there, or the next test passes vacuously.
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle() -> None:
+    # A package's __init__ that re-exports its submodules and a submodule importing a sibling
+    # through the package are the same cycle to a reader: both count. Each cycle is a type or a
+    # helper on the wrong side: move it down a layer (STRUCTURE.md).
+    assert _cycles(_module_graph()) == []

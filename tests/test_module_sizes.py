@@ -1,70 +1,51 @@
-"""Modules that fit in a head (issue 31, item 3), for the command line and the verdict types:
-no module over 450 lines, no function over 80, and no import cycle through them, counting the
-imports made for annotations only (``if TYPE_CHECKING:``), which a reader follows as well."""
+"""Modules that fit in a head (issue 31, item 3): no module of the package over 450 lines and no
+function over 80. A module over ~450 lines usually holds two ideas; a function over ~80 lines
+usually hides a table or a loop of cases. The import cycles are ``tests/test_layers.py``'s.
+
+``importers/shell.py`` and ``importers/shell_syntax.py`` are left to the issue that replaces them
+with tree-sitter-bash (issue 33); they are listed here by name, so a new module is never exempt.
+The scan reads the source with :mod:`ast` and imports nothing.
+"""
 
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "placeverify"
-CHECKED = sorted([*(PACKAGE / "cli").glob("*.py"), *(PACKAGE / name for name in (
-    "compare_cli.py", "console.py", "trace.py", "verdicts.py", "obligations.py", "errors.py",
-    "api.py", "result.py", "evidence.py", "node.py", "files.py", "__main__.py"))])
+LEFT_TO_ANOTHER_ISSUE = frozenset({PACKAGE / "importers" / "shell.py",
+                                   PACKAGE / "importers" / "shell_syntax.py"})
+MODULES = sorted(p for p in PACKAGE.rglob("*.py")
+                 if "__pycache__" not in p.parts and p not in LEFT_TO_ANOTHER_ISSUE)
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
 
 
-def _name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-@pytest.mark.parametrize("path", CHECKED, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_module_and_function_sizes(path: Path) -> None:
-    text = path.read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= MAX_MODULE_LINES
-    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+def long_functions(text: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``name (N lines)`` for each function (methods and nested ones too) longer than ``limit``."""
+    return [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
             for node in ast.walk(ast.parse(text))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
-    assert long == []
+            and node.end_lineno - node.lineno + 1 > limit]
 
 
-def _imports(path: Path) -> set[str]:
-    """Every placeverify module ``path`` imports, at run time or for annotations."""
-    module = _name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
-    return {name for name in found if name.startswith("placeverify.")}
+def test_the_scan_sees_the_package_and_long_functions() -> None:
+    # Without these, the tests below would pass on nothing.
+    assert len(MODULES) > 200
+    assert all(p.is_file() for p in LEFT_TO_ANOTHER_ISSUE), "an exempt module was renamed"
+    body = "".join(f"x{i} = {i}\n" for i in range(81))  # 81 statements: a function of 82 lines
+    assert long_functions("def f():\n" + textwrap.indent(body, "    ")) == ["f (82 lines)"]
+    method = "class C:\n    def g(self):\n" + textwrap.indent(body, "        ")
+    assert long_functions(method) == ["g (82 lines)"]
+    assert long_functions("def f():\n    return 1\n") == []
 
 
-def test_no_import_cycle_through_these_modules() -> None:
-    modules = {_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
-    graph = {name: {t for t in _imports(path) if t in modules and t != name}
-             for name, path in modules.items()}
-    assert "placeverify.trace" in graph["placeverify.verdicts"]  # the scan sees type-only imports
-    cycles = []
-    for start in sorted(_name(p) for p in CHECKED):
-        stack, seen = [(start, (start,))], set()
-        while stack:
-            node, path = stack.pop()
-            for target in sorted(graph[node]):
-                if target == start:
-                    cycles.append(" -> ".join((*path, start)))
-                elif target not in seen:
-                    seen.add(target)
-                    stack.append((target, (*path, target)))
-    assert cycles == []
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_and_function_sizes(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    lines = len(text.splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{lines} lines"
+    assert long_functions(text) == []

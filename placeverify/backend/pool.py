@@ -34,6 +34,10 @@ from placeverify.backend.contract import (
 )
 from placeverify.backend.follow import alive, watch_parent
 
+# A Unix socket's path is at most 107 bytes (sockaddr_un.sun_path, NUL included); the forkserver's
+# is <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX.
+SOCKET_PATH_MAX = 107
+SOCKET_NAME = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 REPLAY_WORKER = "placeverify.replay.worker"  # defines rank_main(job, rank, world, store, conn, ...)
 # Imported by the forkserver before any rank is forked; placeverify.cli because the console
 # script is re-run as __mp_main__.
@@ -45,6 +49,24 @@ def server_pid() -> int | None:
     """The pid of this process's multiprocessing forkserver, if one was started."""
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     return pid if isinstance(pid, int) else None
+
+
+def short_socket_folder(system: str = "/tmp") -> None:
+    """multiprocessing keeps the forkserver's socket in a folder under the temporary directory
+    (``multiprocessing.util.get_temp_dir``, made once per process). Under a long ``TMPDIR`` (a
+    test runner's per-test folder) the socket's path does not fit in a Unix address and the
+    replay could not start ("AF_UNIX path too long"); that folder then goes in ``system``
+    instead. The run's own folders stay under ``TMPDIR``."""
+    if len(os.fsencode(tempfile.gettempdir())) + SOCKET_NAME <= SOCKET_PATH_MAX:
+        return
+    if not os.access(system, os.W_OK | os.X_OK):
+        return  # nowhere shorter: multiprocessing's own error says why
+    saved = tempfile.tempdir
+    tempfile.tempdir = system
+    try:
+        multiprocessing.util.get_temp_dir()  # made now, in ``system``, and kept for the process
+    finally:
+        tempfile.tempdir = saved
 
 
 @dataclass
@@ -66,6 +88,7 @@ class Pool:
         terminal's process group does not interrupt the server's import of torch (printing a
         traceback) before the server has set it aside. The janitor is told of the server: a
         parent killed outright has it, and every rank it forked, killed."""
+        short_socket_folder()
         resource_tracker.ensure_running()  # first: it unblocks SIGINT after starting itself
         with blocked_signals(signal.SIGINT):
             forkserver.ensure_running()
