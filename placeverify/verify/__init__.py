@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from placeverify.ir.flights import has_async
 from placeverify.ir.strategy import Strategy
 from placeverify.verdicts import Verdict, Verification
+from placeverify.verify import interrupt
 from placeverify.verify.budget import DEFAULT_BUDGET_S, DEFAULT_QUERY_CAP_MS, Budget
 from placeverify.verify.cases import sharing_budget
 from placeverify.verify.check import Context, Finding, out_of_time, run_check
@@ -29,7 +30,13 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
     *unknown* ("time budget"). A file with ``unused`` groups is verified under every
     participation pattern they allow (:mod:`placeverify.verify.checks.participation`), and a file
     declaring ``empty microbatches`` under every pattern of micro-batches without tokens
-    (:mod:`placeverify.verify.checks.empty`)."""
+    (:mod:`placeverify.verify.checks.empty`). A Ctrl-C during it is never lost
+    (:mod:`placeverify.verify.interrupt`)."""
+    with interrupt.handling():
+        return _verify(strategy, timeout_ms, budget_s)
+
+
+def _verify(strategy: Strategy, timeout_ms: int, budget_s: float | None) -> Verification:
     if strategy.config.empty:
         from placeverify.verify.checks.empty import over_empty
 

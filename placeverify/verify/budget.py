@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from placeverify.diagnostics import Span
 from placeverify.errors import PlaceverifyError
 from placeverify.semantics.schedule import Unmodelled
+from placeverify.verify.interrupt import raise_if_pending
 
 DEFAULT_BUDGET_S = 30.0  # the whole verification of one file (check --timeout)
 DEFAULT_QUERY_CAP_MS = 10_000  # one solver query at most, whatever is left of the budget
@@ -80,6 +81,7 @@ class Budget:
         return self.remaining_s() <= 0
 
     def checkpoint(self) -> None:
+        raise_if_pending()
         if self.exhausted():
             raise BudgetExhausted(self.seconds)
 
@@ -122,7 +124,10 @@ def active(budget: Budget) -> Iterator[Budget]:
 
 
 def checkpoint() -> None:
-    """Raise :class:`BudgetExhausted` if the active budget has run out (a no-op without one)."""
+    """Raise :class:`BudgetExhausted` if the active budget has run out (a no-op without one), and
+    KeyboardInterrupt if a Ctrl-C was lost where it was raised (:mod:`~placeverify.verify.
+    interrupt`)."""
+    raise_if_pending()
     budget = _ACTIVE.get()
     if budget is not None:
         budget.checkpoint()

@@ -10,7 +10,9 @@ from typing import Any
 
 import z3
 
-from placeverify.verify import budget
+from placeverify.verify import budget, interrupt
+
+interrupt.leave_ctrl_c_to_python()
 
 
 class SolverStatus(StrEnum):
@@ -55,6 +57,7 @@ def check(formula: Any, timeout_ms: int, logic: str | None = None) -> Outcome:
             raise KeyboardInterrupt from None
         raise
     seconds = time.perf_counter() - started
+    interrupt.raise_if_pending()  # a Ctrl-C that arrived during the call, raised now
     if result == z3.sat:
         return Outcome(SolverStatus.SAT, solver.model(), seconds)
     if result == z3.unsat:
