@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import pytest
 
 from placeverify.api import parse
 from tests.conftest import ROOT
+from tests.test_readme import shell
 
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
@@ -82,19 +82,6 @@ def shown_in(line: str, printed: set[str]) -> bool:
         return False
     pattern = re.compile(".*?".join(re.escape(part) for part in line.split("...")))
     return any(pattern.fullmatch(p) for p in printed)
-
-
-def shell(command: str, cwd: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """``command`` under bash, with ``placeverify`` this checkout's (as the venv's script is)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    shim = bin_dir / "placeverify"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m placeverify "$@"\n')
-    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "PLACEVERIFY_DEBUG")}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT))
-    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
 
 
 def test_the_pages_have_examples() -> None:

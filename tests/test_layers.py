@@ -91,6 +91,16 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
 
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` names, relative imports resolved in ``package``."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def _imports(path: Path) -> list[Import]:
     module = _module_name(path)
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
@@ -106,12 +116,7 @@ def _imports(path: Path) -> list[Import]:
             if isinstance(child, ast.Import):
                 targets = [alias.name for alias in child.names]
             elif isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - (child.level - 1)]
-                    base = ".".join([*anchor, base] if base else anchor)
-                targets = [base]
+                targets = [_from_base(child, package)]
             for target in targets:
                 if target == "placeverify" or target.startswith("placeverify."):
                     found.append(Import(module, target, child.lineno, inner))
@@ -237,11 +242,7 @@ def _module_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join([*anchor, base] if base else anchor)
+                base = _from_base(node, package)
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
                            for a in node.names]
             else:
