@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Iterator
 
 import pytest
 import z3
 
 from placeverify.verify import budget, interrupt
 from placeverify.verify.z3 import solve
+
+
+@pytest.fixture(autouse=True)
+def python_handles_sigint() -> Iterator[None]:
+    # A suite started in the background inherits an ignored SIGINT; these tests are about
+    # Python's own handler, so put it in place for each (and put back what was there).
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 def test_z3_leaves_sigint_to_python() -> None:

@@ -55,6 +55,12 @@ print("answered", outcome.status, outcome.reason, flush=True)
 """
 
 
+def _default_sigint() -> None:
+    # A suite started in the background inherits an ignored SIGINT, and an ignored signal stays
+    # ignored across exec: the command under test gets the default, as a terminal gives it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -63,7 +69,8 @@ def _env() -> dict[str, str]:
 @pytest.mark.parametrize("path", ["budget", "own-limit"])
 def test_ctrl_c_inside_a_query_raises_keyboard_interrupt(path: str) -> None:
     process = subprocess.Popen([sys.executable, "-c", DRIVER, path], cwd=ROOT, env=_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_default_sigint)
     try:
         assert process.stdout is not None
         assert process.stdout.readline().strip() == "solving"
@@ -123,7 +130,8 @@ def test_check_cli_exits_130_on_ctrl_c(tmp_path: Path) -> None:
     for delay in (1.0, 3.0):
         process = subprocess.Popen([sys.executable, "-m", "placeverify", "check", str(place)],
                                    cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+                                   stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=_default_sigint)
         try:
             time.sleep(delay)
             sent = time.monotonic()
