@@ -73,6 +73,7 @@ figures: $(TSTAMP)
 	$(BIN)/python benchmarks/peak_memory.py --docs
 	$(BIN)/python benchmarks/peak_memory.py --repeat 29 examples/measure/zero3.place --docs \
 		--docs-name zero3-29-runs
+	$(BIN)/python benchmarks/budget.py --runs 5 --heap 3000000 --compare --docs
 	$(BIN)/python benchmarks/import_sweep.py tests/importers --docs
 	$(BIN)/python benchmarks/soundness.py --docs
 	$(BIN)/python benchmarks/fuzz.py --count 10000 --seed 0 --budget 5 -j 2 --faults 0.02 --docs

@@ -14,6 +14,7 @@ from placeverify.ir.flights import has_async
 from placeverify.ir.strategy import Strategy
 from placeverify.verdicts import Verdict, Verification
 from placeverify.verify import interrupt
+from placeverify.verify.heap import callers_heap_frozen
 from placeverify.verify.budget import DEFAULT_BUDGET_S, DEFAULT_QUERY_CAP_MS, Budget
 from placeverify.verify.cases import sharing_budget
 from placeverify.verify.check import Context, Finding, out_of_time, run_check
@@ -31,8 +32,9 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_QUERY_CAP_MS,
     participation pattern they allow (:mod:`placeverify.verify.checks.participation`), and a file
     declaring ``empty microbatches`` under every pattern of micro-batches without tokens
     (:mod:`placeverify.verify.checks.empty`). A Ctrl-C during it is never lost
-    (:mod:`placeverify.verify.interrupt`)."""
-    with interrupt.handling():
+    (:mod:`placeverify.verify.interrupt`), and the caller's heap is left out of garbage
+    collection until it ends (:mod:`placeverify.verify.heap`)."""
+    with interrupt.handling(), callers_heap_frozen():
         return _verify(strategy, timeout_ms, budget_s)
 
 

@@ -15,10 +15,11 @@ each thread and each ``verify`` call has its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
 
 from placeverify.diagnostics import Span
 from placeverify.errors import PlaceverifyError
@@ -131,6 +132,18 @@ def checkpoint() -> None:
     budget = _ACTIVE.get()
     if budget is not None:
         budget.checkpoint()
+
+
+T = TypeVar("T")
+
+
+def each(items: Iterable[T]) -> Iterator[T]:
+    """``items``, with a :func:`checkpoint` before each: for a loop over every rank or key of an
+    encoding, whose body builds solver terms (4,096 ranks of DDP over 12 axes ran 0.9 s past a 2 s
+    budget at load 2.5 per core in one such loop without it)."""
+    for item in items:
+        checkpoint()
+        yield item
 
 
 def query_ms(requested_ms: int) -> int:

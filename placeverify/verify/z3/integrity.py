@@ -58,7 +58,7 @@ from placeverify.semantics.schedule import (
     is_uniform,
     summary_indices,
 )
-from placeverify.verify.budget import TooLarge, checkpoint
+from placeverify.verify.budget import TooLarge, checkpoint, each
 from placeverify.verify.z3.counts import CountVars, KSpec, Label, Size, more_than_one, product
 
 SAME, DIFF = "same", "different"
@@ -384,7 +384,7 @@ def _encode(strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size
                 indices=indices, after_microbatch=record)
     if machine.update is None:
         raise Unmodelled("the step never updates the parameters")
-    reference = {key: domain.reference(key) for key in domain.keys}
+    reference = {key: domain.reference(key) for key in each(domain.keys)}
     update = machine.update
     return Encoded(update.value.values, reference, counts, machine.mixes,
                    update.op.span.line if isinstance(update.op, Update) else None,
@@ -395,7 +395,7 @@ def mismatch_formula(encoded: Encoded, observed: dict[Key, Any] | None = None) -
     """Satisfiable iff some atom's coefficient in what the update consumed (or ``observed``, what
     a clip saw) differs from its reference weight."""
     values = encoded.consumed if observed is None else observed
-    differs = [values[key] != encoded.reference[key] for key in values]
+    differs = [values[key] != encoded.reference[key] for key in each(values)]
     return z3.And(*encoded.counts.constraints(), *encoded.constraints, z3.Or(*differs))
 
 
