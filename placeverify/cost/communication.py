@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from placeverify.cost.domain import Domain, Num
-from placeverify.cost.memory import bytes_per_element, local_params
+from placeverify.cost.memory import gathered_bytes, local_params, reduced_bytes
 from placeverify.diagnostics import Span
 from placeverify.ir.collectives import COLLECTIVES
 from placeverify.ir.mesh import Group
@@ -115,8 +115,8 @@ def step_items(d: Domain, strategy: Strategy) -> list[CommItem]:
     m = d.sym("m", step.microbatches)
     grads = local_params(d, strategy, State.GRADIENTS)
     params = local_params(d, strategy, State.PARAMS)
-    grad_bytes = bytes_per_element(d, strategy, State.GRADIENTS)
-    param_bytes = bytes_per_element(d, strategy, State.PARAMS)
+    grad_bytes = reduced_bytes(d, strategy)  # G crosses the links in its reduction dtype
+    param_bytes = gathered_bytes(d, strategy)  # Θ in the dtype it is gathered in
     fraction: dict[ParamGroup, Num] = {g: d.const(1) for g in grads}
     items: list[CommItem] = []
 
@@ -175,6 +175,8 @@ def _collective(d: Domain, strategy: Strategy, op: Collective, calls: Num,
     for group, n in params.items():
         if target.applies_to(group):
             payload = payload + n
+    if op.kind is not CollectiveKind.ALL_GATHER:  # a broadcast or sum of Θ moves it as stored
+        param_bytes = d.const(strategy.precision.params)
     return [comm_item(d, strategy, kind, op.group, target.label(), payload * param_bytes, calls,
                       "params", "step", op.span)]
 

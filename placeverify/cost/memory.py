@@ -70,6 +70,18 @@ def bytes_per_element(d: Domain, strategy: Strategy, state: State) -> Num:
     return d.const(value)
 
 
+def gathered_bytes(d: Domain, strategy: Strategy) -> Num:
+    """Bytes per element of Θ as all-gathered and kept gathered for compute (FSDP2's
+    ``param_dtype``; the stored dtype unless the precision says ``gather``)."""
+    return d.const(strategy.precision.gathered)
+
+
+def reduced_bytes(d: Domain, strategy: Strategy) -> Num:
+    """Bytes per element of G on the links (FSDP2's ``reduce_dtype``, DeepSpeed's
+    ``communication_data_type``; the gradient's own dtype unless the precision says ``reduce``)."""
+    return d.const(strategy.precision.reduced)
+
+
 def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State,
                 pipeline: bool = True) -> Num:
     """The divisor from splitting the model itself: tensor, pipeline and expert axes (the
@@ -354,7 +366,9 @@ def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIte
         total: Num = 0
         for group, n in params.items():
             total = total + n / model_split(d, strategy, group, state, pipeline=False)
-        items.append(MemoryItem(state.value, label, total * bytes_per_element(d, strategy, state)
+        per_element = (gathered_bytes(d, strategy) if state is State.PARAMS
+                       else bytes_per_element(d, strategy, state))
+        items.append(MemoryItem(state.value, label, total * per_element
                                 / data_split(d, strategy, state, skip=axes)))
     return items
 
@@ -371,7 +385,7 @@ def gather_buffer(d: Domain, strategy: Strategy) -> MemoryItem | None:
     axes = gathered_axes(strategy)
     if not axes or set(axes) <= set(kept_parameter_axes(strategy)):
         return None  # none, or the step keeps the parameters gathered: nothing more to gather
-    per_element = bytes_per_element(d, strategy, State.PARAMS)
+    per_element = gathered_bytes(d, strategy)
     keep_all = any(not strategy.placement(a).reshard_after_forward for a in axes)
     if keep_all:
         total: Num = 0

@@ -23,7 +23,7 @@ from placeverify.cost.activations import (
 )
 from placeverify.cost.communication import CommItem, comm_item
 from placeverify.cost.domain import Domain, Num
-from placeverify.cost.memory import bytes_per_element, local_params
+from placeverify.cost.memory import bytes_per_element, gathered_bytes, local_params
 from placeverify.diagnostics import Span
 from placeverify.ir.mesh import Group
 from placeverify.ir.model import ParamGroup, Transformer
@@ -37,7 +37,7 @@ def placement_items(d: Domain, strategy: Strategy,
     items: list[CommItem] = []
     mesh = strategy.mesh
     m = d.sym("m", strategy.microbatches)
-    param_bytes = bytes_per_element(d, strategy, State.PARAMS)
+    param_bytes = gathered_bytes(d, strategy)  # FSDP's param_dtype: what the gathers move
     local = local_params(d, strategy)
     local_total: Num = 0
     for n in local.values():

@@ -327,8 +327,9 @@ def pace(counts: Sequence[float], layer_work: float, output_work: float) -> tupl
 
 
 def default_matmul(strategy: Strategy) -> str:
-    dtype = strategy.precision.params_dtype
-    return "tf32" if dtype == "fp32" else dtype if dtype in ("bf16", "fp16", "fp8") else "bf16"
+    """The dtype matmuls run in when the mesh does not say: the precision's (its ``compute``,
+    else the gathered parameters' dtype; :attr:`placeverify.ir.precision.Precision.matmul`)."""
+    return strategy.precision.matmul
 
 
 def _optimizer_seconds(strategy: Strategy, costs: Costs, device: Device | None,

@@ -34,11 +34,12 @@ from placeverify.importers.rules import Facts, Rule, batch_rule, reads_placement
 TOP = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
        "zero_optimization", "bf16", "bfloat16", "fp16", "gradient_clipping", "optimizer",
        "prescale_gradients", "gradient_predivide_factor", "gradient_allreduce_op",
-       "sequence_parallel_size", "activation_checkpointing", "seq_parallel_communication_data_type"}
+       "sequence_parallel_size", "activation_checkpointing", "seq_parallel_communication_data_type",
+       "communication_data_type"}
 IGNORED_TOP = {"steps_per_print", "wall_clock_breakdown", "scheduler", "zero_allow_untested_optimizer",
                "tensorboard", "wandb", "csv_monitor", "comms_logger", "flops_profiler",
                "dump_state", "checkpoint", "dataloader_drop_last", "memory_breakdown",
-               "zero_force_ds_cpu_optimizer", "gradient_accumulation_dtype", "communication_data_type"}
+               "zero_force_ds_cpu_optimizer", "gradient_accumulation_dtype"}
 ZERO_READ = {"stage", "offload_optimizer", "offload_param", "mics_shard_size",
              "zero_hpz_partition_size", "overlap_comm"}
 ZERO_IGNORED = {"contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
@@ -337,11 +338,33 @@ def _offload(doc: Config, plan: Plan, stage: int) -> None:
         plan.body.append(Line(f"offload {what} to cpu", device.origin.key, device.origin))
 
 
+# deepspeed/runtime/config.py get_communication_data_type: the names it accepts
+COMMUNICATION_DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bfp16": "bf16"}
+
+
 def precision_line(doc: Config) -> Line:
     """The precision a DeepSpeed configuration trains in: ``bf16.enabled`` (bf16 Θ and G, Adam
     12 B), ``fp16.enabled`` (the ZeRO paper's mixed precision, a static loss scale when
     ``fp16.loss_scale`` is not 0), else fp32; bf16 and fp16 together are refused, as the engine
-    does."""
+    does. ``communication_data_type`` is the dtype gradients are reduced in (default: the
+    model's)."""
+    line = _model_precision(doc)
+    comm = doc.get("communication_data_type")
+    if comm is None or comm.value is None:
+        return line
+    dtype = COMMUNICATION_DTYPES.get(str(comm.value).lower())
+    if dtype is None:
+        doc.reader.error(f"communication_data_type is fp32, fp16 or bf16, not {comm.value!r}",
+                         comm.origin, code=Code.BAD_VALUE)
+        return line
+    words = line.text.removeprefix("precision ").strip()
+    block = (f"{{ {words[2:-2]}, reduce = {dtype} }}" if words.startswith("{")
+             else f"{words} {{ reduce = {dtype} }}")
+    return Line(f"precision {block}", f"{line.why}; gradients reduced in {dtype} "
+                f"({comm.origin.key})", comm.origin)
+
+
+def _model_precision(doc: Config) -> Line:
     reader = doc.reader
     bf16 = doc.get("bf16", "enabled") or doc.get("bfloat16", "enabled")
     fp16 = doc.get("fp16", "enabled")

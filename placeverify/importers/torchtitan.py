@@ -151,7 +151,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     sizes = _sizes(job, world)
     batch = _batch(job, sizes)
     preset = _model(job, model, sizes, batch)
-    _precision(job)
+    _precision(job, sizes)
     _mesh(job, sizes)
     _placements(job, sizes)
     if sizes.pp > 1:
@@ -250,13 +250,41 @@ def _model(job: _Job, model: str | None, sizes: _Sizes, batch: _Batch) -> str | 
     return preset
 
 
-def _precision(job: _Job) -> None:
+TORCH_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+
+
+def _precision(job: _Job, sizes: _Sizes) -> None:
+    """torchtitan's mixed precision (``distributed/utils.py`` ``maybe_enable_amp``): with FSDP
+    (a shard or context degree above 1, ``ParallelDims.fsdp_enabled``) fully_shard's
+    MixedPrecisionPolicy: fp32 sharded Θ and G, the gather and compute in
+    ``mixed_precision_param``, the reduce-scatter in ``mixed_precision_reduce`` (defaults bfloat16
+    and float32); DDP or one device autocasts to ``mixed_precision_param``; tensor or pipeline
+    parallelism without FSDP trains in fp32 (torchtitan disables mixed precision there)."""
     param = job.get("training", "mixed_precision_param", "bfloat16")
-    act = "bf16" if param.value == "bfloat16" else "fp32"
-    job.plan.precision = Line(f"precision {{ params = fp32, grads = fp32, optimizer = 8, "
-                              f"activations = {act}, loss_scale = none }}",
-                              f"{param.origin.key}: fp32 sharded Θ, {act} compute (FSDP2 "
-                              "MixedPrecisionPolicy), AdamW 8 B", param.origin)
+    reduce = job.get("training", "mixed_precision_reduce", "float32")
+    dtypes = {}
+    for value in (param, reduce):
+        dtypes[value.origin.key] = TORCH_DTYPES.get(str(value.value))
+        if dtypes[value.origin.key] is None:
+            job.reader.error(f"{value.origin.key} is bfloat16, float16 or float32, not "
+                             f"{value.value!r}", value.origin)
+    gather, reduced = dtypes[param.origin.key] or "bf16", dtypes[reduce.origin.key] or "fp32"
+    origin = param.origin
+    if sizes.shard > 1 or sizes.cp > 1:
+        text = ("precision torchtitan_bf16" if (gather, reduced) == ("bf16", "fp32") else
+                f"precision {{ params = fp32, gather = {gather}, grads = fp32, reduce = {reduced}, "
+                f"optimizer = 8, activations = {gather}, loss_scale = none }}")
+        why = (f"{param.origin.key} {param.value}, {reduce.origin.key} {reduce.value}: FSDP2 "
+               f"MixedPrecisionPolicy (fp32 sharded Θ and G, {gather} gather and compute, "
+               f"{reduced} reduce-scatter), AdamW 8 B")
+    elif sizes.tp > 1 or sizes.pp > 1:
+        text = "precision { params = fp32, grads = fp32, optimizer = 8, activations = fp32 }"
+        why = "tensor or pipeline parallelism without FSDP: torchtitan trains in fp32 (maybe_enable_amp)"
+    else:
+        text = (f"precision {{ params = fp32, compute = {gather if gather != 'fp32' else 'tf32'}, "
+                f"grads = fp32, optimizer = 8, activations = {gather}, loss_scale = none }}")
+        why = f"{param.origin.key} {param.value}: DDP under torch.autocast, fp32 Θ and G, AdamW 8 B"
+    job.plan.precision = Line(text, why, origin)
 
 
 def _mesh(job: _Job, sizes: _Sizes) -> None:

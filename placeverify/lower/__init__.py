@@ -24,7 +24,7 @@ from placeverify.lower.model import read_model
 from placeverify.lower.overrides import Settings, apply
 from placeverify.lower.participation import read_empty, read_unused
 from placeverify.lower.placement import read_placements
-from placeverify.lower.precision import read_precision
+from placeverify.lower.precision import check_compute, read_precision
 from placeverify.lower.settings import (
     read_clip,
     read_loss,
@@ -107,6 +107,8 @@ def lower(file: ast.File, source: Source) -> Strategy:
     model = read_model(ctx, model_stmt) if model_stmt else None
     precision = read_precision(ctx, precision_stmt)
     mesh = read_mesh(ctx, mesh_stmt) if mesh_stmt else None
+    if mesh is not None and precision_stmt is not None:
+        check_compute(ctx, precision_stmt, precision, mesh)
     ctx.diag.raise_if_errors()
     assert model is not None and mesh is not None and model_stmt is not None
 

@@ -25,8 +25,8 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # What each first part of a key takes after it, as the help and the errors show it.
 KEYS: dict[str, str] = {
     "model": "model=NAME or model.KEY=VALUE (a key of the model block, e.g. model.seq=8192)",
-    "precision": "precision=NAME or precision.KEY=VALUE (params, grads, optimizer, activations, "
-                 "loss_scale)",
+    "precision": "precision=NAME or precision.KEY=VALUE (params, gather, compute, grads, reduce, "
+                 "optimizer, activations, loss_scale)",
     "mesh": "mesh.AXIS=N, mesh.PROPERTY=VALUE (world, device_memory, device, ...) or "
             "mesh.AXIS.bandwidth=VALUE",
     "place": "place.GROUP=PLACEMENT (the group as the place statement writes it: dp, "

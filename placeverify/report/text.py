@@ -60,8 +60,12 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
                       f"micro-batch {a.micro_batch}" + (f", {a.experts} experts top-{a.top_k}"
                                                         if a.moe else ""))
     p = s.precision
-    console.print(f"precision  {p.name}: Θ {p.params} B, Ω {p.optimizer} B, G {p.grads} B, "
-                  f"A {p.activations} B per element; loss scaling {s.loss_scale}")
+    gathered = "" if p.gather_dtype is None else f" (gathered in {p.gather_dtype}, {p.gathered} B)"
+    reduced = "" if p.reduce_dtype is None else f" (reduced in {p.reduce_dtype}, {p.reduced} B)"
+    matmuls = "" if p.compute is None and p.gather_dtype is None else f"; {p.matmul} matmuls"
+    console.print(f"precision  {p.name}: Θ {p.params} B{gathered}, Ω {p.optimizer} B, "
+                  f"G {p.grads} B{reduced}, A {p.activations} B per element{matmuls}; "
+                  f"loss scaling {s.loss_scale}")
     mesh = " x ".join(f"{a.name} {a.size}" for a in s.mesh.axes)
     console.print(f"mesh       {mesh} = {s.mesh.world:,} devices")
     console.print()
