@@ -60,9 +60,9 @@ def full_seconds(text: str) -> float:
 
 
 def problem(model: str, dev: str, devices: int, batch: int, seq: int, memory: str = "",
-            entries: str = "") -> Any:
+            entries: str = "", precision: str = "megatron") -> Any:
     text = (f'strategy "base"\nmodel {model} {{ {entries}seq = {seq}, micro_batch = 1 }}\n'
-            "precision megatron\n"
+            f"precision {precision}\n"
             f"mesh {{\n    dp = {devices}\n    device = {dev}\n{memory}}}\nplace ddp over dp\n"
             f"microbatches = {max(1, batch // devices)}\n")
     from placeverify.api import parse
@@ -142,7 +142,19 @@ def test_tensor_parallelism_that_splits_kv_heads_is_not_enumerated() -> None:
 def test_screen_agrees_with_the_full_model(model: str, dev: str, devices: int, batch: int,
                                            seq: int, entries: str,
                                            overlap: TensorOverlap) -> None:
-    pb = problem(model, dev, devices, batch, seq, entries=entries)
+    _screen_agrees(problem(model, dev, devices, batch, seq, entries=entries), overlap)
+
+
+@pytest.mark.parametrize("precision", ["torchtitan_bf16", "accelerate_fsdp_bf16",
+                                       "bf16_adam { reduce = fp32 }"])
+def test_screen_agrees_under_a_mixed_precision_policy(precision: str) -> None:
+    # Θ gathered and G reduced in other dtypes than they are kept in: the screen counts them
+    # as the full model does (ir/precision.py)
+    _screen_agrees(problem("llama3_8b", "h100_sxm", 64, 256, 8192, precision=precision),
+                   TensorOverlap.NONE)
+
+
+def _screen_agrees(pb: Any, overlap: TensorOverlap) -> None:
     screen = screen_of(pb)
     every = list(layouts(pb.arch, pb.devices, pb.global_batch, pb.device.gpus_per_node,
                          Space(tp_overlap=overlap)))

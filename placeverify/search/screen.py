@@ -61,6 +61,8 @@ class Screen:
         arch = setting.arch
         prec = setting.precision
         self.P, self.G = float(prec.params), float(prec.grads)
+        # Θ as gathered, G as reduced (ir/precision.py: the dtypes check counts them in)
+        self.P_gathered, self.G_reduced = float(prec.gathered), float(prec.reduced)
         self.O, self.E = float(prec.optimizer), float(prec.activations)
         self.layer = arch.layer_params()
         self.groups = arch.group_params()
@@ -125,7 +127,7 @@ class Screen:
         vocab = arch.padded_vocab(lay.tp)
         buffers = working
         if lay.sharding in (Sharding.ZERO3, Sharding.HSDP):
-            buffers += self.unit * self.P / lay.tp
+            buffers += self.unit * self.P_gathered / lay.tp
         best = 0.0
         for layers, first, last, stage in kinds:
             in_flight = self._in_flight(lay, stage)
@@ -315,7 +317,7 @@ class Screen:
         hidden: what runs in the loop lengthens every micro-batch (cost/exposure.py: waits). Returns
         (seconds added to the step, seconds added to every micro-batch)."""
         local = self._model_share(lay)
-        grads, params = local * self.G, local * self.P
+        grads, params = local * self.G_reduced, local * self.P_gathered
         m = lay.m
 
         sizes = dict(_order_of(lay))
@@ -379,7 +381,8 @@ class Screen:
                                outlasting(by_chunk, (lay.v - 1) * m * t_bwd / lay.v, share))
         if lay.offload:
             split = lay.shard if kind is Sharding.HSDP else lay.dp
-            exposed += (grads / split * m + params / split) / self.s.pcie_bandwidth
+            kept, stored = local * self.G, local * self.P  # the host copies move them as kept
+            exposed += (kept / split * m + stored / split) / self.s.pcie_bandwidth
         return exposed, per_mb
 
     def _optimizer_seconds(self, lay: Layout, layers: int) -> float:
