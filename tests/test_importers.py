@@ -344,7 +344,7 @@ def test_torchtitan_llama3_70b_fsdp_tp() -> None:
     same_costs(strategy, """
 strategy "hand"
 model llama3_70b { seq = 8192, micro_batch = 8 }
-precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+precision torchtitan_bf16
 mesh { tp = 8, dp = 8, memory_profile = torch }
 place megatron(sequence_parallel) over tp
 place fsdp over dp
@@ -373,7 +373,7 @@ def test_torchtitan_llama3_405b_hsdp_pipeline() -> None:
     same_costs(strategy, """
 strategy "hand"
 model llama3_405b { seq = 8192, micro_batch = 1 }
-precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+precision torchtitan_bf16
 mesh { tp = 8, shard = 8, replica = 2, pp = 7, memory_profile = torch }
 place megatron(sequence_parallel) over tp
 place hsdp(reshard_after_forward = false, reduce = step) over shard * replica
@@ -499,7 +499,7 @@ def test_torchtitan_llama3_405b_published_preset() -> None:
     same_costs(strategy, """
 strategy "hand"
 model llama3_405b { seq = 8192, micro_batch = 2 }
-precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+precision torchtitan_bf16
 mesh { tp = 8, dp = 64, memory_profile = torch }
 place megatron(sequence_parallel, overlap = true) over tp
 place fsdp over dp
@@ -567,7 +567,7 @@ def test_accelerate_fsdp2_hsdp_tp() -> None:
     same_costs(strategy, """
 strategy "hand"
 model llama3_8b { seq = 8192, micro_batch = 1 }
-precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+precision accelerate_fsdp_bf16
 mesh { tp = 2, shard = 2, replica = 2, memory_profile = torch }
 place megatron(sequence_parallel) over tp
 place hsdp over shard * replica
@@ -590,7 +590,7 @@ def test_accelerate_mixtral_moe_fsdp() -> None:
     same_costs(strategy, """
 strategy "hand"
 model mixtral_8x7b { seq = 32768, micro_batch = 1 }
-precision { params = fp32, grads = fp32, optimizer = 8, activations = bf16, loss_scale = none }
+precision accelerate_fsdp_bf16
 mesh { dp = 16, memory_profile = torch }
 place fsdp over dp
 loss microbatch_mean

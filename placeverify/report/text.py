@@ -60,12 +60,14 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
                       f"micro-batch {a.micro_batch}" + (f", {a.experts} experts top-{a.top_k}"
                                                         if a.moe else ""))
     p = s.precision
-    gathered = "" if p.gather_dtype is None else f" (gathered in {p.gather_dtype}, {p.gathered} B)"
-    reduced = "" if p.reduce_dtype is None else f" (reduced in {p.reduce_dtype}, {p.reduced} B)"
-    matmuls = "" if p.compute is None and p.gather_dtype is None else f"; {p.matmul} matmuls"
-    console.print(f"precision  {p.name}: Θ {p.params} B{gathered}, Ω {p.optimizer} B, "
-                  f"G {p.grads} B{reduced}, A {p.activations} B per element{matmuls}; "
-                  f"loss scaling {s.loss_scale}")
+    console.print(f"precision  {p.name}: Θ {p.params} B, Ω {p.optimizer} B, G {p.grads} B, "
+                  f"A {p.activations} B per element; loss scaling {s.loss_scale}")
+    policy = [f"Θ gathered in {p.gather_dtype} ({p.gathered} B)"] if p.gather_dtype else []
+    policy += [f"G reduced in {p.reduce_dtype} ({p.reduced} B)"] if p.reduce_dtype else []
+    if p.gather_dtype or p.compute:
+        policy.append(f"matmuls in {p.matmul}")
+    if policy:
+        console.print("           policy: " + ", ".join(policy))
     mesh = " x ".join(f"{a.name} {a.size}" for a in s.mesh.axes)
     console.print(f"mesh       {mesh} = {s.mesh.world:,} devices")
     console.print()
