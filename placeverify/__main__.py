@@ -17,6 +17,7 @@ def run() -> None:
         from placeverify.cli import main
     except KeyboardInterrupt:
         sys.stderr.write("placeverify: interrupted\n")
+        sys.unraisablehook = lambda unraisable: None  # what the signal left half built
         raise SystemExit(INTERRUPTED) from None
     main()
 

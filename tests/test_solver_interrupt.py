@@ -173,3 +173,26 @@ def test_a_ctrl_c_inside_a_finalizer_is_pending_and_prints_nothing(
         SignalsInItsFinalizer.__del__ = lambda self: 1 / 0  # type: ignore[method-assign]
         SignalsInItsFinalizer()  # any other unraisable still reaches the hook
     assert printed == [ZeroDivisionError]
+
+
+HALF_BUILT = """
+from placeverify.cli.exits import guarded
+
+class HalfBuilt:  # as z3's Context interrupted in its constructor: its finalizer then fails
+    def __init__(self):
+        raise KeyboardInterrupt
+    def __del__(self):
+        self.owner
+
+def body():
+    HalfBuilt()
+
+guarded(body)
+"""
+
+
+def test_an_object_the_interrupt_left_half_built_prints_nothing_at_exit() -> None:
+    done = subprocess.run([sys.executable, "-c", HALF_BUILT], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 130
+    assert done.stderr.strip() == "placeverify: interrupted", done.stderr

@@ -162,11 +162,20 @@ class Group(click.Group):
             code = error.exit_code
         except click.Abort:
             error_console().print("placeverify: interrupted", markup=False)
+            quiet_teardown()
             code = ExitCode.INTERRUPTED
         except BrokenPipeError:  # help into a closed pipe
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             code = ExitCode.OK
         sys.exit(int(code or 0))
+
+
+def quiet_teardown() -> None:
+    """After the one line that says a signal stopped the command: an object the signal left half
+    built (a solver context interrupted in its constructor, in a fuzz run: "Exception ignored
+    in Context.__del__ ... no attribute 'owner'") is finalized as the process exits, and its
+    finalizer has nothing to tell the user."""
+    sys.unraisablehook = lambda unraisable: None
 
 
 def guarded(run: Callable[[], ExitCode]) -> NoReturn:
@@ -184,10 +193,12 @@ def guarded(run: Callable[[], ExitCode]) -> NoReturn:
         code = ExitCode.INPUT_ERROR
     except KeyboardInterrupt:
         error_console().print("placeverify: interrupted", markup=False)
+        quiet_teardown()
         code = ExitCode.INTERRUPTED
     except Terminated as stop:
         error_console().print(f"placeverify: stopped by {signal.Signals(stop.signum).name}",
                               markup=False)
+        quiet_teardown()
         code = stop.exit_code
     except BrokenPipeError:
         code = ExitCode.OK
