@@ -439,7 +439,11 @@ S, B, H = 2048, 1, 12288
 GPT3_BSHE = F(B * S * H * 2)
 # Megatron pads GPT-3's 50257-token vocabulary to a multiple of 128·t (t = 8): 50·1024 rows
 # (megatron/training/tokenizer: _vocab_size_with_padding, --make-vocab-size-divisible-by 128)
-GPT3_PADDED_EMBEDDING = 51200 * _HG + 2048 * _HG  # word rows + learned positions
+GPT3_PADDED_WORD = 51200 * _HG  # word rows, split over tp (VocabParallelEmbedding)
+# the learned position table: Megatron-LM's LanguageModelEmbedding keeps it a plain
+# torch.nn.Embedding(max_sequence_length, hidden) that every tensor rank holds whole
+# (megatron/core/models/common/embeddings/language_model_embedding.py:71)
+GPT3_POSITIONS = 2048 * _HG
 GPT3_LAYERS_DENSE = 96 * (12 * _HG * _HG + 7 * _HG)
 GPT3_LAYERS_NORMS = 96 * 6 * _HG
 
@@ -462,7 +466,7 @@ def llama_last_stage(g: dict[str, int], vocab: int, h: int, layers: int, t: int,
 def _gpt3_tp(sp: bool) -> Expected:
     g, t, L = GPT3, 8, 96
     # norms replicated over tp; the vocabulary padded to 51200 rows
-    local = F(GPT3_LAYERS_DENSE + GPT3_PADDED_EMBEDDING, t) + g["norms"]
+    local = F(GPT3_LAYERS_DENSE + GPT3_PADDED_WORD, t) + g["norms"] + GPT3_POSITIONS
     per_layer = gpt3_layer_bytes(t, sp, selective=False)
     colls = [C("all_reduce", "tp", CROSS_ENTROPY, 4 * B * S, 3, t, "activations")]  # fp32 b·s
     if sp:
@@ -495,13 +499,16 @@ def _gpt3_tp(sp: bool) -> Expected:
 def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str,
                    backward: bool = False) -> Expected:
     g, t, p, L = GPT3, 8, 8, 96
-    # collectives: Megatron Ψ/(t·p), the tied embedding split evenly over stages
-    local = F(g["dense"] + g["embedding"], t * p) + F(g["norms"], p)
-    # memory: the fullest stage is the first, L/p layers + the padded word embedding and the
-    # position table (over t); the last holds the tied copy (51200·h/t) and the final LayerNorm
-    # (2h), 2048·h/t − 2h fewer
-    first = F(GPT3_LAYERS_DENSE, t * p) + F(GPT3_LAYERS_NORMS, p) + F(GPT3_PADDED_EMBEDDING, t)
-    last = first - (F(2048 * H, t) - 2 * H)
+    # collectives: Megatron Ψ/(t·p), the tied embedding split evenly over stages (the word
+    # table over t·p, the position table, whole on every tensor rank, over p)
+    word = g["embedding"] - 2048 * H
+    local = F(g["dense"] + word, t * p) + F(g["norms"] + 2048 * H, p)
+    # memory: the fullest stage is the first, L/p layers + the padded word embedding (over t)
+    # and the whole position table; the last holds the tied copy (51200·h/t) and the final
+    # LayerNorm (2h), 2048·h − 2h fewer
+    first = (F(GPT3_LAYERS_DENSE, t * p) + F(GPT3_LAYERS_NORMS, p) + F(GPT3_PADDED_WORD, t)
+             + GPT3_POSITIONS)
+    last = first - (GPT3_POSITIONS - 2 * H)
     if recompute == "full":
         per_layer = F(2 * S * B * H) / (t if sp else 1)
         buffers = gpt3_layer_bytes(t, sp, selective=False)
@@ -532,8 +539,9 @@ def _gpt3_pipeline(dp: int, m: int, chunks: int, sp: bool, recompute: str,
         fullest, outside, acts = last, out_last, acts_last
     colls = [
         # tied embedding: the first and last stage each hold the whole vocab-parallel shard
-        # (emb/t) and sum it over ends(pp), a group of 2 (Megatron's embedding group)
-        C("all_reduce", "pp", "grads[embedding]", 4 * F(g["embedding"], t), 1, 2, "gradients"),
+        # (word/t) and sum it over ends(pp), a group of 2 (Megatron's embedding group); the
+        # position table is the first stage's alone and not tied
+        C("all_reduce", "pp", "grads[embedding]", 4 * F(word, t), 1, 2, "gradients"),
         C("send", "pp", P2P, GPT3_BSHE / (t if sp else 1), 2 * m * chunks, p, "activations"),
     ]
     if sp and backward:
@@ -746,7 +754,7 @@ def test_published_anchors_of_the_expectations() -> None:
     # Megatron theoretical_memory_usage.py: most loaded shard (transformer/p + h·V_padded)/t,
     # transformer = 2·L·h²·(2 + 4 + 2/h + 1/(L·h)) for GPT-3; plus the position table it omits
     transformer = 2 * 96 * _HG * _HG * (6 + F(2, _HG) + F(1, 96 * _HG))
-    most = (transformer / 8 + 51200 * _HG) / 8 + F(2048 * _HG, 8)
+    most = (transformer / 8 + 51200 * _HG) / 8 + 2048 * _HG  # the table whole on each tp rank
     states = e.params + e.optimizer + e.gradients
     assert abs(states / ((6 + F(12, 16)) * most) - 1) < F(1, 1000)  # Megatron 6 + 12/d
     assert e.activations == 96 * 34 * F(S * B * H, 8)  # L layers' worth of 34sbh/t

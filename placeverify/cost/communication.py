@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from placeverify.cost.domain import Domain, Num
-from placeverify.cost.memory import gathered_bytes, local_params, reduced_bytes
+from placeverify.cost.memory import gathered_bytes, local_params, model_split, reduced_bytes
 from placeverify.diagnostics import Span
 from placeverify.ir.collectives import COLLECTIVES
 from placeverify.ir.mesh import Group
@@ -161,9 +161,10 @@ def _collective(d: Domain, strategy: Strategy, op: Collective, calls: Num,
         for group, n in grads.items():
             if target.applies_to(group):
                 if op.group.ends and group is ParamGroup.EMBEDDING:
-                    # the end stages sum the whole (vocab-parallel) embedding they each hold,
-                    # not the 1/p share the even-split memory model assigns a stage
-                    n = n * _pipeline_split(d, strategy)
+                    # the end stages sum the whole (vocab-parallel) word table they each hold,
+                    # not the 1/p share the even-split memory model assigns a stage (a learned
+                    # position table, on the first stage only, is not tied)
+                    n = _tied_word(d, strategy, n)
                 payload = payload + n * fraction[group]
                 if op.kind is CollectiveKind.REDUCE_SCATTER:
                     fraction[group] = fraction[group] / group_size(d, strategy, op.group)[0]
@@ -179,6 +180,15 @@ def _collective(d: Domain, strategy: Strategy, op: Collective, calls: Num,
         param_bytes = d.const(strategy.precision.params)
     return [comm_item(d, strategy, kind, op.group, target.label(), payload * param_bytes, calls,
                       "params", "step", op.span)]
+
+
+def _tied_word(d: Domain, strategy: Strategy, local: Num) -> Num:
+    """The tied word table one end stage holds, from the embedding group's even 1/p share."""
+    arch = strategy.model.arch
+    if arch is None or not arch.position_rows:
+        return local * _pipeline_split(d, strategy)
+    word = d.sym("Ψ_word", arch.vocab * arch.hidden)
+    return word / model_split(d, strategy, ParamGroup.EMBEDDING, State.GRADIENTS, pipeline=False)
 
 
 def _pipeline_split(d: Domain, strategy: Strategy) -> Num:

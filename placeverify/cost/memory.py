@@ -83,15 +83,17 @@ def reduced_bytes(d: Domain, strategy: Strategy) -> Num:
 
 
 def model_split(d: Domain, strategy: Strategy, group: ParamGroup, state: State,
-                pipeline: bool = True) -> Num:
+                pipeline: bool = True, tensor: bool = True) -> Num:
     """The divisor from splitting the model itself: tensor, pipeline and expert axes (the
-    pipeline axis left out with ``pipeline = False``, when the stage's own counts are used).
+    pipeline axis left out with ``pipeline = False``, when the stage's own counts are used; the
+    tensor axes with ``tensor = False``, for the learned position table they leave whole).
     A pipeline whose stages list their layers divides the layers' groups by L / L_max: the
     share of the stage with the most layers."""
     divisor: Num = d.const(1)
     arch = strategy.model.arch
     for p in strategy.placements:
-        if not p.mode(state).sharded or (not pipeline and p.role is Role.PIPELINE):
+        if not p.mode(state).sharded or (not pipeline and p.role is Role.PIPELINE) or \
+                (not tensor and p.role is Role.TENSOR):
             continue
         if ROLES[p.role].splits_model(group):
             if (p.role is Role.PIPELINE and arch is not None and group is not ParamGroup.EMBEDDING
@@ -114,8 +116,35 @@ def data_split(d: Domain, strategy: Strategy, state: State, skip: tuple[str, ...
 
 
 def local_params(d: Domain, strategy: Strategy, state: State = State.PARAMS) -> dict[ParamGroup, Num]:
-    """Elements of each group on one device before any data-parallel sharding."""
-    return {g: n / model_split(d, strategy, g, state) for g, n in group_params(d, strategy).items()}
+    """Elements of each group on one device before any data-parallel sharding (the learned
+    position table whole along tensor axes: :func:`device_params`)."""
+    counts = group_params(d, strategy)
+    arch = strategy.model.arch
+    rows = 0 if arch is None else arch.position_rows * arch.hidden
+    if rows:  # the embedding group is the word table (split) and the position table (whole)
+        assert arch is not None
+        counts[ParamGroup.EMBEDDING] = d.sym("Ψ_word", arch.vocab * arch.hidden)
+    return device_params(d, strategy, counts, d.sym("Ψ_pos", rows) if rows else None, state,
+                         pipeline=True)
+
+
+def device_params(d: Domain, strategy: Strategy, held: dict[ParamGroup, Num],
+                  positions: Num | None, state: State, pipeline: bool = False
+                  ) -> dict[ParamGroup, Num]:
+    """Elements of each group on one device after the model's own splits (tensor, expert and,
+    with ``pipeline``, pipeline axes), before any data-parallel sharding: ``held`` split by each
+    group's divisor, and the learned position table ``positions`` (of the embedding group) by
+    the same axes less the tensor ones. Megatron-LM's ``LanguageModelEmbedding``
+    (``megatron/core/models/common/embeddings/language_model_embedding.py``) builds the word
+    table as a ``VocabParallelEmbedding`` (rows split over tp) and the position table as a
+    plain ``torch.nn.Embedding(max_sequence_length, hidden_size)``: every tensor-parallel rank
+    holds all of it."""
+    out = {g: n / model_split(d, strategy, g, state, pipeline) for g, n in held.items()}
+    if positions is not None:
+        whole = positions / model_split(d, strategy, ParamGroup.EMBEDDING, state, pipeline,
+                                        tensor=False)
+        out[ParamGroup.EMBEDDING] = out.get(ParamGroup.EMBEDDING, d.const(0)) + whole
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,16 +212,19 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind,
     word = arch.padded_vocab(tensor_size(strategy)) * arch.hidden
     layer = arch.layer_params()
     layers = {g: n * arch.layers for g, n in layer.items()}
-    positions = arch.position_rows * arch.hidden
     output = 0 if arch.tied_embeddings else word
+    # the embedding group here is the word table; a learned position table is apart
+    # (stage_positions), since tensor axes leave it whole
+    embedding = "Ψ_word" if arch.position_rows else GROUP_SYMBOLS[ParamGroup.EMBEDDING]
     if p == 1:
         counts = {ParamGroup.DENSE: layers[ParamGroup.DENSE] + output,
                   ParamGroup.NORMS: layers[ParamGroup.NORMS] + arch.norm_params(),
-                  ParamGroup.EMBEDDING: word + positions,
+                  ParamGroup.EMBEDDING: word,
                   ParamGroup.EXPERTS: layers[ParamGroup.EXPERTS]}
-        whole_model = arch.group_params()
+        whole_model = {**arch.group_params(), ParamGroup.EMBEDDING: arch.vocab * arch.hidden}
+        names = {**GROUP_SYMBOLS, ParamGroup.EMBEDDING: embedding}
         # a padded vocabulary changes the count: a symbol of its own (communication keeps Ψ_emb)
-        return {g: d.sym(GROUP_SYMBOLS[g] + ("" if n == whole_model[g] else "_padded"), n)
+        return {g: d.sym(names[g] + ("" if n == whole_model[g] else "_padded"), n)
                 for g, n in counts.items() if n > 0}
     pp = d.sym(pipe.axis, p) if pipe is not None else d.const(1)
     # the stage's share of the layers: 1/p, or its listed count over the model's L (a stage
@@ -208,7 +240,7 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind,
         elif layers[group] and held is not None:
             out[group] = d.sym(name, layers[group]) * held / d.sym("L", arch.layers)
     if kind.first:
-        out[ParamGroup.EMBEDDING] = d.sym("Ψ_emb_first", word + positions)
+        out[ParamGroup.EMBEDDING] = d.sym(embedding + "_first", word)
     if kind.last:
         if output:
             out[ParamGroup.DENSE] = out.get(ParamGroup.DENSE, d.const(0)) + d.sym("Ψ_out", output)
@@ -217,6 +249,15 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind,
         out[ParamGroup.NORMS] = out.get(ParamGroup.NORMS, d.const(0)) + \
             d.sym("Ψ_final_norm", arch.norm_params())
     return out
+
+
+def stage_positions(d: Domain, strategy: Strategy, kind: StageKind) -> Num | None:
+    """The learned position table a stage of this kind holds (the first stage's, of the
+    embedding group), before any split; None for none."""
+    arch = strategy.model.arch
+    if arch is None or not kind.first or not arch.position_rows:
+        return None
+    return d.sym("Ψ_pos", arch.position_rows * arch.hidden)
 
 
 def memory_items(d: Domain, strategy: Strategy) -> tuple[list[MemoryItem], ActivationCost | None]:
@@ -281,17 +322,18 @@ def activation_items(d: Domain, strategy: Strategy, kind: StageKind,
 def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryItem]:
     items: list[MemoryItem] = []
     held = stage_params(d, strategy, kind)
+    positions = stage_positions(d, strategy, kind)
     for state in MODEL_STATES:
         per_element = bytes_per_element(d, strategy, state)
+        local = device_params(d, strategy, held, positions, state)
         total: Num = 0
-        for group, n in held.items():
-            total = total + n / model_split(d, strategy, group, state, pipeline=False)
+        for n in local.values():
+            total = total + n
         amount = total * per_element / data_split(d, strategy, state)
         if per_group(strategy):  # each group divided by its own data-parallel shards
             amount = 0
-            for group, n in held.items():
-                amount = amount + (n / model_split(d, strategy, group, state, pipeline=False)
-                                   * per_element / data_split(d, strategy, state, group=group))
+            for group, n in local.items():
+                amount = amount + n * per_element / data_split(d, strategy, state, group=group)
         host = offloaded(strategy, state)
         items.append(MemoryItem(state.value, f"{state.symbol} {state.value}",
                                 d.const(0) if host else amount))
@@ -364,8 +406,9 @@ def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIte
         if not axes:
             continue
         total: Num = 0
-        for group, n in params.items():
-            total = total + n / model_split(d, strategy, group, state, pipeline=False)
+        for n in device_params(d, strategy, params, stage_positions(d, strategy, kind),
+                               state).values():
+            total = total + n
         per_element = (gathered_bytes(d, strategy) if state is State.PARAMS
                        else bytes_per_element(d, strategy, state))
         items.append(MemoryItem(state.value, label, total * per_element

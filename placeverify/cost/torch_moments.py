@@ -105,7 +105,7 @@ def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
                   Fraction(strategy.precision.activations))
     unit = _unit(strategy)
     word = Fraction(arch.padded_vocab(t) * arch.hidden, t)
-    positions = Fraction(arch.position_rows * arch.hidden, t)
+    positions = Fraction(arch.position_rows * arch.hidden)  # whole on every tensor rank
     output = Fraction(0) if arch.tied_embeddings else word
     root = word + positions + output + arch.norm_params()
     root_grads = (word if arch.tied_embeddings else output) + arch.norm_params()

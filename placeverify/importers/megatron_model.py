@@ -60,6 +60,7 @@ def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> 
     kv = groups if gqa is not None and groups is not None else kv_heads or Value(
         heads.value, Origin("--num-attention-heads (no --group-query-attention)", args.source))
     swiglu = args.flag("--swiglu")
+    gated = _gated(args, reader, swiglu)
     ffn = args.integer("--ffn-hidden-size") or Value(
         int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h,
         Origin("--ffn-hidden-size (default: " + ("int(4h * 2/3 / 64) * 64 with --swiglu)"
@@ -89,8 +90,7 @@ def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> 
              line("kv_heads", kv), line("ffn", ffn),
              *([line("head_dim", channels)] if channels is not None else []),
              *([Line("qk_norm = true", "--qk-layernorm", qk.origin)] if qk is not None else []),
-             Line("mlp = gated", "--swiglu", swiglu.origin) if swiglu else
-             Line("mlp = plain", "no --swiglu: GeLU"),
+             gated,
              line("vocab", vocab), line("vocab_divisible_by", divisible),
              Line("embeddings = untied", "--untie-embeddings-and-output-weights", untie.origin)
              if untie else Line("embeddings = tied", "no --untie-embeddings-and-output-weights"),
@@ -112,6 +112,28 @@ def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> 
 
 
 Entry = Callable[[str, Value | None], Line]  # ``entry = value`` at the flag it comes from
+
+
+def _gated(args: Arguments, reader: Reader, swiglu: Value | None) -> Line:
+    """``mlp = gated`` for --swiglu and for --quick-geglu, else ``mlp = plain``.
+
+    Megatron-LM's ``megatron/training/argument_utils.py`` (core_transformer_config_from_args)
+    sets ``gated_linear_unit = True`` for both (``activation_func`` F.silu or quick_gelu, and
+    asserts that --quick-geglu comes without --swiglu), and ``megatron/core/transformer/mlp.py``
+    doubles fc1's output width for a gated linear unit (``ffn_hidden_size *= 2``): gate and up
+    projections, 3 h f weights as SwiGLU. Only --swiglu changes the default --ffn-hidden-size
+    (``megatron/training/arguments.py``, validate_args): with --quick-geglu it stays 4h."""
+    geglu = args.flag("--quick-geglu")
+    if geglu is not None and swiglu is not None:
+        reader.error("--quick-geglu and --swiglu together: Megatron-LM asserts 'not "
+                     "args.swiglu' with --quick-geglu (argument_utils.py)", geglu.origin,
+                     code=Code.CONFLICT)
+    if swiglu is not None:
+        return Line("mlp = gated", "--swiglu", swiglu.origin)
+    if geglu is not None:
+        return Line("mlp = gated", "--quick-geglu: gated quick-GeLU, fc1 2 x ffn wide",
+                    geglu.origin)
+    return Line("mlp = plain", "no --swiglu or --quick-geglu: GeLU")
 
 
 def _refused(args: Arguments, reader: Reader) -> bool:

@@ -83,7 +83,15 @@ def start(reader: Reader, source: Source, model: str | None, world: int | None) 
     run = Run(reader, source, model, script, started, args, runner, plan, world_value, world_line,
                replaced, tp, pp, cp, ep, etp)
     t, _, _, e = run.sizes
-    if etp is not None and etp.value != t and e > 1:
+    # Megatron-core builds the experts' own mesh (parallel_state.py, initialize_model_parallel:
+    # RankGenerator(tp=expert_tensor_parallel_size, ep=expert_model_parallel_size,
+    # dp=world / (ETP * EP * PP))): with ETP != TP the experts are split over ETP ranks that
+    # are not the dense tensor-parallel group, also with EP = 1; placeverify splits the experts
+    # over its tensor axes, so either would be a wrong expert memory, not a guess to make
+    if etp is not None and etp.value != t and (e > 1 or args.has("--num-experts")):
         reader.error(f"not modelled: --expert-tensor-parallel-size {etp.value} differs from "
-                     f"--tensor-model-parallel-size {t}", etp.origin, code=Code.NOT_MODELLED)
+                     f"--tensor-model-parallel-size {t} (Megatron-core splits the experts over "
+                     "ETP ranks, with an expert data-parallel group of world / (ETP x EP x PP); "
+                     "placeverify splits them over the tensor-parallel ranks)", etp.origin,
+                     code=Code.NOT_MODELLED)
     return run

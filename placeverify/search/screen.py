@@ -300,11 +300,12 @@ class Screen:
         model split by the tensor, pipeline and expert axes (unpadded vocabulary)."""
         groups = self.groups
         t, p = lay.tp, lay.pp
+        positions = self.s.arch.position_rows * self.s.arch.hidden  # whole on every tp rank
         # listed stages: the layers' groups follow the stage with the most layers
         stages = lay.physical_stages()
         share = self.s.arch.layers / max(stages) if stages else p
         return (groups[ParamGroup.DENSE] / (t * share) + groups[ParamGroup.NORMS] / share
-                + groups[ParamGroup.EMBEDDING] / (t * p)
+                + (groups[ParamGroup.EMBEDDING] - positions) / (t * p) + positions / p
                 + groups[ParamGroup.EXPERTS] / (t * share * lay.ep))
 
     def _data_seconds(self, lay: Layout, links: dict[str, tuple[float, float]], layers: int,
