@@ -113,3 +113,21 @@ place {preset} over dp * cp
     for state, size in BYTES.items():
         assert got[state] == PSI * size // 8, state
     assert set(result.verification.verdicts().values()) == {"proved"}
+
+
+def test_no_sequence_length_is_refused_not_guessed() -> None:
+    # an accelerate config gives no sequence length (the script does: configs/cp.yaml's README
+    # runs --sequence-length=128000); max_position_embeddings is not taken for it: exit 2
+    # (docs/exit-codes.md), an error at the key with the way to give it
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "placeverify", "import", str(HERE / "llama3-8b-cp8-accelerate.yaml"),
+            "--model", str(HERE / "llama3-8b-config.json")]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "llama3-8b-config.json:11:3: error: no sequence length" in done.stderr
+    assert "--set model.seq=N" in done.stderr and "Traceback" not in done.stderr
+    given = subprocess.run([*args, "--set", "model.seq=128000"], capture_output=True, text=True,
+                           check=False)
+    assert given.returncode == 0 and "seq = 128000" in given.stdout
