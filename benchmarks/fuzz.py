@@ -227,7 +227,7 @@ CHECK_EXAMPLES = ("examples/zero-paper/zero3.place", "examples/ok/hsdp.place",
                   "examples/bugs/zero1-no-allgather.place")
 TRACE_BUG = "examples/bugs/missing-allreduce.place"  # refuted: check --trace writes its trace
 IMPORT_ARGS = ("tests/importers/llama3-8b-zero3.json", "--model",
-               "tests/importers/llama3-8b-config.json", "--world", "8")
+               "tests/importers/llama3-8b-config.json", "--world", "8", "--set", "model.seq=8192")
 DISK_VARIANTS = ("blocks", "inodes", "room")  # blocks or inodes used up; one page left
 # Each: needs a user who meets permission checks, and the command ({...} are made by run_paths).
 # README's exit table: 4 "a file is missing, unreadable or not a regular file" (issue 36, 6).

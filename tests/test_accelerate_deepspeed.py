@@ -27,7 +27,8 @@ import pytest
 from placeverify.api import check_strategy
 from placeverify.diagnostics import Code, PlaceError, Severity
 from placeverify.importers import Options
-from placeverify.importers.registry import import_file, load, load_text
+from placeverify.importers.registry import load_text
+from tests.seq_given import import_seq, load_seq
 
 ROOT = Path(__file__).parent.parent
 HERE = ROOT / "tests" / "importers"
@@ -63,7 +64,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 def errors_of(path: str, **options: object) -> list[tuple[str, int | None, Code]]:
     with pytest.raises(PlaceError) as error:
-        import_file(path, Options(model=LLAMA, **options))  # type: ignore[arg-type]
+        import_seq(path, Options(model=LLAMA, **options))  # type: ignore[arg-type]
     return [(d.message, d.span.line if d.span else None, d.code)
             for d in error.value.diagnostics if d.severity is Severity.ERROR]
 
@@ -73,7 +74,7 @@ def errors_of(path: str, **options: object) -> list[tuple[str, int | None, Code]
 def test_inline_zero3_with_offload() -> None:
     # zero_stage 3 -> zero_optimization.stage 3; both offload devices cpu; 16 processes;
     # gradient_accumulation_steps 4 -> 4 micro-batches; gradient_clipping 0.5; bf16 -> bf16.enabled
-    strategy, imported = load(str(HERE / "llama3-8b-zero3-offload-accelerate.yaml"),
+    strategy, imported = load_seq(str(HERE / "llama3-8b-zero3-offload-accelerate.yaml"),
                               Options(model=LLAMA))
     body = statements(imported.text)
     for line in ("micro_batch = 1", "precision bf16_adam", "dp = 16",
@@ -114,9 +115,9 @@ def test_inline_is_what_the_json_importer_writes_for_the_same_configuration(
                         "offload_param": {"device": "cpu"}}
 }
 """)
-    from_yaml = import_file(str(HERE / "llama3-8b-zero3-offload-accelerate.yaml"),
+    from_yaml = import_seq(str(HERE / "llama3-8b-zero3-offload-accelerate.yaml"),
                             Options(model=LLAMA))
-    from_json = import_file(equivalent, Options(model=LLAMA, world=16))
+    from_json = import_seq(equivalent, Options(model=LLAMA, world=16))
     assert statements(from_yaml.text) == statements(from_json.text)
 
 
@@ -124,7 +125,7 @@ def test_inline_defaults(tmp_path: Path) -> None:
     # DeepSpeedPlugin: zero_stage 2, no offload, accumulation and clipping "auto" (the training
     # script's accumulation; clipping 1.0), no mixed_precision -> neither bf16 nor fp16
     path = write(tmp_path, "bare.yaml", "distributed_type: DEEPSPEED\nnum_processes: 4\n")
-    _, imported = load(path, Options(model=LLAMA))
+    _, imported = load_seq(path, Options(model=LLAMA))
     body = statements(imported.text)
     # no overlap_comm: false below stage 3 (DeepSpeed's ZeRO config, overlap_comm_valid)
     assert "place zero2(overlap = none) over dp" in body and "precision fp32_adam" in body
@@ -144,7 +145,7 @@ def test_inline_fp16_without_clipping(tmp_path: Path) -> None:
     path = write(tmp_path, "fp16.yaml", "distributed_type: DEEPSPEED\nnum_processes: 8\n"
                  "mixed_precision: fp16\ndeepspeed_config:\n  zero_stage: 1\n"
                  "  gradient_clipping: 0.0\n  gradient_accumulation_steps: 2\n")
-    imported = import_file(path, Options(model=LLAMA))
+    imported = import_seq(path, Options(model=LLAMA))
     body = statements(imported.text)
     assert "precision mixed_adam" in body and "place zero1(overlap = none) over dp" in body
     assert "microbatches = 2" in body
@@ -155,7 +156,7 @@ def test_inline_keys_ignored_and_unknown(tmp_path: Path) -> None:
     text = ("distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n"
             "  zero_stage: 2\n  zero3_save_16bit_model: true\n  wobble: 3\n"
             "fsdp_config:\n  fsdp_version: 2\n")
-    imported = import_file(write(tmp_path, "keys.yaml", text), Options(model=LLAMA))
+    imported = import_seq(write(tmp_path, "keys.yaml", text), Options(model=LLAMA))
     warned = [(w.message, w.span.line if w.span else None) for w, _ in imported.warnings]
     assert ("not modelled: deepspeed_config.wobble", 6) in warned
     assert ("fsdp_config has no effect with distributed_type DEEPSPEED", 7) in warned
@@ -172,7 +173,7 @@ def test_world_must_agree(tmp_path: Path) -> None:
 
 def test_config_file_is_read_with_num_processes_as_the_world() -> None:
     # llama3-8b-zero3.json: 64 = 1 x 8 x 8 with the 8 processes; bf16, ZeRO-3, clipping 1.0
-    strategy, imported = load(str(HERE / "llama3-8b-zero3-file-accelerate.yaml"),
+    strategy, imported = load_seq(str(HERE / "llama3-8b-zero3-file-accelerate.yaml"),
                               Options(model=LLAMA))
     body = statements(imported.text)
     for line in ("micro_batch = 1", "precision bf16_adam", "dp = 8", "place zero3 over dp",
@@ -197,7 +198,7 @@ def test_config_file_batch_is_judged_on_num_processes(tmp_path: Path) -> None:
     path = write(tmp_path, "a.yaml", "distributed_type: DEEPSPEED\nnum_processes: 16\n"
                  "deepspeed_config:\n  deepspeed_config_file: ds.json\n")
     with pytest.raises(PlaceError) as error:
-        import_file(path, Options(model=LLAMA))
+        import_seq(path, Options(model=LLAMA))
     [d] = error.value.diagnostics
     assert "train_batch_size 64 !=" in d.message and "= 128" in d.message
     assert error.value.source is not None and error.value.source.path.endswith("ds.json")
@@ -213,7 +214,7 @@ def test_config_file_auto_values(tmp_path: Path) -> None:
           '  "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}\n}\n')
     path = write(tmp_path, "a.yaml", "distributed_type: DEEPSPEED\nnum_processes: 4\n"
                  "deepspeed_config:\n  deepspeed_config_file: ds.json\n")
-    imported = import_file(path, Options(model=LLAMA))
+    imported = import_seq(path, Options(model=LLAMA))
     body = statements(imported.text)
     for line in ("micro_batch = 1", "precision mixed_adam", "place zero2(overlap = none) over dp",
                  "clip max_norm = 1.0", "offload optimizer to cpu", "dp = 4"):
@@ -293,7 +294,7 @@ def test_sizes_count_sp(tmp_path: Path) -> None:
     assert message == "dp_replicate 1 x dp_shard 4 x tp 1 x cp 1 x sp 1 != num_processes 8"
     assert (line, code) == (3, Code.WORLD_MISMATCH)
     good = write(tmp_path, "sp1ok.yaml", text.replace("dp_shard_size: 4", "dp_shard_size: 8"))
-    imported = import_file(good, Options(model=LLAMA))
+    imported = import_seq(good, Options(model=LLAMA))
     assert "parallelism_config.parallelism_config_sp_backend" in imported.text.splitlines()[1]
     assert "place fsdp over dp" in statements(imported.text)
 
@@ -310,7 +311,7 @@ def test_deepspeed_refuses_tensor_parallel_sizes(tmp_path: Path) -> None:
 def test_deepspeed_config_without_effect_elsewhere(tmp_path: Path) -> None:
     text = ("distributed_type: MULTI_GPU\nnum_processes: 2\ndeepspeed_config:\n"
             "  zero_stage: 3\n")
-    imported = import_file(write(tmp_path, "ddp.yaml", text), Options(model=LLAMA))
+    imported = import_seq(write(tmp_path, "ddp.yaml", text), Options(model=LLAMA))
     assert [(w.message, w.span.line if w.span else None) for w, _ in imported.warnings
             if w.code is Code.CONFLICT] == [
         ("deepspeed_config has no effect with distributed_type MULTI_GPU", 3)]
@@ -329,7 +330,7 @@ def test_inline_fp8_is_modelled_as_bf16_with_a_warning(tmp_path: Path) -> None:
     # set_mixed_precision: fp8 enables bf16 (autocast) beside the fp8 matrix multiplications
     path = write(tmp_path, "fp8.yaml", "distributed_type: DEEPSPEED\nnum_processes: 8\n"
                  "mixed_precision: fp8\n")
-    imported = import_file(path, Options(model=LLAMA))
+    imported = import_seq(path, Options(model=LLAMA))
     assert "precision bf16_adam" in statements(imported.text)
     assert [w.span.line for w, _ in imported.warnings
             if w.span is not None and "fp8" in w.message] == [3]
@@ -341,7 +342,7 @@ def test_ulysses_communication_dtype_says_what_it_is(tmp_path: Path) -> None:
     path = write(tmp_path, "u.json", '{"train_micro_batch_size_per_gpu": 1,\n'
                  ' "seq_parallel_communication_data_type": "bf16",\n'
                  ' "zero_optimization": {"stage": 3}}\n')
-    imported = import_file(path, Options(model=LLAMA, world=4))
+    imported = import_seq(path, Options(model=LLAMA, world=4))
     [warning] = [w for w, _ in imported.warnings if "seq_parallel" in w.message]
     assert "sequence parallelism" in warning.message and "none assumed" in warning.message
     assert warning.span is not None and warning.span.line == 2
@@ -353,7 +354,7 @@ def test_config_file_accumulation_auto_with_both_batch_sizes(tmp_path: Path) -> 
           '"gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2}}\n')
     path = write(tmp_path, "a.yaml", "distributed_type: DEEPSPEED\nnum_processes: 8\n"
                  "deepspeed_config:\n  deepspeed_config_file: ds.json\n")
-    imported = import_file(path, Options(model=LLAMA))
+    imported = import_seq(path, Options(model=LLAMA))
     body = statements(imported.text)
     assert "microbatches = 4" in body and "micro_batch = 2" in body
     assert not [w for w, _ in imported.warnings if "accumulation" in w.message]

@@ -24,6 +24,7 @@ from placeverify.diagnostics import PlaceError
 from placeverify.importers import Options
 from placeverify.importers.cli import load_strategy
 from placeverify.importers.registry import import_file
+from tests.seq_given import import_seq
 from placeverify.ir.placement import Overlap
 from placeverify.lower import load_text
 
@@ -203,7 +204,7 @@ def test_deepspeed_overlap_comm(tmp_path: Path, zero: str, written: str) -> None
     path.write_text('{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, '
                     f'{zero} "gradient_clipping": 1.0}}\n', encoding="utf-8")
     config = Path(__file__).parent / "importers" / "llama3-8b-config.json"
-    imported = import_file(str(path), Options(str(config), 8))
+    imported = import_seq(str(path), Options(str(config), 8))
     assert any(line.startswith(written + " ") for line in imported.text.splitlines()), \
         imported.text
 

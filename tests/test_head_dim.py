@@ -15,6 +15,7 @@ from placeverify.cost.time import model_flops_per_token
 from placeverify.diagnostics import PlaceError
 from placeverify.importers import Options
 from placeverify.importers.registry import import_file, load
+from tests.seq_given import load_seq
 from placeverify.lower import load_text
 
 NEMO_LIKE = ("layers = 40, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128, ffn = 14336, "
@@ -34,7 +35,7 @@ def with_hf_model(tmp_path: Path, config: dict[str, object]):  # type: ignore[no
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
                               {"stage": 1}, "bf16": {"enabled": True}}))
-    return load(str(ds), Options(model=str(model), world=8))
+    return load_seq(str(ds), Options(model=str(model), world=8))
 
 
 def test_parameters_of_a_model_whose_heads_are_not_hidden_over_heads_wide() -> None:

@@ -46,6 +46,7 @@ from placeverify.diagnostics import Diagnostic, PlaceError, Severity, Source
 from placeverify.importers import Options
 from placeverify.importers.registry import import_file, load, load_text
 from placeverify.ir.placement import Overlap
+from tests.seq_given import import_seq, load_seq
 
 HERE = Path(__file__).parent / "importers"
 DEFAULT = Options()
@@ -59,6 +60,12 @@ def fixture(name: str) -> str:
 def strategy_of(name: str, **options: object):  # type: ignore[no-untyped-def]
     strategy, imported = load(fixture(name), Options(**options))  # type: ignore[arg-type]
     return strategy, imported
+
+
+def strategy_of_seq(name: str, **options: object):  # type: ignore[no-untyped-def]
+    """strategy_of with --set model.seq=8192: a DeepSpeed or accelerate file gives no sequence
+    length, and the model's max_position_embeddings is not taken for it (tests/seq_given.py)."""
+    return load_seq(fixture(name), Options(**options))  # type: ignore[arg-type]
 
 
 def summary(strategy):  # type: ignore[no-untyped-def]
@@ -251,16 +258,20 @@ def test_unresolved_variable_in_a_placement_flag_is_an_error(tmp_path: Path) -> 
 
 def test_deepspeed_llama3_8b_zero3() -> None:
     # 64 = 1 x 8 x world 8: consistent; stage 3 -> zero3; accumulation 8 -> microbatches = 8
-    strategy, imported = strategy_of("llama3-8b-zero3.json", world=8,
+    strategy, imported = strategy_of_seq("llama3-8b-zero3.json", world=8,
                                      model=fixture("llama3-8b-config.json"))
     sizes, presets = summary(strategy)
     assert sizes == {"dp": 8} and presets == {"dp": "zero3"}
     assert strategy.model.params == 8_030_261_248
     assert "precision bf16_adam" in imported.text and "microbatches = 8" in imported.text
-    # seq comes from max_position_embeddings (line 11 of config.json), said so
-    [(w, src)] = [(w, s) for w, s in imported.warnings if "sequence length" in w.message]
-    assert src.path.endswith("llama3-8b-config.json") and w.span is not None
-    assert (w.span.line, w.span.column) == (11, 3)
+    # a DeepSpeed JSON has no sequence length: without --set model.seq the import is refused
+    # at max_position_embeddings (line 11 of config.json), which it does not take for it
+    with pytest.raises(PlaceError) as refused:
+        import_file(fixture("llama3-8b-zero3.json"),
+                    Options(world=8, model=fixture("llama3-8b-config.json")))
+    [d] = refused.value.diagnostics
+    assert refused.value.source.path.endswith("llama3-8b-config.json") and d.span is not None
+    assert (d.span.line, d.span.column) == (11, 3) and "--set model.seq=N" in d.notes[0]
     same_costs(strategy, """
 strategy "hand"
 model llama3_8b { seq = 8192, micro_batch = 1 }
@@ -277,7 +288,7 @@ def test_deepspeed_llama3_70b_zero2_cpu_offload() -> None:
     # DeepSpeed docs (config-json): 512 = 2 x 4 x 64; fp16 with loss_scale 0 is dynamic loss
     # scaling; stage 2 shards Ω and G; offload_optimizer.device cpu keeps Ω in host memory; no
     # gradient_clipping key: no clipping (DeepSpeed's default 0.0).
-    strategy, imported = strategy_of("llama3-70b-zero2-offload.json", world=64,
+    strategy, imported = strategy_of_seq("llama3-70b-zero2-offload.json", world=64,
                                      model=fixture("llama3-70b-config.json"))
     sizes, presets = summary(strategy)
     assert sizes == {"dp": 64} and presets == {"dp": "zero2"}
@@ -298,7 +309,7 @@ offload optimizer to cpu
 def test_deepspeed_batch_contradiction_at_the_key() -> None:
     # 1000 != 2 x 4 x 64 = 512
     with pytest.raises(PlaceError) as error:
-        import_file(fixture("llama3-70b-offload-bad-batch.json"),
+        import_seq(fixture("llama3-70b-offload-bad-batch.json"),
                     Options(world=64, model=fixture("llama3-70b-config.json")))
     [d] = error.value.diagnostics
     assert "512" in d.message and d.span is not None and (d.span.line, d.span.column) == (2, 3)
@@ -314,7 +325,7 @@ def test_deepspeed_offload_and_unknown_keys(tmp_path: Path) -> None:
     config = tmp_path / "ds.json"
     config.write_text(Path(fixture("llama3-70b-offload-bad-batch.json")).read_text()
                       .replace('"train_batch_size": 1000', '"train_batch_size": 512'))
-    imported = import_file(str(config), Options(world=64, model=fixture("llama3-70b-config.json")))
+    imported = import_seq(str(config), Options(world=64, model=fixture("llama3-70b-config.json")))
     # no overlap_comm: DeepSpeed's ZeRO config (overlap_comm_valid) makes it false below stage 3
     assert "offload optimizer to cpu" in imported.text
     assert "place zero2(overlap = none) over dp" in imported.text
@@ -327,7 +338,7 @@ def test_deepspeed_auto_values_are_refused(tmp_path: Path) -> None:
     config = tmp_path / "ds.json"
     config.write_text('{\n  "train_micro_batch_size_per_gpu": "auto"\n}\n')
     with pytest.raises(PlaceError) as error:
-        import_file(str(config), Options(world=8, model=fixture("llama3-8b-config.json")))
+        import_seq(str(config), Options(world=8, model=fixture("llama3-8b-config.json")))
     d = error.value.diagnostics[0]
     assert "auto" in d.message and d.span is not None and (d.span.line, d.span.column) == (2, 3)
 
@@ -559,7 +570,7 @@ def test_torchtitan_world_mismatch_at_the_key(tmp_path: Path) -> None:
 
 def test_accelerate_fsdp2_hsdp_tp() -> None:
     # 2 x 2 x 2 x 1 = 8 = num_processes; mesh order dp_replicate, dp_shard, cp, tp (outermost first)
-    strategy, imported = strategy_of("llama3-8b-fsdp2-accelerate.yaml",
+    strategy, imported = strategy_of_seq("llama3-8b-fsdp2-accelerate.yaml",
                                      model=fixture("llama3-8b-config.json"))
     sizes, _ = summary(strategy)
     assert sizes == {"tp": 2, "shard": 2, "replica": 2}
@@ -580,9 +591,10 @@ def test_accelerate_mixtral_moe_fsdp() -> None:
     # num_processes 16 (2 machines x 8): FULL_SHARD over all 16 (FSDP's ShardingStrategy), the
     # experts sharded like every other weight; bf16 compute over fp32 Θ/G/AdamW; activation
     # checkpointing of every MixtralDecoderLayer. The model is Mixtral 8x7B's config.json
-    # (46.7B parameters: transformers' MixtralConfig), at its max_position_embeddings 32768.
-    strategy, imported = strategy_of("mixtral-8x7b-fsdp-accelerate.yaml",
-                                     model=fixture("mixtral-8x7b-config.json"))
+    # (46.7B parameters: transformers' MixtralConfig), at --set model.seq=32768.
+    strategy, imported = load_seq(fixture("mixtral-8x7b-fsdp-accelerate.yaml"),
+                                  Options(model=fixture("mixtral-8x7b-config.json")),
+                                  settings("model.seq=32768"))
     sizes, presets = summary(strategy)
     assert sizes == {"dp": 16} and presets == {"dp": "fsdp"}
     assert "experts = 8" in imported.text and "top_k = 2" in imported.text
@@ -610,7 +622,7 @@ def test_accelerate_refuses_yaml_it_does_not_read(tmp_path: Path) -> None:
 # ---- Hugging Face config.json ------------------------------------------------------------------
 
 def test_hf_config_gives_llama3_dimensions() -> None:
-    imported = import_file(fixture("llama3-8b-zero3.json"),
+    imported = import_seq(fixture("llama3-8b-zero3.json"),
                            Options(world=8, model=fixture("llama3-70b-config.json")))
     for entry in ("layers = 80", "hidden = 8192", "heads = 64", "kv_heads = 8", "ffn = 28672",
                   "vocab = 128256", "embeddings = untied", "mlp = gated"):
@@ -646,10 +658,11 @@ def test_cli_import_writes_atomically_and_check_accepts_the_file(tmp_path: Path)
     assert out.read_text().startswith("# Imported by placeverify")
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     checked = run("check", "--no-verify", fixture("llama3-8b-zero3.json"), "--world", "8",
-                  "--model", fixture("llama3-8b-config.json"))
+                  "--model", fixture("llama3-8b-config.json"), "--set", "model.seq=8192")
     assert checked.returncode == 0, checked.stderr
     failed = run("import", fixture("llama3-70b-offload-bad-batch.json"), "--world", "64",
-                 "--model", fixture("llama3-70b-config.json"), "-o", str(tmp_path / "x.place"))
+                 "--model", fixture("llama3-70b-config.json"), "--set", "model.seq=8192", "-o",
+                 str(tmp_path / "x.place"))
     assert failed.returncode == 2 and ":2:3: error:" in failed.stderr
     assert not (tmp_path / "x.place").exists()
 
@@ -678,7 +691,7 @@ def test_deepspeed_leftover_keys(tmp_path: Path) -> None:
             '  "zero_optimization": {"stage": 2, "overlap_comm": true, "bar": 3}\n}\n')
     path = tmp_path / "ds.json"
     path.write_text(text)
-    imported = import_file(str(path), Options(fixture("llama3-8b-config.json"), 8))
+    imported = import_seq(str(path), Options(fixture("llama3-8b-config.json"), 8))
     assert _not_modelled(imported) == [
         ("not modelled: DeepSpeed key 'foo'", 4, 3),
         ("not modelled: zero_optimization.bar", 5, _column(text, 5, '"bar"'))]
@@ -709,7 +722,7 @@ def test_accelerate_leftover_keys(tmp_path: Path) -> None:
             "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_wobble: true\nsurprise: 1\n")
     path = tmp_path / "acc.yaml"
     path.write_text(text)
-    imported = import_file(str(path), Options(fixture("llama3-8b-config.json")))
+    imported = import_seq(str(path), Options(fixture("llama3-8b-config.json")))
     assert _not_modelled(imported) == [("not modelled: fsdp_config.fsdp_wobble", 8, 3),
                                        ("not modelled: surprise", 9, 1)]
     assert (IGNORED + "compute_environment fsdp_config.fsdp_state_dict_type"
@@ -764,10 +777,10 @@ def test_an_override_can_fix_a_batch_contradiction() -> None:
     # --set microbatches=4 gives 1 x 4 x 16 = 64, which DeepSpeed accepts.
     options = Options(fixture("llama3-8b-config.json"), 16)
     with pytest.raises(PlaceError) as error:
-        load(fixture("llama3-8b-zero3.json"), options)
+        load_seq(fixture("llama3-8b-zero3.json"), options)
     [d] = error.value.diagnostics
     assert "128" in d.message and d.span is not None and (d.span.line, d.span.column) == (2, 3)
-    strategy, imported = load(fixture("llama3-8b-zero3.json"), options, settings("microbatches=4"))
+    strategy, imported = load_seq(fixture("llama3-8b-zero3.json"), options, settings("microbatches=4"))
     assert strategy.microbatches == 4 and not [w for w, _ in imported.warnings
                                                if w.code.value == "conflict"]
     same_costs(strategy, """
@@ -787,7 +800,7 @@ def test_an_override_that_breaks_the_batch_rule_is_blamed() -> None:
     # override (--set:2:1, the second --set), with a note naming the key's position.
     options = Options(fixture("llama3-8b-config.json"), 8)
     with pytest.raises(PlaceError) as error:
-        load(fixture("llama3-8b-zero3.json"), options,
+        load_seq(fixture("llama3-8b-zero3.json"), options,
              settings("clip.max_norm=0.5", "mesh.dp=16"))
     [d] = error.value.diagnostics
     assert d.source is not None and d.source.path == "--set"
@@ -796,11 +809,11 @@ def test_an_override_that_breaks_the_batch_rule_is_blamed() -> None:
     assert d.notes == (f"train_batch_size is at {fixture('llama3-8b-zero3.json')}:2:3",)
     # an override that does not touch the batch leaves the error at the key
     with pytest.raises(PlaceError) as error:
-        load(fixture("llama3-8b-zero3.json"), Options(fixture("llama3-8b-config.json"), 16),
+        load_seq(fixture("llama3-8b-zero3.json"), Options(fixture("llama3-8b-config.json"), 16),
              settings("clip.max_norm=0.5"))
     [d] = error.value.diagnostics
     assert d.span is not None and (d.span.line, d.span.column) == (2, 3)
-    assert d.notes == ("checked with --set clip.max_norm=0.5",)
+    assert d.notes == ("checked with --set clip.max_norm=0.5 --set model.seq=8192",)
 
 
 def test_megatron_global_batch_is_judged_on_the_overridden_mesh() -> None:
@@ -875,11 +888,12 @@ def test_torchtitan_global_batch_rule_under_overrides() -> None:
 
 def test_import_with_set_prints_the_judgement(tmp_path: Path) -> None:
     done = run("import", fixture("llama3-8b-zero3.json"), "--world", "16", "--model",
-               fixture("llama3-8b-config.json"), "--set", "microbatches=4")
+               fixture("llama3-8b-config.json"), "--set", "microbatches=4", "--set",
+               "model.seq=8192")
     assert done.returncode == 0, done.stderr
     assert "microbatches = 4" in done.stdout and "# --set microbatches=4" in done.stdout
     done = run("import", fixture("llama3-8b-zero3.json"), "--world", "8", "--model",
-               fixture("llama3-8b-config.json"), "--set", "mesh.dp=16")
+               fixture("llama3-8b-config.json"), "--set", "mesh.dp=16", "--set", "model.seq=8192")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("--set:1:1: error: train_batch_size 64 != ")
 
@@ -910,7 +924,7 @@ def test_offload_param_is_judged_on_the_overridden_stage(tmp_path: Path) -> None
     options = Options(fixture("llama3-70b-config.json"), 64)
 
     def offload_warnings(*overrides: str) -> list[tuple[Diagnostic, Source]]:
-        _, imported = load(str(path), options, settings(*overrides) if overrides else None)
+        _, imported = load_seq(str(path), options, settings(*overrides) if overrides else None)
         return [(w, s) for w, s in imported.warnings if "offload_param" in w.message]
 
     [(w, source)] = offload_warnings()
@@ -918,7 +932,7 @@ def test_offload_param_is_judged_on_the_overridden_stage(tmp_path: Path) -> None
     assert w.span is not None and w.span.line == line
     [(w, source)] = offload_warnings("place.dp=zero3")
     assert "--set offload=params,optimizer" in w.message
-    assert source.path == str(path) and w.notes == ("checked with --set place.dp=zero3",)
+    assert source.path == str(path) and w.notes == ("checked with --set place.dp=zero3 --set model.seq=8192",)
     assert offload_warnings("place.dp=zero3", "offload=params,optimizer") == []
 
 
@@ -933,14 +947,14 @@ def test_deepspeed_trainer_auto_values_given_by_overrides(tmp_path: Path) -> Non
                       '{"stage": 2}\n}\n')
     options = Options(world=8, model=fixture("llama3-8b-config.json"))
     with pytest.raises(PlaceError) as error:
-        import_file(str(config), options)
+        import_seq(str(config), options)
     hints = {d.message.split("--set ")[-1] for d in error.value.diagnostics}
     assert hints == {"model.micro_batch=...", "microbatches=...", "precision=...",
                      "clip.max_norm=..."}
     assert not any("train_batch_size" in d.message for d in error.value.diagnostics)
     given = settings("model.micro_batch=4", "microbatches=2", "precision=bf16_adam",
                      "clip.max_norm=0.5")
-    strategy, _ = load(str(config), options, given)
+    strategy, _ = load_seq(str(config), options, given)
     assert strategy.model.arch is not None and strategy.model.arch.micro_batch == 4
     assert strategy.precision.name == "bf16_adam" and strategy.mesh.world == 8
     assert {p.axis: p.preset for p in strategy.placements} == {"dp": "zero2"}

@@ -207,14 +207,15 @@ def test_an_imported_configuration_with_an_override() -> None:
     Ω 12 bytes), as ZeRO-1: Θ and G whole (2Ψ each), Ω split 8 ways (12Ψ/8)."""
     code, out, err = cli("check", "--json", "--no-verify", str(IMPORTERS / "llama3-8b-zero3.json"),
                          "--world", "8", "--model", str(IMPORTERS / "llama3-8b-config.json"),
-                         "--set", "place.dp=zero1")
+                         "--set", "place.dp=zero1", "--set", "model.seq=8192")
     assert code == ExitCode.OK, err
     report = json.loads(out)
     device = report["memory"]["device_bytes"]
     assert device["params"] == 2 * LLAMA3_8B == 16_060_522_496
     assert device["optimizer"] == 12 * LLAMA3_8B // 8 == 12_045_391_872
     assert device["gradients"] == 2 * LLAMA3_8B
-    assert report["overrides"] == [{"key": "place.dp", "value": "zero1", "implied": False}]
+    assert report["overrides"] == [{"key": "place.dp", "value": "zero1", "implied": False},
+                                   {"key": "model.seq", "value": "8192", "implied": False}]
     assert report["placement"]["dp"]["preset"] == "zero1"
     assert report["step"]["microbatches"] == 8  # gradient_accumulation_steps, untouched
 
@@ -222,7 +223,8 @@ def test_an_imported_configuration_with_an_override() -> None:
 def test_import_prints_the_overridden_text_with_the_override_named() -> None:
     code, out, _ = cli("import", str(IMPORTERS / "llama3-8b-zero3.json"), "--world", "8",
                        "--model", str(IMPORTERS / "llama3-8b-config.json"),
-                       "--set", "place.dp=zero1", "--set", "mesh.device_memory=80GB")
+                       "--set", "place.dp=zero1", "--set", "mesh.device_memory=80GB",
+                       "--set", "model.seq=8192")
     assert code == ExitCode.OK
     lines = out.splitlines()
     assert "place zero1 over dp".ljust(43) + " # --set place.dp=zero1" in lines

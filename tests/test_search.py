@@ -408,9 +408,9 @@ def test_one_device_searches_zero_offload() -> None:
 
 def test_a_hugging_face_config_is_a_model_for_search(tmp_path: Path) -> None:
     """``search --model config.json`` without a FILE: Llama 3 8B's config.json searches as the
-    bundled llama3_8b does (same layouts, same step times); without --seq its
-    max_position_embeddings is the sequence, with a warning at that key; a config without it
-    and no --seq is an error."""
+    bundled llama3_8b does (same layouts, same step times); without --seq it is refused, at
+    max_position_embeddings, which is the longest sequence the model takes, not the one
+    training uses (it decides what fits), and is never taken for it."""
     config = str(ROOT / "tests" / "importers" / "llama3-8b-config.json")
     flags = ["--device", "h100_sxm", "--devices", "8", "--global-batch", "64", "-q", "--json"]
     from_config = run("search", "--model", config, "--seq", "4096", *flags)
@@ -419,16 +419,16 @@ def test_a_hugging_face_config_is_a_model_for_search(tmp_path: Path) -> None:
     top = [(e["label"], e["step_seconds"]) for e in json.loads(from_config.stdout)["top"]]
     assert top == [(e["label"], e["step_seconds"]) for e in json.loads(bundled.stdout)["top"]]
     unsized = run("search", "--model", config, *flags)
-    assert unsized.returncode == 0
-    assert "llama3-8b-config.json:" in unsized.stderr and "seq = 8192" in unsized.stderr
-    assert json.loads(unsized.stdout)["problem"]["seq"] == 8192
+    assert unsized.returncode == 2 and unsized.stdout == ""
+    assert "llama3-8b-config.json:11:3: error: no sequence length" in unsized.stderr
+    assert "give the training sequence length with --seq N" in unsized.stderr
     # the problem is named by its file, not by the model statement's "transformer"
-    assert json.loads(unsized.stdout)["problem"]["model"] == "llama3-8b-config.json"
+    assert json.loads(from_config.stdout)["problem"]["model"] == "llama3-8b-config.json"
     assert json.loads(bundled.stdout)["problem"]["model"] == "llama3_8b"
     data = json.loads(Path(config).read_text(encoding="utf-8"))
     del data["max_position_embeddings"]
     bare = tmp_path / "config.json"
     bare.write_text(json.dumps(data), encoding="utf-8")
     refused = run("search", "--model", str(bare), *flags)
-    assert refused.returncode == 2 and "give --seq" in refused.stderr
+    assert refused.returncode == 2 and "with --seq N" in refused.stderr
     assert "Traceback" not in refused.stderr

@@ -141,19 +141,42 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         plan.mesh.append(Line(f"cp = {cp}", "parallelism_config_cp_size", sizes["cp"].origin))
         plan.body.append(Line("place context over cp", "parallelism_config_cp_size",
                               sizes["cp"].origin))
-    if rep > 1 and shard > 1:
-        plan.mesh += [Line(f"shard = {shard}", sizes["dp_shard"].origin.key, sizes["dp_shard"].origin),
-                      Line(f"replica = {rep}", sizes["dp_replicate"].origin.key,
-                           sizes["dp_replicate"].origin)]
-        plan.body.append(Line("place hsdp over shard * replica", why, origin))
-    else:
-        plan.mesh.append(Line(f"dp = {rep * shard}", "num_processes / (tp x cp)"))
-        plan.body.append(Line(f"place {'ddp' if preset == 'hsdp' else preset} over dp", why, origin))
+    _data_placements(plan, sizes, rep, shard, cp, preset, why, origin)
     plan.mesh.append(world_line)
     _training(reader, plan, get, model, kind)
     leftovers(reader, plan, source, data, spans, ((), KEYS))
     plan.title = mesh_title(plan, source, f"accelerate {kind.value}")
     return plan
+
+
+def _data_placements(plan: Plan, sizes: dict[str, Value], rep: int, shard: int, cp: int,
+                     preset: str, why: str, origin: Origin | None) -> None:
+    """The data axes and FSDP's placement over them. FSDP2 shards over the flattened
+    ``dp_shard_cp`` mesh when cp > 1 (accelerate src/accelerate/parallelism_config.py:136-143,
+    ``dp_shard_cp_dim_names``: dp_shard and cp; :158-164, ``fsdp_dim_names``: dp_replicate, if
+    enabled, then dp_shard_cp; :239-240 flattens it; utils/fsdp_utils.py:770 passes
+    ``mesh[fsdp_dim_names]`` to fully_shard, at 16cb6eb): ``fsdp over dp * cp``, and with
+    dp_replicate HSDP over (dp_replicate, dp_shard_cp): ``fsdp over shard * cp`` with ``ddp
+    over replica``."""
+    flat = " * cp" if cp > 1 else ""
+    if rep > 1 and shard > 1:
+        plan.mesh += [Line(f"shard = {shard}", sizes["dp_shard"].origin.key, sizes["dp_shard"].origin),
+                      Line(f"replica = {rep}", sizes["dp_replicate"].origin.key,
+                           sizes["dp_replicate"].origin)]
+        if cp > 1:  # hsdp places two axes: the shard group (dp_shard_cp) and the replicas
+            plan.body.append(Line("place fsdp over shard * cp", why + "; FSDP2 shards over "
+                                  "dp_shard x cp (dp_shard_cp)", origin))
+            plan.body.append(Line("place ddp over replica", why + "; replicated over "
+                                  "dp_replicate", origin))
+        else:
+            plan.body.append(Line("place hsdp over shard * replica", why, origin))
+        return
+    plan.mesh.append(Line(f"dp = {rep * shard}", "num_processes / (tp x cp)"))
+    placed = "ddp" if preset == "hsdp" else preset
+    if placed != "ddp" and flat:
+        why += "; FSDP2 shards over dp_shard x cp (dp_shard_cp)"
+    plan.body.append(Line(f"place {placed} over dp{flat if placed != 'ddp' else ''}", why,
+                          origin))
 
 
 def _getter(source: Source, data: dict[str, Any], spans: dict[tuple[str, ...], Span]) -> Get:

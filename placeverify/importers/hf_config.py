@@ -220,29 +220,29 @@ def attach_model(plan: Plan, reader: Reader, model_path: str | None, seq: Value 
                  micro_batch: Value | None, own: list[Line] | None = None,
                  what: str = "this file") -> HFModel | None:
     """Fill the plan's model block from ``--model config.json``, else from the framework's own
-    entries (``own``); say what is missing when neither describes the model."""
+    entries (``own``); say what is missing when neither describes the model. The sequence
+    length is the framework's (``seq``) or ``--set model.seq=N``'s, never a guess: the config's
+    ``max_position_embeddings`` is the longest sequence the model takes, not the one training
+    uses, and it decides whether the run fits."""
     hf: HFModel | None = None
     if model_path is not None:
         hf = HFModel(reader, read_source(model_path))
         plan.model = hf.entries()
         plan.model_origin = Origin("--model", hf.source, None)
-        if seq is None:
-            position = hf.max_position()
-            if position is not None:
-                seq = position
-                reader.warning(
-                    f"{what} does not give the training sequence length: seq = "
-                    f"{position.value} ({position.origin.key} of {model_path}); edit the .place "
-                    "file if training uses shorter sequences", position.origin, code=Code.MISSING)
     elif own is not None:
         plan.model = list(own)
     else:
         reader.error(f"no model: {what} does not describe the model; give its Hugging Face "
                      "config with --model config.json", None, code=Code.MISSING)
         return None
+    if seq is None and SEQ_KEY in reader.given:
+        # the override writes the value into this line (placeverify.lower.edit)
+        seq = Value(SEQ_PLACEHOLDER, Origin(f"given by --set {SEQ_KEY}", reader.source, None))
     if seq is None:
-        reader.error("no sequence length: give it in the configuration or use --model with a "
-                     "config.json that has max_position_embeddings", None, code=Code.MISSING)
+        position = hf.max_position() if hf is not None else None
+        reader.error(no_seq_message(what, position), position.origin if position else None,
+                     f"give the training sequence length with --set {SEQ_KEY}=N",
+                     code=Code.MISSING)
     else:
         plan.model.append(Line(f"seq = {seq.value}", seq.origin.key, seq.origin))
     if micro_batch is not None:
@@ -251,23 +251,35 @@ def attach_model(plan: Plan, reader: Reader, model_path: str | None, seq: Value 
     return hf
 
 
+SEQ_KEY = "model.seq"
+SEQ_PLACEHOLDER = 2048  # replaced by the --set model.seq override before anything reads it
+
+
+def no_seq_message(what: str, position: Value | None) -> str:
+    """Why there is no sequence length, and (where the config has one) why the model's longest
+    is not taken for it."""
+    message = f"no sequence length: {what} does not give the training sequence length"
+    if position is not None:
+        message += (f"; {position.origin.key} ({position.value}) is the longest the model takes, "
+                    "not what training uses, and is not assumed (it decides whether the run "
+                    "fits)")
+    return message
+
+
 def model_statement(model_path: str, seq: int | None) -> tuple[str, list[tuple[Diagnostic, Source]]]:
     """The ``model transformer { ... }`` statement of a Hugging Face config.json, and the
     warnings about it: ``search --model config.json`` without a FILE. The sequence length is
-    ``seq``, else the config's ``max_position_embeddings`` (``n_positions`` for GPT-2), with a
-    warning; without either it is an error."""
+    ``seq`` (``--seq``); without it the config's ``max_position_embeddings`` is not assumed: an
+    error, at that key where the config has it."""
     source = read_source(model_path)
     reader = Reader(source)
     hf = HFModel(reader, source)
     lines = hf.entries()
     if seq is None:
         position = hf.max_position()
-        if position is None:
-            raise PlaceError([Diagnostic(
-                Severity.ERROR, "no sequence length: the config has no max_position_embeddings; "
-                "give --seq", Code.MISSING, None)], source)
-        seq = int(position.value)
-        reader.warning(f"no --seq: seq = {seq}, the config's {position.origin.key}; give --seq if "
-                       "training uses shorter sequences", position.origin, code=Code.MISSING)
+        span = position.origin.span if position is not None else None
+        raise PlaceError([Diagnostic(
+            Severity.ERROR, no_seq_message("a Hugging Face config.json", position), Code.MISSING, span,
+            ("give the training sequence length with --seq N",))], source)
     entries = ", ".join([*(line.text for line in lines), f"seq = {seq}"])
     return f"model transformer {{ {entries} }}", reader.warnings()

@@ -133,8 +133,18 @@ class _Sizes:
         return self.shard // self.ep if self.ep > 1 else self.shard
 
     @property
+    def fsdp(self) -> bool:
+        """FSDP is applied over dp_shard x cp whenever either is > 1 (parallel_dims.py:644-645,
+        ``fsdp_enabled``: dp_shard_enabled or cp_enabled; :281, the "fsdp" mesh of
+        dp_shard * cp; before 183a0d2 the same mesh was flattened as "dp_shard_cp", :183)."""
+        return self.shard_dp > 1 or self.cp > 1
+
+    @property
     def hsdp(self) -> bool:
-        return self.rep > 1 and self.shard_dp > 1
+        """fully_shard over ("dp_replicate", "fsdp") when dp_replicate is enabled
+        (models/llama3/parallelize.py:62-64 at b5bcd76; ("dp_replicate", "dp_shard_cp") in
+        models/llama3/infra/parallelize.py:116 before 183a0d2)."""
+        return self.rep > 1 and self.fsdp
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +352,7 @@ def _placements(job: _Job, sizes: _Sizes) -> None:
     # parameters stay gathered from a backward to the next forward, which reshards each layer
     # after it runs ("always") and the next backward gathers again. The peak holds the whole
     # stage gathered, as reshard_after_forward = false places it; the traffic differs.
-    kept_anyway = pp > 1 and reshard is True and (hsdp or shard_dp > 1)
+    kept_anyway = pp > 1 and reshard is True and sizes.fsdp
     if kept_anyway:
         staged += " and keeps the parameters gathered after each backward"
         reader.warning("not modelled: under torch.distributed.pipelining FSDP keeps the "
@@ -359,16 +369,24 @@ def _placements(job: _Job, sizes: _Sizes) -> None:
                                    ("reduce = step", pp > 1)) if on]
         return f"{preset}({', '.join(options)})" if options else preset
 
-    if hsdp:  # parallelize.py's apply_fsdp: HSDP is fully_shard on the 2-D mesh, same policy
+    # FSDP2 shards over dp_shard x cp (torchtitan's "fsdp" mesh, "dp_shard_cp" before): the
+    # product, with the replicas beside it under HSDP
+    over = "shard" if hsdp else "dp"
+    over += " * cp" if cp > 1 else ""
+    reshard_why = f"{policy.origin.key} {policy.value}: reshard_after_forward = {reshard}{staged}"
+    if hsdp and cp == 1:  # parallelize.py's apply_fsdp: HSDP is fully_shard on the 2-D mesh
         plan.body.append(Line(f"place {placed('hsdp', 'reshard_after_forward = false')} over "
-                              "shard * replica",
-                              f"replicate and shard degrees > 1; {policy.origin.key} "
-                              f"{policy.value}: reshard_after_forward = {reshard}{staged}",
+                              "shard * replica", f"replicate and shard degrees > 1; {reshard_why}",
                               shard_v.origin))
-    elif shard_dp > 1:
-        plan.body.append(Line(f"place {placed('fsdp', 'grad_op')} over dp",
-                              f"{policy.origin.key} {policy.value}: reshard_after_forward = "
-                              f"{reshard}{staged}", policy.origin))
+    elif sizes.fsdp:
+        flat = "; sharded over dp_shard x cp" if cp > 1 else ""
+        plan.body.append(Line(f"place {placed('fsdp', 'grad_op')} over {over}",
+                              reshard_why + flat, policy.origin))
+        if hsdp:
+            plan.body.append(Line("place ddp over replica", "data_parallel_replicate_degree > 1: "
+                                  "HSDP's replicas of the dp_shard x cp shards",
+                                  job.get("parallelism", "data_parallel_replicate_degree",
+                                          1).origin))
     else:
         plan.body.append(Line("place ddp over dp", "data_parallel_shard_degree 1"))
 

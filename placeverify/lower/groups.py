@@ -11,7 +11,9 @@ so memory, traffic and every verdict read the same per-axis IR as before:
 * an axis that a ``context`` statement places keeps its role and its activations' mode and takes
   the preset's Ω and G modes (``place context over cp`` with ``place zero1 over dp * cp`` is
   ``place context(R, S, R, S) over cp``). A preset that shards the parameters (``zero3``,
-  ``fsdp``) over a context axis is not modelled (the context role holds whole layers: Θ = R);
+  ``fsdp``) shards them over the context axis too (Θ S*: gathered over the product before use),
+  as FSDP2 shards over the flattened ``dp_shard_cp`` mesh in accelerate
+  (``parallelism_config.py``) and torchtitan (``distributed/parallel_dims.py``);
 * an expert axis keeps its role and the experts' modes (they are split over it, so their states
   are sharded over the product's other axes only, the expert data-parallel group); every other
   parameter group is a copy along it and takes the preset's Θ, Ω and G as a per-group placement
@@ -46,15 +48,12 @@ def merge(ctx: Context, product: AxisPlacement, other: AxisPlacement,
     place; None (with an error) when the two do not combine."""
     where = f"'{product.preset}' over a product group (line {product.span.line})"
     if other.role is Role.CONTEXT:
-        if product.modes[0] is not Mode.R:
-            ctx.error(f"{where} shards the parameters over the context axis '{other.axis}': "
-                      "not modelled", Code.BAD_VALUE, product.span,
-                      "a context axis holds whole layers (Θ = R); shard the parameters over the "
-                      "data axes only, and the optimizer state with 'zero1' or 'zero2' over the "
-                      "product")
-            return None
-        modes = (other.modes[0], product.modes[1], product.modes[2], other.modes[3])
-        return replace(other, modes=modes)
+        # a preset that shards the parameters (zero3, fsdp) shards them over the context axis
+        # too: FSDP2 over the flattened dp_shard x cp mesh (accelerate parallelism_config.py,
+        # torchtitan parallel_dims.py), each context rank gathering the whole layer before use
+        modes = (product.modes[0], product.modes[1], product.modes[2], other.modes[3])
+        return replace(other, modes=modes, reshard_after_forward=product.reshard_after_forward,
+                       reduce=product.reduce)
     if other.role is Role.EXPERT:
         return expert_column(ctx, product, other, groups, where)
     if other.role is Role.DATA:

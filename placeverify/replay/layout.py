@@ -251,5 +251,5 @@ def gathered_axes(strategy: Strategy, group: ParamGroup | None = None) -> tuple[
     groups = [group] if group is not None else [None, *strategy.model.groups_present()]
     return tuple(p.axis for p in strategy.placements
                  if strategy.size(p.axis) > 1
-                 and any((p.role is Role.DATA or queries.gathers_copies(p, g))
+                 and any(queries.gathers_before_use(p, g)
                          and p.mode_of(State.PARAMS, g).sharded for g in groups))

@@ -32,7 +32,7 @@ def context_shapes(ctx: Reporter, arch: Transformer, by: list[tuple[str, int]],
 
 CONTEXT = RoleSpec(
     Role.CONTEXT,
-    allowed_modes=modes({Mode.R}, {Mode.R, Mode.S}, {Mode.R, Mode.S}, {Mode.S, Mode.M, Mode.O}),
+    allowed_modes=modes({Mode.R, Mode.S_STAR}, {Mode.R, Mode.S}, {Mode.R, Mode.S}, {Mode.S, Mode.M, Mode.O}),
     why={State.PARAMS: "context-parallel ranks run the same layers on different "
                        "parts of the sequence (R)"},
     relation=relation,

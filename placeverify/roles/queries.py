@@ -61,7 +61,7 @@ def gathered_axes(strategy: Layout, group: ParamGroup | None = None) -> tuple[st
     """Data axes over which the parameters (of ``group``, when given) are gathered before use
     (S*, or O streamed in)."""
     return tuple(p.axis for p in strategy.placements
-                 if (p.role is Role.DATA or gathers_copies(p, group))
+                 if gathers_before_use(p, group)
                  and p.mode_of(State.PARAMS, group) in (Mode.S_STAR, Mode.O))
 
 
@@ -70,6 +70,14 @@ def gathers_copies(p: AxisPlacement, group: ParamGroup | None) -> bool:
     (``place fsdp over ep * dp``: the dense groups' parameters sharded over ep x dp and gathered
     over it, ``docs/language/place.md``)?"""
     return group is not None and p.role is Role.EXPERT and replicates_model(p, group)
+
+
+def gathers_before_use(p: AxisPlacement, group: ParamGroup | None) -> bool:
+    """Is ``p`` an axis whose ranks hold copies of ``group`` that a sharded placement gathers
+    before use: a data axis, a context axis (``place fsdp over dp * cp``: FSDP2 over the
+    flattened dp_shard x cp mesh, as accelerate and torchtitan apply it, ``docs/language/place.md``)
+    or an expert axis the group is a copy along (:func:`gathers_copies`)?"""
+    return p.role is Role.DATA or p.role is Role.CONTEXT or gathers_copies(p, group)
 
 
 def offloaded(strategy: Layout, state: State) -> bool:

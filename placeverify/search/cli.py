@@ -39,7 +39,7 @@ def base_strategy(file: str | None, model: str | None, devices: int | None,
         if is_importable(file):
             from placeverify.importers.cli import load_strategy
 
-            return load_strategy(file, imports, settings)
+            return load_strategy(file, imports, with_seq(settings, seq))
         return load(file, settings)
     if model is None or devices is None or device is None:
         raise click.UsageError("without a FILE, search needs --model, --device and --devices")
@@ -57,6 +57,18 @@ def base_strategy(file: str | None, model: str | None, devices: int | None,
     text = (f'strategy "search"\n{statement}\nprecision megatron\n'
             f"mesh {{\n    dp = {devices}\n    device = {device}\n}}\nplace ddp over dp\n")
     return load_text(text, "<search flags>", settings)
+
+
+def with_seq(settings: Any, seq: int | None) -> Any:
+    """The overrides with ``--seq`` as ``model.seq`` (a configuration that does not give the
+    sequence length is refused without one, never given the model's longest:
+    placeverify.importers.hf_config), unless a ``--set model.seq`` is there already."""
+    if seq is None or (settings and any(s.key == "model.seq" for s in settings.items)):
+        return settings
+    from placeverify.api import overrides
+
+    return overrides([*(s.text for s in settings.items), f"model.seq={seq}"] if settings
+                     else [f"model.seq={seq}"])
 
 
 def run_search(file: str | None, *, model: str | None, device: str | None,
