@@ -132,6 +132,33 @@ def test_a_replay_killed_while_its_ranks_start_leaves_nothing_behind(trace_file:
     assert processes == {}
 
 
+def test_a_replay_killed_as_its_server_starts_leaves_nothing_behind(trace_file: Path,
+                                                                     tmp_path: Path) -> None:
+    # Killed the moment multiprocessing makes its socket folder (pymp-*), before any rank: the
+    # janitor already runs and has the folder (a fault fuzz run once found it left behind).
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    marker = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != "PLACEVERIFY_DEBUG"}
+    env.update(TMPDIR=str(temporary), PLACEVERIFY_SIGNAL_TEST=marker,
+               PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]))
+    proc = subprocess.Popen([sys.executable, "-m", "placeverify", "replay", str(trace_file),
+                             "--timeout", "120"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=default_signals)
+    try:
+        seen = until(lambda: any(p.name.startswith("pymp-") for p in temporary.iterdir()), 120)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert seen, "the replay made no socket folder"
+    until(lambda: not marked(marker) and not any(temporary.iterdir()), 15)
+    assert sorted(p.name for p in temporary.iterdir()) == []
+    assert marked(marker) == {}
+
+
 CODES = {"SIGTERM": 143, "SIGINT": 130, "SIGHUP": 129, "SIGKILL": -9}
 
 

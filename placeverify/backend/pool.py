@@ -88,7 +88,12 @@ class Pool:
         terminal's process group does not interrupt the server's import of torch (printing a
         traceback) before the server has set it aside. The janitor is told of the server: a
         parent killed outright has it, and every rank it forked, killed."""
+        janitor.start()  # first: a kill from here on leaves nothing behind
         short_socket_folder()
+        # multiprocessing's folder for the server's socket (made here, once per process): its
+        # own exit handler removes it, the janitor does if this process is killed outright (a
+        # SIGKILL while the server started left it behind in a fault fuzz run)
+        janitor.register(multiprocessing.util.get_temp_dir())
         resource_tracker.ensure_running()  # first: it unblocks SIGINT after starting itself
         with blocked_signals(signal.SIGINT):
             forkserver.ensure_running()
@@ -96,7 +101,6 @@ class Pool:
         if pid is not None and pid != self.server:
             if self.server is not None:
                 janitor.forget(self.server)  # multiprocessing reaped it and started this one
-            janitor.start()
             janitor.serve_ranks(pid)
             self.server = pid
 
