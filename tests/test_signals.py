@@ -141,6 +141,7 @@ def test_a_replay_killed_as_its_server_starts_leaves_nothing_behind(trace_file: 
     marker = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "PLACEVERIFY_DEBUG"}
     env.update(TMPDIR=str(temporary), PLACEVERIFY_SIGNAL_TEST=marker,
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),  # torch's cache, kept by design
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]))
     proc = subprocess.Popen([sys.executable, "-m", "placeverify", "replay", str(trace_file),
                              "--timeout", "120"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
