@@ -109,11 +109,9 @@ def test_a_replay_whose_every_step_is_skipped_decides_nothing(replay_pool: Any) 
     assert judge(ROOT / "examples" / "bugs" / "clip-scaled-gradients.place", 2).verdict == "confirmed"
 
 
-# Known gaps (non-strict xfails, as CrossHair's KNOWN_FAILURES): refutations that need a state
-# carried from one optimizer step into the next (gradients not zeroed, a parameter gathered before
-# its update, a token count of the previous batch) cannot show in a one-step replay, which then
-# says "not confirmed". Not rounding: the plan does not yet know how many steps a refutation
-# needs. Found by this sweep.
+# Refutations about what one optimizer step leaves to the next (gradients not zeroed, a parameter
+# gathered before its update, a token count of the previous batch) cannot show in one step: the
+# replay runs the two they need (replay/carried.py). Found by this sweep, as "not confirmed".
 NEEDS_TWO_STEPS = {"generation-batch-token-count", "grads-not-zeroed", "param-gather-after-forward"}
 
 
@@ -122,12 +120,20 @@ NEEDS_TWO_STEPS = {"generation-batch-token-count", "grads-not-zeroed", "param-ga
 @pytest.mark.slow
 @pytest.mark.parametrize("steps", EVERY)
 @pytest.mark.parametrize("path", BUGS, ids=lambda p: p.stem)
-def test_every_bundled_trace_at_many_step_counts(replay_pool: Any, path: Path, steps: int,
-                                                 request: pytest.FixtureRequest) -> None:
-    if steps == 1 and path.stem in NEEDS_TWO_STEPS:
-        request.applymarker(pytest.mark.xfail(reason="the refutation needs two optimizer steps "
-                                                     "to show", strict=False))
+def test_every_bundled_trace_at_many_step_counts(replay_pool: Any, path: Path, steps: int) -> None:
     judge(path, steps)
+
+
+@torch_test
+@pytest.mark.torch
+@pytest.mark.parametrize("name", sorted(NEEDS_TWO_STEPS))
+def test_a_refutation_carried_into_the_next_step_replays_two_steps(replay_pool: Any,
+                                                                   name: str) -> None:
+    path = ROOT / "examples" / "bugs" / f"{name}.place"
+    plan = plan_from_trace(trace_of(path), world=None, steps=1)
+    assert plan.main.steps == 2
+    assert any("shows from optimizer step 2" in note for note in plan.notes)
+    assert judge(path, 1).verdict == "confirmed"
 
 
 def _result(vs: float, sensitivity: float, scale: float) -> dict[str, Any]:

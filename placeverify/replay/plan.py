@@ -34,6 +34,7 @@ from placeverify.diagnostics import PlaceError
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import canonical, load_text
 from placeverify.lower.resize import resize
+from placeverify.replay.carried import at_least
 from placeverify.replay.consistency import (
     check_claim,
     check_counts,
@@ -259,6 +260,7 @@ class TraceCase:
     keep: dict[str, int]  # the trace's own mesh
     reason: str | None  # why the mesh was resized (None when it was not)
     expect: Expectation  # Z3's verdict at the replayed mesh
+    windows: int = 1  # the optimizer steps the source's step is written over
 
 
 def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> TraceCase:
@@ -288,7 +290,7 @@ def trace_case(trace: Trace, *, world: int | None, timeout_ms: int = 10_000) -> 
     group_only = trace.kind in GROUP_ONLY and expect.verdict is Verdict.PROVED  # see expectation
     if sizes == keep and trace.kind not in UNWITNESSED and not group_only:
         check_claim(trace, resized, sizes, expect.verdict)
-    return TraceCase(resized, sizes, keep, reason, expect)
+    return TraceCase(resized, sizes, keep, reason, expect, len(strategy.step.windows) or 1)
 
 
 def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
@@ -299,6 +301,7 @@ def plan_from_trace(trace: Trace, *, world: int | None, steps: int,
     case = trace_case(trace, world=world, timeout_ms=timeout_ms)
     sizes, keep, m, expect = case.sizes, case.keep, trace.microbatches, case.expect
     notes: list[str] = []
+    steps = at_least(steps, case.windows, trace.condition, notes)
     spec_base = RunSpec("trace", trace.source, path, sizes, m, False, [], [], steps)
     if case.strategy.config.unused:
         from placeverify.replay.participation import chosen_idle, trace_idle
@@ -340,6 +343,8 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
         notes.append(f"{m} micro-batches replayed as {MAX_MICROBATCHES} (the step does not "
                      "name micro-batches, so its meaning does not depend on their number)")
         m = MAX_MICROBATCHES
+    steps = at_least(steps, len(strategy.step.windows),
+                     known.trace.condition if known and known.trace else None, notes)
     base = RunSpec(label, strategy.source.text, strategy.source.path, sizes, m, False, [], [],
                    steps)
     if strategy.config.unused:
