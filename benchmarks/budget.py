@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
-from tests.test_budget import DDP_MANY_AXES, FUZZ_0_93, FUZZ_1_142, cpu_hogs  # noqa: E402
 
-from placeverify import api  # noqa: E402
 import placeverify.verify as verify_package  # noqa: E402
+from placeverify import api  # noqa: E402
+from tests.test_budget import DDP_MANY_AXES, FUZZ_0_93, FUZZ_1_142, cpu_hogs  # noqa: E402
 
 BUDGET_S = 2.0
 QUERY_MS = 300
@@ -54,7 +54,7 @@ def in_process(runs: int, frozen: bool) -> dict[str, list[float]]:
     try:
         with cpu_hogs():
             for _ in range(runs):
-                for (name, _), strategy in zip(FILES, strategies):
+                for (name, _), strategy in zip(FILES, strategies, strict=True):
                     started = time.monotonic()
                     api.verify(strategy, timeout_ms=QUERY_MS, budget_s=BUDGET_S)
                     took[name].append(time.monotonic() - started)

@@ -10,8 +10,7 @@ from typing import Any
 
 from placeverify.api import overrides
 from placeverify.diagnostics import Source
-from placeverify.importers import Options
-from placeverify.importers import registry
+from placeverify.importers import Options, registry
 from placeverify.lower.overrides import apply
 
 SEQ = "model.seq=8192"
@@ -24,13 +23,16 @@ def with_seq(settings: Any = None) -> Any:
     return overrides(texts)
 
 
-def load_seq(path: str, options: Options = Options(), settings: Any = None,
+DEFAULT = Options()
+
+
+def load_seq(path: str, options: Options = DEFAULT, settings: Any = None,
              imported: Any = None) -> Any:
     """registry.load under --set model.seq=8192 (and the test's own overrides)."""
     return registry.load(path, options, with_seq(settings), imported)
 
 
-def import_seq(path: str, options: Options = Options(), settings: Any = None) -> Any:
+def import_seq(path: str, options: Options = DEFAULT, settings: Any = None) -> Any:
     """What ``placeverify import FILE --set model.seq=8192`` prints (importers/cli.py)."""
     settings = with_seq(settings)
     imported = registry.import_file(path, registry.with_given(options, settings), judge=False)

@@ -24,9 +24,9 @@ from placeverify.diagnostics import PlaceError
 from placeverify.importers import Options
 from placeverify.importers.cli import load_strategy
 from placeverify.importers.registry import import_file
-from tests.seq_given import import_seq
 from placeverify.ir.placement import Overlap
 from placeverify.lower import load_text
+from tests.seq_given import import_seq
 
 # the plain GPT and the calibration without memory-bound terms of the tensor-overlap tests
 # (MODEL: 8 layers, hidden 2048, MLP 4 x 2048, vocabulary 51,200, sequence 2,048, one sequence)

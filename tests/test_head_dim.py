@@ -14,9 +14,9 @@ from placeverify.cost import analyse
 from placeverify.cost.time import model_flops_per_token
 from placeverify.diagnostics import PlaceError
 from placeverify.importers import Options
-from placeverify.importers.registry import import_file, load
-from tests.seq_given import load_seq
+from placeverify.importers.registry import import_file
 from placeverify.lower import load_text
+from tests.seq_given import load_seq
 
 NEMO_LIKE = ("layers = 40, hidden = 5120, heads = 32, kv_heads = 8, head_dim = 128, ffn = 14336, "
              "mlp = gated, vocab = 131072, embeddings = untied, norm = rmsnorm, seq = 4096, "

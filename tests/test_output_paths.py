@@ -88,7 +88,8 @@ def test_check_trace_on_a_full_disk_exits_4_and_leaves_the_old_file(full_disk: P
 
 def test_import_output_on_a_full_disk_exits_4_and_writes_nothing(full_disk: Path) -> None:
     out = full_disk / "out.place"
-    done = cli("import", str(CONFIG), "--world", "64", "--model", str(MODEL), "--set", "model.seq=8192", "-o", str(out))
+    done = cli("import", str(CONFIG), "--world", "64", "--model", str(MODEL), "--set",
+               "model.seq=8192", "-o", str(out))
     assert done.returncode == ExitCode.READ_ERROR, done.stderr
     assert done.stderr.endswith(f"{out}: error: cannot write file: {NO_SPACE}  [read]\n")
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "old.txt"]
@@ -110,7 +111,8 @@ def test_a_write_that_fails_at_sync_removes_its_temporary(tmp_path: Path,
     assert isinstance(failed.value, OSError)  # callers that catch OSError still do
     assert out.read_text(encoding="utf-8") == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.place"]
-    code = in_process("import", str(CONFIG), "--world", "64", "--model", str(MODEL), "--set", "model.seq=8192", "-o", str(out))
+    code = in_process("import", str(CONFIG), "--world", "64", "--model", str(MODEL), "--set",
+                      "model.seq=8192", "-o", str(out))
     assert code == ExitCode.READ_ERROR
     assert [p.name for p in tmp_path.iterdir()] == ["out.place"]
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source, Span
-from placeverify.importers import deepspeed
+from placeverify.importers import deepspeed, policies
 from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.origins import Origin, Value
@@ -264,28 +264,6 @@ def _data_preset(reader: Reader, get: Get, kind: Value) -> tuple[str, str, Origi
     return preset, why, origin
 
 
-def _precision_line(act: str, kind: Value, mp: Value) -> Line:
-    """accelerate's mixed precision: under FSDP the plugin's policy gathers, computes and
-    reduces in the one dtype (``FullyShardedDataParallelPlugin.set_mixed_precision``:
-    param_dtype = reduce_dtype = the mixed_precision dtype) over fp32 sharded Θ and G; otherwise
-    torch.autocast computes in it over fp32 Θ and G (the gradients are reduced in fp32). AdamW's
-    8 B of Ω either way."""
-    scale = "dynamic" if act == "fp16" else "none"
-    if act == "fp32":
-        return Line("precision { params = fp32, grads = fp32, optimizer = 8, activations = fp32, "
-                    "loss_scale = none }", f"mixed_precision {mp.value}: fp32 training", mp.origin)
-    if kind.value == "FSDP":
-        text = ("precision accelerate_fsdp_bf16" if act == "bf16" else
-                f"precision {{ params = fp32, gather = {act}, grads = fp32, reduce = {act}, "
-                f"optimizer = 8, activations = {act}, loss_scale = {scale} }}")
-        return Line(text, f"mixed_precision {mp.value}: FSDP MixedPrecision param_dtype = "
-                    f"reduce_dtype = {act} over fp32 sharded Θ and G, AdamW 8 B", mp.origin)
-    return Line(f"precision {{ params = fp32, compute = {act}, grads = fp32, optimizer = 8, "
-                f"activations = {act}, loss_scale = {scale} }}",
-                f"mixed_precision {mp.value}: torch.autocast to {act} over fp32 Θ and G, AdamW",
-                mp.origin)
-
-
 def _training(reader: Reader, plan: Plan, get: Get, model: str | None, kind: Value) -> None:
     """The precision (mixed_precision: the compute dtype), the model, the loss, the
     recomputation and the offload; what the training script decides is named in a warning."""
@@ -294,7 +272,7 @@ def _training(reader: Reader, plan: Plan, get: Get, model: str | None, kind: Val
     if act is None:
         reader.error(f"mixed_precision is no, fp16 or bf16, not {mp.value!r}", mp.origin)
         act = "fp32"
-    plan.precision = _precision_line(act, kind, mp)
+    plan.precision = policies.accelerate(act, kind, mp)
     attach_model(plan, reader, model, None, None, None, "an accelerate config")
     plan.body.append(Line("loss microbatch_mean", "accelerate divides each micro-batch's loss by "
                           "gradient_accumulation_steps"))

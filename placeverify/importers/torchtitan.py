@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from placeverify.diagnostics import Code, Source
+from placeverify.importers import policies
 from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.origins import Origin, Value
@@ -260,41 +261,12 @@ def _model(job: _Job, model: str | None, sizes: _Sizes, batch: _Batch) -> str | 
     return preset
 
 
-TORCH_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
-
-
 def _precision(job: _Job, sizes: _Sizes) -> None:
-    """torchtitan's mixed precision (``distributed/utils.py`` ``maybe_enable_amp``): with FSDP
-    (a shard or context degree above 1, ``ParallelDims.fsdp_enabled``) fully_shard's
-    MixedPrecisionPolicy: fp32 sharded Θ and G, the gather and compute in
-    ``mixed_precision_param``, the reduce-scatter in ``mixed_precision_reduce`` (defaults bfloat16
-    and float32); DDP or one device autocasts to ``mixed_precision_param``; tensor or pipeline
-    parallelism without FSDP trains in fp32 (torchtitan disables mixed precision there)."""
-    param = job.get("training", "mixed_precision_param", "bfloat16")
-    reduce = job.get("training", "mixed_precision_reduce", "float32")
-    dtypes = {}
-    for value in (param, reduce):
-        dtypes[value.origin.key] = TORCH_DTYPES.get(str(value.value))
-        if dtypes[value.origin.key] is None:
-            job.reader.error(f"{value.origin.key} is bfloat16, float16 or float32, not "
-                             f"{value.value!r}", value.origin)
-    gather, reduced = dtypes[param.origin.key] or "bf16", dtypes[reduce.origin.key] or "fp32"
-    origin = param.origin
-    if sizes.shard > 1 or sizes.cp > 1:
-        text = ("precision torchtitan_bf16" if (gather, reduced) == ("bf16", "fp32") else
-                f"precision {{ params = fp32, gather = {gather}, grads = fp32, reduce = {reduced}, "
-                f"optimizer = 8, activations = {gather}, loss_scale = none }}")
-        why = (f"{param.origin.key} {param.value}, {reduce.origin.key} {reduce.value}: FSDP2 "
-               f"MixedPrecisionPolicy (fp32 sharded Θ and G, {gather} gather and compute, "
-               f"{reduced} reduce-scatter), AdamW 8 B")
-    elif sizes.tp > 1 or sizes.pp > 1:
-        text = "precision { params = fp32, grads = fp32, optimizer = 8, activations = fp32 }"
-        why = "tensor or pipeline parallelism without FSDP: torchtitan trains in fp32 (maybe_enable_amp)"
-    else:
-        text = (f"precision {{ params = fp32, compute = {gather if gather != 'fp32' else 'tf32'}, "
-                f"grads = fp32, optimizer = 8, activations = {gather}, loss_scale = none }}")
-        why = f"{param.origin.key} {param.value}: DDP under torch.autocast, fp32 Θ and G, AdamW 8 B"
-    job.plan.precision = Line(text, why, origin)
+    """torchtitan's mixed precision: :func:`placeverify.importers.policies.torchtitan`."""
+    job.plan.precision = policies.torchtitan(
+        job.reader, job.get("training", "mixed_precision_param", "bfloat16"),
+        job.get("training", "mixed_precision_reduce", "float32"),
+        fsdp=sizes.shard > 1 or sizes.cp > 1, model_parallel=sizes.tp > 1 or sizes.pp > 1)
 
 
 def _mesh(job: _Job, sizes: _Sizes) -> None:
@@ -323,7 +295,7 @@ def _placements(job: _Job, sizes: _Sizes) -> None:
     (parallelize.py's apply_fsdp, with fsdp_reshard_after_forward)."""
     plan, reader, get = job.plan, job.reader, job.get
     tp, cp, ep, pp, ep_origin = sizes.tp, sizes.cp, sizes.ep, sizes.pp, sizes.ep_origin
-    shard_v, shard_dp, hsdp = sizes.shard_v, sizes.shard_dp, sizes.hsdp
+    shard_v, hsdp = sizes.shard_v, sizes.hsdp
     if tp > 1:
         v = get("parallelism", "tensor_parallel_degree", 1)
         asynctp = get("parallelism", "enable_async_tensor_parallel", False)

@@ -14,7 +14,6 @@ from placeverify.ir.precision import DTYPE_BYTES, MATMUL_DTYPES, PRECISIONS, Pre
 from placeverify.lower.values import MAX_BYTES_PER_ELEMENT, Context, literal
 from placeverify.syntax import ast
 
-
 # the keys that name a dtype only, and the field each sets
 NAMED_DTYPES = {"gather": "gather_dtype", "reduce": "reduce_dtype", "compute": "compute"}
 

@@ -14,11 +14,11 @@ from placeverify.ir.flights import has_async
 from placeverify.ir.strategy import Strategy
 from placeverify.verdicts import Verdict, Verification
 from placeverify.verify import interrupt
-from placeverify.verify.heap import callers_heap_frozen
 from placeverify.verify.budget import DEFAULT_BUDGET_S, DEFAULT_QUERY_CAP_MS, Budget
 from placeverify.verify.cases import sharing_budget
 from placeverify.verify.check import Context, Finding, out_of_time, run_check
 from placeverify.verify.checks import CHECKS
+from placeverify.verify.heap import callers_heap_frozen
 
 if TYPE_CHECKING:
     from placeverify.trace import Trace
