@@ -8,7 +8,11 @@ all of it is alive at once, and implementations hold more than the states. The m
 - **end of forward** of the last micro-batch in flight: Θ, Ω, the gradients where the
   implementation keeps them between steps or a previous micro-batch has made them, every
   activation in flight, those outside the layers (the logits and the loss's fp32 copy), the
-  transient buffers, and the profile's extras (DDP buckets);
+  transient buffers but the recompute working set, and the profile's extras (DDP buckets);
+- **backward of the last layer** (under recomputation, or ZeRO-3 / FSDP full shard): every
+  activation still held, the working set (the layer rebuilt), and under ZeRO-3 that layer
+  gathered with its unsharded gradient; **backward of the output layer** (ZeRO-3, last stage):
+  the output layer gathered with its unsharded gradient (:func:`_layer_backward`);
 - **end of backward**: Θ, Ω, G, the transient buffers and the profile's extras (the activations
   have been freed layer by layer as the gradients were made);
 - **optimizer step**: Θ, Ω, G, the profile's extras and the optimizer's temporaries.
