@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.test_budget import FUZZ_0_93
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -239,11 +241,12 @@ def test_a_short_campaign_of_disk_and_path_faults(fuzz: Any) -> None:
 
 @needs_proc
 def test_a_real_check_stopped_by_sigterm_is_judged_and_settled(fuzz: Any, tmp_path: Path) -> None:
-    """A real ``placeverify check`` of a program that runs into its 5 s budget (input 61 of seed
-    0), sent SIGTERM to its process group at 1.5 s, well past start-up: ``check`` installs no
-    handler, so it dies of the signal (-15, which a shell reports as 143), before its budget
-    would have ended it; nothing of it is left."""
-    text = dict(fuzz.inputs(62, 0))["fuzz-0-61.place"]
+    """A real ``placeverify check`` of a program that runs into its 5 s budget (FUZZ_0_93 of
+    tests/test_budget.py, about 30 s of work: a fixed text, where an input number of the
+    campaign changes whenever an example is added), sent SIGTERM to its process group at 1.5 s,
+    well past start-up: ``check`` installs no handler, so it dies of the signal (-15, which a
+    shell reports as 143), before its budget would have ended it; nothing of it is left."""
+    text = FUZZ_0_93
     setting = fuzz.Setting(tmp_path, f"pvfuzztest{os.getpid()}")
     work = tmp_path / "run"
     work.mkdir()

@@ -90,7 +90,8 @@ EXAMPLES: Mapping[str, tuple[str, ...]] = {
     "search": ("placeverify search --model llama3_70b --device h100_sxm --devices 1024 "
                "--batch-tokens 16777216",),
     "import": ("placeverify import tests/importers/llama3-70b-zero2-offload.json --world 64 \\",
-               "    --model tests/importers/llama3-70b-config.json -o zero2.place"),
+               "    --model tests/importers/llama3-70b-config.json --set model.seq=8192 "
+               "-o zero2.place"),
 }
 
 
