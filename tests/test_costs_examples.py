@@ -873,9 +873,15 @@ def test_fits_line_json(reported: dict[str, dict[str, Any]], name: str) -> None:
     if name.startswith("zero-paper/"):
         assert memory["capacity_bytes"] is None and memory["fits"] is None
     else:
+        # fits compares the step's peak, which is the device total only where one moment holds
+        # everything: the recompute working set exists only in backward and ZeRO-3's backward
+        # adds a layer's unsharded gradient (issue 32, item 7; each moment is derived by hand in
+        # tests/test_peak_moments.py). The peak is never below the states and activations held.
+        peak = memory["peak_bytes"]
+        assert peak >= total - whole(EXPECTED[name].buffers)
         assert memory["capacity_bytes"] == 80 * 10**9  # every strategy file declares 80 GB
-        assert memory["fits"] is (total <= 80 * 10**9)
-        assert memory["headroom_bytes"] == 80 * 10**9 - total
+        assert memory["fits"] is (peak <= 80 * 10**9)
+        assert memory["headroom_bytes"] == 80 * 10**9 - peak
 
 
 def test_llama3_8b_ddp_does_not_fit_as_its_comment_says(reported: dict[str, dict[str, Any]]) -> None:

@@ -35,6 +35,7 @@ from placeverify.cost.activations import (
 from placeverify.cost.domain import Domain, Exact, Num
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Reduce, Role, State
+from placeverify.ir.profiles import host_gradient_bytes
 from placeverify.ir.step import Collective, CollectiveKind, Free, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.roles import ROLES
@@ -43,6 +44,8 @@ from placeverify.roles.queries import gathered_axes, offloaded, partitions, per_
 
 MODEL_STATES = (State.PARAMS, State.OPTIMIZER, State.GRADIENTS)
 
+WORKING_SET_LABEL = "recompute working set (one layer)"  # alive only in backward (cost/peak.py)
+GATHER_BUFFER_LABEL = "gather buffer (largest layer)"
 GROUP_SYMBOLS = {ParamGroup.DENSE: "Ψ_dense", ParamGroup.NORMS: "Ψ_norms",
                  ParamGroup.EMBEDDING: "Ψ_emb", ParamGroup.EXPERTS: "Ψ_exp"}
 
@@ -312,8 +315,7 @@ def activation_items(d: Domain, strategy: Strategy, kind: StageKind,
         else:
             items.append(MemoryItem("activations", "A activations", kept))
         if activations.working_set != 0:
-            items.append(MemoryItem("buffers", "recompute working set (one layer)",
-                                    activations.working_set))
+            items.append(MemoryItem("buffers", WORKING_SET_LABEL, activations.working_set))
     if buffer is not None:
         items.append(buffer)
     return items
@@ -324,7 +326,10 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
     held = stage_params(d, strategy, kind)
     positions = stage_positions(d, strategy, kind)
     for state in MODEL_STATES:
-        per_element = bytes_per_element(d, strategy, state)
+        host = offloaded(strategy, state)  # offloaded G: the profile's host dtype (profiles.py)
+        per_element = d.const(host_gradient_bytes(strategy.mesh.memory_profile, strategy.precision
+                                                  .grads)) if host and state is State.GRADIENTS \
+            else bytes_per_element(d, strategy, state)
         local = device_params(d, strategy, held, positions, state)
         total: Num = 0
         for n in local.values():
@@ -334,7 +339,6 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
             amount = 0
             for group, n in local.items():
                 amount = amount + n * per_element / data_split(d, strategy, state, group=group)
-        host = offloaded(strategy, state)
         items.append(MemoryItem(state.value, f"{state.symbol} {state.value}",
                                 d.const(0) if host else amount))
         if host:
@@ -443,4 +447,4 @@ def gather_buffer(d: Domain, strategy: Strategy) -> MemoryItem | None:
         if p.role is Role.TENSOR:
             tp = tp * d.sym(p.axis, strategy.size(p.axis))
     unit = d.sym("Ψ_unit", arch.largest_unit_params())
-    return MemoryItem("buffers", "gather buffer (largest layer)", unit * per_element / tp)
+    return MemoryItem("buffers", GATHER_BUFFER_LABEL, unit * per_element / tp)

@@ -8,7 +8,11 @@ all of it is alive at once, and implementations hold more than the states. The m
 - **end of forward** of the last micro-batch in flight: Θ, Ω, the gradients where the
   implementation keeps them between steps or a previous micro-batch has made them, every
   activation in flight, those outside the layers (the logits and the loss's fp32 copy), the
-  transient buffers, and the profile's extras (DDP buckets);
+  transient buffers but the recompute working set, and the profile's extras (DDP buckets);
+- **backward of the last layer** (under recomputation, or ZeRO-3 / FSDP full shard): every
+  activation still held, the working set (the layer rebuilt), and under ZeRO-3 that layer
+  gathered with its unsharded gradient; **backward of the output layer** (ZeRO-3, last stage):
+  the output layer gathered with its unsharded gradient (:func:`_layer_backward`);
 - **end of backward**: Θ, Ω, G, the transient buffers and the profile's extras (the activations
   have been freed layer by layer as the gradients were made);
 - **optimizer step**: Θ, Ω, G, the profile's extras and the optimizer's temporaries.
@@ -26,7 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from placeverify.cost.memory import GATHERED_KEPT_LABEL, RankMemory
+from placeverify.cost.memory import (
+    GATHER_BUFFER_LABEL,
+    GATHERED_KEPT_LABEL,
+    WORKING_SET_LABEL,
+    RankMemory,
+    unsharded_gradient_axes,
+)
 from placeverify.cost.torch_moments import (
     GLOO_HELD_MOMENT,
     accumulation_temporaries,
@@ -37,13 +47,14 @@ from placeverify.cost.torch_moments import (
     fsdp2_zero2_parts,
     fsdp2_zero2_world,
     gloo_held_parts,
+    layer_unit,
     replicated_gradient_axes,
     torch_pipelining_buffers,
 )
-from placeverify.ir.placement import Schedule, State
+from placeverify.ir.placement import Role, Schedule, State
 from placeverify.ir.profiles import DEFAULT_MEMORY_PROFILE
 from placeverify.ir.strategy import Strategy
-from placeverify.roles.queries import partitions
+from placeverify.roles.queries import gathered_axes, partitions
 
 # GLOO_HELD_MOMENT was defined here: benchmarks/peak_memory.py imports it from this module.
 __all__ = ["GLOO_HELD_MOMENT", "Moment", "Peak", "peak", "rank_moments"]
@@ -120,8 +131,9 @@ class _Held:
     gathered: tuple[tuple[str, Fraction], ...]  # FSDP2's units kept gathered from forward on
     activations: Fraction
     outside: Fraction
-    buffers: Fraction
+    buffers: Fraction  # without the recompute working set
     extras: tuple[tuple[str, Fraction], ...]  # the profile's, at every moment
+    working: Fraction = Fraction(0)  # the recompute working set: one layer rebuilt in backward
 
 
 def _extras(strategy: Strategy, rank: RankMemory, profile: str, grads: Fraction,
@@ -148,17 +160,20 @@ def _backward_moments(strategy: Strategy, rank: RankMemory, profile: str, held: 
     """The moments inside the backward that an implementation makes larger than its end."""
     kind, stage, states, extras = held.kind, held.stage, held.states, held.extras
     backward: list[Moment] = []
+    # a layer's backward under recomputation rebuilds its activations first (the last layer's
+    # at the start of backward, and every steady backward's)
+    recompute = [("recompute working set (one layer)", held.working)] if held.working else []
     if fsdp2_resharding(strategy, profile):
         backward.append(Moment("start of backward", kind, (
             *states, ("G gradients", held.grads_forward),
             ("A activations in flight", held.activations),
-            *fsdp2_backward_parts(strategy, rank, profile), *extras), stage))
+            *fsdp2_backward_parts(strategy, rank, profile), *recompute, *extras), stage))
         if profile == "torch_cpu":
             backward.append(Moment(GLOO_HELD_MOMENT, kind, (
                 *states, ("G gradients", held.grads_forward),
                 ("A activations in flight", held.activations),
                 *fsdp2_backward_parts(strategy, rank, profile), *gloo_held_parts(strategy),
-                *extras), stage))
+                *recompute, *extras), stage))
     if zero2 is not None:
         backward.append(Moment("post-backward of the last layer (FSDP2)", kind, (
             *states, ("G gradients", held.grads_forward), *zero2["gathered_but_last"],
@@ -174,9 +189,84 @@ def _backward_moments(strategy: Strategy, rank: RankMemory, profile: str, held: 
         backward.append(Moment("backward, gradients accumulating", kind, (
             *states, ("G gradients", held.grads), *held.gathered,
             ("A activations in flight", held.activations * left),
-            ("A outside the layers", held.outside * left), ("buffers", held.buffers), *extras,
-            *accumulation_temporaries(strategy)), stage))
+            ("A outside the layers", held.outside * left), ("buffers", held.buffers), *recompute,
+            *extras, *accumulation_temporaries(strategy)), stage))
+    elif not fsdp2_resharding(strategy, profile):
+        backward.extend(_layer_backward(strategy, rank, profile, held))
     return backward
+
+
+def _zero3(strategy: Strategy, profile: str) -> bool:
+    """Whether the layers' backward runs on gathered parameters whose gradients are
+    reduce-scattered unit by unit (ZeRO-3, FSDP full shard) outside torch's FSDP2 moments: an S*
+    axis of size > 1 that shards G, with G not already held unsharded by the step as written."""
+    if profile in ("torch", "torch_cpu") or strategy.model.arch is None \
+            or unsharded_gradient_axes(strategy):
+        return False
+    return any(strategy.size(a) > 1 and partitions(strategy, a, State.GRADIENTS)
+               for a in gathered_axes(strategy))
+
+
+def _outside_held(strategy: Strategy, rank: RankMemory, output: bool) -> Fraction:
+    """The activations outside the layers still alive in backward: at the output layer's backward
+    (``output``) all but the logits (freed when the model's forward returns); at the last
+    transformer layer's, the micro-batch in backward has freed its loss copy and the final norm's
+    and output layer's inputs too (GPipe keeps the other m − 1 micro-batches'), while the first
+    stage's embedding dropout mask waits for the embedding's backward."""
+    pipe = strategy.pipeline
+    m = strategy.microbatches
+    gpipe = pipe is not None and strategy.size(pipe.axis) > 1 and pipe.schedule is Schedule.GPIPE
+    left = Fraction(m - 1, m) if gpipe else Fraction(0)
+    total = Fraction(0)
+    for item in rank.items:
+        if item.host or item.category != "outside_layers" or item.label == "logits":
+            continue
+        keep = output or item.label == "embedding dropout mask"
+        total += Fraction(item.bytes) * (1 if keep else left)
+    return total
+
+
+def _layer_backward(strategy: Strategy, rank: RankMemory, profile: str, held: _Held
+                    ) -> list[Moment]:
+    """The backward of the last transformer layer (every layer's activations, or checkpoints, still
+    alive; under recomputation its working set rebuilt) and, under ZeRO-3 / FSDP full shard, of
+    the output layer: what ZeRO-3 holds there is the unit in use gathered (in place of the gather
+    buffer) and its unsharded gradient before its reduce-scatter, DeepSpeed's
+    ``estimate_zero3_model_states_mem_needs`` ``largest_layer_memory = 4 * largest_layer_params``
+    (``runtime/zero/stage3.py``, 16-bit parameters and gradients of one layer). The megatron and
+    deepspeed profiles prefetch nothing beyond that unit, as the gather buffer assumes (one
+    unit); torch's FSDP2 prefetch is its own moment (:mod:`placeverify.cost.torch_moments`)."""
+    arch = strategy.model.arch
+    zero3 = _zero3(strategy, profile)
+    if arch is None or not (zero3 or held.working):
+        return []
+    kind, stage, states, extras = held.kind, held.stage, held.states, held.extras
+    common = (*states, ("G gradients", held.grads_forward), *held.gathered,
+              ("A activations in flight", held.activations))
+    buffer = sum((Fraction(i.bytes) for i in rank.items if not i.host
+                  and i.label == GATHER_BUFFER_LABEL), Fraction(0))
+    t = 1
+    for p in strategy.placements:
+        if p.role is Role.TENSOR:
+            t *= strategy.size(p.axis)
+    units = [("the last layer", layer_unit(strategy))]
+    if rank.kind.last:
+        units.append(("the output layer", Fraction(arch.padded_vocab(t) * arch.hidden, t)))
+    moments = []
+    for name, unit in units if zero3 else units[:1]:
+        output = name == "the output layer"
+        parts = [*common, ("A outside the layers (held in backward)",
+                           _outside_held(strategy, rank, output)),
+                 ("buffers", held.buffers - (buffer if zero3 else 0))]
+        if zero3:
+            if buffer:
+                parts.append((f"Θ {name}'s parameters gathered", unit * strategy.precision.gathered))
+            parts.append((f"G {name}'s unsharded gradient (before its reduce-scatter)",
+                          unit * strategy.precision.grads))
+        if not output and held.working:
+            parts.append(("recompute working set (one layer)", held.working))
+        moments.append(Moment(f"backward of {name}", kind, (*parts, *extras), stage))
+    return moments
 
 
 def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Moment]:
@@ -184,7 +274,9 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     params, optimizer = category_bytes(rank, "params"), category_bytes(rank, "optimizer")
     grads = category_bytes(rank, "gradients")
     activations, outside = category_bytes(rank, "activations"), category_bytes(rank, "outside_layers")
-    buffers = category_bytes(rank, "buffers")
+    working = sum((Fraction(i.bytes) for i in rank.items if not i.host
+                   and i.label == WORKING_SET_LABEL), Fraction(0))
+    buffers = category_bytes(rank, "buffers") - working  # the working set: only in backward
     torch_like = profile in ("torch", "torch_cpu")
     elements = _optimizer_elements(strategy, optimizer)  # of the optimizer's partition
     world = fsdp2_zero2_world(strategy, profile)
@@ -206,7 +298,7 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     # a kind of several stages gives the figures of its first, the fullest (most in flight)
     stage = rank.kind.stages[0] if len(rank.kind.stages) > 1 and kind != "every" else None
     held = _Held(kind, stage, states, grads, grads_forward, tuple(gathered), activations, outside,
-                 buffers, tuple(extras))
+                 buffers, tuple(extras), working)
     return [
         *_backward_moments(strategy, rank, profile, held, zero2),
         Moment("end of forward", kind, (*states, ("G gradients", grads_forward), *gathered,

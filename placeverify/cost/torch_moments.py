@@ -67,7 +67,7 @@ def fsdp2_resharding(strategy: Strategy, profile: str) -> bool:
         and not set(axes) <= set(kept_parameter_axes(strategy))
 
 
-def _unit(strategy: Strategy) -> Fraction:
+def layer_unit(strategy: Strategy) -> Fraction:
     """Parameters of one layer's FSDP2 unit on a device (÷ t, experts ÷ t·ep)."""
     arch = strategy.model.arch
     assert arch is not None
@@ -103,7 +103,7 @@ def fsdp2_backward_parts(strategy: Strategy, rank: RankMemory, profile: str
     t = role_size(strategy, Role.TENSOR)
     pb, gb, eb = (Fraction(strategy.precision.params), Fraction(strategy.precision.grads),
                   Fraction(strategy.precision.activations))
-    unit = _unit(strategy)
+    unit = layer_unit(strategy)
     word = Fraction(arch.padded_vocab(t) * arch.hidden, t)
     positions = Fraction(arch.position_rows * arch.hidden)  # whole on every tensor rank
     output = Fraction(0) if arch.tied_embeddings else word
@@ -150,7 +150,7 @@ def gloo_held_parts(strategy: Strategy) -> list[tuple[str, Fraction]]:
     ``examples/measure/zero3.place`` show both); the peak is the larger. A worker thread
     starved for longer (each of gloo's threads holding a finished work) would hold more: not
     modelled."""
-    return [(GLOO_HELD_LABEL, _unit(strategy) * Fraction(strategy.precision.params))]
+    return [(GLOO_HELD_LABEL, layer_unit(strategy) * Fraction(strategy.precision.params))]
 
 
 def fsdp2_zero2_world(strategy: Strategy, profile: str) -> int:

@@ -35,6 +35,26 @@ MEMORY_PROFILES: dict[str, str] = {
 }
 DEFAULT_MEMORY_PROFILE = "megatron"
 
+# Profiles whose offloaded gradient partition is fp32 on the host whatever the model's gradient
+# dtype: DeepSpeed's ZeRO-Offload (CPU Adam updates fp32 master weights from fp32 gradients).
+# deepspeedai/DeepSpeed edaa722, ``runtime/zero/stage_1_and_2.py``: with ``cpu_offload``
+# ``self.device = 'cpu'`` (line 238) and ``initialize_optimizer_states`` (lines 837-854) allocates
+# ``torch.zeros(partition_size, dtype=single_partition_of_fp32_groups[i].dtype, device=self.device)``
+# as the fp32 partition's ``.grad``, kept (set to None only without offload);
+# ``async_inplace_copy_grad_to_fp32_buffer_from_gpu`` (line 1590) copies each 16-bit gradient
+# into it ``.to(self.master_weights_and_grads_dtype)``. ``runtime/zero/stage3.py``
+# ``_create_fp32_partitions`` / the optimizer-state setup (lines 1255-1292): ``gradient_dtype =
+# self.fp32_partitioned_groups_flat[0].dtype`` and, under ``offload_optimizer``, a
+# ``subgroup_gradient_buffer`` of that dtype on ``self.device`` (the CPU) per sub-group.
+FP32_HOST_GRADIENTS = frozenset({"deepspeed", "megatron_deepspeed"})
+
+
+def host_gradient_bytes(profile: str | None, grads: int) -> int:
+    """Bytes per element of an offloaded gradient partition on the host under ``profile``: 4
+    where the implementation keeps it in fp32 (:data:`FP32_HOST_GRADIENTS`), else the gradients'
+    own ``grads`` bytes."""
+    return 4 if (profile or DEFAULT_MEMORY_PROFILE) in FP32_HOST_GRADIENTS else grads
+
 
 @dataclass(frozen=True, slots=True)
 class LayerKernels:
