@@ -125,9 +125,14 @@ class Screen:
         tokens = arch.seq * lay.b / lay.cp
         hshard = lay.tp if lay.sp else 1
         vocab = arch.padded_vocab(lay.tp)
-        buffers = working
-        if lay.sharding in (Sharding.ZERO3, Sharding.HSDP):
-            buffers += self.unit * self.P_gathered / lay.tp
+        gather = (self.unit * self.P_gathered / lay.tp
+                  if lay.sharding in (Sharding.ZERO3, Sharding.HSDP) else 0.0)
+        # ZeRO-3 / FSDP full shard: the layers' backward on gathered units whose gradients are
+        # reduce-scattered unit by unit, unless the step keeps the gradient unsharded (cost/peak.py)
+        zero3 = bool(gather) and shard > 1 and not lay.reduce_step
+        per = self.layer
+        layer_unit = (per[ParamGroup.DENSE] / lay.tp + per[ParamGroup.NORMS]
+                      + per[ParamGroup.EXPERTS] / (lay.tp * lay.ep))
         best = 0.0
         for layers, first, last, stage in kinds:
             in_flight = self._in_flight(lay, stage)
@@ -140,14 +145,21 @@ class Screen:
                 held = self._stage_elements(lay, self._chunk_layers(lay, stage), first, last) \
                     if lay.chunk_ordered else n
                 states += held * self.G
-            outside = 0.0
-            if first and arch.dropout:
-                outside += tokens * arch.hidden / hshard * first_in_flight
+            mask = tokens * arch.hidden / hshard * first_in_flight if first and arch.dropout \
+                else 0.0
+            logits16 = self.E * tokens * vocab / lay.tp if last and self.E != 4 else 0.0
+            outside = mask
             if last:
-                outside += 2 * self.E * tokens * arch.hidden / hshard
-                outside += (self.E * tokens * vocab / lay.tp if self.E != 4 else 0.0)
+                outside += 2 * self.E * tokens * arch.hidden / hshard + logits16
                 outside += 4 * tokens * vocab / lay.tp
-            best = max(best, states + acts + outside + buffers)
+            base = states + acts
+            best = max(best, base + outside + gather)  # end of forward: no working set
+            if zero3 or working:  # the backward of the last layer (its working set rebuilt)
+                unit = layer_unit * (self.P_gathered + self.G) if zero3 else 0.0
+                best = max(best, base + mask + (0.0 if zero3 else gather) + unit + working)
+            if zero3 and last:  # the backward of the output layer
+                out = vocab * arch.hidden / lay.tp * (self.P_gathered + self.G)
+                best = max(best, base + outside - logits16 + out)
         return best
 
     def _chunk_layers(self, lay: Layout, stage: int) -> int:
