@@ -196,3 +196,33 @@ def test_an_object_the_interrupt_left_half_built_prints_nothing_at_exit() -> Non
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 130
     assert done.stderr.strip() == "placeverify: interrupted", done.stderr
+
+
+IN_A_FINALIZER = """
+import os, signal, sys
+from placeverify.cli.exits import interrupt_after_finalizer
+
+sys.unraisablehook = interrupt_after_finalizer(sys.unraisablehook)
+
+class SignalsInItsFinalizer:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):  # the handler's KeyboardInterrupt is raised in here
+            pass
+
+try:
+    SignalsInItsFinalizer()
+    for _ in range(100_000_000):  # the interrupt, raised again, arrives here
+        pass
+    print("lost")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_ctrl_c_raised_in_a_finalizer_outside_verification_is_raised_again() -> None:
+    done = subprocess.run([sys.executable, "-c", IN_A_FINALIZER], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=60, check=False,
+                          preexec_fn=_default_sigint)
+    assert done.stdout.strip() == "interrupted", done.stdout + done.stderr
+    assert done.stderr == ""

@@ -9,9 +9,11 @@ missing argument, a bad value): ``placeverify: error: ...``, a hint, exit 2.
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -149,6 +151,7 @@ class Group(click.Group):
              **extra: Any) -> Any:
         if not standalone_mode:  # a caller that handles click's exceptions itself
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        sys.unraisablehook = interrupt_after_finalizer(sys.unraisablehook)
         try:
             code = super().main(args, prog_name or "placeverify", complete_var,
                                 standalone_mode=False, **extra)
@@ -169,6 +172,26 @@ class Group(click.Group):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             code = ExitCode.OK
         sys.exit(int(code or 0))
+
+
+def interrupt_after_finalizer(previous: Callable[[Any], object]) -> Callable[[Any], None]:
+    """The command's ``sys.unraisablehook``: a Ctrl-C whose KeyboardInterrupt Python raised inside
+    a finalizer (z3's ``AstRef.__del__``, seen in CI under load) cannot propagate from there, and
+    Python would print it with a traceback and drop it. It is raised again instead: a moment
+    later a thread interrupts the main thread (``_thread.interrupt_main``), whose KeyboardInterrupt
+    then arrives outside the finalizer (one that lands in a finalizer again comes back here); the
+    command then exits 130 with its one line. Any other unraisable goes to ``previous``."""
+
+    def hook(unraisable: Any) -> None:
+        if getattr(unraisable, "exc_type", None) is KeyboardInterrupt:
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                again = threading.Timer(0.01, _thread.interrupt_main)
+                again.daemon = True
+                again.start()
+            return
+        previous(unraisable)
+
+    return hook
 
 
 def quiet_teardown() -> None:
