@@ -83,6 +83,7 @@ from placeverify.report.outcome import Outcome as Checked
 from placeverify.report.outcome import report_document
 from placeverify.report.text import render_check
 from placeverify.verdicts import ObligationKind
+from placeverify.verify.budget import whole_check
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["model { params = 7.5e9 }", "model llama3_8b", "model gpt3_175b { micro_batch = 1 }",
@@ -186,7 +187,8 @@ def run_one(name: str, text: str, budget: float) -> Outcome:
     """Check one input as ``placeverify check --timeout BUDGET`` would, rendering included."""
     started = time.monotonic()
     try:
-        result = api.check_strategy(api.load_text(text, name), budget_s=budget)
+        with whole_check(budget):  # as api.check: reading and costs count too
+            result = api.check_strategy(api.load_text(text, name), budget_s=budget)
         v = result.verification
         assert v is not None
         code = verdict_exit(v.overall())

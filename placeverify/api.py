@@ -95,16 +95,21 @@ def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
           imports: Options | None = None, settings: Settings | None = None) -> CheckResult:
     """``placeverify check``: load a ``.place`` file, or a framework configuration through the
     importers (``imports`` their options), under ``settings`` (its ``--set`` overrides, from
-    :func:`overrides`), derive its costs and verify it within ``budget_s``."""
-    if is_importable(path):
-        # Deferred: only configuration files need the format readers (check start-up time).
-        from placeverify.importers.cli import load_strategy
+    :func:`overrides`), derive its costs and verify it, all within ``budget_s``
+    (:func:`placeverify.verify.budget.whole_check`: the verification ends early enough for the
+    report)."""
+    from placeverify.verify.budget import whole_check  # deferred with z3 (see verify)
 
-        strategy = load_strategy(path, imports or Options(), settings)
-    else:
-        strategy = load(path, settings)
-    return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
-                          timeout_ms=timeout_ms, budget_s=budget_s)
+    with whole_check(budget_s if verify_conditions else None):
+        if is_importable(path):
+            # Deferred: only configuration files need the format readers (check start-up time).
+            from placeverify.importers.cli import load_strategy
+
+            strategy = load_strategy(path, imports or Options(), settings)
+        else:
+            strategy = load(path, settings)
+        return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
+                              timeout_ms=timeout_ms, budget_s=budget_s)
 
 
 def check_strategy(strategy: Strategy, *, verify_conditions: bool = True, formulas: bool = False,
