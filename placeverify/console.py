@@ -8,6 +8,7 @@ order are documented in ``placeverify --help`` (:data:`placeverify.cli.exits.EXI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+import click
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
@@ -65,11 +67,38 @@ def output_width(explicit: int | None = None) -> int:
     return DEFAULT_WIDTH
 
 
+def reader_gone() -> None:
+    """The reader of standard output went away (``placeverify check f | head -1``): what is
+    still to be written goes to /dev/null, so that the command ends as it would have, with its
+    own exit code, and the interpreter's last flush fails on nothing."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+class Output(Console):
+    """Standard output: a closed pipe silences it (:func:`reader_gone`); rich's own console
+    would exit 1 there, whatever the command's verdict."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        reader_gone()
+
+
+def echo(text: str, nl: bool = True) -> None:
+    """``text`` on standard output, to a reader that may have gone (:func:`reader_gone`)."""
+    try:
+        click.echo(text, nl=nl)
+    except BrokenPipeError:
+        reader_gone()
+
+
 def console(width: int | None = None) -> Console:
     """Standard output, :func:`output_width` columns wide (``--width``, else ``COLUMNS`` also
     when piped, else the terminal's width, else 120)."""
-    return Console(width=output_width(width), highlight=False, soft_wrap=False, markup=False,
-                   emoji=False)
+    return Output(width=output_width(width), highlight=False, soft_wrap=False, markup=False,
+                  emoji=False)
 
 
 def print_table(out: Console, table: Table) -> None:

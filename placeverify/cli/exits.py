@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import click
 
-from placeverify.console import Terminated, error_console, print_errors, print_failure
+from placeverify.console import Terminated, error_console, print_errors, print_failure, reader_gone
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.files import WriteFailed
 
@@ -169,7 +169,7 @@ class Group(click.Group):
             quiet_teardown()
             code = ExitCode.INTERRUPTED
         except BrokenPipeError:  # help into a closed pipe
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            reader_gone()
             code = ExitCode.OK
         sys.exit(int(code or 0))
 
@@ -224,7 +224,8 @@ def guarded(run: Callable[[], ExitCode]) -> NoReturn:
                               markup=False)
         quiet_teardown()
         code = stop.exit_code
-    except BrokenPipeError:
+    except BrokenPipeError:  # a writer outside the console's and echo's care
+        reader_gone()
         code = ExitCode.OK
     except Exception as error:  # a bug: say so plainly, keep the traceback for --debug
         if os.environ.get("PLACEVERIFY_DEBUG"):

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from placeverify.console import echo
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
 
 # Paths are checked by placeverify, not by click: a missing, unreadable or non-regular file is
@@ -92,7 +93,7 @@ def import_settings(model: str | None, world: int | None, fmt: str | None) -> An
 
 
 def emit_json(document: Any) -> None:
-    click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+    echo(json.dumps(document, indent=2, ensure_ascii=False))
 
 
 def output_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -119,7 +120,7 @@ def emit_outcomes(output: str, outcomes: list[Any], code: ExitCode, require_fit:
     from placeverify.report.sarif import render_sarif
 
     found = findings(outcomes, require_fit=require_fit)
-    click.echo(render_sarif(found, code) if output == "sarif" else render_github(found, outcomes, code))
+    echo(render_sarif(found, code) if output == "sarif" else render_github(found, outcomes, code))
 
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import click
-
-from placeverify.console import error_console, write_atomically
+from placeverify.console import echo, error_console, write_atomically
 from placeverify.diagnostics import Diagnostic, ExitCode, Source
 from placeverify.importers import Options
 from placeverify.importers.common import Imported
@@ -38,7 +36,7 @@ def import_command(path: str, options: Options, out: str | None,
         imported = replace(imported, text=edited.annotated())
     print_warnings(imported)
     if out is None:
-        click.echo(imported.text, nl=False)
+        echo(imported.text, nl=False)
         return ExitCode.OK
     write_atomically(imported.text, out)
     error_console().print(f"written to {out}", markup=False)

@@ -15,7 +15,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from placeverify.console import write_atomically
+from placeverify.console import echo, write_atomically
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
 from placeverify.ir.devices import devices as bundled_devices
 from placeverify.ir.model import ARCHITECTURES
@@ -102,7 +102,7 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
     if plot is not None and result.frontier:
         _plot(result, plot)
     if as_json:
-        click.echo(json.dumps(search_document(result, int(code), written), indent=2,
+        echo(json.dumps(search_document(result, int(code), written), indent=2,
                               ensure_ascii=False))
     else:
         render_search(result, console, width, written)
