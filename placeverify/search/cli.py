@@ -2,7 +2,8 @@
 
 Exit codes: 0 when at least one layout fits and is proved (every layout shown is both); 6 when
 no layout fits the device at its predicted peak; 3 when layouts fit but none could be proved
-(each was refuted or left unknown; they are named, never shown as results); 2 for bad input.
+(each was refuted or left unknown; they are named, never shown as results); 2 for bad input,
+and for a problem with no legal layout (:func:`refuse_empty_space` names the divisibility that failed).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from placeverify.ir.devices import devices as bundled_devices
 from placeverify.ir.model import ARCHITECTURES
 from placeverify.ir.placement import Overlap, Role, TensorOverlap
 from placeverify.ir.strategy import Strategy
-from placeverify.search.problem import problem_from
+from placeverify.search.problem import Problem, problem_from
 from placeverify.search.run import SearchResult, search
-from placeverify.search.space import Space
+from placeverify.search.space import Space, why_no_layout
 
 
 def base_strategy(file: str | None, model: str | None, devices: int | None,
@@ -93,6 +94,7 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
     if file is None and model is not None and model not in ARCHITECTURES:
         # a Hugging Face config.json: its file names the model (its statement says "transformer")
         problem = dataclasses.replace(problem, title=Path(model).name)
+    refuse_empty_space(problem, space, file)
     if plot is not None:
         _check_plot_target(plot)
     with progress.task(f"search: {problem.title} on {problem.devices} devices") as say:
@@ -109,6 +111,19 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
         if plot is not None and result.frontier:
             console.print(f"frontier plot written to {plot}", markup=False, highlight=False)
     return code
+
+
+def refuse_empty_space(problem: Problem, space: Space, file: str | None) -> None:
+    """Exit 2 when no layout of the problem is legal, saying which divisibility failed (the
+    search would screen nothing and answer "no layout fits")."""
+    reasons = why_no_layout(problem.arch, problem.devices, problem.global_batch,
+                            problem.device.gpus_per_node, space)
+    if reasons:
+        message = (f"no legal layout of {problem.devices:,} devices for a global batch of "
+                   f"{problem.global_batch:,} sequences of {problem.arch.seq:,} tokens")
+        raise PlaceError([Diagnostic(Severity.ERROR, message, Code.NOT_DIVISIBLE,
+                                     notes=tuple(reasons))],
+                         Source(file or "placeverify search", ""), ExitCode.INPUT_ERROR)
 
 
 def framework_space(strategy: Strategy, space: Space) -> Space:

@@ -296,3 +296,49 @@ def _shardings(d: int, space: Space) -> Iterator[tuple[Sharding, int]]:
                     yield sharding, shard
         else:
             yield sharding, d
+
+
+def why_no_layout(arch: Transformer, devices: int, global_batch: int, gpus_per_node: int,
+                  space: Space) -> list[str]:
+    """Why :func:`layouts` has no layout for this problem, rule by rule with the degrees each
+    leaves (the module docstring's rules); empty when some layout is legal."""
+    if next(layouts(arch, devices, global_batch, gpus_per_node, space), None) is not None:
+        return []
+    top_tp = min(space.max_tp or gpus_per_node, gpus_per_node)
+    ffn = arch.expert_ffn or arch.ffn
+    tps = [t for t in powers_of_two(top_tp) if arch.heads % t == 0 and arch.kv_heads % t == 0
+           and ffn % t == 0 and devices % t == 0]
+    cps = [c for c in powers_of_two(space.max_cp) if c == 1 or arch.seq % (2 * c) == 0]
+    eps = divisors(arch.experts) if arch.moe else [1]
+    reasons = [f"tensor parallelism t in {_listed(tps)}: the powers of two up to {top_tp} that "
+               f"divide the {arch.heads} heads, the {arch.kv_heads} KV heads, the MLP width "
+               f"{ffn:,} and the {devices:,} devices",
+               f"context parallelism cp in {_listed(cps)}: 2 · cp divides the sequence of "
+               f"{arch.seq:,} tokens"]
+    splits: set[tuple[int, int]] = set()  # (pipeline stages, data-parallel replicas d · ep)
+    for t in tps:
+        for c in cps:
+            if devices % (t * c) == 0:
+                rest = devices // (t * c)
+                splits |= {(p, rest // p) for p in divisors(rest)
+                           if p <= min(space.max_pp, arch.layers)
+                           and any((rest // p) % e == 0 for e in eps)}
+    shown = 6
+    for p, r in sorted(splits)[:shown]:
+        sizes = [b for b in space.micro_batches if global_batch % (b * r) == 0]
+        if not sizes:
+            reasons.append(f"pp {p}: d · ep = {r:,} data-parallel replicas, and b · {r:,} divides "
+                           f"the global batch of {global_batch:,} sequences for no micro-batch "
+                           f"size b in {_listed(list(space.micro_batches))}")
+        else:
+            reasons.append(f"pp {p} (d · ep = {r:,}): the {arch.layers} layers do not split into "
+                           "pp · v chunks, evenly or with the first and last taking the remainder"
+                           + ("" if space.uneven else " (uneven stages not allowed)"))
+    if len(splits) > shown:
+        reasons.append(f"and {len(splits) - shown} more pipeline degrees, each failing one of these")
+    reasons.append("give a global batch or a number of devices that these rules allow")
+    return reasons
+
+
+def _listed(values: list[int]) -> str:
+    return "{" + ", ".join(f"{v:,}" for v in values) + "}" if values else "{} (none)"
