@@ -50,3 +50,31 @@ def test_text_table_lists_every_strategy(tmp_path: Path) -> None:
                              ("zero2", "(R, S, S, R)"), ("zero3", "(S*, S, S, R)")):
         assert any(name in line and tuple_text in line for line in done.stdout.splitlines())
     assert "0.125x" in done.stdout and "1.5x" in done.stdout
+
+
+def test_compare_gives_traffic_per_token_and_the_step_time_estimate() -> None:
+    from placeverify.compare_cli import compare_files
+
+    ddp = EXAMPLES / "strategies" / "llama3-8b-ddp.place"
+    timed = EXAMPLES / "strategies" / "gpt3-175b-megatron-2022.place"
+    bare = EXAMPLES / "zero-paper" / "ddp.place"
+    document, _ = compare_files([str(ddp), str(timed), str(bare)], with_verdicts=False)
+    by_file = {Path(r["file"]).stem: r for r in document["strategies"]}
+    # Llama 3 8B by hand: embeddings and head 2 x 128,256 x 4,096, 32 layers of attention
+    # (2 x 4,096^2 + 2 x 4,096 x 1,024), gated MLP 3 x 4,096 x 14,336 and two norms, a final norm
+    psi = 2 * 128_256 * 4_096 + 32 * (2 * 4_096**2 + 2 * 4_096 * 1_024 + 3 * 4_096 * 14_336
+                                      + 2 * 4_096) + 4_096
+    assert psi == 8_030_261_248
+    ring = 2 * 7 / 8 * 2 * psi  # a ring all-reduce of 2-byte gradients over 8 ranks
+    tokens = 8 * 1 * 8_192  # 8 replicas x micro-batch 1 x seq 8,192, one micro-batch
+    row = by_file["llama3-8b-ddp"]
+    assert abs(row["traffic_bytes_per_token"] - ring / tokens) / (ring / tokens) < 1e-6
+    assert row["step_seconds"] is None and row["mfu"] is None  # no device: no compute time
+    # a file naming a device: the same estimate check reports, its tokens/s from the step
+    timed_row = by_file["gpt3-175b-megatron-2022"]
+    step = timed_row["step_seconds"]
+    assert step is not None and step > 0
+    gpt_tokens = 64 * 2_048  # Korthikanti et al. Table 5: batch 64 sequences of 2,048
+    assert abs(timed_row["tokens_per_second"] - gpt_tokens / step) < 1e-6 * gpt_tokens / step
+    assert 0 < timed_row["mfu"] < 1
+    assert by_file["ddp"]["traffic_bytes_per_token"] is None  # a bare count has no tokens

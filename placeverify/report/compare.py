@@ -16,10 +16,11 @@ from rich.console import Console
 from rich.text import Text
 
 from placeverify.cost import whole
+from placeverify.cost.time import step_time
 from placeverify.report.data import overrides_document
 from placeverify.report.layout import Cell, Column, fit, print_lines
 from placeverify.report.text import VERDICT_STYLE
-from placeverify.report.units import AUTO, ratio, share, size
+from placeverify.report.units import AUTO, ratio, share, significant, size
 from placeverify.result import CheckResult
 from placeverify.verdicts import Verdict
 
@@ -46,11 +47,25 @@ def compare_row(path: str, result: CheckResult) -> dict[str, Any]:
         "fits": costs.fits(),
         "peak_bytes": None if costs.peak is None else whole(costs.peak.bytes),
     }
+    row.update(_time_fields(result, row["traffic_bytes"]))
     if result.verification is not None:
         row["verdicts"] = result.verification.verdicts()
     if s.overrides:
         row["overrides"] = overrides_document(s)
     return row
+
+
+def _time_fields(result: CheckResult, traffic: int) -> dict[str, Any]:
+    """The step-time estimate's figures (None without one: no device, a bare parameter count),
+    and the network bytes per device per token of the step (bytes per step / tokens per step:
+    comparable across global batches; None for a bare parameter count, which has no tokens)."""
+    t = result.time
+    untimed = t or step_time(result.strategy, result.costs)  # no device: its tokens still count
+    tokens = untimed.tokens if untimed is not None else 0
+    return {"step_seconds": None if t is None else t.step_seconds,
+            "tokens_per_second": None if t is None else t.tokens_per_second,
+            "mfu": None if t is None else t.mfu,
+            "traffic_bytes_per_token": traffic / tokens if tokens else None}
 
 
 def compare_document(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,7 +104,9 @@ def render_compare(document: dict[str, Any], console: Console, width: int = 120,
     print_lines(console, lines)
     console.print()
     _say(console, "A: activations in and outside the layers; total: the fullest rank; traffic: "
-         "all network bytes per device per step; idle: the bubble's share", width, "dim")
+         "all network bytes per device per step; per token: those bytes over the step's tokens; "
+         "step, tokens/s, MFU: the step-time estimate (a file naming a device); idle: the "
+         "bubble's share", width, "dim")
     for r in rows:
         _say(console, f"{Path(r['file']).stem}: {r['strategy']}", width, "dim")
 
@@ -128,6 +145,18 @@ def compare_columns(rows: list[dict[str, Any]], units: str = AUTO) -> list[Colum
     columns += [
         col("traffic", [sized(r["traffic_bytes"]) for r in rows], "traffic"),
         col("x", [ratio(r.get("traffic_ratio")) for r in rows], "traffic", name="traffic x"),
+        col("per token", [_maybe(r.get("traffic_bytes_per_token"), sized) for r in rows],
+            "traffic"),
+    ]
+    if any(r.get("step_seconds") is not None for r in rows):
+        columns += [
+            col("step", [_maybe(r.get("step_seconds"), lambda v: f"{significant(v)} s")
+                         for r in rows], "time"),
+            col("tokens/s", [_maybe(r.get("tokens_per_second"), significant) for r in rows],
+                "time"),
+            col("MFU", [_maybe(r.get("mfu"), lambda v: f"{100 * v:.1f}%") for r in rows], "time"),
+        ]
+    columns += [
         col("fits", ["-" if r["fits"] is None else "yes" if r["fits"]
                      else Text("no", style="bold red") for r in rows], "outcome", "left"),
         col("idle", [share(r["idle_fraction"]) for r in rows], "outcome"),
@@ -135,6 +164,10 @@ def compare_columns(rows: list[dict[str, Any]], units: str = AUTO) -> list[Colum
     if any("verdicts" in r for r in rows):
         columns.append(col("verdicts", [_worst(r) for r in rows], "outcome", "left"))
     return columns
+
+
+def _maybe(value: Any, show: Any) -> str:
+    return "-" if value is None else str(show(value))
 
 
 def _placement(row: dict[str, Any]) -> str:
