@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -61,6 +62,18 @@ def search_document(result: SearchResult, exit_code: int,
     }
 
 
+# What a layout's label says (placeverify.search.space.Layout.label), printed under the tables.
+LEGEND = ("layout: tN tensor-parallel degree; cpN context-parallel; pN pipeline stages (vN "
+          "model chunks each); epN expert-parallel; dN data-parallel ranks, then how they shard the "
+          "model states: ddp, zero1, zero2, zero3 (FSDP full shard) or hsdpN (shards of N); /step: "
+          "sharded gradients reduced once a step, not every micro-batch; /no-overlap: data-parallel "
+          "collectives waited for; sp sequence parallelism (+overlap: its collectives beside the "
+          "GEMMs); rc- recomputation none, selective or full; offload: optimizer states and "
+          "gradients on the host; bN micro-batch size in sequences; mN micro-batches per step. "
+          "step: the estimated step time; MFU: model FLOPs utilization; peak+reserve: the fullest "
+          "rank's peak plus the reserve, compared with the device memory for fits")
+
+
 def _row(e: Evaluated) -> list[str]:
     return [e.label, f"{significant(e.step_seconds)} s", significant(e.tokens_per_second),
             "-" if e.mfu is None else f"{100 * e.mfu:.1f}%", size(e.needed_bytes)]
@@ -103,6 +116,9 @@ def render_search(result: SearchResult, console: Console, width: int,
         console.print()
         _table(console, "Pareto frontier: peak memory vs step time (proved, fits)",
                [_row(e) for e in result.frontier], width)
+        console.print()
+        for line in textwrap.wrap(LEGEND, max(20, width) - 2, break_on_hyphens=False):
+            console.print("  " + line, markup=False, highlight=False)
     for label, verdict in result.dropped:
         console.print(f"not shown: {label}: {verdict}", markup=False, highlight=False)
     if result.rejected:
