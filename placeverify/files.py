@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
@@ -84,18 +83,29 @@ def write_atomically(text: str, path: str | Path, what: str = "file") -> None:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder, synced and
     renamed (see the module doc); :class:`WriteFailed` when it cannot be, with nothing left."""
     where = target(path, what)
+    temporary = ""
     try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{where.name}.", suffix=".tmp", dir=where.parent)
-    except OSError as err:
-        raise WriteFailed(str(path), reason(err), what) from None
-    try:
+        # Named before it exists and made inside the try: a SIGTERM whose handler raises at any
+        # point still finds the name to remove (a fault fuzz run once found it left when
+        # tempfile.mkstemp had made the file but not yet returned its name).
+        fd = -1
+        for _ in range(100):
+            temporary = str(where.parent / f".{where.name}.{os.urandom(6).hex()}.tmp")
+            try:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                break
+            except FileExistsError:
+                temporary = ""
+        if fd < 0:
+            raise FileExistsError(f"no free temporary name beside {where}")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, where)
     except BaseException as err:
-        Path(temporary).unlink(missing_ok=True)
+        if temporary:
+            Path(temporary).unlink(missing_ok=True)
         if isinstance(err, OSError):
             raise WriteFailed(str(path), reason(err), what) from None
         raise

@@ -242,3 +242,29 @@ def test_an_unreadable_model_config_and_an_unwritable_folder_are_exit_4(open_fol
     assert done.returncode == ExitCode.READ_ERROR, done.stderr
     assert done.stderr.endswith(f"{trace}: error: cannot write trace: permission denied  [read]\n")
     assert sorted(p.name for p in open_folder.iterdir()) == ["config.json"]
+
+
+def test_a_signal_right_after_the_temporary_file_is_made_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A termination signal whose handler raises just after the temporary file exists (before
+    its name reached the writer: a fault fuzz run once found ``.trace.json.*.tmp`` left after a
+    SIGTERM) leaves no file behind."""
+    import os as os_module
+
+    from placeverify.files import write_atomically as write
+
+    class Stopped(BaseException):
+        pass
+
+    real_open = os_module.open
+
+    def open_then_stop(*args: object, **kwargs: object) -> int:
+        fd = real_open(*args, **kwargs)  # type: ignore[arg-type]
+        os_module.close(fd)
+        raise Stopped
+
+    monkeypatch.setattr(os_module, "open", open_then_stop)
+    with pytest.raises(Stopped):
+        write("{}", tmp_path / "trace.json")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
