@@ -29,12 +29,10 @@ def test_serve_keeps_the_servers_whose_children_die_with_them() -> None:
     assert serve(io.StringIO("^300\n.\n")).servers == set()
 
 
-def test_an_exit_through_the_handlers_hands_back_the_ranks_but_not_the_folders() -> None:
-    """After ``.`` the exit handlers stop the ranks; the folders stay registered, since a SIGKILL
-    can cut the handlers short before they remove them."""
-    assert serve(io.StringIO("+/a\n+/b\n!7\n.\n")).folders == {"/a", "/b"}
-    assert serve(io.StringIO("+/a\n!7\n^8\n.\n")).ranks == set()
-    assert serve(io.StringIO("+/a\n-/a\n.\n+/c\n")).folders == {"/c"}
+def test_a_clean_exit_hands_the_folders_back() -> None:
+    assert serve(io.StringIO("+/a\n+/b\n!7\n.\n")).folders == set()
+    assert serve(io.StringIO("+/a\n!7\n.\n")).ranks == set()
+    assert serve(io.StringIO("+/a\n.\n+/c\n")).folders == {"/c"}
 
 
 def run_child(tmp_path: Path, body: str) -> tuple[Path, Path]:
@@ -68,28 +66,9 @@ def test_a_killed_process_leaves_nothing_registered(tmp_path: Path) -> None:
     assert kept.is_dir()
 
 
-def test_a_clean_exit_leaves_nothing_registered(tmp_path: Path) -> None:
+def test_a_clean_exit_is_left_to_its_own_handlers(tmp_path: Path) -> None:
     kept, gone = run_child(tmp_path, "")
-    assert wait_gone(gone)
-    assert kept.is_dir()
-
-
-def test_a_kill_during_the_exit_handlers_leaves_nothing_registered(tmp_path: Path) -> None:
-    """The janitor's own exit handler has run (as at exit, before multiprocessing's removes the
-    forkserver's folder) when a SIGKILL ends the process: the folder is still removed, and not
-    before the process is gone (a fault fuzz run once found the forkserver's folder left)."""
-    alive, folder = tmp_path / "alive", tmp_path / "gone"
-    kept, gone = run_child(tmp_path, f"""
-        import time
-        janitor._JANITOR.close()
-        time.sleep(0.5)
-        if os.path.isdir({str(folder)!r}):
-            open({str(alive)!r}, "w").write("still there while the process runs")
-        os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    assert alive.exists()
-    assert wait_gone(gone)
-    assert kept.is_dir()
+    assert gone.is_dir() and kept.is_dir()
 
 
 def test_a_killed_process_leaves_no_rank_running(tmp_path: Path) -> None:

@@ -11,17 +11,14 @@ hang-up, and tells it on a pipe which folders are live:
   run started (its own process group when it has made one); ``^PID`` a server that forks ranks
   (the replay's forkserver: it and every process it forked, registered or not, are killed);
   ``~PID`` a rank or server the run stopped and reaped itself; ``.`` the process is ending
-  through its own exit handlers, which stop its ranks and servers themselves (a pid the janitor
-  killed after that could be another process's by then).
+  through its own exit handlers, which remove what is left (multiprocessing's among them: the
+  janitor must not remove the forkserver's folder under it).
 
 The pipe's only writer is the placeverify process, and the kernel closes it when that process
 ends, however it ends, only once the process can no longer run code. At end of file the janitor
 kills every server still registered with every process it forked, and every rank still
-registered (its process group, then the process), removes every folder still registered that
-still exists, and exits. Folders are removed at end of file even after ``.``: the exit handlers
-can be cut short by a SIGKILL (multiprocessing's, which removes the forkserver's folder, runs
-last), and as the end of file comes only once the process is gone, nothing of it still works in a
-folder the janitor removes. A rank follows its parent by itself (``watch_parent``), but
+registered (its process group, then the process), removes every folder still registered, and
+exits. A rank follows its parent by itself (``watch_parent``), but
 only while it runs Python: one blocked in native code that holds the interpreter lock (a
 collective's rendezvous with a peer that is gone) runs neither its signal handler nor its watch
 thread until its own timeout; the janitor, a separate process, does not wait for it. The
@@ -73,6 +70,7 @@ def serve(stream: IO[str]) -> Left:
                 left.ranks.discard(pid)
                 left.servers.discard(pid)
         elif command == ".":
+            left.folders.clear()
             left.ranks.clear()
             left.servers.clear()
     return left
@@ -156,16 +154,16 @@ class Janitor:
                     stdin.flush()
 
     def close(self) -> None:
-        """At exit: tell the janitor that the exit handlers stop the ranks and servers. The pipe
-        stays open: the kernel closes it when this process is gone, and the janitor then removes
-        what the handlers left (a SIGKILL during them, after this one ran, leaves folders)."""
+        """At exit: end the janitor's input, so that it checks and exits now."""
         with self._lock:
-            process = self._process
-            if process is None or process.stdin is None:
-                return
-            with contextlib.suppress(OSError, ValueError):
+            process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            if process.stdin is not None:
                 process.stdin.write(".\n")
-                process.stdin.flush()
+                process.stdin.close()
+            process.wait(timeout=5)
 
     def register(self, folder: str | os.PathLike[str]) -> None:
         """Have ``folder`` removed if this process ends without removing it."""
