@@ -58,7 +58,8 @@ EXITS: tuple[Exit, ...] = (
         "prove": "a claim came out opposite to its rule",
         "replay": "not confirmed (the run, or its control, disagrees with Z3)"}),
     Exit(ExitCode.INPUT_ERROR, "malformed or inconsistent input, or a usage error", {
-        **_only(COMMANDS), "search": "malformed or inconsistent input, a usage error, or no legal layout\n"
+        **_only(COMMANDS),
+        "search": "malformed or inconsistent input, a usage error, or no legal layout\n"
                   "(the divisibility that failed is named)"}),
     Exit(ExitCode.UNKNOWN, "unknown: some condition neither proved nor refuted (never reported as "
          "proved);\nreplay: unknown, or unconfirmed (run on a smaller mesh where Z3's verdict\n"

@@ -105,7 +105,7 @@ def run_search(file: str | None, *, model: str | None, device: str | None,
         _plot(result, plot)
     if as_json:
         echo(json.dumps(search_document(result, int(code), written), indent=2,
-                              ensure_ascii=False))
+                        ensure_ascii=False))
     else:
         render_search(result, console, width, written)
         if plot is not None and result.frontier:

@@ -204,13 +204,9 @@ def layouts(arch: Transformer, devices: int, global_batch: int, gpus_per_node: i
             space: Space) -> Iterator[Layout]:
     """Every legal layout of ``devices`` devices for a global batch of ``global_batch``
     sequences of ``arch.seq`` tokens (module docstring: the rules)."""
-    max_tp = space.max_tp or gpus_per_node
-    tps = [t for t in powers_of_two(min(max_tp, gpus_per_node))
-           if arch.heads % t == 0 and arch.kv_heads % t == 0 and (arch.expert_ffn or arch.ffn) % t == 0
-           and devices % t == 0]
-    cps = [c for c in powers_of_two(space.max_cp)
-           if c == 1 or arch.seq % (2 * c) == 0]
-    eps = [e for e in (divisors(arch.experts) if arch.moe else [1])]
+    tps = _tensor_degrees(arch, devices, gpus_per_node, space)
+    cps = _context_degrees(arch, space)
+    eps = _expert_degrees(arch)
     for t in tps:
         for c in cps:
             if devices % (t * c):
@@ -224,6 +220,28 @@ def layouts(arch: Transformer, devices: int, global_batch: int, gpus_per_node: i
                         continue
                     d = rest // (p * e)
                     yield from _with_data(arch, t, c, p, e, d, global_batch, space)
+
+
+def _top_tp(gpus_per_node: int, space: Space) -> int:
+    return min(space.max_tp or gpus_per_node, gpus_per_node)
+
+
+def _tensor_degrees(arch: Transformer, devices: int, gpus_per_node: int, space: Space) -> list[int]:
+    """The powers of two up to :func:`_top_tp` that divide the heads, the KV heads, the MLP
+    width and the devices."""
+    ffn = arch.expert_ffn or arch.ffn
+    return [t for t in powers_of_two(_top_tp(gpus_per_node, space))
+            if arch.heads % t == 0 and arch.kv_heads % t == 0 and ffn % t == 0
+            and devices % t == 0]
+
+
+def _context_degrees(arch: Transformer, space: Space) -> list[int]:
+    """The powers of two up to ``max_cp`` for which 2 · cp divides the sequence."""
+    return [c for c in powers_of_two(space.max_cp) if c == 1 or arch.seq % (2 * c) == 0]
+
+
+def _expert_degrees(arch: Transformer) -> list[int]:
+    return divisors(arch.experts) if arch.moe else [1]
 
 
 def _with_data(arch: Transformer, t: int, c: int, p: int, e: int, d: int, global_batch: int,
@@ -304,15 +322,13 @@ def why_no_layout(arch: Transformer, devices: int, global_batch: int, gpus_per_n
     leaves (the module docstring's rules); empty when some layout is legal."""
     if next(layouts(arch, devices, global_batch, gpus_per_node, space), None) is not None:
         return []
-    top_tp = min(space.max_tp or gpus_per_node, gpus_per_node)
-    ffn = arch.expert_ffn or arch.ffn
-    tps = [t for t in powers_of_two(top_tp) if arch.heads % t == 0 and arch.kv_heads % t == 0
-           and ffn % t == 0 and devices % t == 0]
-    cps = [c for c in powers_of_two(space.max_cp) if c == 1 or arch.seq % (2 * c) == 0]
-    eps = divisors(arch.experts) if arch.moe else [1]
-    reasons = [f"tensor parallelism t in {_listed(tps)}: the powers of two up to {top_tp} that "
-               f"divide the {arch.heads} heads, the {arch.kv_heads} KV heads, the MLP width "
-               f"{ffn:,} and the {devices:,} devices",
+    tps = _tensor_degrees(arch, devices, gpus_per_node, space)
+    cps = _context_degrees(arch, space)
+    eps = _expert_degrees(arch)
+    reasons = [f"tensor parallelism t in {_listed(tps)}: the powers of two up to "
+               f"{_top_tp(gpus_per_node, space)} that divide the {arch.heads} heads, the "
+               f"{arch.kv_heads} KV heads, the MLP width {arch.expert_ffn or arch.ffn:,} and the "
+               f"{devices:,} devices",
                f"context parallelism cp in {_listed(cps)}: 2 · cp divides the sequence of "
                f"{arch.seq:,} tokens"]
     splits: set[tuple[int, int]] = set()  # (pipeline stages, data-parallel replicas d · ep)
