@@ -11,9 +11,11 @@ their parent is gone, remove the run's folders and exit.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -132,12 +134,15 @@ def test_a_replay_killed_while_its_ranks_start_leaves_nothing_behind(trace_file:
     assert processes == {}
 
 
-def test_a_replay_killed_as_its_server_starts_leaves_nothing_behind(trace_file: Path,
-                                                                     tmp_path: Path) -> None:
+def test_a_replay_killed_as_its_server_starts_leaves_nothing_behind(
+        trace_file: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     # Killed the moment multiprocessing makes its socket folder (pymp-*), before any rank: the
     # janitor already runs and has the folder (a fault fuzz run once found it left behind).
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    # A short TMPDIR: under a long one (pytest's numbered folders grow: pytest-127/popen-gw1/...
+    # is one byte too long) the replay puts its socket folder in /tmp instead
+    # (backend/pool.py:short_socket_folder), where this test would not see it.
+    temporary = Path(tempfile.mkdtemp(prefix="pvsig-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(temporary, ignore_errors=True))
     marker = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "PLACEVERIFY_DEBUG"}
     env.update(TMPDIR=str(temporary), PLACEVERIFY_SIGNAL_TEST=marker,
