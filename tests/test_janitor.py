@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from placeverify.backend.janitor import serve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +71,52 @@ def test_a_killed_process_leaves_nothing_registered(tmp_path: Path) -> None:
 def test_a_clean_exit_is_left_to_its_own_handlers(tmp_path: Path) -> None:
     kept, gone = run_child(tmp_path, "")
     assert gone.is_dir() and kept.is_dir()
+
+
+def test_a_kill_during_multiprocessings_exit_handlers_leaves_nothing_registered(
+        tmp_path: Path) -> None:
+    """A SIGKILL while multiprocessing's exit finalizers run, before the one that removes its
+    temporary folder (the forkserver's, priority -100), still leaves the janitor that folder: the
+    janitor hears ``.`` only after them (a fault fuzz run once found a ``pymp-*`` folder left)."""
+    marker = tmp_path / "handlers-ran"
+    program = textwrap.dedent(f"""
+        import multiprocessing.util, os, signal
+        from placeverify.backend import janitor
+        folder = multiprocessing.util.get_temp_dir()
+        janitor.register(folder)
+        print(folder, flush=True)
+        def kill():
+            open({str(marker)!r}, "w").write(str(os.path.isdir(folder)))
+            os.kill(os.getpid(), signal.SIGKILL)
+        multiprocessing.util.Finalize(None, kill, exitpriority=-50)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
+    child = subprocess.run([sys.executable, "-c", program], env=env, timeout=60,
+                           capture_output=True, text=True)
+    assert child.returncode == -9
+    folder = Path(child.stdout.strip())
+    assert folder.parent == tmp_path and folder.name.startswith("pymp-")
+    assert marker.read_text() == "True"  # the kill came before multiprocessing removed it
+    assert wait_gone(folder)
+
+
+def test_a_clean_exit_removes_multiprocessings_folder_and_ends_the_janitor(tmp_path: Path) -> None:
+    program = textwrap.dedent("""
+        import multiprocessing.util
+        from placeverify.backend import janitor
+        folder = multiprocessing.util.get_temp_dir()
+        janitor.register(folder)
+        print(folder, janitor._JANITOR._process.pid, flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
+    child = subprocess.run([sys.executable, "-c", program], env=env, timeout=60,
+                           capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
+    assert child.stderr == ""
+    folder, pid = child.stdout.split()
+    assert not Path(folder).exists()
+    with pytest.raises(ProcessLookupError):  # close() waited for it
+        os.kill(int(pid), 0)
 
 
 def test_a_killed_process_leaves_no_rank_running(tmp_path: Path) -> None:
