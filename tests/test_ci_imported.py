@@ -199,3 +199,22 @@ def test_an_obligation_points_at_the_key_its_statement_came_from(official_sarif:
                   if a.startswith("::error ")]
         assert errors and all(a.startswith(f"::error file={path},line={line},col={column},")
                               for a in errors), (statement, errors)
+
+
+def test_a_trace_row_line_is_its_keys_line_or_the_files_first() -> None:
+    """Code-flow rows (:func:`placeverify.report.sarif.code_flow`) take their lines from the
+    locator: the generated ``clip`` line is torchtitan's ``[training] max_norm`` key; the
+    generated ``mesh {`` line has no key: line 1 of the configuration."""
+    from placeverify.importers import Options
+    from placeverify.importers.registry import import_file
+    from placeverify.report.locate import Locator
+
+    path = str((IMPORTERS / "llama3-70b-fsdp.toml").relative_to(ROOT))
+    imported = import_file(path, Options(world=64))
+    generated = imported.text.splitlines()
+    clip = next(i for i, line in enumerate(generated, 1) if line.startswith("clip "))
+    mesh = next(i for i, line in enumerate(generated, 1) if line.startswith("mesh {"))
+    where = Locator(f"{path} (imported)", imported)
+    key_line, _ = position(Case(path, (ROOT / path).read_text("utf-8"), (), "max_norm", ""))
+    assert where.line(clip) == (path, key_line)
+    assert where.line(mesh) == (path, 1)
