@@ -12,9 +12,12 @@ hang-up, and tells it on a pipe which folders are live:
   (the replay's forkserver: it and every process it forked, registered or not, are killed);
   ``~PID`` a rank or server the run stopped and reaped itself; ``.`` the process's exit handlers
   have run, multiprocessing's among them (it removes the forkserver's folder; the janitor must not
-  remove it under it): ``.`` is sent by multiprocessing's last exit finalizer
-  (``multiprocessing.util.Finalize`` with :data:`EXIT_PRIORITY`, below the priority -100 of its
-  temporary folder's removal), so a kill anywhere before it still leaves the janitor the folders.
+  remove it under it), and have stopped the ranks and servers: ``.`` is sent by
+  multiprocessing's last exit finalizer (``multiprocessing.util.Finalize`` with
+  :data:`EXIT_PRIORITY`, below the priority -100 of its temporary folder's removal), so a kill
+  anywhere before it still leaves the janitor everything. A folder still registered at ``.`` is
+  one whose owner's cleanup was cut short (a second signal inside a ``finally``): the janitor
+  removes it at the end of file that follows, and the process waits for the janitor to exit.
 
 The pipe's only writer is the placeverify process, and the kernel closes it when that process
 ends, however it ends, only once the process can no longer run code. At end of file the janitor
@@ -72,8 +75,7 @@ def serve(stream: IO[str]) -> Left:
             else:
                 left.ranks.discard(pid)
                 left.servers.discard(pid)
-        elif command == ".":
-            left.folders.clear()
+        elif command == ".":  # the exit handlers stopped the ranks; a folder left is removed
             left.ranks.clear()
             left.servers.clear()
     return left
@@ -208,6 +210,14 @@ def register(folder: str | os.PathLike[str]) -> None:
 
 def release(folder: str | os.PathLike[str]) -> None:
     _JANITOR.release(folder)
+
+
+def remove(folder: str | os.PathLike[str]) -> None:
+    """Remove a registered ``folder`` and forget it; one that could not be removed whole (a
+    process still writing into it) stays registered, for the janitor to remove at the end."""
+    shutil.rmtree(folder, ignore_errors=True)
+    if not os.path.lexists(folder):
+        _JANITOR.release(folder)
 
 
 def watch(pid: int) -> None:
