@@ -195,6 +195,32 @@ def stop_cleanly_on_signals() -> None:
             signal.signal(each, _terminate)
 
 
+SIGNAL_EXITS = ((signal.SIGTERM, ExitCode.TERMINATED), (signal.SIGHUP, ExitCode.HANGUP),
+                (signal.SIGINT, ExitCode.INTERRUPTED))
+
+
+def end_at_once_on_signals() -> None:
+    """From here the process only runs its exit handlers (multiprocessing's, the janitor's): a
+    SIGTERM, SIGHUP or Ctrl-C now ends it at once with that signal's exit code, instead of
+    raising inside a handler (Python prints that as "Exception ignored in atexit callback" and a
+    traceback; a fault fuzz run under load found one). What the handlers had still to remove, the
+    janitor removes: it hears the end of its pipe without ``.``. Only the handlers placeverify
+    raises from are replaced: a default SIGTERM ends the process on its own, an ignored one
+    (nohup) stays ignored. Output is flushed first, since ``os._exit`` flushes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    for signum, _code in SIGNAL_EXITS:
+        if signal.getsignal(signum) in (_terminate, signal.default_int_handler):
+            signal.signal(signum, _end_now)
+
+
+def _end_now(signum: int, _frame: FrameType | None) -> None:
+    os._exit(int(dict(SIGNAL_EXITS)[signal.Signals(signum)]))
+
+
 class Progress:
     """Progress of long work on standard error, so that CI logs show it too.
 

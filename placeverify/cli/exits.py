@@ -20,7 +20,14 @@ from typing import Any, NoReturn
 
 import click
 
-from placeverify.console import Terminated, error_console, print_errors, print_failure, reader_gone
+from placeverify.console import (
+    Terminated,
+    end_at_once_on_signals,
+    error_console,
+    print_errors,
+    print_failure,
+    reader_gone,
+)
 from placeverify.diagnostics import ExitCode, PlaceError
 from placeverify.files import WriteFailed
 
@@ -238,4 +245,5 @@ def guarded(run: Callable[[], ExitCode]) -> NoReturn:
             "This is a bug in placeverify. Rerun with PLACEVERIFY_DEBUG=1 for the traceback.",
             markup=False)
         code = ExitCode.INTERNAL_ERROR
+    end_at_once_on_signals()
     sys.exit(int(code))

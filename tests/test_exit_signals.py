@@ -1,0 +1,61 @@
+"""A signal that comes while the process runs its exit handlers (after the command has decided
+its exit code) ends it at once with the signal's code, never with a traceback (issue 36: a fault
+fuzz run under load printed ``placeverify.console.Terminated: 15`` from an exit handler)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROGRAM = textwrap.dedent("""
+    import atexit, sys, time
+    from placeverify.cli.exits import guarded
+    from placeverify.console import stop_cleanly_on_signals
+    from placeverify.diagnostics import ExitCode
+
+    def body():
+        stop_cleanly_on_signals()  # as replay and measure do
+        def slow_handler():  # an exit handler still at work (a janitor, a pool shutting down)
+            open(sys.argv[1], "w").close()
+            time.sleep(20)
+        atexit.register(slow_handler)
+        print("the report")
+        return ExitCode.OK
+
+    guarded(body)
+""")
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_a_signal_during_the_exit_handlers_ends_the_process_quietly(tmp_path: Path, name: str,
+                                                                    code: int) -> None:
+    ready = tmp_path / "in-exit-handlers"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("PLACEVERIFY_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-c", PROGRAM, str(ready)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), "the exit handler never ran"
+        started = time.monotonic()
+        proc.send_signal(signal.Signals[name])
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert time.monotonic() - started < 10  # at once, not after the handler's 20 s
+    assert proc.returncode == code, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert stdout == "the report\n"  # flushed before the handlers ran
