@@ -160,6 +160,20 @@ def test_a_refused_statement_exits_2_and_names_it(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def test_writes_lost_to_a_collective_in_flight_are_refused_not_emitted(tmp_path: Path) -> None:
+    """The replay runs an asynchronous reduce-scatter's late outcome: the last micro-batch's
+    backward (line 23) writes while it is in flight, and those writes are lost. A reproducer
+    that runs the backward whole would not reproduce the bug (it did: "NOT REPRODUCED")."""
+    trace = tmp_path / "overlap.json"
+    assert placeverify("check", "examples/bugs/overlap-reduce-before-grad-write.place", "--trace",
+                       str(trace)).returncode == 1
+    out = tmp_path / "repro.py"
+    done = placeverify("replay", str(trace), "--emit", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "line 23: 'backward sum / tokens(dp * inst, step)'" in done.stderr, done.stderr
+    assert "in flight" in done.stderr and not out.exists()
+
+
 def test_a_refused_layout_names_the_placement(tmp_path: Path) -> None:
     trace = tmp_path / "tp.json"
     assert placeverify("check", "examples/bugs/clip-norm-tensor-parallel.place", "--trace",

@@ -230,6 +230,13 @@ class StepEmitter:
 
 def _backward(e: StepEmitter, op: Op, k: int) -> None:
     assert isinstance(op, Backward)
+    if op.reaches is not None:
+        # the late outcome of an asynchronous reduction (semantics/asynchrony.py): its result
+        # overwrites what this backward writes to the gradients in flight
+        raise e.refuse(op, "a backward whose writes land while an asynchronous collective is in "
+                           "flight on the same gradients (they are lost) is not emitted (the "
+                           "reproducer runs each collective where it is waited; `placeverify "
+                           "replay` runs this trace)")
     e.emit(f"run.backward(t, {k}, {e.factor(op.loss, k, op)})")
     for buf in e.state.values():
         buf.sharded = False
