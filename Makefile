@@ -67,6 +67,7 @@ figures: $(TSTAMP)
 	$(BIN)/python benchmarks/verify_scaling.py --docs
 	$(BIN)/python benchmarks/prove_all.py --docs
 	$(BIN)/python benchmarks/replay_wall_time.py -n 3 --docs
+	$(BIN)/python benchmarks/emit_sweep.py --docs
 	$(BIN)/python benchmarks/search.py --docs
 	$(BIN)/python benchmarks/measure_table.py --docs
 	$(BIN)/python benchmarks/step_time.py --shipped --docs
