@@ -39,6 +39,7 @@ statement, as bash would run it, on a table of variables:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import fnmatch
 import re
 from dataclasses import dataclass, field
@@ -68,6 +69,15 @@ from placeverify.importers.shell_syntax import (
     parse,
     relocate,
 )
+from placeverify.importers.shell_inputs import (
+    GIVEN,
+    NO_INPUTS,
+    POSITIONAL,
+    Inputs,
+    argument,
+    not_assigned,
+    shifted,
+)
 
 _BLANKS = " \t\n"
 _DECLARES = ("export", "declare", "typeset", "local", "readonly")
@@ -75,6 +85,7 @@ _FILE_TESTS = frozenset("-" + c for c in "abcdefghkprstuwxGLNOS")
 _INTEGER_TESTS = ("-eq", "-ne", "-lt", "-le", "-gt", "-ge")
 _BINARY = frozenset(("=", "==", "!=", "=~", "<", ">", "-nt", "-ot", "-ef", *_INTEGER_TESTS))
 _MAX_CALLS = 32  # nested function calls read before giving up
+_MAX_LOOPS = 256  # a loop's runs read before it is taken as undecided
 _SHELLS = ("bash", "sh")  # `bash -c STRING` runs STRING in a child shell
 _OPAQUE = "\ue000"  # stands for a character whose value is not known while a string is re-read
 # an sbatch option on a ``#SBATCH`` line, among others (``#SBATCH --nodes=128 --exclusive
@@ -215,8 +226,9 @@ def _error(source: Source, message: str, span: Span, code: Code = Code.NOT_STATI
 class Script:
     """The commands of a script with their words expanded, as far as the text says."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, inputs: Inputs = NO_INPUTS) -> None:
         self.source = source
+        self.inputs = inputs
         self._starts = [0] + [m.end() for m in re.finditer("\n", source.text)]
         self.commands: list[Command] = []
         self.functions: dict[str, Node] = {}
@@ -234,6 +246,12 @@ class Script:
         self.sbatch: dict[str, Sbatch] = {}  # ``#SBATCH`` options, by long name
         self.state = State()
         self._sbatch()
+        for name, value in inputs.env:
+            self.state.values[name] = _given(value)
+        if inputs.args is not None:
+            self._positional(self.state, inputs.args)
+        self.assigned: dict[str, int] = {}  # the offset of each variable's first assignment
+        self.expanded: set[str] = set()  # the variables some word expands
         try:
             self._list(parse(source.text), self.state)
         except ShellSyntaxError as error:
@@ -350,12 +368,18 @@ class Script:
             arm = self._case_arm(node, state)
             if arm is not None:
                 return self._list(arm, state) if arm.items else True
+        if isinstance(node, Loop):
+            ran = self._loop(node, state)
+            if ran is not None:
+                return ran
         if isinstance(node, Loop | Case):
             kind = f"the {node.kind} loop" if isinstance(node, Loop) else "the case statement"
             doubt = Doubt(f"{kind} at line {self.line_of(node.start)}", "loops and case are not run",
                           (node.start, node.start + (len(node.kind) if isinstance(node, Loop) else 4)))
             bodies = [node.body] if isinstance(node, Loop) else [a.body for a in node.arms]
-            paths = [state.copy()]
+            # a case with a `*` arm runs one of its arms: no path passes it by
+            paths = [] if isinstance(node, Case) and any(
+                p.literal() == "*" for a in node.arms for p in a.patterns) else [state.copy()]
             self._doubts.append(doubt)
             for body in bodies:
                 path = state.copy()
@@ -373,6 +397,87 @@ class Script:
             return self._list(node.body, state)
         assert isinstance(node, Function)
         self.functions[node.name] = node.body
+        return True
+
+    def _loop(self, node: Loop, state: State) -> bool | None:
+        """A loop run as bash would, when what it runs over is known: ``for NAME in WORDS``
+        once per word, ``while``/``until`` while its test decides (at most _MAX_LOOPS times).
+        Without --script-args, a loop over the script's arguments (``for a in "$@"``, ``while
+        [[ $# -gt 0 ]]``) runs zero times, said as an assumption. None: undecided."""
+        if node.kind in ("for", "while", "until") and (node.kind != "for" or node.variable):
+            saved = self._saved()
+            trial = state.copy()
+            if self._iterate(node, trial):
+                state.values, state.exited = trial.values, trial.exited
+                return True
+            self._restore(saved)
+        if self.inputs.args is not None or (node.kind == "for" and not node.variable):
+            return None
+        saved = self._saved()
+        probe = state.copy()
+        self._positional(probe, ())
+        runs = self._iterate(node, probe, once=True)
+        self._restore(saved)
+        if runs is not False:
+            return None
+        self.decided.append(f"no arguments given to the script, so the {node.kind} loop at line "
+                            f"{self.line_of(node.start)} runs zero times (--script-args gives "
+                            "them)")
+        return True
+
+    def _iterate(self, node: Loop, state: State, once: bool = False) -> bool | None:
+        """Run the loop on ``state``: True when it ran to its end, None when a test or a word
+        is undecided; with ``once``, only whether it runs at all (False: zero times)."""
+        if node.kind == "for":
+            if node.items is None and "@" not in state.values:
+                return None
+            words = list(_items(state.values["@"])) if node.items is None else \
+                [t for w in node.items for t in self._expand(w, state, split=True)]
+            if any(t.problem() is not None for t in words) or len(words) > _MAX_LOOPS:
+                return None
+            if once:
+                return bool(words)
+            assert node.variable is not None
+            for word in words:
+                state.values[node.variable] = word
+                self._list(node.body, state)
+                if state.exited:
+                    break
+            return True
+        for count in range(_MAX_LOOPS + 1):
+            status = self._list(node.condition or List(), state)
+            if isinstance(status, str) or state.exited:
+                return None if isinstance(status, str) else True
+            if status == (node.kind == "until"):
+                return False if once and count == 0 else True
+            if once or count == _MAX_LOOPS:
+                return None
+            self._list(node.body, state)
+            if state.exited:
+                return True
+        return None
+
+    def _saved(self) -> tuple[int, int, int, int, dict[str, Written]]:
+        return (len(self.commands), len(self.decided), len(self.sourced), len(self.swallowed),
+                dict(self.files))
+
+    def _restore(self, saved: tuple[int, int, int, int, dict[str, Written]]) -> None:
+        """Forget what a trial run of a loop found."""
+        del self.commands[saved[0]:], self.decided[saved[1]:], self.sourced[saved[2]:]
+        del self.swallowed[saved[3]:]
+        self.files = saved[4]
+
+    def _positional(self, state: State, args: tuple[str, ...] | tuple[Text, ...]) -> None:
+        """The script's arguments: ``$1``... ``$#``, ``$@`` and ``$*``."""
+        items = tuple(_given(a) if isinstance(a, str) else a for a in args)
+        state.values.update({"@": items, "*": items, "#": _given(str(len(items)))})
+        state.values.update({str(k + 1): item for k, item in enumerate(items)})
+
+    def _shift(self, state: State, count: int) -> bool:
+        if not shifted(state.values, count):
+            return False
+        rest = state.values["@"]
+        state.values["#"] = _given(str(len(rest) if isinstance(rest, tuple) else 0))
         return True
 
     def _case_arm(self, node: Case, state: State) -> List | None:
@@ -465,14 +570,15 @@ class Script:
         line = self.line_of(node.start)
         if not node.words:
             for name, append, value in node.assignments:
-                self._assign(state, name, append, value, line)
+                at = self.source.text.find(name, node.start, value.start + 1)
+                self._assign(state, name, append, value, line, at)
             return True
         first = node.words[0].literal()
         if first in _DECLARES:
             for word in node.words[1:]:
                 assignment = word.assignment()
                 if assignment is not None:
-                    self._assign(state, *assignment, line)
+                    self._assign(state, *assignment, line, word.start)
             return True
         words = [t for w in node.words for t in self._expand(w, state, split=True)]
         name = words[0].text if words else ""
@@ -483,6 +589,9 @@ class Script:
             return True
         if name == "false":
             return False
+        if name == "shift" and "@" in state.values:
+            count = words[1].text if len(words) > 1 else "1"
+            return count.isdigit() and self._shift(state, int(count))
         if name == "unset":
             for t in words[1:]:
                 if not t.text.startswith("-"):
@@ -593,7 +702,10 @@ class Script:
                     self.span(*maybe.at) if maybe and maybe.at else None,
                     assumed, _file_name(text))
 
-    def _assign(self, state: State, name: str, append: bool, value: WordTok, line: int) -> None:
+    def _assign(self, state: State, name: str, append: bool, value: WordTok, line: int,
+                at: int) -> None:
+        if at >= 0 and self.source.text.startswith(name, at):
+            self.assigned.setdefault(name, at)
         old = state.values.get(name)
         if value.items is not None:
             items = tuple(t for item in value.items for t in self._expand(item, state, split=True))
@@ -676,6 +788,7 @@ class Script:
 
         def value(match: re.Match[str]) -> str:
             name = match.group(1) or match.group(2) or match.group(3)
+            self.expanded.add(name)
             v = state.values.get(name)
             if isinstance(v, tuple):
                 v = v[0] if v else None
@@ -687,8 +800,7 @@ class Script:
             elif match.group(3) is not None and name not in state.values:
                 return "0"  # bash: an unset name in arithmetic is 0
             else:
-                problem.append(Unknown(f"${name} is not assigned in this script (only running it "
-                                       "would give the value)"))
+                problem.append(Unknown(not_assigned(name)))
             return "0"
 
         expression = part.expression
@@ -710,17 +822,33 @@ class Script:
                       tuple(dict.fromkeys(assumed)))
 
     def _param(self, part: Param, state: State) -> list[_Piece]:
+        """The pieces of ``$NAME`` and the like; a character given on the command line
+        (``--env``, ``--script-args``) stands where it is used."""
+        self.expanded.add(part.name)
+        if part.name in ("@", "*") and part.name in state.values and part.index is None:
+            part = dataclasses.replace(part, index=part.name)
+        pieces = self._param_pieces(part, state)
+        if not any(o == GIVEN for p in pieces for _, o, _ in p.chars):
+            return pieces
+        last = max(part.start, part.end - 1)
+        return [_Piece(tuple((c, min(part.start + k, last) if o == GIVEN else o, u)
+                             for k, (c, o, u) in enumerate(p.chars)), p.split, p.maybe, p.assumed)
+                for p in pieces]
+
+    def _param_pieces(self, part: Param, state: State) -> list[_Piece]:
         name, split = part.name, not part.quoted
         line = self.line_of(part.start)
-        assigned = name in state.values
+        # with --script-args, an argument beyond those given is unset, as bash has it
+        beyond = self.inputs.args is not None and name.isdigit() and name != "0"
+        assigned = name in state.values or beyond
         value = state.values.get(name)
         unset = value is None
-        if assigned:
+        if name in state.values:
             why = f"${name} is unset by the script before line {line}"
-        elif name.isdigit() and name != "0":
-            why = f"${name} is an argument of the script (only running it would give the value)"
+        elif (name.isdigit() and name != "0") or name in POSITIONAL:
+            why = argument(name)
         elif NAME.fullmatch(name):
-            why = f"${name} is not assigned in this script (only running it would give the value)"
+            why = not_assigned(name)
         else:
             why = f"${name} is set by the shell when the script runs"
         if part.op == "#len":
@@ -762,7 +890,7 @@ class Script:
                 return [_Piece((), False, None, (guess,) if guess else ())]
             return default
         if unset:
-            return [self._unknown_piece(part.start, part.end, Unknown(why))]
+            return [] if beyond else [self._unknown_piece(part.start, part.end, Unknown(why))]
         return self._value_pieces(value, part, split)
 
     def _value_pieces(self, value: Value, part: Param, split: bool) -> list[_Piece]:
@@ -830,6 +958,15 @@ class Script:
                 for a in t.assumed:
                     self.decided.append(f"{a} (deciding the test at line {line})")
         return result
+
+
+def _items(value: Value) -> tuple[Text, ...]:
+    return value if isinstance(value, tuple) else ()
+
+
+def _given(value: str) -> Text:
+    """A value given on the command line: its characters stand where it is used (GIVEN)."""
+    return Text(tuple((c, GIVEN, None) for c in value))
 
 
 def _file_name(text: Text) -> str:
