@@ -102,8 +102,8 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         if refused is not None:
             return refused
         each = CheckRun(fmt_out, as_json, formulas, not no_verify, timeout,
-                       import_settings(model, world, fmt, env, script_args), settings, require_fit, trace_path,
-                       plot_path, replay)
+                       import_settings(model, world, fmt, env, script_args), settings, require_fit,
+                       trace_path, plot_path, replay)
         outcomes: list[Any] = []
         out = console(width)
         progress = Progress(quiet)

@@ -64,7 +64,8 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
         fmt_out = output_of(as_json, output)
         settings = override_settings(overrides)
         paths = expand_paths(files)
-        document, outcomes = compare_files(paths, with_verdicts, import_settings(model, world, fmt, env, script_args),
+        imports = import_settings(model, world, fmt, env, script_args)
+        document, outcomes = compare_files(paths, with_verdicts, imports,
                                            require_fit=require_fit, budget_s=timeout,
                                            settings=settings, progress=Progress(quiet))
         codes = [o.exit_code for o in outcomes]

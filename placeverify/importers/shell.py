@@ -45,6 +45,15 @@ import re
 from dataclasses import dataclass, field
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
+from placeverify.importers.shell_inputs import (
+    GIVEN,
+    NO_INPUTS,
+    POSITIONAL,
+    Inputs,
+    argument,
+    not_assigned,
+    shifted,
+)
 from placeverify.importers.shell_syntax import (
     NAME,
     AndOr,
@@ -68,15 +77,6 @@ from placeverify.importers.shell_syntax import (
     WordTok,
     parse,
     relocate,
-)
-from placeverify.importers.shell_inputs import (
-    GIVEN,
-    NO_INPUTS,
-    POSITIONAL,
-    Inputs,
-    argument,
-    not_assigned,
-    shifted,
 )
 
 _BLANKS = " \t\n"
@@ -366,15 +366,18 @@ class Script:
             return self._if(node, state)
         if isinstance(node, Case):
             arm = self._case_arm(node, state)
-            if arm is not None:
+            if not isinstance(arm, str):
                 return self._list(arm, state) if arm.items else True
+            why = arm
         if isinstance(node, Loop):
             ran = self._loop(node, state)
             if ran is not None:
                 return ran
+            why = ("placeverify runs a loop over known words only, or while a test it decides "
+                   "holds")
         if isinstance(node, Loop | Case):
             kind = f"the {node.kind} loop" if isinstance(node, Loop) else "the case statement"
-            doubt = Doubt(f"{kind} at line {self.line_of(node.start)}", "loops and case are not run",
+            doubt = Doubt(f"{kind} at line {self.line_of(node.start)}", why,
                           (node.start, node.start + (len(node.kind) if isinstance(node, Loop) else 4)))
             bodies = [node.body] if isinstance(node, Loop) else [a.body for a in node.arms]
             # a case with a `*` arm runs one of its arms: no path passes it by
@@ -449,7 +452,7 @@ class Script:
             if isinstance(status, str) or state.exited:
                 return None if isinstance(status, str) else True
             if status == (node.kind == "until"):
-                return False if once and count == 0 else True
+                return not (once and count == 0)
             if once or count == _MAX_LOOPS:
                 return None
             self._list(node.body, state)
@@ -480,22 +483,25 @@ class Script:
         state.values["#"] = _given(str(len(rest) if isinstance(rest, tuple) else 0))
         return True
 
-    def _case_arm(self, node: Case, state: State) -> List | None:
+    def _case_arm(self, node: Case, state: State) -> List | str:
         """The body a ``case`` runs when its subject and patterns are known up to the arm that
-        matches (and that arm ends with ``;;``): an empty list when none matches; else None."""
+        matches (and that arm ends with ``;;``): an empty list when none matches; else why not."""
         subject = self._expand(node.subject, state, split=False)[0]
-        if subject.problem() is not None:
-            return None
+        problem = subject.problem()
+        if problem is not None:
+            return problem.reason
         for arm in node.arms:
             for pattern in arm.patterns:
                 text = self._expand(pattern, state, split=False)[0]
-                if text.problem() is not None:
-                    return None
+                problem = text.problem()
+                if problem is not None:
+                    return problem.reason
                 glob = any(isinstance(p, Lit) and not p.quoted and any(c in p.text for c in "*?[")
                            for p in pattern.parts)
                 if fnmatch.fnmatchcase(subject.text, text.text) if glob else \
                         subject.text == text.text:
-                    return arm.body if arm.end == ";;" else None
+                    return arm.body if arm.end == ";;" else \
+                        f"an arm ending with {arm.end} (placeverify reads arms ending with ;;)"
         return List()
 
     def _if(self, node: If, state: State) -> bool | str:
@@ -833,7 +839,7 @@ class Script:
         last = max(part.start, part.end - 1)
         return [_Piece(tuple((c, min(part.start + k, last) if o == GIVEN else o, u)
                              for k, (c, o, u) in enumerate(p.chars)), p.split, p.maybe, p.assumed)
-                for p in pieces]
+                if any(o == GIVEN for _, o, _ in p.chars) else p for p in pieces]
 
     def _param_pieces(self, part: Param, state: State) -> list[_Piece]:
         name, split = part.name, not part.quoted

@@ -13,6 +13,7 @@ import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GIVEN = -2  # the source offset of a character given on the command line (placed where it is used)
@@ -77,7 +78,7 @@ def argument(name: str) -> str:
     return f"${name} is set from the script's arguments when it runs (give --script-args)"
 
 
-def shifted(values: dict[str, object], count: int) -> bool:
+def shifted(values: dict[str, Any], count: int) -> bool:
     """``shift count`` on the positional parameters in ``values`` (``"@"`` holds them, a tuple):
     False when there are fewer than ``count`` (bash then leaves them and fails)."""
     current = values.get("@")
