@@ -22,7 +22,13 @@ statement, as bash would run it, on a table of variables:
   condition is undecided: each branch is read on its own, and afterwards a variable the branches
   leave different is unknown (an error at the test, where the importer needs it), and the items a
   branch appends to an array, or the commands it runs, are given "only if" the test holds.
-- Loops and ``case`` are not run: they are undecided the same way (run once, or not at all).
+- ``case`` on a known word runs its arm; on an unknown one it is undecided the same way (with a
+  ``*`` arm, one of its arms runs). ``for NAME in WORDS`` over known words and ``while``/``until``
+  while their test decides are run (bounded); a loop over the script's arguments runs zero times
+  when they are not given (an assumption); any other loop is undecided (run once, or not at all).
+- The environment and the arguments given with ``--env`` and ``--script-args``
+  (:mod:`placeverify.importers.shell_inputs`) give ``$NAME``, ``$1``, ``$#``, ``"$@"`` and
+  ``shift``; their characters stand where the script uses them.
 - ``bash -c STRING`` (``sh``; after a launcher such as ``srun ... bash -c "$LAUNCHER $CMD"``)
   reads STRING, once the script has expanded it, as the commands of a child shell: its words
   point at the text they came from; what is not known in the string stays unknown (it is never
@@ -86,6 +92,7 @@ _INTEGER_TESTS = ("-eq", "-ne", "-lt", "-le", "-gt", "-ge")
 _BINARY = frozenset(("=", "==", "!=", "=~", "<", ">", "-nt", "-ot", "-ef", *_INTEGER_TESTS))
 _MAX_CALLS = 32  # nested function calls read before giving up
 _MAX_LOOPS = 256  # a loop's runs read before it is taken as undecided
+_MAX_RUNS = 4096  # the runs of all loops of a script (nested loops multiply)
 _SHELLS = ("bash", "sh")  # `bash -c STRING` runs STRING in a child shell
 _OPAQUE = "\ue000"  # stands for a character whose value is not known while a string is re-read
 # an sbatch option on a ``#SBATCH`` line, among others (``#SBATCH --nodes=128 --exclusive
@@ -240,6 +247,7 @@ class Script:
         self.swallowed: list[tuple[Word, int]] = []
         self.files: dict[str, Written] = {}  # written from here-documents, by name as written
         self._calls = 0
+        self._runs = 0  # loop bodies run (at most _MAX_RUNS)
         self._carried: dict[int, Unknown] = {}  # while re-reading a string: unknown characters
         self._assumed_at: dict[int, str] = {}  # source offsets of values taken as assumptions
         self._via: tuple[Word, ...] = ()  # while a ``bash -c`` string is read: who ran it
@@ -436,7 +444,9 @@ class Script:
                 return None
             words = list(_items(state.values["@"])) if node.items is None else \
                 [t for w in node.items for t in self._expand(w, state, split=True)]
-            if any(t.problem() is not None for t in words) or len(words) > _MAX_LOOPS:
+            self._runs += len(words)
+            if any(t.problem() is not None for t in words) or len(words) > _MAX_LOOPS or \
+                    self._runs > _MAX_RUNS:
                 return None
             if once:
                 return bool(words)
@@ -453,7 +463,8 @@ class Script:
                 return None if isinstance(status, str) else True
             if status == (node.kind == "until"):
                 return not (once and count == 0)
-            if once or count == _MAX_LOOPS:
+            self._runs += 1
+            if once or count == _MAX_LOOPS or self._runs > _MAX_RUNS:
                 return None
             self._list(node.body, state)
             if state.exited:
