@@ -152,6 +152,32 @@ def test_a_flag_every_arm_of_a_case_sets_alike_is_decided(tmp_path: Path) -> Non
     assert "layers = 40" in text and mesh(text, "tp") == "tp = 2"
 
 
+def test_a_flag_every_branch_appends_alike_is_decided_in_any_order(tmp_path: Path) -> None:
+    path = write(tmp_path, "PAR=(--seq-length 128)\n"
+                           "if [ -f big ]; then\n"
+                           "  PAR+=(--tensor-model-parallel-size 2 --num-layers 48)\n"
+                           "else\n"
+                           "  PAR+=(--num-layers 24 --tensor-model-parallel-size 2)\n"
+                           "fi\n"
+                           "torchrun --nproc-per-node 8 pretrain_gpt.py --hidden-size 256 "
+                           "--num-attention-heads 8 --vocab-size 1000 ${PAR[@]}\n")
+    # --tensor-model-parallel-size 2 on both branches: decided; --num-layers 48 or 24: not
+    [(message, line, column)] = errors(path)
+    assert message.startswith("--num-layers: it is given only if the test `[ -f big ]`")
+    assert (line, column) == (2, 4)
+    # the branches differ in a flag placeverify does not read: TP 2 whichever runs, DP 8 / 2
+    path = write(tmp_path, "PAR=(--seq-length 128 --num-layers 4)\n"
+                           "if [ -f big ]; then\n"
+                           "  PAR+=(--tensor-model-parallel-size 2 --log-interval 1)\n"
+                           "else\n"
+                           "  PAR+=(--log-interval 10 --tensor-model-parallel-size 2)\n"
+                           "fi\n"
+                           "torchrun --nproc-per-node 8 pretrain_gpt.py --hidden-size 256 "
+                           "--num-attention-heads 8 --vocab-size 1000 ${PAR[@]}\n")
+    text = import_file(path).text
+    assert (mesh(text, "tp"), mesh(text, "dp")) == ("tp = 2", "dp = 4")
+
+
 # ---- 4. one error per undecided test ---------------------------------------------------------
 
 def test_one_undecided_test_is_one_error(tmp_path: Path) -> None:

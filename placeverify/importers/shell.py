@@ -576,9 +576,10 @@ class Script:
                         n += 1
                     common = common[:n]
                 maybe = doubt.given_only_if()
+                agreed, rest = _agreed([items[len(common):] for items in arrays])
                 extra = [Text(t.chars, t.whole, t.maybe or maybe, t.assumed)
-                         for items in arrays for t in items[len(common):]]
-                merged[name] = (*common, *extra)
+                         for items in rest for t in items]
+                merged[name] = (*common, *agreed, *extra)
             else:
                 merged[name] = Text(whole=doubt.unknown(name))
         state.values = merged
@@ -975,6 +976,28 @@ class Script:
                 for a in t.assumed:
                     self.decided.append(f"{a} (deciding the test at line {line})")
         return result
+
+
+def _agreed(arrays: list[tuple[Text, ...]]) -> tuple[list[Text], list[list[Text]]]:
+    """The flags (a ``--flag`` item and the items up to the next) every one of ``arrays``
+    gives alike, whatever their order (the first array's), and what each array has besides."""
+    def units(items: tuple[Text, ...]) -> list[tuple[Text, ...]]:
+        out: list[list[Text]] = []
+        for item in items:
+            if not out or item.text.startswith("--"):
+                out.append([])
+            out[-1].append(item)
+        return [tuple(u) for u in out]
+
+    def key(unit: tuple[Text, ...]) -> tuple[object, ...]:
+        return tuple(t.key() for t in unit)
+
+    each = [units(items) for items in arrays]
+    keys = [{key(u) for u in us} for us in each]
+    shared = {k for k in keys[0] if all(k in other for other in keys[1:])
+              and k and str(k[0][0]).startswith("--")}
+    agreed = [t for u in each[0] if key(u) in shared for t in u]
+    return agreed, [[t for u in us if key(u) not in shared for t in u] for us in each]
 
 
 def _items(value: Value) -> tuple[Text, ...]:
