@@ -989,13 +989,13 @@ def _agreed(arrays: list[tuple[Text, ...]]) -> tuple[list[Text], list[list[Text]
             out[-1].append(item)
         return [tuple(u) for u in out]
 
-    def key(unit: tuple[Text, ...]) -> tuple[object, ...]:
+    def key(unit: tuple[Text, ...]) -> tuple[tuple[str, Unknown | None, Unknown | None], ...]:
         return tuple(t.key() for t in unit)
 
     each = [units(items) for items in arrays]
     keys = [{key(u) for u in us} for us in each]
     shared = {k for k in keys[0] if all(k in other for other in keys[1:])
-              and k and str(k[0][0]).startswith("--")}
+              and k and k[0][0].startswith("--")}
     agreed = [t for u in each[0] if key(u) in shared for t in u]
     return agreed, [[t for u in us if key(u) not in shared for t in u] for us in each]
 
