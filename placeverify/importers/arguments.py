@@ -13,7 +13,8 @@ from typing import NamedTuple
 from placeverify.diagnostics import Code, Source, Span
 from placeverify.importers.common import Reader
 from placeverify.importers.origins import Origin, Value
-from placeverify.importers.shell import NAME_SEPARATOR, Command, Script, Word
+from placeverify.importers.shell import NAME_SEPARATOR, Script
+from placeverify.importers.shell_values import Command, Word
 
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed")
 _TRAINING = re.compile(r"(^|/)(pre)?train[^/]*\.py$")

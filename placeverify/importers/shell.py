@@ -48,7 +48,6 @@ import bisect
 import dataclasses
 import fnmatch
 import re
-from dataclasses import dataclass, field
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
 from placeverify.importers.shell_inputs import (
@@ -84,12 +83,24 @@ from placeverify.importers.shell_syntax import (
     parse,
     relocate,
 )
+from placeverify.importers.shell_tests import arithmetic_value, truth
+from placeverify.importers.shell_values import (
+    BREAK,
+    Char,
+    Command,
+    Doubt,
+    Piece,
+    Sbatch,
+    State,
+    Text,
+    Unknown,
+    Value,
+    Word,
+    Written,
+)
 
 _BLANKS = " \t\n"
 _DECLARES = ("export", "declare", "typeset", "local", "readonly")
-_FILE_TESTS = frozenset("-" + c for c in "abcdefghkprstuwxGLNOS")
-_INTEGER_TESTS = ("-eq", "-ne", "-lt", "-le", "-gt", "-ge")
-_BINARY = frozenset(("=", "==", "!=", "=~", "<", ">", "-nt", "-ot", "-ef", *_INTEGER_TESTS))
 _MAX_CALLS = 32  # nested function calls read before giving up
 _MAX_LOOPS = 256  # a loop's runs read before it is taken as undecided
 _MAX_RUNS = 4096  # the runs of all loops of a script (nested loops multiply)
@@ -108,122 +119,6 @@ _SBATCH_LONG = {"-N": "--nodes", "-n": "--ntasks"}
 NAME_SEPARATOR = "\x1f"  # between the characters of a file name with unknown parts
 
 
-@dataclass(frozen=True, slots=True)
-class Word:
-    """One word of a command, after expansion. ``unresolved`` says why its value is not known
-    (``unresolved_span``: where that is decided, when not at the word: an undecided test);
-    ``maybe`` says why the word is given only under a test placeverify cannot decide;
-    ``assumed`` names the defaults taken for variables the launch may set."""
-
-    text: str
-    span: Span | None
-    unresolved: str | None = None
-    unresolved_span: Span | None = None
-    maybe: str | None = None
-    maybe_span: Span | None = None
-    assumed: tuple[str, ...] = ()
-    name: str = ""  # the word as a file name: see :func:`_file_name`
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    words: tuple[Word, ...]
-    line: int
-    # the command that ran this one's ``bash -c`` string, up to the shell (``srun -l ... sh -c``)
-    via: tuple[Word, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Sbatch:
-    """One whole-number option of the script's ``#SBATCH`` lines (its long name) and where."""
-
-    option: str
-    value: int
-    span: Span
-
-
-@dataclass(frozen=True, slots=True)
-class Unknown:
-    """Why a value is not known from the text; ``at``: the offsets of an undecided test."""
-
-    reason: str
-    at: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Doubt:
-    """An undecided test (or a loop, a case): what it is, why undecided, where."""
-
-    what: str
-    why: str
-    at: tuple[int, int]
-
-    def unknown(self, name: str) -> Unknown:
-        return Unknown(f"${name} depends on {self.what}, which placeverify cannot decide "
-                       f"({self.why})", self.at)
-
-    def given_only_if(self) -> Unknown:
-        return Unknown(f"it is given only if {self.what} holds, which placeverify cannot "
-                       f"decide ({self.why})", self.at)
-
-
-Char = tuple[str, int, Unknown | None]  # a character, its source offset (-1: none), and why it
-# stands for a value not known (the text of ``$(...)`` or ``$X`` where it is used)
-
-
-@dataclass(frozen=True, slots=True)
-class Text:
-    """An expanded value; ``whole``: why the whole value is not known (a variable the branches
-    of an undecided test leave different)."""
-
-    chars: tuple[Char, ...] = ()
-    whole: Unknown | None = None
-    maybe: Unknown | None = None
-    assumed: tuple[str, ...] = ()
-
-    @property
-    def text(self) -> str:
-        return "".join(c for c, _, _ in self.chars)
-
-    def problem(self) -> Unknown | None:
-        return self.whole or next((u for _, _, u in self.chars if u is not None), None)
-
-    def key(self) -> tuple[str, Unknown | None, Unknown | None]:
-        return self.text, self.problem(), self.maybe
-
-
-Value = Text | tuple[Text, ...] | None  # a scalar, an array, or unset by the script
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """A file the script writes from a here-document: its text (characters with their source
-    offsets) and the line of the command."""
-
-    text: Text
-    line: int
-    maybe: Unknown | None = None
-    by: str | None = None  # a command placeverify does not run wrote it (``sed ... > FILE``)
-
-
-@dataclass
-class State:
-    values: dict[str, Value] = field(default_factory=dict)
-    exited: bool = False
-
-    def copy(self) -> State:
-        return State(dict(self.values), self.exited)
-
-
-@dataclass(frozen=True, slots=True)
-class _Piece:
-    chars: tuple[Char, ...]
-    split: bool  # from an unquoted expansion: blanks separate words
-    maybe: Unknown | None = None
-    assumed: tuple[str, ...] = ()
-
-
-_BREAK = _Piece((), False)  # between the items of "${A[@]}": a word ends
 
 
 def _error(source: Source, message: str, span: Span, code: Code = Code.NOT_STATIC) -> PlaceError:
@@ -621,7 +516,7 @@ class Script:
                 if not args or args[-1].text != "]":
                     return "a [ without its ] (only running the script would tell)"
                 args = args[:-1]
-            return self._decided(_test([(t.text, True, t, False) for t in args]), args,
+            return self._decided(truth([(t.text, True, t, False) for t in args]), args,
                                  node.start)
         if name in ("source", ".") and len(words) > 1:
             self.sourced.append(self._word(words[1], None))
@@ -776,17 +671,17 @@ class Script:
     # ---- expansion ----
 
     def _expand(self, word: WordTok, state: State, split: bool) -> list[Text]:
-        pieces: list[_Piece] = []
+        pieces: list[Piece] = []
         for part in word.parts:
             pieces.extend(self._part(part, state))
         return _fields(pieces, split)
 
-    def _part(self, part: Part, state: State) -> list[_Piece]:
+    def _part(self, part: Part, state: State) -> list[Piece]:
         if isinstance(part, Lit):
             offsets = part.offsets if len(part.offsets) == len(part.text) else \
                 tuple(-1 for _ in part.text)
             # re-reading a bash -c string, an opaque character is the unknown it stands for
-            return [_Piece(tuple((self.source.text[o], o, self._carried[o])
+            return [Piece(tuple((self.source.text[o], o, self._carried[o])
                                  if c == _OPAQUE and o in self._carried else (c, o, None)
                                  for c, o in zip(part.text, offsets, strict=True)), False)]
         if isinstance(part, Substitution):
@@ -797,10 +692,10 @@ class Script:
             return [self._arith(part, state)]
         return self._param(part, state)
 
-    def _unknown_piece(self, start: int, end: int, unknown: Unknown) -> _Piece:
-        return _Piece(tuple((self.source.text[i], i, unknown) for i in range(start, end)), False)
+    def _unknown_piece(self, start: int, end: int, unknown: Unknown) -> Piece:
+        return Piece(tuple((self.source.text[i], i, unknown) for i in range(start, end)), False)
 
-    def _arith(self, part: Arith, state: State) -> _Piece:
+    def _arith(self, part: Arith, state: State) -> Piece:
         problem: list[Unknown] = []
         assumed: list[str] = []
 
@@ -830,16 +725,16 @@ class Script:
                       r"\b([A-Za-z_][A-Za-z0-9_]*)\b", value, expression)
         if problem:
             return self._unknown_piece(part.start, part.end, problem[0])
-        result = _arithmetic(text)
+        result = arithmetic_value(text)
         if result is None:
             return self._unknown_piece(part.start, part.end, Unknown(
                 f"the arithmetic $(({expression})) at line {self.line_of(part.start)} is not one "
                 "placeverify evaluates (integers with + - * / % and parentheses)"))
         digits = str(result)
-        return _Piece(tuple((c, part.start + i, None) for i, c in enumerate(digits)), False, None,
+        return Piece(tuple((c, part.start + i, None) for i, c in enumerate(digits)), False, None,
                       tuple(dict.fromkeys(assumed)))
 
-    def _param(self, part: Param, state: State) -> list[_Piece]:
+    def _param(self, part: Param, state: State) -> list[Piece]:
         """The pieces of ``$NAME`` and the like; a character given on the command line
         (``--env``, ``--script-args``) stands where it is used."""
         self.expanded.add(part.name)
@@ -849,11 +744,11 @@ class Script:
         if not any(o == GIVEN for p in pieces for _, o, _ in p.chars):
             return pieces
         last = max(part.start, part.end - 1)
-        return [_Piece(tuple((c, min(part.start + k, last) if o == GIVEN else o, u)
+        return [Piece(tuple((c, min(part.start + k, last) if o == GIVEN else o, u)
                              for k, (c, o, u) in enumerate(p.chars)), p.split, p.maybe, p.assumed)
                 if any(o == GIVEN for _, o, _ in p.chars) else p for p in pieces]
 
-    def _param_pieces(self, part: Param, state: State) -> list[_Piece]:
+    def _param_pieces(self, part: Param, state: State) -> list[Piece]:
         name, split = part.name, not part.quoted
         line = self.line_of(part.start)
         # with --script-args, an argument beyond those given is unset, as bash has it
@@ -871,9 +766,9 @@ class Script:
             why = f"${name} is set by the shell when the script runs"
         if part.op == "#len":
             if isinstance(value, tuple) and part.index in ("@", "*"):
-                return [_Piece(tuple((c, part.start, None) for c in str(len(value))), False)]
+                return [Piece(tuple((c, part.start, None) for c in str(len(value))), False)]
             if isinstance(value, Text) and value.problem() is None:
-                return [_Piece(tuple((c, part.start, None) for c in str(len(value.text))), False)]
+                return [Piece(tuple((c, part.start, None) for c in str(len(value.text))), False)]
             return [self._unknown_piece(part.start, part.end, (
                 value.problem() if isinstance(value, Text) else None) or Unknown(why))]
         if part.op == "other":
@@ -887,7 +782,7 @@ class Script:
             if isinstance(value, Text) and value.whole is not None:
                 return [self._unknown_piece(part.start, part.end, value.whole)]
             default = [p for a in part.arg for p in self._part(a, state)]
-            default = [_Piece(p.chars, p.split and split, p.maybe, p.assumed) for p in default]
+            default = [Piece(p.chars, p.split and split, p.maybe, p.assumed) for p in default]
             shown = "".join(c for p in default for c, _, _ in p.chars)
             guess = (f"{'$' + name} {'not given' if name.isdigit() else 'unset'} at line {line}, "
                      f"so {self.source.text[part.start:part.end]} is "
@@ -896,29 +791,29 @@ class Script:
             if part.op.lstrip(":") in ("-", "="):
                 if not empty:
                     return self._value_pieces(value, part, split)
-                pieces = [_Piece(p.chars, p.split, p.maybe,
+                pieces = [Piece(p.chars, p.split, p.maybe,
                                  p.assumed + ((guess,) if guess else ())) for p in default] or \
-                    [_Piece((), False, None, (guess,) if guess else ())]
+                    [Piece((), False, None, (guess,) if guess else ())]
                 if part.op.lstrip(":") == "=":
                     state.values[name] = Text(tuple(c for p in pieces for c in p.chars), None,
                                               None, tuple(a for p in pieces for a in p.assumed))
                 return pieces
             # :+ and +: the word when set (and, with ':', not empty)
             if empty:
-                return [_Piece((), False, None, (guess,) if guess else ())]
+                return [Piece((), False, None, (guess,) if guess else ())]
             return default
         if unset:
             return [] if beyond else [self._unknown_piece(part.start, part.end, Unknown(why))]
         return self._value_pieces(value, part, split)
 
-    def _value_pieces(self, value: Value, part: Param, split: bool) -> list[_Piece]:
+    def _value_pieces(self, value: Value, part: Param, split: bool) -> list[Piece]:
         if isinstance(value, tuple):
             if part.index in ("@", "*"):
-                out: list[_Piece] = []
+                out: list[Piece] = []
                 for i, item in enumerate(value):
                     if i:
-                        out.append(_BREAK if (split or part.index == "@") else
-                                   _Piece(((" ", -1, None),), False))
+                        out.append(BREAK if (split or part.index == "@") else
+                                   Piece(((" ", -1, None),), False))
                     out.append(self._text_piece(item, part, split))
                 return out
             index = part.index or "0"
@@ -946,11 +841,11 @@ class Script:
             previous = char[2]
         return Text(tuple(chars), None, value.maybe, value.assumed)
 
-    def _text_piece(self, value: Text, part: Param, split: bool) -> _Piece:
+    def _text_piece(self, value: Text, part: Param, split: bool) -> Piece:
         if value.whole is not None:
             piece = self._unknown_piece(part.start, part.end, value.whole)
-            return _Piece(piece.chars, False, value.maybe, value.assumed)
-        return _Piece(value.chars, split, value.maybe, value.assumed)
+            return Piece(piece.chars, False, value.maybe, value.assumed)
+        return Piece(value.chars, split, value.maybe, value.assumed)
 
     # ---- [[ ]] ----
 
@@ -966,7 +861,7 @@ class Script:
                 for p in word.parts)
             args.append((text.text, literal is not None, text, pattern))
             previous = literal or ""
-        return self._decided(_test(args, arithmetic=True), [a[2] for a in args], node.start)
+        return self._decided(truth(args, arithmetic=True), [a[2] for a in args], node.start)
 
     def _decided(self, result: bool | str, operands: list[Text], start: int) -> bool | str:
         """A test's result; the defaults its operands took are recorded when it is decided."""
@@ -1052,7 +947,7 @@ def _same(a: Value, b: Value) -> bool:
     return a is None and b is None
 
 
-def _fields(pieces: list[_Piece], split: bool) -> list[Text]:
+def _fields(pieces: list[Piece], split: bool) -> list[Text]:
     """Words from expanded pieces: blanks of unquoted expansions split them (with ``split``);
     without ``split`` (an assignment, a ``[[ ]]`` operand) one word, array items joined by a
     space."""
@@ -1070,14 +965,14 @@ def _fields(pieces: list[_Piece], split: bool) -> list[Text]:
         assumed.clear()
         started, maybe = False, None
 
-    def note(piece: _Piece) -> None:
+    def note(piece: Piece) -> None:
         nonlocal started, maybe
         started = True
         maybe = maybe or piece.maybe
         assumed.extend(piece.assumed)
 
     for piece in pieces:
-        if piece is _BREAK:
+        if piece is BREAK:
             if split:
                 emit()
             else:
@@ -1099,166 +994,3 @@ def _fields(pieces: list[_Piece], split: bool) -> list[Text]:
         return [Text(tuple(chars), None, maybe, tuple(dict.fromkeys(assumed)))]
     emit()
     return out
-
-
-TestArg = tuple[str, bool, Text, bool]  # text, may be an operator, value, a pattern (in [[ ]])
-
-
-def _test(args: list[TestArg], arithmetic: bool = False) -> bool | str:
-    """A test's truth, or why it is undecided."""
-    position = 0
-
-    def peek(k: int = 0) -> str | None:
-        i = position + k
-        return args[i][0] if i < len(args) and args[i][1] else None
-
-    def take() -> TestArg:
-        nonlocal position
-        position += 1
-        return args[position - 1]
-
-    def known(arg: TestArg) -> str | None:
-        problem = arg[2].problem()
-        return problem.reason if problem is not None else None
-
-    def either(a: bool | str, b: bool | str, stop: bool) -> bool | str:
-        if a is stop or b is stop:
-            return stop
-        if isinstance(a, str):
-            return a
-        return b
-
-    def or_() -> bool | str:
-        value = and_()
-        while peek() in ("||", "-o"):
-            take()
-            value = either(value, and_(), True)
-        return value
-
-    def and_() -> bool | str:
-        value = not_()
-        while peek() in ("&&", "-a"):
-            take()
-            value = either(value, not_(), False)
-        return value
-
-    def not_() -> bool | str:
-        if peek() == "!" and position + 1 < len(args):
-            take()
-            value = not_()
-            return (not value) if isinstance(value, bool) else value
-        return primary()
-
-    def primary() -> bool | str:
-        if position >= len(args):
-            return "an empty test"
-        if peek() == "(":
-            take()
-            value = or_()
-            if peek() != ")":
-                return "a test without its closing ')'"
-            take()
-            return value
-        if peek(1) in _BINARY and position + 2 < len(args):
-            left = take()
-            op = take()[0]
-            right = take()
-            return binary(left, op, right)
-        first = peek()
-        if first is not None and first.startswith("-") and len(first) == 2 \
-                and position + 1 < len(args):
-            op = take()[0]
-            operand = take()
-            return unary(op, operand)
-        arg = take()
-        return known(arg) or arg[0] != ""
-
-    def unary(op: str, operand: TestArg) -> bool | str:
-        if op in ("-z", "-n"):
-            why = known(operand)
-            if why:
-                return why
-            return (operand[0] == "") == (op == "-z")
-        if op in _FILE_TESTS:
-            return f"`{op}` tests the file system (only running the script tells)"
-        return f"the test operator `{op}` is not one placeverify evaluates"
-
-    def integer(arg: TestArg) -> int | None:
-        text = arg[0].strip()
-        if re.fullmatch(r"-?\d+", text):
-            return int(text)
-        return _arithmetic(text) if arithmetic else None
-
-    def binary(left: TestArg, op: str, right: TestArg) -> bool | str:
-        why = known(left) or known(right)
-        if op in ("=", "==", "!="):
-            if why:
-                return why
-            same = fnmatch.fnmatchcase(left[0], right[0]) if right[3] else left[0] == right[0]
-            return same if op != "!=" else not same
-        if op in _INTEGER_TESTS:
-            if why:
-                return why
-            a, b = integer(left), integer(right)
-            if a is None or b is None:
-                return f"`{op}` compares whole numbers, not '{left[0]}' and '{right[0]}'"
-            return {"-eq": a == b, "-ne": a != b, "-lt": a < b, "-le": a <= b, "-gt": a > b,
-                    "-ge": a >= b}[op]
-        return f"the test operator `{op}` is not one placeverify evaluates"
-
-    result = or_()
-    if position != len(args):
-        return "a test placeverify does not read (" + " ".join(a[0] for a in args) + ")"
-    return result
-
-
-def _arithmetic(expression: str) -> int | None:
-    """Integer + - * / % and parentheses; None for anything else (never evaluated by Python)."""
-    tokens: list[str] = re.findall(r"\d+|[-+*/%()]|\S", expression)
-    position = 0
-
-    def peek() -> str | None:
-        return tokens[position] if position < len(tokens) else None
-
-    def take() -> str:
-        nonlocal position
-        position += 1
-        return tokens[position - 1]
-
-    def atom() -> int | None:
-        token = peek()
-        if token is None:
-            return None
-        if token == "(":
-            take()
-            value = sum_()
-            return value if value is not None and peek() == ")" and take() else None
-        if token == "-":
-            take()
-            value = atom()
-            return None if value is None else -value
-        if token.isdigit():
-            return int(take())
-        return None
-
-    def product() -> int | None:
-        value = atom()
-        while value is not None and peek() in ("*", "/", "%"):
-            op, right = take(), atom()
-            if right is None or (op != "*" and right == 0):
-                return None
-            value = value * right if op == "*" else (int(value / right) if op == "/"
-                                                     else value - right * int(value / right))
-        return value
-
-    def sum_() -> int | None:
-        value = product()
-        while value is not None and peek() in ("+", "-"):
-            op, right = take(), product()
-            if right is None:
-                return None
-            value = value + right if op == "+" else value - right
-        return value
-
-    result = sum_()
-    return result if position == len(tokens) else None
