@@ -233,3 +233,15 @@ def test_the_options_on_the_command_line(tmp_path: Path) -> None:
     assert done.returncode == 2 and "'1FAST=1' is not NAME=VALUE" in done.stderr
     done = placeverify("import", path, "--script-args", "'--tp 4")
     assert done.returncode == 2 and "a quote is never closed" in done.stderr
+
+
+def test_a_function_has_its_own_arguments(tmp_path: Path) -> None:
+    # bash(1), FUNCTIONS: "the positional parameters are set to the arguments of the function
+    # call" and restored after it: TP is the call's 4, not the script's argument; PP its $1, 2
+    path = write(tmp_path, "set_tp() { TP=$1; }\nset_tp 4\nPP=$1\n"
+                           f"{LAUNCH} --tensor-model-parallel-size $TP "
+                           "--pipeline-model-parallel-size $PP\n")
+    # 8 / (4 x 2) = 1
+    text = import_file(path, Options(script_args=("2",))).text
+    assert (mesh(text, "tp"), mesh(text, "pp"), mesh(text, "dp")) == ("tp = 4", "pp = 2",
+                                                                      "dp = 1")

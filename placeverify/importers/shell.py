@@ -382,6 +382,21 @@ class Script:
         state.values.update({"@": items, "*": items, "#": _given(str(len(items)))})
         state.values.update({str(k + 1): item for k, item in enumerate(items)})
 
+    def _call(self, name: str, args: list[Text], state: State) -> bool | str:
+        """A function's body, run with its own arguments as ``$1``... (bash: the script's are
+        back after it returns)."""
+        outer = {k: v for k, v in state.values.items() if k in POSITIONAL or k.isdigit()}
+        for k in outer:
+            del state.values[k]
+        self._positional(state, tuple(args))
+        self._calls += 1
+        status = self._node(self.functions[name], state)
+        self._calls -= 1
+        for k in [k for k in state.values if k in POSITIONAL or k.isdigit()]:
+            del state.values[k]
+        state.values.update(outer)
+        return status
+
     def _shift(self, state: State, count: int) -> bool:
         if not shifted(state.values, count):
             return False
@@ -522,10 +537,7 @@ class Script:
             self.sourced.append(self._word(words[1], None))
             return "the exit status of a sourced file (only running the script gives it)"
         if name in self.functions and self._calls < _MAX_CALLS:
-            self._calls += 1
-            status = self._node(self.functions[name], state)
-            self._calls -= 1
-            return status
+            return self._call(name, words[1:], state)
         doubt = self._doubts[0].given_only_if() if self._doubts else None
         self._writes(node, words, state, line, doubt)
         for redirect in node.redirects:
