@@ -20,6 +20,7 @@ Errors in the input raise :class:`~placeverify.diagnostics.PlaceError` with ever
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from placeverify.cost import Costs, analyse, timed_mesh
@@ -101,15 +102,17 @@ def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
     from placeverify.verify.budget import whole_check  # deferred with z3 (see verify)
 
     with whole_check(budget_s if verify_conditions else None):
+        imported = None
         if is_importable(path):
             # Deferred: only configuration files need the format readers (check start-up time).
-            from placeverify.importers.cli import load_strategy
+            from placeverify.importers.cli import load_import
 
-            strategy = load_strategy(path, imports or Options(), settings)
+            strategy, imported = load_import(path, imports or Options(), settings)
         else:
             strategy = load(path, settings)
-        return check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
-                              timeout_ms=timeout_ms, budget_s=budget_s)
+        result = check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
+                                timeout_ms=timeout_ms, budget_s=budget_s)
+        return replace(result, imported=imported)
 
 
 def check_strategy(strategy: Strategy, *, verify_conditions: bool = True, formulas: bool = False,

@@ -12,6 +12,7 @@ from placeverify.verdicts import Verification
 
 if TYPE_CHECKING:
     from placeverify.cost.time import StepTime  # loaded only for a timed mesh (start-up time)
+    from placeverify.importers.common import Imported  # only configuration files are imported
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,3 +22,4 @@ class CheckResult:
     verification: Verification | None = None
     formulas: Costs | None = None  # the same costs in the symbolic domain
     time: StepTime | None = None  # when the mesh names a device or gives links
+    imported: Imported | None = None  # a configuration's import: its keys' places, its warnings

@@ -200,13 +200,17 @@ def sarif_of(*args: str, cwd: Path = ROOT) -> tuple[dict[str, Any], int]:
 OFFICIAL_SARIF_SCHEMA = Path(__file__).parent / "schemas" / "sarif-schema-2.1.0.json"
 
 
-@pytest.fixture(scope="module")
-def official_sarif() -> Any:
+def official_validator() -> Any:
     """The OASIS SARIF 2.1.0 schema (JSON Schema draft-04, as the standard publishes it)."""
     schema = json.loads(OFFICIAL_SARIF_SCHEMA.read_text("utf-8"))
     assert schema["id"] == SARIF_SCHEMA_URI  # the schema the log names in "$schema"
     jsonschema.Draft4Validator.check_schema(schema)
     return jsonschema.Draft4Validator(schema, format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER)
+
+
+@pytest.fixture(scope="module")
+def official_sarif() -> Any:
+    return official_validator()
 
 
 SARIF_SCHEMA_URI = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"

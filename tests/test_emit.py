@@ -2,7 +2,8 @@
 
 Each case goes the user's way: ``check --trace`` on a bundled bug, ``replay --emit``, then the
 emitted script under ``torchrun --standalone --nproc-per-node N`` (gloo) in a subprocess, which
-must print a divergence for the buggy step, a match for the fixed one, and exit 1. The script
+must print a divergence for the buggy step, a match for the fixed one, and exit 0 (reproduced;
+torchrun ends cleanly, no rank reported failed). The script
 must import only torch and the standard library (read with ``ast``). Refused layouts and
 statements exit 2 and name the statement.
 """
@@ -105,12 +106,35 @@ def test_the_emitted_script_reproduces_the_bug_under_torchrun(tmp_path: Path, bu
     assert 2 <= processes <= 4
     done = torchrun(script, processes)
     out = done.stdout
-    assert done.returncode == 1, out + done.stderr
+    assert done.returncode == 0, out + done.stderr
+    assert "FAILED" not in done.stderr and "Failures:" not in done.stderr, done.stderr
     assert re.search(r"^buggy: (diverges by|replicas differ by) [0-9.e+-]+; fixed: matches",
                      out, re.M), out
     assert "REPRODUCED: the buggy step diverges" in out
     ranks = re.findall(r"^rank (\d+) \(", out, re.M)
     assert ranks == [str(r) for r in range(processes)], out
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_the_documented_torchrun_command_ends_cleanly_when_the_bug_reproduces(
+        tmp_path: Path) -> None:
+    """The command ``replay --emit`` prints, run as printed: exit 0 and no failed rank."""
+    trace = tmp_path / "t.json"
+    assert placeverify("check", "examples/bugs/missing-allreduce.place", "--trace",
+                       str(trace)).returncode == 1
+    done = placeverify("replay", str(trace), "--emit", "repro.py", cwd=tmp_path)
+    command = re.search(r"run: (torchrun .*)$", done.stdout.strip(), re.M)
+    assert done.returncode == 0 and command, done.stdout + done.stderr
+    words = command.group(1).split()
+    assert words[:2] == ["torchrun", "--standalone"] and words[-1] == "repro.py", words
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", *words[1:]],
+                         cwd=tmp_path, env={k: v for k, v in _env().items() if k != "PYTHONPATH"},
+                         capture_output=True, text=True, encoding="utf-8", timeout=240,
+                         check=False)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "REPRODUCED: the buggy step diverges" in ran.stdout
+    assert "FAILED" not in ran.stderr and "Failures:" not in ran.stderr, ran.stderr
 
 
 @pytest.mark.torch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from placeverify.report.plot import (
     available,
     check_format,
     frontier_chart,
+    frontier_figure,
     memory_chart,
     schedule_chart,
     schedule_path,
@@ -156,15 +158,47 @@ def test_frontier_chart(tmp_path: Path, suffix: str) -> None:
               FrontierPoint("tp4 pp16 dp256", 60 * gib, 9.0, False),
               FrontierPoint("tp8 pp4 dp512", 70 * gib, 6.5, True)]
     path = tmp_path / f"f{suffix}"
-    frontier_chart(points, points[1], str(path))
+    frontier_chart(points, points[1], str(path), capacity=80 * 10**9)
     if suffix == ".png":
-        assert png_size(path) == (700, 450)  # 7 by 4.5 inches
+        assert png_size(path) == (900, 450)  # 9 by 4.5 inches: the axes and the key beside them
         return
     text = svg_texts(path)
-    for label in ("peak memory per device (GiB)", "predicted step time (s)", "Pareto frontier",
-                  "chosen: tp8 pp8 dp256", "tp8 pp16 dp128", "tp8 pp4 dp512", "other layouts"):
+    for label in ("peak memory per device (GB, 10⁹ bytes)", "predicted step time (s)",
+                  "Pareto frontier", "chosen: tp8 pp8 dp256", "other layouts",
+                  # 80e9 bytes = 74.505806 GiB
+                  "device memory 80 GB (74.51 GiB)"):
         assert label in text, label
+    # the key: the frontier by memory, 30 GiB = 32.21 GB and 70 GiB = 75.16 GB
+    assert re.search(r"1  tp8 pp16 dp128\s+32.21 GB\s+10 s", text), text
+    assert re.search(r"3  tp8 pp4 dp512\s+75.16 GB\s+6.5 s", text), text
     assert "tp4 pp16 dp256" not in text  # off the frontier: a grey dot, not labelled
+
+
+@renders
+def test_crowded_frontier_numbers_overlap_nothing() -> None:
+    """Twenty frontier points 0.1 GB and 0.05 s apart: every number sits clear of every other
+    number, every marker and the legend; the device line is drawn at its capacity."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    points = [FrontierPoint(f"layout {i}", (30 * 10**9) + i * 10**8, 10.0 - 0.05 * i, True)
+              for i in range(20)]
+    figure = frontier_figure(points, points[0], capacity=40 * 10**9)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    ax = figure.axes[0]
+    renderer = canvas.get_renderer()
+    numbers = [t for t in ax.texts if t.get_text().isdigit()]
+    assert sorted(int(t.get_text()) for t in numbers) == list(range(1, 21))
+    boxes = [t.get_window_extent(renderer) for t in numbers]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+    markers = ax.transData.transform([(q.peak_bytes / 1e9, q.step_seconds) for q in points])
+    for box in boxes:
+        assert not any(box.x0 < x < box.x1 and box.y0 < y < box.y1 for x, y in markers)
+        assert not box.overlaps(ax.get_legend().get_window_extent(renderer))
+    lines = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_xdata()[0] for line in lines] == [40.0]
 
 
 def test_frontier_point_is_frozen() -> None:

@@ -96,8 +96,7 @@ def stop_midway(args: list[str], ranks: Callable[[dict[int, tuple[int, str]]], l
                                                                       list[str]]:
     """Run the command, signal it once ``world`` of its ranks exist; its exit code, stderr, the
     marked processes left and the TMPDIR's entries left."""
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    temporary = short_tmpdir()
     marker = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "PLACEVERIFY_DEBUG"}
     env.update(TMPDIR=str(temporary), PLACEVERIFY_SIGNAL_TEST=marker,
@@ -113,13 +112,25 @@ def stop_midway(args: list[str], ranks: Callable[[dict[int, tuple[int, str]]], l
         assert any(temporary.iterdir()), "the run made no temporary folder"
         os.kill(proc.pid, signum)
         _, stderr = proc.communicate(timeout=60)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     until(lambda: not marked(marker) and not any(temporary.iterdir()), 15)
     left = sorted(p.name for p in temporary.iterdir())
+    shutil.rmtree(temporary, ignore_errors=True)
     return proc.returncode, stderr.decode(), marked(marker), left
+
+
+def short_tmpdir() -> Path:
+    """A TMPDIR short enough for the forkserver's socket path. Under a long one (pytest's
+    numbered folders grow: pytest-127/popen-gw1/... is one byte too long) the replay puts its
+    socket folder in /tmp instead (backend/pool.py:short_socket_folder), where a test that looks
+    for leftovers in its TMPDIR would not see them."""
+    return Path(tempfile.mkdtemp(prefix="pvsig-", dir="/tmp"))
 
 
 def test_a_replay_killed_while_its_ranks_start_leaves_nothing_behind(trace_file: Path,
@@ -138,10 +149,7 @@ def test_a_replay_killed_as_its_server_starts_leaves_nothing_behind(
         trace_file: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     # Killed the moment multiprocessing makes its socket folder (pymp-*), before any rank: the
     # janitor already runs and has the folder (a fault fuzz run once found it left behind).
-    # A short TMPDIR: under a long one (pytest's numbered folders grow: pytest-127/popen-gw1/...
-    # is one byte too long) the replay puts its socket folder in /tmp instead
-    # (backend/pool.py:short_socket_folder), where this test would not see it.
-    temporary = Path(tempfile.mkdtemp(prefix="pvsig-", dir="/tmp"))
+    temporary = short_tmpdir()
     request.addfinalizer(lambda: shutil.rmtree(temporary, ignore_errors=True))
     marker = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "PLACEVERIFY_DEBUG"}

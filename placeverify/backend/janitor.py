@@ -10,9 +10,14 @@ hang-up, and tells it on a pipe which folders are live:
 - ``+PATH`` a folder the run made; ``-PATH`` one the run removed itself; ``!PID`` a rank the
   run started (its own process group when it has made one); ``^PID`` a server that forks ranks
   (the replay's forkserver: it and every process it forked, registered or not, are killed);
-  ``~PID`` a rank or server the run stopped and reaped itself; ``.`` the process is ending
-  through its own exit handlers, which remove what is left (multiprocessing's among them: the
-  janitor must not remove the forkserver's folder under it).
+  ``~PID`` a rank or server the run stopped and reaped itself; ``.`` the process's exit handlers
+  have run, multiprocessing's among them (it removes the forkserver's folder; the janitor must not
+  remove it under it), and have stopped the ranks and servers: ``.`` is sent by
+  multiprocessing's last exit finalizer (``multiprocessing.util.Finalize`` with
+  :data:`EXIT_PRIORITY`, below the priority -100 of its temporary folder's removal), so a kill
+  anywhere before it still leaves the janitor everything. A folder still registered at ``.`` is
+  one whose owner's cleanup was cut short (a second signal inside a ``finally``): the janitor
+  removes it at the end of file that follows, and the process waits for the janitor to exit.
 
 The pipe's only writer is the placeverify process, and the kernel closes it when that process
 ends, however it ends, only once the process can no longer run code. At end of file the janitor
@@ -27,8 +32,8 @@ janitor imports only the standard library.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import IO
 
 MODULE = "placeverify.backend.janitor"
+EXIT_PRIORITY = -1000  # after multiprocessing's own exit finalizers (its temporary folder: -100)
 
 
 @dataclass
@@ -69,8 +75,7 @@ def serve(stream: IO[str]) -> Left:
             else:
                 left.ranks.discard(pid)
                 left.servers.discard(pid)
-        elif command == ".":
-            left.folders.clear()
+        elif command == ".":  # the exit handlers stopped the ranks; a folder left is removed
             left.ranks.clear()
             left.servers.clear()
     return left
@@ -145,7 +150,7 @@ class Janitor:
                     [sys.executable, "-m", MODULE], stdin=subprocess.PIPE,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, text=True,
                     start_new_session=True)
-                atexit.register(self.close)
+                multiprocessing.util.Finalize(None, self.close, exitpriority=EXIT_PRIORITY)
             stdin = self._process.stdin
             assert stdin is not None
             if line:
@@ -154,7 +159,8 @@ class Janitor:
                     stdin.flush()
 
     def close(self) -> None:
-        """At exit: end the janitor's input, so that it checks and exits now."""
+        """At exit, after every other exit handler of multiprocessing: end the janitor's input, so
+        that it checks and exits now."""
         with self._lock:
             process, self._process = self._process, None
         if process is None:
@@ -204,6 +210,14 @@ def register(folder: str | os.PathLike[str]) -> None:
 
 def release(folder: str | os.PathLike[str]) -> None:
     _JANITOR.release(folder)
+
+
+def remove(folder: str | os.PathLike[str]) -> None:
+    """Remove a registered ``folder`` and forget it; one that could not be removed whole (a
+    process still writing into it) stays registered, for the janitor to remove at the end."""
+    shutil.rmtree(folder, ignore_errors=True)
+    if not os.path.lexists(folder):
+        _JANITOR.release(folder)
 
 
 def watch(pid: int) -> None:

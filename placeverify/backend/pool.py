@@ -11,7 +11,6 @@ import multiprocessing.forkserver as forkserver
 import multiprocessing.resource_tracker as resource_tracker
 import multiprocessing.util
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -182,8 +181,7 @@ class Pool:
             self._stop(procs)
             for c in conns.values():
                 c.close()
-            shutil.rmtree(folder, ignore_errors=True)
-            janitor.release(folder)
+            janitor.remove(folder)
         return [results[r] for r in range(world)]
 
     def _collect(self, procs: list[Any], conns: dict[int, Connection],

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -232,5 +231,4 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
         return [[doc["runs"][index] for doc in documents] for index in range(len(specs))]
     finally:
         _stop_processes(processes)
-        shutil.rmtree(folder, ignore_errors=True)
-        janitor.release(folder)
+        janitor.remove(folder)

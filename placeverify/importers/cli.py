@@ -46,6 +46,13 @@ def import_command(path: str, options: Options, out: str | None,
 def load_strategy(path: str, options: Options, settings: Settings | None = None) -> Strategy:
     """The strategy of a configuration file (under ``settings``), printing the import's
     warnings."""
+    return load_import(path, options, settings)[0]
+
+
+def load_import(path: str, options: Options,
+                settings: Settings | None = None) -> tuple[Strategy, Imported]:
+    """The strategy of a configuration file (under ``settings``) and its import, printing the
+    import's warnings."""
     strategy, imported = load(path, options, settings)
     print_warnings(imported)
-    return strategy
+    return strategy, imported

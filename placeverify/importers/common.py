@@ -60,6 +60,11 @@ class Imported:
     warnings: list[tuple[Diagnostic, Source]]
     rules: list[Rule] = field(default_factory=list)  # judged on the strategy as lowered
 
+    def where(self, line: int) -> str:
+        """A line of the produced text, as a note on a message moved to its key."""
+        text = Source(self.path, self.text).line_text(line).strip()
+        return f"in the imported strategy, line {line}: {text}"
+
 
 class Reader:
     """Diagnostics of one imported file (and of the model file, if any)."""

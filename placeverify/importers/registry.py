@@ -175,7 +175,6 @@ def _lower(imported: Imported, settings: Settings | None) -> Strategy:
 
 def remap(error: PlaceError, imported: Imported) -> PlaceError:
     """A lowering error of the produced text, pointed at the key each line came from."""
-    generated = Source(f"{imported.path} (imported)", imported.text)
     out: list[Diagnostic] = []
     target: Source | None = None
     for d in error.diagnostics:
@@ -183,8 +182,7 @@ def remap(error: PlaceError, imported: Imported) -> PlaceError:
             out.append(d)
             continue
         origin = imported.origins.get(d.span.line) if d.span is not None else None
-        line = generated.line_text(d.span.line).strip() if d.span is not None else ""
-        note = (f"in the imported strategy, line {d.span.line}: {line}",) if d.span else ()
+        note = (imported.where(d.span.line),) if d.span else ()
         if origin is not None and origin.span is not None and (
                 target is None or origin.source.path == target.path):
             target = origin.source

@@ -9,8 +9,9 @@ embedding, a LayerNorm, an MLP, an expert MLP, a tied or untied output layer), t
 few steps twice, once with the file's step and once with the canonical correct step of the same
 placement (the replay's control), computes single-device training on the global batch in every
 rank, and prints per rank the largest difference of the gradient the optimizer consumes and of
-the parameters from the reference, then a verdict; it exits 1 when the buggy step diverges and
-the fixed one matches, 0 otherwise (2 when started on the wrong number of processes).
+the parameters from the reference, then a verdict; it exits 0 when the buggy step diverges and
+the fixed one matches (the bug is reproduced, so ``torchrun`` ends cleanly), 1 otherwise (2 when
+started on the wrong number of processes).
 
 The step is emitted as straight-line code, one emitter per statement kind (:data:`EMITTERS`,
 :data:`COLLECTIVES`), micro-batches unrolled, each statement under a comment with its source
@@ -254,9 +255,9 @@ def _header(trace: Trace, trace_path: str, script: str, sizes: dict[str, int], k
         f"It trains a tiny model for {steps} steps twice, with the step as the file writes it and",
         "with the canonical correct step of the same placement, computes single-device training on",
         "the global batch in every rank, and prints per rank the largest difference of the",
-        "gradient the optimizer consumes and of the parameters from it (float64). Exit status: 1",
-        "when the buggy step diverges and the fixed one matches, 0 otherwise, 2 when started on",
-        "the wrong number of processes.",
+        "gradient the optimizer consumes and of the parameters from it (float64). Exit status: 0",
+        "when the buggy step diverges and the fixed one matches (reproduced), 1 otherwise, 2 when",
+        "started on the wrong number of processes.",
         '"""',
         "",
     ]

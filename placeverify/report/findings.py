@@ -8,14 +8,19 @@ about a file that loads). Levels: refuted and input errors are ``error``; unknow
 warnings ``warning``; a strategy that does not fit is an ``error`` with ``--require-fit`` and a
 ``warning`` without; a file whose fit cannot be judged under ``--require-fit`` (no
 ``device_memory``) is a ``note``. Proved obligations are not findings.
+
+A finding of an imported configuration points at the user's file, at the key that decided it
+(:mod:`placeverify.report.locate`); the importer's warnings are ``input-warning`` findings at
+their keys.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from placeverify.diagnostics import Diagnostic, Severity, Span
+from placeverify.report.locate import Locator
 from placeverify.report.outcome import Outcome, fits
 from placeverify.trace import Trace
 from placeverify.verdicts import CONDITIONS, Obligation, Verdict
@@ -76,6 +81,7 @@ class Finding:
     identity: str  # what makes the finding the same across runs (never a line or a timing)
     trace: Trace | None = None  # the counterexample, for a refutation that has one
     properties: dict[str, str] = field(default_factory=dict)
+    locator: Locator | None = None  # where the trace's rows are, for a finding that has one
 
 
 def findings(outcomes: list[Outcome], *, require_fit: bool = False) -> list[Finding]:
@@ -90,29 +96,44 @@ def findings(outcomes: list[Outcome], *, require_fit: bool = False) -> list[Find
         result = outcome.result
         assert result is not None
         strategy = result.strategy
-        path = strategy.source.path or outcome.path
-        out.extend(_diagnostic(d, path, INPUT_WARNING) for d in strategy.warnings)
+        where = Locator(strategy.source.path or outcome.path, result.imported)
+        if result.imported is not None:
+            out.extend(_diagnostic(d, source.path, INPUT_WARNING)
+                       for d, source in result.imported.warnings)
+        out.extend(_located(_diagnostic(d, where.path, INPUT_WARNING), where)
+                   for d in strategy.warnings)
         verification = result.verification
         if verification is not None:
             trace = verification.trace
             for o in verification.obligations:
                 if o.verdict is not Verdict.PROVED:
-                    out.append(_obligation(o, path, trace if _traced(o, trace) else None))
+                    found = _obligation(o, where.path, trace if _traced(o, trace) else None)
+                    out.append(_located(found, where))
         fit = fits(result)
         total = result.costs.needed_bytes()
         capacity = strategy.mesh.device_memory
         if fit is False:
-            out.append(Finding(
-                MEMORY_FITS, "error" if require_fit else "warning", path, strategy.mesh.span,
+            out.append(_located(Finding(
+                MEMORY_FITS, "error" if require_fit else "warning", where.path, strategy.mesh.span,
                 "does not fit device memory",
                 f"does not fit: {total:,} bytes predicted at the peak (with the reserve) > "
                 f"device_memory {capacity:,} bytes", MEMORY_FITS,
-                properties={"device_bytes": str(total)}))
+                properties={"device_bytes": str(total)}), where))
         elif fit is None and require_fit:
-            out.append(Finding(MEMORY_FITS, "note", path, strategy.mesh.span,
-                               "fit not checked",
-                               "fit not checked: the mesh gives no device_memory", MEMORY_FITS))
+            out.append(_located(Finding(MEMORY_FITS, "note", where.path, strategy.mesh.span,
+                                        "fit not checked",
+                                        "fit not checked: the mesh gives no device_memory",
+                                        MEMORY_FITS), where))
     return out
+
+
+def _located(finding: Finding, where: Locator) -> Finding:
+    """The finding at its place in the user's files (unchanged for a ``.place`` file)."""
+    if where.imported is None:
+        return finding
+    place = where.place(finding.span)
+    message = f"{finding.message}\n{place.via}" if place.via else finding.message
+    return replace(finding, path=place.path, span=place.span, message=message, locator=where)
 
 
 def _traced(o: Obligation, trace: Trace | None) -> bool:

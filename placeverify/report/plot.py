@@ -310,30 +310,89 @@ def schedule_chart(strategy: Strategy, path: str) -> str | None:
 # ---- the frontier ------------------------------------------------------------------------------
 
 
-def frontier_chart(points: list[FrontierPoint], chosen: FrontierPoint | None, path: str) -> None:
-    """Peak memory (GiB) against predicted step time (s): every point, the frontier as a line
-    through its points in order of memory, and the chosen point marked and labelled."""
-    figure = _figure(7, 4.5)
+def frontier_chart(points: list[FrontierPoint], chosen: FrontierPoint | None, path: str,
+                   capacity: int | None = None, reserve: int = 0) -> None:
+    """Write :func:`frontier_figure` to ``path``."""
+    _save(frontier_figure(points, chosen, capacity, reserve), path)
+
+
+def frontier_figure(points: list[FrontierPoint], chosen: FrontierPoint | None,
+                    capacity: int | None = None, reserve: int = 0) -> Any:
+    """Peak memory (GB, as the check report) against predicted step time (s): every point, the
+    frontier as a line through its points in order of memory, each frontier point numbered (its
+    label in the key beside the axes: numbers, not labels, sit by the points, placed so that no
+    two overlap each other or a point), the chosen point marked, and the device's memory (the
+    ``capacity`` that "fits" compares the peak plus the ``reserve`` with) as a vertical line."""
+    figure = _figure(9, 4.5)
     ax = figure.add_subplot()
     others = [q for q in points if not q.on_frontier]
     front = sorted((q for q in points if q.on_frontier), key=lambda q: (q.peak_bytes,
                                                                         q.step_seconds))
     if others:
-        ax.scatter([q.peak_bytes / GIB for q in others], [q.step_seconds for q in others],
+        ax.scatter([q.peak_bytes / GB for q in others], [q.step_seconds for q in others],
                    s=12, color="#999999", label="other layouts")
     if front:
-        ax.plot([q.peak_bytes / GIB for q in front], [q.step_seconds for q in front], "-o",
+        ax.plot([q.peak_bytes / GB for q in front], [q.step_seconds for q in front], "-o",
                 color="#4c72b0", markersize=5, label="Pareto frontier")
-        if len(front) <= 20:
-            for q in front:
-                ax.annotate(q.label, (q.peak_bytes / GIB, q.step_seconds), xytext=(4, 4),
-                            textcoords="offset points", fontsize=7)
     if chosen is not None:
-        ax.scatter([chosen.peak_bytes / GIB], [chosen.step_seconds], s=160, marker="*",
+        ax.scatter([chosen.peak_bytes / GB], [chosen.step_seconds], s=160, marker="*",
                    color="#c44e52", zorder=3, label=f"chosen: {chosen.label}")
-    ax.set_xlabel("peak memory per device (GiB)")
+    if capacity is not None:
+        ax.axvline(capacity / GB, color="black", linestyle="--", linewidth=1,
+                   label=f"device memory {capacity / GB:.4g} GB ({capacity / GIB:.4g} GiB)")
+    what = "peak + reserve" if reserve else "peak memory"
+    ax.set_xlabel(f"{what} per device (GB, 10⁹ bytes)")
     ax.set_ylabel("predicted step time (s)")
     ax.set_title("layouts: peak memory and step time", fontsize=10)
-    if points or chosen is not None:
-        ax.legend(fontsize=8)
-    _save(figure, path)
+    if points or chosen is not None or capacity is not None:
+        ax.legend(fontsize=8, loc="upper right")
+    if front:
+        figure.get_layout_engine().set(rect=(0, 0, 0.64, 1))  # the key to the right of the axes
+        figure.text(0.65, 0.5, _number_points(figure, ax, front), fontsize=7, family="monospace",
+                    ha="left", va="center")
+    return figure
+
+
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in display pixels
+
+# Where a point's number may go, in points from the point: near first, then farther out.
+_OFFSETS = [(dx * r, dy * r) for r in (5, 10, 16, 24) for dx, dy in
+            ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1))]
+
+
+def _number_points(figure: Any, ax: Any, front: list[FrontierPoint]) -> str:
+    """Number the frontier points on the axes, each number where it overlaps no other number,
+    marker or the legend (the first free place of :data:`_OFFSETS`); the key: number, label,
+    peak and step time."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas: Any = FigureCanvasAgg(figure)
+    canvas.draw()  # lay the axes out first: the places are in display coordinates
+    renderer = canvas.get_renderer()
+    xy = [(q.peak_bytes / GB, q.step_seconds) for q in front]
+    taken: list[Box] = [(x - 4, y - 4, x + 4, y + 4) for x, y in ax.transData.transform(xy)]
+    legend = ax.get_legend()
+    if legend is not None:
+        e = legend.get_window_extent(renderer)
+        taken.append((e.x0, e.y0, e.x1, e.y1))
+    width = max(len(q.label) for q in front)
+    lines = ["frontier: peak, step time"]
+    for number, (q, point) in enumerate(zip(front, xy, strict=True), start=1):
+        lines.append(f"{number:>2}  {q.label:<{width}}  {q.peak_bytes / GB:>6.4g} GB  "
+                     f"{q.step_seconds:>5.3g} s")
+        for dx, dy in _OFFSETS:
+            text = ax.annotate(str(number), point, xytext=(dx, dy), textcoords="offset points",
+                               fontsize=7, ha="left" if dx >= 0 else "right",
+                               va="bottom" if dy >= 0 else "top")
+            text.set_in_layout(False)  # the axes stay where the places were computed
+            e = text.get_window_extent(renderer)
+            box = (e.x0, e.y0, e.x1, e.y1)
+            if not any(_overlap(box, other) for other in taken) or (dx, dy) == _OFFSETS[-1]:
+                break
+            text.remove()
+        taken.append(box)
+    return "\n".join(lines)
+
+
+def _overlap(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]

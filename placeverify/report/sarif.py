@@ -27,6 +27,7 @@ from urllib.parse import quote
 from placeverify import __version__
 from placeverify.diagnostics import ExitCode, Span
 from placeverify.report.findings import RULE_IDS, RULES, Finding
+from placeverify.report.locate import Locator
 from placeverify.trace import Trace
 
 SARIF_VERSION = "2.1.0"
@@ -116,7 +117,7 @@ def _result(finding: Finding, fingerprint: str) -> dict[str, Any]:
         "partialFingerprints": {FINGERPRINT: fingerprint},
     }
     if finding.trace is not None:
-        flow = code_flow(finding.trace, finding.path, finding.span)
+        flow = code_flow(finding.trace, finding.path, finding.span, finding.locator)
         if flow:
             result["codeFlows"] = [{"message": {"text": "counterexample"},
                                     "threadFlows": [{"locations": flow}]}]
@@ -125,15 +126,21 @@ def _result(finding: Finding, fingerprint: str) -> dict[str, Any]:
     return result
 
 
-def code_flow(trace: Trace, path: str, span: Span | None) -> list[dict[str, Any]]:
+def code_flow(trace: Trace, path: str, span: Span | None,
+              locator: Locator | None = None) -> list[dict[str, Any]]:
     """The counterexample as thread-flow locations: one per trace row, at its statement's line,
-    then what the optimizer consumes against the single-device gradient (at the claim's line)."""
-    claim_line = trace.line or (span.line if span else 1)
+    then what the optimizer consumes against the single-device gradient (at the claim's line).
+    For an imported configuration (``locator``) a row's line is its key's, in that key's file."""
     out: list[dict[str, Any]] = []
 
     def add(line: int | None, text: str) -> None:
-        location = _location(path, None)
-        location["physicalLocation"]["region"] = {"startLine": line or claim_line}
+        line = line or trace.line
+        if locator is not None and line:
+            file, at = locator.line(line)
+        else:
+            file, at = path, line or (span.line if span else 1)
+        location = _location(file, None)
+        location["physicalLocation"]["region"] = {"startLine": at}
         location["message"] = {"text": text}
         out.append({"location": location, "executionOrder": len(out) + 1})
 
@@ -153,13 +160,13 @@ def code_flow(trace: Trace, path: str, span: Span | None) -> list[dict[str, Any]
             tail = f"; {more} more devices" if more > 0 else ""
             add(step.line, f"{step.op}{mb}: gradient " + "; ".join(values) + tail)
         consumed = "; ".join(f"{_coords(d.coords)}: {_num(d.consumed)}" for d in devices)
-        add(claim_line, f"optimizer consumes {consumed}; single-device gradient "
+        add(None, f"optimizer consumes {consumed}; single-device gradient "
                         f"{_num(trace.reference)} (mesh {mesh}, microbatches {trace.microbatches})")
     elif trace.values:
         text = json.dumps(trace.values, ensure_ascii=False, sort_keys=True)
         if len(text) > MAX_VALUES_TEXT:
             text = text[:MAX_VALUES_TEXT] + " ..."
-        add(claim_line, f"counterexample on mesh {mesh}, microbatches {trace.microbatches}: {text}")
+        add(None, f"counterexample on mesh {mesh}, microbatches {trace.microbatches}: {text}")
     return out
 
 

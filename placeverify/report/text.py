@@ -14,6 +14,7 @@ from rich.text import Text
 from placeverify.console import print_table
 from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES, Overlap, Reduce, Schedule, TensorOverlap
+from placeverify.report import units
 from placeverify.report.data import formulas_document, overrides_text, step_lines
 from placeverify.report.time_text import render_time
 from placeverify.result import CheckResult
@@ -24,12 +25,20 @@ VERDICT_STYLE = {Verdict.PROVED: "bold green", Verdict.REFUTED: "bold red",
 
 
 def human_bytes(value: Any) -> str:
-    """Decimal units, as the ZeRO paper reports them (GB = 1e9 bytes)."""
-    n = float(Fraction(value))
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.8g} {unit}"
-    return f"{n:.8g} B"
+    """Decimal units, as the ZeRO paper reports them (GB = 1e9 bytes), at four significant
+    digits (``--json`` has the exact figures)."""
+    return units.size(value, digits=4)
+
+
+def both_units(value: Any) -> str:
+    """Decimal and binary: ``29.35 GB (27.33 GiB)`` (torch.cuda and nvidia-smi count in GiB);
+    not in a column, so without trailing zeros (``80 GB``, as a device is written)."""
+    return f"{_trimmed(human_bytes(value))} ({_trimmed(units.binary(value))})"
+
+
+def _trimmed(text: str) -> str:
+    number, _, unit = text.partition(" ")
+    return f"{number.rstrip('0').rstrip('.') if '.' in number else number} {unit}"
 
 
 def human_seconds(value: Fraction | None) -> str:
@@ -207,11 +216,11 @@ def _render_memory(costs: Costs, capacity: int | None, console: Console) -> None
         total = costs.needed_bytes()
         what = "peak + reserve" if reserve else "peak"
         if total <= capacity:
-            console.print(f"fits       {what} {human_bytes(total)} of {human_bytes(capacity)} "
+            console.print(f"fits       {what} {both_units(total)} of {both_units(capacity)} "
                           f"({total / capacity:.1%}); headroom {human_bytes(capacity - total)}",
                           style="green")
         else:
-            console.print(f"DOES NOT FIT  {what} {human_bytes(total)} > {human_bytes(capacity)} "
+            console.print(f"DOES NOT FIT  {what} {both_units(total)} > {both_units(capacity)} "
                           f"device memory (over by {human_bytes(total - capacity)})",
                           style="bold red")
     console.print()

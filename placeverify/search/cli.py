@@ -189,4 +189,4 @@ def _plot(result: SearchResult, path: str) -> None:
               for e in [*result.evaluated]]
     best = result.top[0] if result.top else None
     chosen = next((q for q in points if best is not None and q.label == best.label), None)
-    frontier_chart(points, chosen, path)
+    frontier_chart(points, chosen, path, result.problem.device_memory, result.problem.reserve)
