@@ -144,7 +144,9 @@ def test_a_static_case_takes_its_arm(tmp_path: Path) -> None:
 
 
 def test_an_assignment_in_a_loop_is_unknown(tmp_path: Path) -> None:
-    path = write(tmp_path, "TP=1\nfor a in \"$@\"; do TP=$a; done\n"
+    # over words only running the script gives (a loop over "$@" runs zero times without
+    # --script-args: tests/test_shell_inputs.py)
+    path = write(tmp_path, "TP=1\nfor a in $(cat sizes); do TP=$a; done\n"
                            f"torchrun --nproc-per-node 8 pretrain_gpt.py {MODEL} "
                            "--tensor-model-parallel-size $TP\n")
     [(message, line, column)] = errors(path)

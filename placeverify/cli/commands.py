@@ -53,7 +53,8 @@ from placeverify.ir.placement import TensorOverlap
 @quiet_option
 def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: int | None,
             units: str, output: str, require_fit: bool, timeout: float, model: str | None,
-            world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
+            world: int | None, fmt: str | None, env: tuple[tuple[str, str], ...],
+            script_args: tuple[str, ...] | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -63,7 +64,8 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
         fmt_out = output_of(as_json, output)
         settings = override_settings(overrides)
         paths = expand_paths(files)
-        document, outcomes = compare_files(paths, with_verdicts, import_settings(model, world, fmt),
+        imports = import_settings(model, world, fmt, env, script_args)
+        document, outcomes = compare_files(paths, with_verdicts, imports,
                                            require_fit=require_fit, budget_s=timeout,
                                            settings=settings, progress=Progress(quiet))
         codes = [o.exit_code for o in outcomes]
@@ -213,7 +215,8 @@ def search(file: str | None, device: str | None, devices: int | None,
            tp_overlap: bool, tp_overlap_backward: bool, no_reduce_once: bool,
            no_data_overlap: bool, frontier_slack: float, as_json: bool, out_dir: str | None,
            plot: str | None, width: int | None, timeout: float, model: str | None,
-           world: int | None, fmt: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
+           world: int | None, fmt: str | None, env: tuple[tuple[str, str], ...],
+           script_args: tuple[str, ...] | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Search layouts: the fastest proved ones, and the frontier of peak memory vs step time.
 
     FILE (a .place file or a framework configuration, with --model config.json as for
@@ -244,7 +247,7 @@ def search(file: str | None, device: str | None, devices: int | None,
                           global_batch=global_batch, batch_tokens=batch_tokens, seq=seq, top=top,
                           space=space, slack=frontier_slack, out_dir=out_dir, plot=plot,
                           as_json=as_json,
-                          budget_s=timeout, imports=import_settings(model, world, fmt),
+                          budget_s=timeout, imports=import_settings(model, world, fmt, env, script_args),
                           settings=override_settings(overrides), console=console(),
                           width=output_width(width), progress=Progress(quiet))
 
@@ -258,7 +261,8 @@ def search(file: str | None, device: str | None, devices: int | None,
 @import_options
 @set_option
 def import_(file: str, out: str | None, model: str | None, world: int | None,
-            fmt: str | None, overrides: tuple[str, ...]) -> None:
+            fmt: str | None, env: tuple[tuple[str, str], ...], script_args: tuple[str, ...] | None,
+            overrides: tuple[str, ...]) -> None:
     """Import a Megatron-LM script, DeepSpeed JSON, torchtitan TOML or accelerate YAML as .place."""
 
     def run() -> ExitCode:
@@ -266,7 +270,7 @@ def import_(file: str, out: str | None, model: str | None, world: int | None,
 
         if out is not None:
             check_writable(out)
-        return import_command(file, import_settings(model, world, fmt), out,
+        return import_command(file, import_settings(model, world, fmt, env, script_args), out,
                               override_settings(overrides))
 
     guarded(run)

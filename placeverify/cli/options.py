@@ -15,6 +15,7 @@ import click
 
 from placeverify.console import echo
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source
+from placeverify.importers.shell_inputs import parse_args, parse_env
 
 # Paths are checked by placeverify, not by click: a missing, unreadable or non-regular file is
 # exit 4 with a diagnostic (click's own checks would make it a usage error, exit 2).
@@ -38,7 +39,19 @@ def budget_option(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def import_options(command: Callable[..., None]) -> Callable[..., None]:
-    """--model, --world and --format: how a framework configuration file is imported."""
+    """--model, --world, --format, --env and --script-args: how a framework configuration file
+    is imported (the last two: what a launch script is run with)."""
+    command = click.option(
+        "--script-args", "script_args", multiple=True, metavar="'ARG ...'",
+        callback=lambda _ctx, _param, value: _words(parse_args, value) if value else None,
+        help="The launch script's arguments ($1, $2, \"$@\", $#), split as a shell splits a "
+             "command line (repeatable: the words add up); decides the tests, case arms and "
+             "argument loops that depend on them.")(command)
+    command = click.option(
+        "--env", "env", multiple=True, metavar="NAME=VALUE",
+        callback=lambda _ctx, _param, value: _words(parse_env, value),
+        help="A variable of the launch script's environment (repeatable); decides the tests "
+             "and values that depend on it.")(command)
     command = click.option("--format", "fmt", default=None,
                            type=click.Choice(["megatron", "deepspeed", "torchtitan", "accelerate"]),
                            help="Configuration format (default: recognised from the content).")(command)
@@ -81,7 +94,16 @@ def override_settings(texts: tuple[str, ...]) -> Any:
     return overrides(texts)
 
 
-def import_settings(model: str | None, world: int | None, fmt: str | None) -> Any:
+def _words(parse: Callable[[tuple[str, ...]], Any], value: tuple[str, ...]) -> Any:
+    try:
+        return parse(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+
+
+def import_settings(model: str | None, world: int | None, fmt: str | None,
+                    env: tuple[tuple[str, str], ...] = (),
+                    script_args: tuple[str, ...] | None = None) -> Any:
     """The importers' options; a folder given as ``--model`` is refused here (exit 4), before
     any file is read."""
     from placeverify.importers import Options
@@ -89,7 +111,7 @@ def import_settings(model: str | None, world: int | None, fmt: str | None) -> An
     if model is not None and is_folder(Path(model)):
         raise PlaceError([Diagnostic(Severity.ERROR, "cannot read file: is a directory, not a "
                                      "config.json", Code.READ)], Source(model, ""), ExitCode.READ_ERROR)
-    return Options(model, world, fmt)
+    return Options(model, world, fmt, env=env, script_args=script_args)
 
 
 def emit_json(document: Any) -> None:

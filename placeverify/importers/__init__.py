@@ -23,6 +23,10 @@ class Options:
     fmt: str | None = None
     # the keys ``--set`` gives ('model.vocab'): a value the file lacks is then no error
     given: frozenset[str] = frozenset()
+    # a launch script's environment (--env NAME=VALUE) and arguments (--script-args; None: not
+    # given): placeverify.importers.shell_inputs
+    env: tuple[tuple[str, str], ...] = ()
+    script_args: tuple[str, ...] | None = None
 
 
 def is_importable(path: str) -> bool:

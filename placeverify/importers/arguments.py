@@ -10,10 +10,11 @@ import re
 from dataclasses import replace
 from typing import NamedTuple
 
-from placeverify.diagnostics import Code, Source
+from placeverify.diagnostics import Code, Source, Span
 from placeverify.importers.common import Reader
 from placeverify.importers.origins import Origin, Value
-from placeverify.importers.shell import NAME_SEPARATOR, Command, Script, Word
+from placeverify.importers.shell import NAME_SEPARATOR, Script
+from placeverify.importers.shell_values import Command, Word
 
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "deepspeed")
 _TRAINING = re.compile(r"(^|/)(pre)?train[^/]*\.py$")
@@ -69,10 +70,17 @@ class Arguments:
         word = self.flags[name][0]
         if word.maybe and name not in self._doubted:
             self._doubted.add(name)
-            self.reader.error(f"{name}: {word.maybe}",
-                              Origin(name, self.source, word.maybe_span or word.span),
-                              code=Code.NOT_STATIC)
+            self._undecided(name, word.maybe, word.maybe_span, word.span)
         return True
+
+    def _undecided(self, name: str, message: str, test: Span | None, span: Span | None) -> None:
+        """An error about a value that depends on what the script cannot tell: once per
+        undecided test (at ``test``), however many flags it decides."""
+        origin = Origin(name, self.source, test or span)
+        if test is None:
+            self.reader.error(f"{name}: {message}", origin, code=Code.NOT_STATIC)
+        else:
+            self.reader.once(test, name, message, origin, Code.NOT_STATIC)
 
     def unresolved(self, name: str) -> Word | None:
         """The value word of ``name`` when it is given with a value that only running the
@@ -119,9 +127,8 @@ class Arguments:
         word, values = self.flags[name]
         doubt = next((v for v in values if v.maybe and not word.maybe), None)
         if doubt is not None:
-            self.reader.error(f"{name}: its value {doubt.text}: {doubt.maybe}",
-                              Origin(name, self.source, doubt.maybe_span or doubt.span),
-                              code=Code.NOT_STATIC)
+            self._undecided(name, f"its value {doubt.text}: {doubt.maybe}", doubt.maybe_span,
+                            doubt.span)
             return None
         if len(values) != 1:
             self.reader.error(f"{name} takes one value", self.origin(word))
@@ -131,8 +138,7 @@ class Arguments:
             why = values[0].unresolved
             if " " not in why:  # only the variable's name (a test configuration's ${VAR})
                 why += " is not assigned in this configuration (only running it would give the value)"
-            self.reader.error(f"{name}: {why}; {fix}",
-                              Origin(name, self.source, where), code=Code.NOT_STATIC)
+            self._undecided(name, f"{why}; {fix}", values[0].unresolved_span, where)
             return None
         return Value(values[0].text, Origin(name, self.source, word.span))
 

@@ -17,6 +17,7 @@ from typing import Any
 from placeverify.diagnostics import Code, Diagnostic, Diagnostics, PlaceError, Severity, Source, Span
 from placeverify.importers.origins import Origin
 from placeverify.importers.rules import Rule
+from placeverify.importers.shell_inputs import NO_INPUTS, Inputs
 
 COMMENT_COLUMN = 44  # where the "# key" comments start, when the statement is shorter
 
@@ -68,9 +69,12 @@ class Imported:
 class Reader:
     """Diagnostics of one imported file (and of the model file, if any)."""
 
-    def __init__(self, source: Source, given: frozenset[str] = frozenset()) -> None:
+    def __init__(self, source: Source, given: frozenset[str] = frozenset(),
+                 inputs: Inputs = NO_INPUTS) -> None:
         self.source = source
         self.given = given  # keys an override gives (Options.given)
+        self.inputs = inputs  # a launch script's --env and --script-args
+        self._once: dict[object, tuple[int, list[str]]] = {}  # see once()
         self.diags = Diagnostics(source)
         self.extra: list[tuple[Diagnostic, Source]] = []  # warnings about other files
         self.pending: list[Diagnostic] = []  # rules judged after overrides, unless errors come first
@@ -93,6 +97,21 @@ class Reader:
             self.extra.append((diagnostic, origin.source))
         else:
             self.diags.items.append(diagnostic)
+
+    def once(self, key: object, subject: str, message: str, origin: Origin, code: Code) -> None:
+        """An error reported once per ``key`` (an undecided test of a script): ``subject``
+        (a flag) starts its message; the subjects of later ones are named in its note."""
+        if key not in self._once:
+            self._once[key] = (len(self.diags.items), [])
+            self.error(f"{subject}: {message}", origin, code=code)
+            return
+        at, others = self._once[key]
+        if subject in others or self.diags.items[at].message.startswith(f"{subject}:"):
+            return
+        others.append(subject)
+        first = self.diags.items[at]
+        self.diags.items[at] = Diagnostic(first.severity, first.message, first.code, first.span,
+                                          (f"the same test also decides {', '.join(others)}",))
 
     def pending_error(self, message: str, origin: Origin, code: Code) -> None:
         """An error that a rule judges on the final strategy (an override may fix it), reported

@@ -327,6 +327,9 @@ def _finish(run: Run) -> None:
     assumed = [a for a in dict.fromkeys([*run.runner.assumed(), *run.args.assumed(),
                                          *(script.decided if script is not None else [])])
                if a not in run.replaced]
+    given = reader.inputs.describe()
+    if given and script is not None:
+        plan.header.append(f"The script read as run with {given}")
     if assumed:
         plan.header.append("Assumed about the launch (defaults of variables the environment or "
                            "the script's arguments may set): " + "; ".join(assumed))

@@ -53,7 +53,8 @@ from placeverify.importers.deepspeed_pipe import pipeline_line
 from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_json
 from placeverify.importers.rules import Facts, batch_rule
-from placeverify.importers.shell import Script, Word, Written
+from placeverify.importers.shell import Script
+from placeverify.importers.shell_values import Word, Written
 
 CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed-config", "--deepscale_config")
 # Read here (or by the Megatron importer) when --deepspeed is given; named once in the header.

@@ -14,7 +14,8 @@ from placeverify.diagnostics import Code, Span
 from placeverify.importers.arguments import Arguments
 from placeverify.importers.common import Line, Reader
 from placeverify.importers.origins import Origin
-from placeverify.importers.shell import Script, Word
+from placeverify.importers.shell import Script
+from placeverify.importers.shell_values import Word
 
 NPROC_FLAGS = ("--nproc_per_node", "--nproc-per-node", "--num_gpus", "--num-gpus")
 NNODES_FLAGS = ("--nnodes", "--num_nodes", "--num-nodes")

@@ -13,7 +13,7 @@ from placeverify.importers.arguments import Arguments, Launch, split_launch
 from placeverify.importers.common import Line, Plan, Reader
 from placeverify.importers.megatron_deepspeed import Engine
 from placeverify.importers.megatron_launch import launch_world
-from placeverify.importers.origins import Value
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.shell import Script
 
 
@@ -56,6 +56,27 @@ class Run:
         return t, p, c, e
 
 
+def _no_command(reader: Reader, script: Script, started: Launch) -> None:
+    """A script that runs no Python file and gives no flag to any command, but keeps flags in
+    a variable no command uses (``GPT_ARGS="--num-layers 24 ..."``, the launch left out): an
+    error at that variable, not the flags' absence."""
+    if any(w.text.startswith("--") for w in started.arguments):
+        return
+    for name, offset in script.assigned.items():
+        value = script.state.values.get(name)
+        items = value if isinstance(value, tuple) else (value,) if value is not None else ()
+        flags = [w for t in items for w in t.text.split() if w.startswith("--")]
+        if name in script.expanded or not flags:
+            continue
+        reader.error(f"no training command in this file: ${name} holds training flags "
+                     f"({', '.join(flags[:3])}{', ...' if len(flags) > 3 else ''}) but no "
+                     f"command uses it; placeverify reads the command that runs them (`torchrun "
+                     f"... pretrain_gpt.py ${name}`)",
+                     Origin(name, script.source, script.span(offset, offset + len(name))),
+                     code=Code.MISSING)
+        reader.raise_if_errors()
+
+
 def start(reader: Reader, source: Source, model: str | None, world: int | None) -> Run:
     """The launch: the training program's arguments and the launcher's, the world size, and the
     parallel sizes (an error for any that is not a number)."""
@@ -63,8 +84,10 @@ def start(reader: Reader, source: Source, model: str | None, world: int | None) 
     if megatron_yaml.is_test_config(source):
         started = Launch([], None, megatron_yaml.arguments(source), False)
     else:
-        script = Script(source)
+        script = Script(source, reader.inputs)
         started = split_launch(script)
+        if started.program is None:
+            _no_command(reader, script, started)
     launch, words, launched = started.launcher, started.arguments, started.launched
     plan = Plan("megatron", source.path)
     args = Arguments(reader, words, source)

@@ -20,7 +20,7 @@ import re
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
 from placeverify.importers.positions import _scalar, _strip_comment, syntax_error
-from placeverify.importers.shell import Word
+from placeverify.importers.shell_values import Word
 
 _TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)[ \t]*:", re.M)
 _ENTRY = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9_\-]*)\s*:(\s+|$)")

@@ -17,6 +17,7 @@ from placeverify.importers.positions import load_json, load_toml, load_yaml
 from placeverify.importers.rules import Facts
 from placeverify.importers.rules import judge as judge_rules
 from placeverify.importers.shell import Script
+from placeverify.importers.shell_inputs import Inputs
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import load_text
 from placeverify.lower.overrides import Settings
@@ -113,7 +114,7 @@ def import_file(path: str, options: Options = DEFAULTS, *, judge: bool = True) -
     fmt = options.fmt or detect(source)
     if fmt not in FORMATS:
         raise _refuse(source, f"unknown format '{fmt}'; expected one of " + ", ".join(FORMATS))
-    reader = Reader(source, options.given)
+    reader = Reader(source, options.given, Inputs(options.env, options.script_args))
     plan = FORMATS[fmt](reader, source, options.model, options.world)
     reader.raise_if_errors()
     text, origins = render(plan)

@@ -22,7 +22,13 @@ statement, as bash would run it, on a table of variables:
   condition is undecided: each branch is read on its own, and afterwards a variable the branches
   leave different is unknown (an error at the test, where the importer needs it), and the items a
   branch appends to an array, or the commands it runs, are given "only if" the test holds.
-- Loops and ``case`` are not run: they are undecided the same way (run once, or not at all).
+- ``case`` on a known word runs its arm; on an unknown one it is undecided the same way (with a
+  ``*`` arm, one of its arms runs). ``for NAME in WORDS`` over known words and ``while``/``until``
+  while their test decides are run (bounded); a loop over the script's arguments runs zero times
+  when they are not given (an assumption); any other loop is undecided (run once, or not at all).
+- The environment and the arguments given with ``--env`` and ``--script-args``
+  (:mod:`placeverify.importers.shell_inputs`) give ``$NAME``, ``$1``, ``$#``, ``"$@"`` and
+  ``shift``; their characters stand where the script uses them.
 - ``bash -c STRING`` (``sh``; after a launcher such as ``srun ... bash -c "$LAUNCHER $CMD"``)
   reads STRING, once the script has expanded it, as the commands of a child shell: its words
   point at the text they came from; what is not known in the string stays unknown (it is never
@@ -39,11 +45,20 @@ statement, as bash would run it, on a table of variables:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import fnmatch
 import re
-from dataclasses import dataclass, field
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
+from placeverify.importers.shell_inputs import (
+    GIVEN,
+    NO_INPUTS,
+    POSITIONAL,
+    Inputs,
+    argument,
+    not_assigned,
+    shifted,
+)
 from placeverify.importers.shell_syntax import (
     NAME,
     AndOr,
@@ -68,13 +83,27 @@ from placeverify.importers.shell_syntax import (
     parse,
     relocate,
 )
+from placeverify.importers.shell_tests import arithmetic_value, truth
+from placeverify.importers.shell_values import (
+    BREAK,
+    Char,
+    Command,
+    Doubt,
+    Piece,
+    Sbatch,
+    State,
+    Text,
+    Unknown,
+    Value,
+    Word,
+    Written,
+)
 
 _BLANKS = " \t\n"
 _DECLARES = ("export", "declare", "typeset", "local", "readonly")
-_FILE_TESTS = frozenset("-" + c for c in "abcdefghkprstuwxGLNOS")
-_INTEGER_TESTS = ("-eq", "-ne", "-lt", "-le", "-gt", "-ge")
-_BINARY = frozenset(("=", "==", "!=", "=~", "<", ">", "-nt", "-ot", "-ef", *_INTEGER_TESTS))
 _MAX_CALLS = 32  # nested function calls read before giving up
+_MAX_LOOPS = 256  # a loop's runs read before it is taken as undecided
+_MAX_RUNS = 4096  # the runs of all loops of a script (nested loops multiply)
 _SHELLS = ("bash", "sh")  # `bash -c STRING` runs STRING in a child shell
 _OPAQUE = "\ue000"  # stands for a character whose value is not known while a string is re-read
 # an sbatch option on a ``#SBATCH`` line, among others (``#SBATCH --nodes=128 --exclusive
@@ -90,122 +119,6 @@ _SBATCH_LONG = {"-N": "--nodes", "-n": "--ntasks"}
 NAME_SEPARATOR = "\x1f"  # between the characters of a file name with unknown parts
 
 
-@dataclass(frozen=True, slots=True)
-class Word:
-    """One word of a command, after expansion. ``unresolved`` says why its value is not known
-    (``unresolved_span``: where that is decided, when not at the word: an undecided test);
-    ``maybe`` says why the word is given only under a test placeverify cannot decide;
-    ``assumed`` names the defaults taken for variables the launch may set."""
-
-    text: str
-    span: Span | None
-    unresolved: str | None = None
-    unresolved_span: Span | None = None
-    maybe: str | None = None
-    maybe_span: Span | None = None
-    assumed: tuple[str, ...] = ()
-    name: str = ""  # the word as a file name: see :func:`_file_name`
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    words: tuple[Word, ...]
-    line: int
-    # the command that ran this one's ``bash -c`` string, up to the shell (``srun -l ... sh -c``)
-    via: tuple[Word, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Sbatch:
-    """One whole-number option of the script's ``#SBATCH`` lines (its long name) and where."""
-
-    option: str
-    value: int
-    span: Span
-
-
-@dataclass(frozen=True, slots=True)
-class Unknown:
-    """Why a value is not known from the text; ``at``: the offsets of an undecided test."""
-
-    reason: str
-    at: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Doubt:
-    """An undecided test (or a loop, a case): what it is, why undecided, where."""
-
-    what: str
-    why: str
-    at: tuple[int, int]
-
-    def unknown(self, name: str) -> Unknown:
-        return Unknown(f"${name} depends on {self.what}, which placeverify cannot decide "
-                       f"({self.why})", self.at)
-
-    def given_only_if(self) -> Unknown:
-        return Unknown(f"it is given only if {self.what} holds, which placeverify cannot "
-                       f"decide ({self.why})", self.at)
-
-
-Char = tuple[str, int, Unknown | None]  # a character, its source offset (-1: none), and why it
-# stands for a value not known (the text of ``$(...)`` or ``$X`` where it is used)
-
-
-@dataclass(frozen=True, slots=True)
-class Text:
-    """An expanded value; ``whole``: why the whole value is not known (a variable the branches
-    of an undecided test leave different)."""
-
-    chars: tuple[Char, ...] = ()
-    whole: Unknown | None = None
-    maybe: Unknown | None = None
-    assumed: tuple[str, ...] = ()
-
-    @property
-    def text(self) -> str:
-        return "".join(c for c, _, _ in self.chars)
-
-    def problem(self) -> Unknown | None:
-        return self.whole or next((u for _, _, u in self.chars if u is not None), None)
-
-    def key(self) -> tuple[str, Unknown | None, Unknown | None]:
-        return self.text, self.problem(), self.maybe
-
-
-Value = Text | tuple[Text, ...] | None  # a scalar, an array, or unset by the script
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """A file the script writes from a here-document: its text (characters with their source
-    offsets) and the line of the command."""
-
-    text: Text
-    line: int
-    maybe: Unknown | None = None
-    by: str | None = None  # a command placeverify does not run wrote it (``sed ... > FILE``)
-
-
-@dataclass
-class State:
-    values: dict[str, Value] = field(default_factory=dict)
-    exited: bool = False
-
-    def copy(self) -> State:
-        return State(dict(self.values), self.exited)
-
-
-@dataclass(frozen=True, slots=True)
-class _Piece:
-    chars: tuple[Char, ...]
-    split: bool  # from an unquoted expansion: blanks separate words
-    maybe: Unknown | None = None
-    assumed: tuple[str, ...] = ()
-
-
-_BREAK = _Piece((), False)  # between the items of "${A[@]}": a word ends
 
 
 def _error(source: Source, message: str, span: Span, code: Code = Code.NOT_STATIC) -> PlaceError:
@@ -215,8 +128,9 @@ def _error(source: Source, message: str, span: Span, code: Code = Code.NOT_STATI
 class Script:
     """The commands of a script with their words expanded, as far as the text says."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, inputs: Inputs = NO_INPUTS) -> None:
         self.source = source
+        self.inputs = inputs
         self._starts = [0] + [m.end() for m in re.finditer("\n", source.text)]
         self.commands: list[Command] = []
         self.functions: dict[str, Node] = {}
@@ -228,12 +142,19 @@ class Script:
         self.swallowed: list[tuple[Word, int]] = []
         self.files: dict[str, Written] = {}  # written from here-documents, by name as written
         self._calls = 0
+        self._runs = 0  # loop bodies run (at most _MAX_RUNS)
         self._carried: dict[int, Unknown] = {}  # while re-reading a string: unknown characters
         self._assumed_at: dict[int, str] = {}  # source offsets of values taken as assumptions
         self._via: tuple[Word, ...] = ()  # while a ``bash -c`` string is read: who ran it
         self.sbatch: dict[str, Sbatch] = {}  # ``#SBATCH`` options, by long name
         self.state = State()
         self._sbatch()
+        for name, value in inputs.env:
+            self.state.values[name] = _given(value)
+        if inputs.args is not None:
+            self._positional(self.state, inputs.args)
+        self.assigned: dict[str, int] = {}  # the offset of each variable's first assignment
+        self.expanded: set[str] = set()  # the variables some word expands
         try:
             self._list(parse(source.text), self.state)
         except ShellSyntaxError as error:
@@ -348,14 +269,23 @@ class Script:
             return self._if(node, state)
         if isinstance(node, Case):
             arm = self._case_arm(node, state)
-            if arm is not None:
+            if not isinstance(arm, str):
                 return self._list(arm, state) if arm.items else True
+            why = arm
+        if isinstance(node, Loop):
+            ran = self._loop(node, state)
+            if ran is not None:
+                return ran
+            why = ("placeverify runs a loop over known words only, or while a test it decides "
+                   "holds")
         if isinstance(node, Loop | Case):
             kind = f"the {node.kind} loop" if isinstance(node, Loop) else "the case statement"
-            doubt = Doubt(f"{kind} at line {self.line_of(node.start)}", "loops and case are not run",
+            doubt = Doubt(f"{kind} at line {self.line_of(node.start)}", why,
                           (node.start, node.start + (len(node.kind) if isinstance(node, Loop) else 4)))
             bodies = [node.body] if isinstance(node, Loop) else [a.body for a in node.arms]
-            paths = [state.copy()]
+            # a case with a `*` arm runs one of its arms: no path passes it by
+            paths = [] if isinstance(node, Case) and any(
+                p.literal() == "*" for a in node.arms for p in a.patterns) else [state.copy()]
             self._doubts.append(doubt)
             for body in bodies:
                 path = state.copy()
@@ -375,22 +305,124 @@ class Script:
         self.functions[node.name] = node.body
         return True
 
-    def _case_arm(self, node: Case, state: State) -> List | None:
-        """The body a ``case`` runs when its subject and patterns are known up to the arm that
-        matches (and that arm ends with ``;;``): an empty list when none matches; else None."""
-        subject = self._expand(node.subject, state, split=False)[0]
-        if subject.problem() is not None:
+    def _loop(self, node: Loop, state: State) -> bool | None:
+        """A loop run as bash would, when what it runs over is known: ``for NAME in WORDS``
+        once per word, ``while``/``until`` while its test decides (at most _MAX_LOOPS times).
+        Without --script-args, a loop over the script's arguments (``for a in "$@"``, ``while
+        [[ $# -gt 0 ]]``) runs zero times, said as an assumption. None: undecided."""
+        if node.kind in ("for", "while", "until") and (node.kind != "for" or node.variable):
+            saved = self._saved()
+            trial = state.copy()
+            if self._iterate(node, trial):
+                state.values, state.exited = trial.values, trial.exited
+                return True
+            self._restore(saved)
+        if self.inputs.args is not None or (node.kind == "for" and not node.variable):
             return None
+        saved = self._saved()
+        probe = state.copy()
+        self._positional(probe, ())
+        runs = self._iterate(node, probe, once=True)
+        self._restore(saved)
+        if runs is not False:
+            return None
+        self.decided.append(f"no arguments given to the script, so the {node.kind} loop at line "
+                            f"{self.line_of(node.start)} runs zero times (--script-args gives "
+                            "them)")
+        return True
+
+    def _iterate(self, node: Loop, state: State, once: bool = False) -> bool | None:
+        """Run the loop on ``state``: True when it ran to its end, None when a test or a word
+        is undecided; with ``once``, only whether it runs at all (False: zero times)."""
+        if node.kind == "for":
+            if node.items is None and "@" not in state.values:
+                return None
+            words = list(_items(state.values["@"])) if node.items is None else \
+                [t for w in node.items for t in self._expand(w, state, split=True)]
+            self._runs += len(words)
+            if any(t.problem() is not None for t in words) or len(words) > _MAX_LOOPS or \
+                    self._runs > _MAX_RUNS:
+                return None
+            if once:
+                return bool(words)
+            assert node.variable is not None
+            for word in words:
+                state.values[node.variable] = word
+                self._list(node.body, state)
+                if state.exited:
+                    break
+            return True
+        for count in range(_MAX_LOOPS + 1):
+            status = self._list(node.condition or List(), state)
+            if isinstance(status, str) or state.exited:
+                return None if isinstance(status, str) else True
+            if status == (node.kind == "until"):
+                return not (once and count == 0)
+            self._runs += 1
+            if once or count == _MAX_LOOPS or self._runs > _MAX_RUNS:
+                return None
+            self._list(node.body, state)
+            if state.exited:
+                return True
+        return None
+
+    def _saved(self) -> tuple[int, int, int, int, dict[str, Written]]:
+        return (len(self.commands), len(self.decided), len(self.sourced), len(self.swallowed),
+                dict(self.files))
+
+    def _restore(self, saved: tuple[int, int, int, int, dict[str, Written]]) -> None:
+        """Forget what a trial run of a loop found."""
+        del self.commands[saved[0]:], self.decided[saved[1]:], self.sourced[saved[2]:]
+        del self.swallowed[saved[3]:]
+        self.files = saved[4]
+
+    def _positional(self, state: State, args: tuple[str, ...] | tuple[Text, ...]) -> None:
+        """The script's arguments: ``$1``... ``$#``, ``$@`` and ``$*``."""
+        items = tuple(_given(a) if isinstance(a, str) else a for a in args)
+        state.values.update({"@": items, "*": items, "#": _given(str(len(items)))})
+        state.values.update({str(k + 1): item for k, item in enumerate(items)})
+
+    def _call(self, name: str, args: list[Text], state: State) -> bool | str:
+        """A function's body, run with its own arguments as ``$1``... (bash: the script's are
+        back after it returns)."""
+        outer = {k: v for k, v in state.values.items() if k in POSITIONAL or k.isdigit()}
+        for k in outer:
+            del state.values[k]
+        self._positional(state, tuple(args))
+        self._calls += 1
+        status = self._node(self.functions[name], state)
+        self._calls -= 1
+        for k in [k for k in state.values if k in POSITIONAL or k.isdigit()]:
+            del state.values[k]
+        state.values.update(outer)
+        return status
+
+    def _shift(self, state: State, count: int) -> bool:
+        if not shifted(state.values, count):
+            return False
+        rest = state.values["@"]
+        state.values["#"] = _given(str(len(rest) if isinstance(rest, tuple) else 0))
+        return True
+
+    def _case_arm(self, node: Case, state: State) -> List | str:
+        """The body a ``case`` runs when its subject and patterns are known up to the arm that
+        matches (and that arm ends with ``;;``): an empty list when none matches; else why not."""
+        subject = self._expand(node.subject, state, split=False)[0]
+        problem = subject.problem()
+        if problem is not None:
+            return problem.reason
         for arm in node.arms:
             for pattern in arm.patterns:
                 text = self._expand(pattern, state, split=False)[0]
-                if text.problem() is not None:
-                    return None
+                problem = text.problem()
+                if problem is not None:
+                    return problem.reason
                 glob = any(isinstance(p, Lit) and not p.quoted and any(c in p.text for c in "*?[")
                            for p in pattern.parts)
                 if fnmatch.fnmatchcase(subject.text, text.text) if glob else \
                         subject.text == text.text:
-                    return arm.body if arm.end == ";;" else None
+                    return arm.body if arm.end == ";;" else \
+                        f"an arm ending with {arm.end} (placeverify reads arms ending with ;;)"
         return List()
 
     def _if(self, node: If, state: State) -> bool | str:
@@ -454,9 +486,10 @@ class Script:
                         n += 1
                     common = common[:n]
                 maybe = doubt.given_only_if()
+                agreed, rest = _agreed([items[len(common):] for items in arrays])
                 extra = [Text(t.chars, t.whole, t.maybe or maybe, t.assumed)
-                         for items in arrays for t in items[len(common):]]
-                merged[name] = (*common, *extra)
+                         for items in rest for t in items]
+                merged[name] = (*common, *agreed, *extra)
             else:
                 merged[name] = Text(whole=doubt.unknown(name))
         state.values = merged
@@ -465,14 +498,15 @@ class Script:
         line = self.line_of(node.start)
         if not node.words:
             for name, append, value in node.assignments:
-                self._assign(state, name, append, value, line)
+                at = self.source.text.find(name, node.start, value.start + 1)
+                self._assign(state, name, append, value, line, at)
             return True
         first = node.words[0].literal()
         if first in _DECLARES:
             for word in node.words[1:]:
                 assignment = word.assignment()
                 if assignment is not None:
-                    self._assign(state, *assignment, line)
+                    self._assign(state, *assignment, line, word.start)
             return True
         words = [t for w in node.words for t in self._expand(w, state, split=True)]
         name = words[0].text if words else ""
@@ -483,6 +517,9 @@ class Script:
             return True
         if name == "false":
             return False
+        if name == "shift" and "@" in state.values:
+            count = words[1].text if len(words) > 1 else "1"
+            return count.isdigit() and self._shift(state, int(count))
         if name == "unset":
             for t in words[1:]:
                 if not t.text.startswith("-"):
@@ -494,16 +531,13 @@ class Script:
                 if not args or args[-1].text != "]":
                     return "a [ without its ] (only running the script would tell)"
                 args = args[:-1]
-            return self._decided(_test([(t.text, True, t, False) for t in args]), args,
+            return self._decided(truth([(t.text, True, t, False) for t in args]), args,
                                  node.start)
         if name in ("source", ".") and len(words) > 1:
             self.sourced.append(self._word(words[1], None))
             return "the exit status of a sourced file (only running the script gives it)"
         if name in self.functions and self._calls < _MAX_CALLS:
-            self._calls += 1
-            status = self._node(self.functions[name], state)
-            self._calls -= 1
-            return status
+            return self._call(name, words[1:], state)
         doubt = self._doubts[0].given_only_if() if self._doubts else None
         self._writes(node, words, state, line, doubt)
         for redirect in node.redirects:
@@ -593,7 +627,10 @@ class Script:
                     self.span(*maybe.at) if maybe and maybe.at else None,
                     assumed, _file_name(text))
 
-    def _assign(self, state: State, name: str, append: bool, value: WordTok, line: int) -> None:
+    def _assign(self, state: State, name: str, append: bool, value: WordTok, line: int,
+                at: int) -> None:
+        if at >= 0 and self.source.text.startswith(name, at):
+            self.assigned.setdefault(name, at)
         old = state.values.get(name)
         if value.items is not None:
             items = tuple(t for item in value.items for t in self._expand(item, state, split=True))
@@ -646,17 +683,17 @@ class Script:
     # ---- expansion ----
 
     def _expand(self, word: WordTok, state: State, split: bool) -> list[Text]:
-        pieces: list[_Piece] = []
+        pieces: list[Piece] = []
         for part in word.parts:
             pieces.extend(self._part(part, state))
         return _fields(pieces, split)
 
-    def _part(self, part: Part, state: State) -> list[_Piece]:
+    def _part(self, part: Part, state: State) -> list[Piece]:
         if isinstance(part, Lit):
             offsets = part.offsets if len(part.offsets) == len(part.text) else \
                 tuple(-1 for _ in part.text)
             # re-reading a bash -c string, an opaque character is the unknown it stands for
-            return [_Piece(tuple((self.source.text[o], o, self._carried[o])
+            return [Piece(tuple((self.source.text[o], o, self._carried[o])
                                  if c == _OPAQUE and o in self._carried else (c, o, None)
                                  for c, o in zip(part.text, offsets, strict=True)), False)]
         if isinstance(part, Substitution):
@@ -667,15 +704,16 @@ class Script:
             return [self._arith(part, state)]
         return self._param(part, state)
 
-    def _unknown_piece(self, start: int, end: int, unknown: Unknown) -> _Piece:
-        return _Piece(tuple((self.source.text[i], i, unknown) for i in range(start, end)), False)
+    def _unknown_piece(self, start: int, end: int, unknown: Unknown) -> Piece:
+        return Piece(tuple((self.source.text[i], i, unknown) for i in range(start, end)), False)
 
-    def _arith(self, part: Arith, state: State) -> _Piece:
+    def _arith(self, part: Arith, state: State) -> Piece:
         problem: list[Unknown] = []
         assumed: list[str] = []
 
         def value(match: re.Match[str]) -> str:
             name = match.group(1) or match.group(2) or match.group(3)
+            self.expanded.add(name)
             v = state.values.get(name)
             if isinstance(v, tuple):
                 v = v[0] if v else None
@@ -687,8 +725,7 @@ class Script:
             elif match.group(3) is not None and name not in state.values:
                 return "0"  # bash: an unset name in arithmetic is 0
             else:
-                problem.append(Unknown(f"${name} is not assigned in this script (only running it "
-                                       "would give the value)"))
+                problem.append(Unknown(not_assigned(name)))
             return "0"
 
         expression = part.expression
@@ -700,34 +737,50 @@ class Script:
                       r"\b([A-Za-z_][A-Za-z0-9_]*)\b", value, expression)
         if problem:
             return self._unknown_piece(part.start, part.end, problem[0])
-        result = _arithmetic(text)
+        result = arithmetic_value(text)
         if result is None:
             return self._unknown_piece(part.start, part.end, Unknown(
                 f"the arithmetic $(({expression})) at line {self.line_of(part.start)} is not one "
                 "placeverify evaluates (integers with + - * / % and parentheses)"))
         digits = str(result)
-        return _Piece(tuple((c, part.start + i, None) for i, c in enumerate(digits)), False, None,
+        return Piece(tuple((c, part.start + i, None) for i, c in enumerate(digits)), False, None,
                       tuple(dict.fromkeys(assumed)))
 
-    def _param(self, part: Param, state: State) -> list[_Piece]:
+    def _param(self, part: Param, state: State) -> list[Piece]:
+        """The pieces of ``$NAME`` and the like; a character given on the command line
+        (``--env``, ``--script-args``) stands where it is used."""
+        self.expanded.add(part.name)
+        if part.name in ("@", "*") and part.name in state.values and part.index is None:
+            part = dataclasses.replace(part, index=part.name)
+        pieces = self._param_pieces(part, state)
+        if not any(o == GIVEN for p in pieces for _, o, _ in p.chars):
+            return pieces
+        last = max(part.start, part.end - 1)
+        return [Piece(tuple((c, min(part.start + k, last) if o == GIVEN else o, u)
+                             for k, (c, o, u) in enumerate(p.chars)), p.split, p.maybe, p.assumed)
+                if any(o == GIVEN for _, o, _ in p.chars) else p for p in pieces]
+
+    def _param_pieces(self, part: Param, state: State) -> list[Piece]:
         name, split = part.name, not part.quoted
         line = self.line_of(part.start)
-        assigned = name in state.values
+        # with --script-args, an argument beyond those given is unset, as bash has it
+        beyond = self.inputs.args is not None and name.isdigit() and name != "0"
+        assigned = name in state.values or beyond
         value = state.values.get(name)
         unset = value is None
-        if assigned:
+        if name in state.values:
             why = f"${name} is unset by the script before line {line}"
-        elif name.isdigit() and name != "0":
-            why = f"${name} is an argument of the script (only running it would give the value)"
+        elif (name.isdigit() and name != "0") or name in POSITIONAL:
+            why = argument(name)
         elif NAME.fullmatch(name):
-            why = f"${name} is not assigned in this script (only running it would give the value)"
+            why = not_assigned(name)
         else:
             why = f"${name} is set by the shell when the script runs"
         if part.op == "#len":
             if isinstance(value, tuple) and part.index in ("@", "*"):
-                return [_Piece(tuple((c, part.start, None) for c in str(len(value))), False)]
+                return [Piece(tuple((c, part.start, None) for c in str(len(value))), False)]
             if isinstance(value, Text) and value.problem() is None:
-                return [_Piece(tuple((c, part.start, None) for c in str(len(value.text))), False)]
+                return [Piece(tuple((c, part.start, None) for c in str(len(value.text))), False)]
             return [self._unknown_piece(part.start, part.end, (
                 value.problem() if isinstance(value, Text) else None) or Unknown(why))]
         if part.op == "other":
@@ -741,7 +794,7 @@ class Script:
             if isinstance(value, Text) and value.whole is not None:
                 return [self._unknown_piece(part.start, part.end, value.whole)]
             default = [p for a in part.arg for p in self._part(a, state)]
-            default = [_Piece(p.chars, p.split and split, p.maybe, p.assumed) for p in default]
+            default = [Piece(p.chars, p.split and split, p.maybe, p.assumed) for p in default]
             shown = "".join(c for p in default for c, _, _ in p.chars)
             guess = (f"{'$' + name} {'not given' if name.isdigit() else 'unset'} at line {line}, "
                      f"so {self.source.text[part.start:part.end]} is "
@@ -750,29 +803,29 @@ class Script:
             if part.op.lstrip(":") in ("-", "="):
                 if not empty:
                     return self._value_pieces(value, part, split)
-                pieces = [_Piece(p.chars, p.split, p.maybe,
+                pieces = [Piece(p.chars, p.split, p.maybe,
                                  p.assumed + ((guess,) if guess else ())) for p in default] or \
-                    [_Piece((), False, None, (guess,) if guess else ())]
+                    [Piece((), False, None, (guess,) if guess else ())]
                 if part.op.lstrip(":") == "=":
                     state.values[name] = Text(tuple(c for p in pieces for c in p.chars), None,
                                               None, tuple(a for p in pieces for a in p.assumed))
                 return pieces
             # :+ and +: the word when set (and, with ':', not empty)
             if empty:
-                return [_Piece((), False, None, (guess,) if guess else ())]
+                return [Piece((), False, None, (guess,) if guess else ())]
             return default
         if unset:
-            return [self._unknown_piece(part.start, part.end, Unknown(why))]
+            return [] if beyond else [self._unknown_piece(part.start, part.end, Unknown(why))]
         return self._value_pieces(value, part, split)
 
-    def _value_pieces(self, value: Value, part: Param, split: bool) -> list[_Piece]:
+    def _value_pieces(self, value: Value, part: Param, split: bool) -> list[Piece]:
         if isinstance(value, tuple):
             if part.index in ("@", "*"):
-                out: list[_Piece] = []
+                out: list[Piece] = []
                 for i, item in enumerate(value):
                     if i:
-                        out.append(_BREAK if (split or part.index == "@") else
-                                   _Piece(((" ", -1, None),), False))
+                        out.append(BREAK if (split or part.index == "@") else
+                                   Piece(((" ", -1, None),), False))
                     out.append(self._text_piece(item, part, split))
                 return out
             index = part.index or "0"
@@ -800,11 +853,11 @@ class Script:
             previous = char[2]
         return Text(tuple(chars), None, value.maybe, value.assumed)
 
-    def _text_piece(self, value: Text, part: Param, split: bool) -> _Piece:
+    def _text_piece(self, value: Text, part: Param, split: bool) -> Piece:
         if value.whole is not None:
             piece = self._unknown_piece(part.start, part.end, value.whole)
-            return _Piece(piece.chars, False, value.maybe, value.assumed)
-        return _Piece(value.chars, split, value.maybe, value.assumed)
+            return Piece(piece.chars, False, value.maybe, value.assumed)
+        return Piece(value.chars, split, value.maybe, value.assumed)
 
     # ---- [[ ]] ----
 
@@ -820,7 +873,7 @@ class Script:
                 for p in word.parts)
             args.append((text.text, literal is not None, text, pattern))
             previous = literal or ""
-        return self._decided(_test(args, arithmetic=True), [a[2] for a in args], node.start)
+        return self._decided(truth(args, arithmetic=True), [a[2] for a in args], node.start)
 
     def _decided(self, result: bool | str, operands: list[Text], start: int) -> bool | str:
         """A test's result; the defaults its operands took are recorded when it is decided."""
@@ -830,6 +883,37 @@ class Script:
                 for a in t.assumed:
                     self.decided.append(f"{a} (deciding the test at line {line})")
         return result
+
+
+def _agreed(arrays: list[tuple[Text, ...]]) -> tuple[list[Text], list[list[Text]]]:
+    """The flags (a ``--flag`` item and the items up to the next) every one of ``arrays``
+    gives alike, whatever their order (the first array's), and what each array has besides."""
+    def units(items: tuple[Text, ...]) -> list[tuple[Text, ...]]:
+        out: list[list[Text]] = []
+        for item in items:
+            if not out or item.text.startswith("--"):
+                out.append([])
+            out[-1].append(item)
+        return [tuple(u) for u in out]
+
+    def key(unit: tuple[Text, ...]) -> tuple[tuple[str, Unknown | None, Unknown | None], ...]:
+        return tuple(t.key() for t in unit)
+
+    each = [units(items) for items in arrays]
+    keys = [{key(u) for u in us} for us in each]
+    shared = {k for k in keys[0] if all(k in other for other in keys[1:])
+              and k and k[0][0].startswith("--")}
+    agreed = [t for u in each[0] if key(u) in shared for t in u]
+    return agreed, [[t for u in us if key(u) not in shared for t in u] for us in each]
+
+
+def _items(value: Value) -> tuple[Text, ...]:
+    return value if isinstance(value, tuple) else ()
+
+
+def _given(value: str) -> Text:
+    """A value given on the command line: its characters stand where it is used (GIVEN)."""
+    return Text(tuple((c, GIVEN, None) for c in value))
 
 
 def _file_name(text: Text) -> str:
@@ -875,7 +959,7 @@ def _same(a: Value, b: Value) -> bool:
     return a is None and b is None
 
 
-def _fields(pieces: list[_Piece], split: bool) -> list[Text]:
+def _fields(pieces: list[Piece], split: bool) -> list[Text]:
     """Words from expanded pieces: blanks of unquoted expansions split them (with ``split``);
     without ``split`` (an assignment, a ``[[ ]]`` operand) one word, array items joined by a
     space."""
@@ -893,14 +977,14 @@ def _fields(pieces: list[_Piece], split: bool) -> list[Text]:
         assumed.clear()
         started, maybe = False, None
 
-    def note(piece: _Piece) -> None:
+    def note(piece: Piece) -> None:
         nonlocal started, maybe
         started = True
         maybe = maybe or piece.maybe
         assumed.extend(piece.assumed)
 
     for piece in pieces:
-        if piece is _BREAK:
+        if piece is BREAK:
             if split:
                 emit()
             else:
@@ -922,166 +1006,3 @@ def _fields(pieces: list[_Piece], split: bool) -> list[Text]:
         return [Text(tuple(chars), None, maybe, tuple(dict.fromkeys(assumed)))]
     emit()
     return out
-
-
-TestArg = tuple[str, bool, Text, bool]  # text, may be an operator, value, a pattern (in [[ ]])
-
-
-def _test(args: list[TestArg], arithmetic: bool = False) -> bool | str:
-    """A test's truth, or why it is undecided."""
-    position = 0
-
-    def peek(k: int = 0) -> str | None:
-        i = position + k
-        return args[i][0] if i < len(args) and args[i][1] else None
-
-    def take() -> TestArg:
-        nonlocal position
-        position += 1
-        return args[position - 1]
-
-    def known(arg: TestArg) -> str | None:
-        problem = arg[2].problem()
-        return problem.reason if problem is not None else None
-
-    def either(a: bool | str, b: bool | str, stop: bool) -> bool | str:
-        if a is stop or b is stop:
-            return stop
-        if isinstance(a, str):
-            return a
-        return b
-
-    def or_() -> bool | str:
-        value = and_()
-        while peek() in ("||", "-o"):
-            take()
-            value = either(value, and_(), True)
-        return value
-
-    def and_() -> bool | str:
-        value = not_()
-        while peek() in ("&&", "-a"):
-            take()
-            value = either(value, not_(), False)
-        return value
-
-    def not_() -> bool | str:
-        if peek() == "!" and position + 1 < len(args):
-            take()
-            value = not_()
-            return (not value) if isinstance(value, bool) else value
-        return primary()
-
-    def primary() -> bool | str:
-        if position >= len(args):
-            return "an empty test"
-        if peek() == "(":
-            take()
-            value = or_()
-            if peek() != ")":
-                return "a test without its closing ')'"
-            take()
-            return value
-        if peek(1) in _BINARY and position + 2 < len(args):
-            left = take()
-            op = take()[0]
-            right = take()
-            return binary(left, op, right)
-        first = peek()
-        if first is not None and first.startswith("-") and len(first) == 2 \
-                and position + 1 < len(args):
-            op = take()[0]
-            operand = take()
-            return unary(op, operand)
-        arg = take()
-        return known(arg) or arg[0] != ""
-
-    def unary(op: str, operand: TestArg) -> bool | str:
-        if op in ("-z", "-n"):
-            why = known(operand)
-            if why:
-                return why
-            return (operand[0] == "") == (op == "-z")
-        if op in _FILE_TESTS:
-            return f"`{op}` tests the file system (only running the script tells)"
-        return f"the test operator `{op}` is not one placeverify evaluates"
-
-    def integer(arg: TestArg) -> int | None:
-        text = arg[0].strip()
-        if re.fullmatch(r"-?\d+", text):
-            return int(text)
-        return _arithmetic(text) if arithmetic else None
-
-    def binary(left: TestArg, op: str, right: TestArg) -> bool | str:
-        why = known(left) or known(right)
-        if op in ("=", "==", "!="):
-            if why:
-                return why
-            same = fnmatch.fnmatchcase(left[0], right[0]) if right[3] else left[0] == right[0]
-            return same if op != "!=" else not same
-        if op in _INTEGER_TESTS:
-            if why:
-                return why
-            a, b = integer(left), integer(right)
-            if a is None or b is None:
-                return f"`{op}` compares whole numbers, not '{left[0]}' and '{right[0]}'"
-            return {"-eq": a == b, "-ne": a != b, "-lt": a < b, "-le": a <= b, "-gt": a > b,
-                    "-ge": a >= b}[op]
-        return f"the test operator `{op}` is not one placeverify evaluates"
-
-    result = or_()
-    if position != len(args):
-        return "a test placeverify does not read (" + " ".join(a[0] for a in args) + ")"
-    return result
-
-
-def _arithmetic(expression: str) -> int | None:
-    """Integer + - * / % and parentheses; None for anything else (never evaluated by Python)."""
-    tokens: list[str] = re.findall(r"\d+|[-+*/%()]|\S", expression)
-    position = 0
-
-    def peek() -> str | None:
-        return tokens[position] if position < len(tokens) else None
-
-    def take() -> str:
-        nonlocal position
-        position += 1
-        return tokens[position - 1]
-
-    def atom() -> int | None:
-        token = peek()
-        if token is None:
-            return None
-        if token == "(":
-            take()
-            value = sum_()
-            return value if value is not None and peek() == ")" and take() else None
-        if token == "-":
-            take()
-            value = atom()
-            return None if value is None else -value
-        if token.isdigit():
-            return int(take())
-        return None
-
-    def product() -> int | None:
-        value = atom()
-        while value is not None and peek() in ("*", "/", "%"):
-            op, right = take(), atom()
-            if right is None or (op != "*" and right == 0):
-                return None
-            value = value * right if op == "*" else (int(value / right) if op == "/"
-                                                     else value - right * int(value / right))
-        return value
-
-    def sum_() -> int | None:
-        value = product()
-        while value is not None and peek() in ("+", "-"):
-            op, right = take(), product()
-            if right is None:
-                return None
-            value = value + right if op == "+" else value - right
-        return value
-
-    result = sum_()
-    return result if position == len(tokens) else None

@@ -179,6 +179,8 @@ class Loop:
     condition: List | None
     body: List
     start: int
+    variable: str | None = None  # a for loop's name (None: ``for (( ; ; ))``)
+    items: tuple[WordTok, ...] | None = None  # after ``in``; None: no ``in``, the script's "$@"
 
 
 @dataclass(frozen=True, slots=True)
@@ -694,18 +696,23 @@ class Parser:
             node = Loop(word, condition, body, start)
         elif word in ("for", "select"):
             self.advance()
+            variable: str | None = None
             if self.tok.kind == "op" and self.tok.text == "(":  # for (( ; ; ))
                 self.lexer.i = self.lexer._matching(self.tok.start, "(", ")")
                 self.tok = self.lexer.next()
             else:
-                self.advance()  # the loop variable
+                variable = self.advance().text  # the loop variable
+            words: list[WordTok] = []
             while self.tok.kind == "word" and self.reserved() != "do":
+                assert self.tok.word is not None
+                words.append(self.tok.word)
                 self.advance()
             self.skip_newlines()
             self.expect("do")
             body = self.list_({"done"})
             self.expect("done")
-            node = Loop(word, None, body, start)
+            items = tuple(words[1:]) if words and words[0].literal() == "in" else None
+            node = Loop(word, None, body, start, variable, items)
         elif word == "case":
             node = self.case()
         elif word == "{":
