@@ -200,7 +200,8 @@ SIGNAL_EXITS = ((signal.SIGTERM, ExitCode.TERMINATED), (signal.SIGHUP, ExitCode.
 
 
 def end_at_once_on_signals() -> None:
-    """From here the process only runs its exit handlers (multiprocessing's, the janitor's): a
+    """From here the process only runs its exit handlers (multiprocessing's, the janitor's); called
+    by the ``placeverify`` script (``placeverify.__main__``) once the command has returned: a
     SIGTERM, SIGHUP or Ctrl-C now ends it at once with that signal's exit code, instead of
     raising inside a handler (Python prints that as "Exception ignored in atexit callback" and a
     traceback; a fault fuzz run under load found one). What the handlers had still to remove, the

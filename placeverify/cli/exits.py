@@ -22,7 +22,6 @@ import click
 
 from placeverify.console import (
     Terminated,
-    end_at_once_on_signals,
     error_console,
     print_errors,
     print_failure,
@@ -245,5 +244,4 @@ def guarded(run: Callable[[], ExitCode]) -> NoReturn:
             "This is a bug in placeverify. Rerun with PLACEVERIFY_DEBUG=1 for the traceback.",
             markup=False)
         code = ExitCode.INTERNAL_ERROR
-    end_at_once_on_signals()
     sys.exit(int(code))
