@@ -58,8 +58,8 @@ DEFERRED: dict[str, tuple[frozenset[str], str]] = {
     "search": (frozenset({"api", "cost", "importers", "report"}),
                "a search loads the full model, z3, the format readers and its report only when "
                "it runs"),
-    "__main__": (frozenset({"cli"}), "a Ctrl-C while the command loads is exit 130, not a "
-                 "traceback: the load is inside the handler"),
+    "__main__": (frozenset({"cli", "console"}), "a Ctrl-C while the command loads is exit 130, "
+                 "not a traceback: the load is inside the handler (console: loaded by then)"),
     "cli": (frozenset({"api", "report", "prove", "trace", "replay", "measure", "backend",
                        "importers", "compare_cli", "search"}),
             "each command loads only what it runs: z3, sympy and torch stay out of start-up"),
