@@ -89,6 +89,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
           trace_path: str | None, replay: bool, plot_path: str | None, timeout: float,
           output: str, require_fit: bool, model: str | None, world: int | None, fmt: str | None,
           env: tuple[tuple[str, str], ...], script_args: tuple[str, ...] | None,
+            config: str | None,
           overrides: tuple[str, ...], width: int | None, quiet: bool) -> None:
     """Check strategies: costs, and proofs of the three correctness conditions."""
 
@@ -102,7 +103,7 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         if refused is not None:
             return refused
         each = CheckRun(fmt_out, as_json, formulas, not no_verify, timeout,
-                       import_settings(model, world, fmt, env, script_args), settings, require_fit,
+                       import_settings(model, world, fmt, env, script_args, config), settings, require_fit,
                        trace_path, plot_path, replay)
         outcomes: list[Any] = []
         out = console(width)

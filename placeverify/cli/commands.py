@@ -54,7 +54,8 @@ from placeverify.ir.placement import TensorOverlap
 def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: int | None,
             units: str, output: str, require_fit: bool, timeout: float, model: str | None,
             world: int | None, fmt: str | None, env: tuple[tuple[str, str], ...],
-            script_args: tuple[str, ...] | None, overrides: tuple[str, ...], quiet: bool) -> None:
+            script_args: tuple[str, ...] | None,
+            config: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Compare strategies side by side (the paper's comparison table)."""
 
     def run() -> ExitCode:
@@ -64,7 +65,7 @@ def compare(files: tuple[str, ...], as_json: bool, with_verdicts: bool, width: i
         fmt_out = output_of(as_json, output)
         settings = override_settings(overrides)
         paths = expand_paths(files)
-        imports = import_settings(model, world, fmt, env, script_args)
+        imports = import_settings(model, world, fmt, env, script_args, config)
         document, outcomes = compare_files(paths, with_verdicts, imports,
                                            require_fit=require_fit, budget_s=timeout,
                                            settings=settings, progress=Progress(quiet))
@@ -216,7 +217,8 @@ def search(file: str | None, device: str | None, devices: int | None,
            no_data_overlap: bool, frontier_slack: float, as_json: bool, out_dir: str | None,
            plot: str | None, width: int | None, timeout: float, model: str | None,
            world: int | None, fmt: str | None, env: tuple[tuple[str, str], ...],
-           script_args: tuple[str, ...] | None, overrides: tuple[str, ...], quiet: bool) -> None:
+           script_args: tuple[str, ...] | None,
+            config: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
     """Search layouts: the fastest proved ones, and the frontier of peak memory vs step time.
 
     FILE (a .place file or a framework configuration, with --model config.json as for
@@ -247,7 +249,8 @@ def search(file: str | None, device: str | None, devices: int | None,
                           global_batch=global_batch, batch_tokens=batch_tokens, seq=seq, top=top,
                           space=space, slack=frontier_slack, out_dir=out_dir, plot=plot,
                           as_json=as_json,
-                          budget_s=timeout, imports=import_settings(model, world, fmt, env, script_args),
+                          budget_s=timeout, imports=import_settings(model, world, fmt, env,
+                                                                 script_args, config),
                           settings=override_settings(overrides), console=console(),
                           width=output_width(width), progress=Progress(quiet))
 
@@ -262,6 +265,7 @@ def search(file: str | None, device: str | None, devices: int | None,
 @set_option
 def import_(file: str, out: str | None, model: str | None, world: int | None,
             fmt: str | None, env: tuple[tuple[str, str], ...], script_args: tuple[str, ...] | None,
+            config: str | None,
             overrides: tuple[str, ...]) -> None:
     """Import a Megatron-LM script, DeepSpeed JSON, torchtitan TOML or accelerate YAML as .place."""
 
@@ -270,7 +274,8 @@ def import_(file: str, out: str | None, model: str | None, world: int | None,
 
         if out is not None:
             check_writable(out)
-        return import_command(file, import_settings(model, world, fmt, env, script_args), out,
+        return import_command(file, import_settings(model, world, fmt, env, script_args,
+                                                     config), out,
                               override_settings(overrides))
 
     guarded(run)

@@ -52,6 +52,10 @@ def import_options(command: Callable[..., None]) -> Callable[..., None]:
         callback=lambda _ctx, _param, value: _words(parse_env, value),
         help="A variable of the launch script's environment (repeatable); decides the tests "
              "and values that depend on it.")(command)
+    command = click.option(
+        "--config", "config", default=None, metavar="NAME",
+        help="The function of a torchtitan config_registry.py to read (torchtitan's own "
+             "--config), when the file builds more than one configuration.")(command)
     command = click.option("--format", "fmt", default=None,
                            type=click.Choice(["megatron", "deepspeed", "torchtitan", "accelerate"]),
                            help="Configuration format (default: recognised from the content).")(command)
@@ -103,7 +107,7 @@ def _words(parse: Callable[[tuple[str, ...]], Any], value: tuple[str, ...]) -> A
 
 def import_settings(model: str | None, world: int | None, fmt: str | None,
                     env: tuple[tuple[str, str], ...] = (),
-                    script_args: tuple[str, ...] | None = None) -> Any:
+                    script_args: tuple[str, ...] | None = None, config: str | None = None) -> Any:
     """The importers' options; a folder given as ``--model`` is refused here (exit 4), before
     any file is read."""
     from placeverify.importers import Options
@@ -111,7 +115,7 @@ def import_settings(model: str | None, world: int | None, fmt: str | None,
     if model is not None and is_folder(Path(model)):
         raise PlaceError([Diagnostic(Severity.ERROR, "cannot read file: is a directory, not a "
                                      "config.json", Code.READ)], Source(model, ""), ExitCode.READ_ERROR)
-    return Options(model, world, fmt, env=env, script_args=script_args)
+    return Options(model, world, fmt, env=env, script_args=script_args, config=config)
 
 
 def emit_json(document: Any) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 # The suffixes of the configuration files check and compare hand to the importers. This module
 # stays light (the formats are in placeverify.importers.registry), so that checking a .place file
 # does not load them.
-EXTENSIONS = (".json", ".toml", ".yaml", ".yml", ".sh", ".bash", ".slurm", ".sbatch", ".args")
+EXTENSIONS = (".json", ".toml", ".yaml", ".yml", ".sh", ".bash", ".slurm", ".sbatch", ".args",
+              ".py")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,8 @@ class Options:
     # given): placeverify.importers.shell_inputs
     env: tuple[tuple[str, str], ...] = ()
     script_args: tuple[str, ...] | None = None
+    # a torchtitan config registry's function (--config, as torchtitan's own --config)
+    config: str | None = None
 
 
 def is_importable(path: str) -> bool:

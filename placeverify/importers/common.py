@@ -70,10 +70,11 @@ class Reader:
     """Diagnostics of one imported file (and of the model file, if any)."""
 
     def __init__(self, source: Source, given: frozenset[str] = frozenset(),
-                 inputs: Inputs = NO_INPUTS) -> None:
+                 inputs: Inputs = NO_INPUTS, config: str | None = None) -> None:
         self.source = source
         self.given = given  # keys an override gives (Options.given)
         self.inputs = inputs  # a launch script's --env and --script-args
+        self.config = config  # a config registry's function (--config)
         self._once: dict[object, tuple[int, list[str]]] = {}  # see once()
         self.diags = Diagnostics(source)
         self.extra: list[tuple[Diagnostic, Source]] = []  # warnings about other files

@@ -11,9 +11,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
-from placeverify.importers import Options, accelerate, deepspeed, megatron, megatron_yaml, torchtitan
+from placeverify.importers import (
+    Options,
+    accelerate,
+    deepspeed,
+    megatron,
+    megatron_yaml,
+    torchtitan,
+    torchtitan_registry,
+)
 from placeverify.importers.common import FRAMEWORKS, Imported, Plan, Reader, render
 from placeverify.importers.positions import load_json, load_toml, load_yaml
+from placeverify.importers.python_literals import Module
 from placeverify.importers.rules import Facts
 from placeverify.importers.rules import judge as judge_rules
 from placeverify.importers.shell import Script
@@ -54,6 +63,8 @@ def detect(source: Source) -> str:
                 raise _refuse(source, "this is a Hugging Face model config.json: give it with "
                               "--model beside a training configuration")
             return "deepspeed"
+    if torchtitan_registry.is_registry(source):
+        return "torchtitan"
     if re.search(r"^\s*\[(parallelism|training|activation_checkpoint|job)\]", text, re.M):
         return "torchtitan"
     if re.search(r"^distributed_type\s*:", text, re.M):
@@ -65,7 +76,7 @@ def detect(source: Source) -> str:
     if error is not None:
         raise error
     raise _refuse(source, "cannot tell the format of this file (Megatron-LM arguments, DeepSpeed "
-                  "JSON, torchtitan TOML or accelerate YAML); give --format")
+                  "JSON, torchtitan TOML or config registry, or accelerate YAML); give --format")
 
 
 def _yaml(source: Source) -> object:
@@ -80,6 +91,7 @@ def _yaml(source: Source) -> object:
 SYNTAXES: dict[str, Callable[[Source], object]] = {
     ".json": load_json, ".toml": load_toml, ".yaml": _yaml, ".yml": _yaml,
     **{suffix: Script for suffix in (".sh", ".bash", ".slurm", ".sbatch", ".args")},
+    ".py": Module,
 }
 
 
@@ -114,7 +126,8 @@ def import_file(path: str, options: Options = DEFAULTS, *, judge: bool = True) -
     fmt = options.fmt or detect(source)
     if fmt not in FORMATS:
         raise _refuse(source, f"unknown format '{fmt}'; expected one of " + ", ".join(FORMATS))
-    reader = Reader(source, options.given, Inputs(options.env, options.script_args))
+    reader = Reader(source, options.given, Inputs(options.env, options.script_args),
+                    options.config)
     plan = FORMATS[fmt](reader, source, options.model, options.world)
     reader.raise_if_errors()
     text, origins = render(plan)

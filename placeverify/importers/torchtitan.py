@@ -16,12 +16,12 @@ parameters with a bf16 compute copy).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from placeverify.diagnostics import Code, Source
-from placeverify.importers import policies
+from placeverify.diagnostics import Code, Source, Span
+from placeverify.importers import policies, torchtitan_registry
 from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.origins import Origin, Value
@@ -71,6 +71,16 @@ FLAVORS: dict[tuple[str, str], str] = {
     ("llama3", "debugmodel"): "layers = 6, hidden = 256, heads = 16, kv_heads = 16, ffn = 768, "
                               "vocab = 2048, embeddings = untied, mlp = gated, norm = rmsnorm, "
                               "bias = false, position = rotary, attention = flash",
+    # Llama 3.2 1B and 3B as torchtitan builds them at b5bcd76 (models/llama3/__init__.py _1b,
+    # _3b: an untied output Linear; models/common/feed_forward.py compute_ffn_hidden_dim:
+    # int(1.5 x int(2 x 4 x 2048 / 3)) = 8191 and int(2 x 4 x 3072 / 3) = 8192, rounded up to
+    # multiple_of 1024: 8192 both)
+    ("llama3", "1B"): "layers = 16, hidden = 2048, heads = 32, kv_heads = 8, ffn = 8192, "
+                      "vocab = 128256, embeddings = untied, mlp = gated, norm = rmsnorm, "
+                      "bias = false, position = rotary, attention = flash",
+    ("llama3", "3B"): "layers = 28, hidden = 3072, heads = 24, kv_heads = 8, ffn = 8192, "
+                      "vocab = 128256, embeddings = untied, mlp = gated, norm = rmsnorm, "
+                      "bias = false, position = rotary, attention = flash",
     ("qwen3", "debugmodel"): "layers = 8, hidden = 256, heads = 16, kv_heads = 8, ffn = 3072, "
                              f"vocab = 2048, embeddings = tied, {_QWEN3}",
     ("qwen3", "0.6B"): "layers = 28, hidden = 1024, heads = 16, kv_heads = 8, ffn = 3072, "
@@ -92,17 +102,23 @@ class _Job:
     """A torchtitan job config being read: each key's value with its origin (the default when
     it is not written), and the plan it fills."""
 
-    def __init__(self, reader: Reader, source: Source) -> None:
+    def __init__(self, reader: Reader, source: Source, data: dict[str, Any],
+                 spans: Mapping[tuple[str, ...], Span | None],
+                 names: Mapping[tuple[str, str], str] | None = None) -> None:
         self.reader, self.source = reader, source
-        self.data, self.spans = load_toml(source)
+        self.data, self.spans = data, spans
+        # a key as the file writes it, by TOML key: a registry's ``table.key`` (its own names
+        # for the keys it translates), else the TOML's ``[table] key``
+        self.names = names
         self.plan = Plan("torchtitan", source.path)
 
     def get(self, table: str, key: str, default: Any) -> Value:
         section = self.data.get(table, {})
+        name = (f"[{table}] {key}" if self.names is None
+                else self.names.get((table, key), f"{table}.{key}"))
         if isinstance(section, dict) and key in section:
-            return Value(section[key], Origin(f"[{table}] {key}", self.source,
-                                              self.spans.get((table, key))))
-        return Value(default, Origin(f"[{table}] {key} (default)", self.source))
+            return Value(section[key], Origin(name, self.source, self.spans.get((table, key))))
+        return Value(default, Origin(f"{name} (default)", self.source))
 
     def integer(self, table: str, key: str, default: int, low: int = 1) -> int:
         v = self.get(table, key, default)
@@ -158,7 +174,24 @@ class _Batch:
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    job = _Job(reader, source)
+    """A TOML job config, or a config registry's function (:mod:`.torchtitan_registry`)."""
+    if torchtitan_registry.is_registry(source):
+        registry = torchtitan_registry.Translation(reader, source, reader.config)
+        job = _Job(reader, source, registry.data, registry.spans, registry.names)
+        _translate(job, model, world)
+        registry.header(job.plan)
+        job.plan.title = mesh_title(job.plan, source, "torchtitan")
+        return job.plan
+    data, spans = load_toml(source)
+    job = _Job(reader, source, data, spans)
+    _translate(job, model, world)
+    leftovers(reader, job.plan, source, job.data, spans, ((), KEYS))
+    job.plan.title = mesh_title(job.plan, source, "torchtitan")
+    return job.plan
+
+
+def _translate(job: _Job, model: str | None, world: int | None) -> None:
+    """The plan of a job config's tables, however they were written."""
     sizes = _sizes(job, world)
     batch = _batch(job, sizes)
     preset = _model(job, model, sizes, batch)
@@ -171,9 +204,6 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         job.plan.body.append(Line(f"microbatches = {batch.accumulation}",
                                   "global / (local x dp degree)", batch.glob.origin))
     _training(job)
-    leftovers(reader, job.plan, source, job.data, job.spans, ((), KEYS))
-    job.plan.title = mesh_title(job.plan, source, "torchtitan")
-    return job.plan
 
 
 def _sizes(job: _Job, world: int | None) -> _Sizes:
@@ -280,8 +310,8 @@ def _mesh(job: _Job, sizes: _Sizes) -> None:
             mesh.append(Line(f"{axis} = {size}", v.origin.key, v.origin))
     if sizes.hsdp:
         mesh.append(Line(f"shard = {sizes.shard_dp}", shard_v.origin.key, shard_v.origin))
-        mesh.append(Line(f"replica = {sizes.rep}", "[parallelism] data_parallel_replicate_degree",
-                         job.get("parallelism", "data_parallel_replicate_degree", 1).origin))
+        replicas = job.get("parallelism", "data_parallel_replicate_degree", 1).origin
+        mesh.append(Line(f"replica = {sizes.rep}", replicas.key, replicas))
     else:
         mesh.append(Line(f"dp = {sizes.shard_dp * sizes.rep}", shard_v.origin.key, shard_v.origin))
     if sizes.pp > 1:
