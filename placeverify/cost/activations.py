@@ -130,8 +130,10 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
         Saved("V", kv, tp),
         Saved("output projection input", q, tp),
         *(_qk_norms(arch, x, kernels) if arch.qk_norm else []),
+        *(_norm(arch, x, "post-attention", kernels) if arch.sandwich_norm else []),
         *_norm(arch, x, "MLP", kernels),
         Saved("MLP input", x.e * sbh, rep),
+        *(_norm(arch, x, "post-MLP", kernels) if arch.sandwich_norm else []),
     ]
     scores = x.a * x.s * x.s * x.b
     if arch.attention == "flash":

@@ -12,6 +12,17 @@ with RMSNorms over head_dim, q_norm and k_norm), ``models/qwen3_moe/`` (Qwen3's 
 layer a sparse block when decoder_sparse_step is 1 and mlp_only_layers empty: num_experts SwiGLU
 experts of moe_intermediate_size, num_experts_per_tok of them per token, a hidden x num_experts
 router, no shared expert),
+``models/phi3/`` (Phi3Config: the same keys with tie_word_embeddings default False and
+resid_pdrop; ``Phi3Attention`` fuses q, k and v in one qkv_proj of heads x head_dim + 2 x
+kv_heads x head_dim outputs without bias, ``Phi3MLP`` gate and up in one gate_up_proj of
+2 x intermediate_size: the same parameters as Llama's separate projections; partial_rotary_factor
+rotates part of each head and holds no parameters),
+``models/gemma2/`` and ``models/gemma3/`` (Gemma2Config, Gemma3TextConfig: the Llama keys with
+head_dim given, tie_word_embeddings default True and a GeGLU MLP of gate, up and down;
+``Gemma2DecoderLayer`` / ``Gemma3DecoderLayer`` have four RMSNorms over hidden: input,
+post_attention, pre_feedforward and post_feedforward; ``Gemma3Attention`` adds q_norm and k_norm
+over head_dim; the embedding scale and the logit soft-capping hold no parameters; the multimodal
+``gemma3``, with its vision tower, is refused),
 ``models/mixtral/configuration_mixtral.py`` (num_local_experts, num_experts_per_tok; every layer
 is a sparse MoE block whose experts are SwiGLU MLPs of width intermediate_size) and
 ``models/gpt2/configuration_gpt2.py`` (n_embd, n_layer, n_head, n_inner defaulting to 4 * n_embd,
@@ -31,7 +42,9 @@ from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_json, syntax_error
 from placeverify.syntax.source import read_source
 
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe")
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2",
+              "gemma3_text")
+GEMMA = ("gemma2", "gemma3_text")
 MOE = {"mixtral": ("num_local_experts", None), "qwen3_moe": ("num_experts", "moe_intermediate_size")}
 SUPPORTED = (*LLAMA_LIKE, "gpt2")
 
@@ -46,7 +59,10 @@ IGNORED = frozenset({
     "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
     "task_specific_params", "_name_or_path", "name_or_path", "id2label", "label2id",
-    "embd_pdrop", "quantization_config",
+    "embd_pdrop", "quantization_config", "partial_rotary_factor",
+    "original_max_position_embeddings", "hidden_activation", "query_pre_attn_scalar",
+    "final_logit_softcapping", "cache_implementation", "layer_types", "rope_local_base_freq",
+    "sliding_window_pattern",
 })
 # Keys that change the architecture in ways placeverify does not model.
 REFUSED = {
@@ -96,6 +112,13 @@ class HFModel:
         """The model block's entries (dimensions), each with its key."""
         kind = self.data.get("model_type")
         self.used.add("model_type")
+        if kind == "gemma3":
+            self.reader.error(
+                "not modelled: model_type gemma3 is Gemma 3 with its vision tower (vision_config) "
+                "beside the language model; give the language model's own configuration "
+                "(text_config, model_type gemma3_text) with --model", self.origin("model_type"),
+                code=Code.NOT_MODELLED)
+            self.reader.raise_if_errors()
         if kind not in SUPPORTED:
             self.reader.error(
                 f"model_type {kind!r} is not modelled; placeverify reads "
@@ -139,7 +162,7 @@ class HFModel:
         ffn = self.integer("intermediate_size")
         vocab = self.integer("vocab_size")
         head_dim = self.get("head_dim")  # None (or null): hidden_size / num_attention_heads
-        tied = self.get("tie_word_embeddings", False)
+        tied = self.get("tie_word_embeddings", self.data.get("model_type") in GEMMA)
         attention_bias = self.get("attention_bias", False)
         mlp_bias = self.get("mlp_bias", False)
         assert tied is not None and attention_bias is not None and mlp_bias is not None
@@ -149,12 +172,19 @@ class HFModel:
                               attention_bias.origin, code=Code.NOT_MODELLED)
         dropout = self.get("attention_dropout", 0.0)
         assert dropout is not None
+        if self.data.get("model_type") == "phi3":
+            # Phi3DecoderLayer: resid_attn_dropout and resid_mlp_dropout of resid_pdrop
+            resid = self.get("resid_pdrop", 0.0)
+            assert resid is not None
+            dropout = resid if resid.value and not dropout.value else dropout
         lines = [self._line("layers", layers), self._line("hidden", hidden),
                  self._line("heads", heads), self._line("kv_heads", kv),
                  self._line("ffn", ffn),
                  *([self._line("head_dim", head_dim)] if head_dim is not None
                    and head_dim.value is not None else []),
-                 Line("mlp = gated", "SwiGLU (LlamaMLP: gate, up and down projections)"),
+                 Line("mlp = gated", "GeGLU (Gemma's MLP: gate, up and down projections)"
+                      if self.data.get("model_type") in GEMMA
+                      else "SwiGLU (LlamaMLP: gate, up and down projections)"),
                  self._line("vocab", vocab),
                  self._line("embeddings", tied, "tied" if tied.value else "untied"),
                  Line("position = rotary", "RoPE (rope_theta)"),
@@ -165,6 +195,20 @@ class HFModel:
         if self.data.get("model_type") in ("qwen3", "qwen3_moe"):
             lines.append(Line("qk_norm = true", "model_type qwen3 (Qwen3Attention: q_norm and "
                               "k_norm, RMSNorms over head_dim)"))
+        if self.data.get("model_type") == "gemma3_text":
+            lines.append(Line("qk_norm = true", "model_type gemma3_text (Gemma3Attention: q_norm "
+                              "and k_norm, RMSNorms over head_dim)"))
+        if self.data.get("model_type") in GEMMA:
+            lines.append(Line("sandwich_norm = true", f"model_type {self.data['model_type']} "
+                              "(post_attention_layernorm and post_feedforward_layernorm beside "
+                              "the input and pre-feedforward norms)"))
+            softcap = self.get("attn_logit_softcapping")
+            if softcap is not None and softcap.value:
+                self.reader.warning(
+                    "attn_logit_softcapping: PyTorch's SDPA does not cap the attention logits, so "
+                    "transformers trains this model with eager or flash_attention_2 attention; "
+                    "flash is assumed (under eager attention give --set model.attention=standard: "
+                    "the s x s scores are then saved)", softcap.origin)
         if self.data.get("model_type") == "qwen2":
             lines.append(Line("qkv_bias = true", "model_type qwen2 (Qwen2Attention: q, k and v "
                               "projections with biases, o and the MLP without)"))

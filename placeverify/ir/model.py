@@ -61,6 +61,10 @@ class Transformer:
     # a norm over each head of Q and of K (Qwen3's q_norm / k_norm, Megatron-LM --qk-layernorm),
     # of the model's norm kind, head_dim wide and shared by the heads
     qk_norm: bool = False
+    # norms after attention and after the MLP too, beside the two before them: four per layer
+    # (Gemma 2 and 3: post_attention_layernorm and post_feedforward_layernorm normalise each
+    # sub-block's output before the residual add), of the model's norm kind over hidden
+    sandwich_norm: bool = False
 
     # ---- shapes ----
     @property
@@ -116,7 +120,7 @@ class Transformer:
     def layer_params(self) -> dict[ParamGroup, int]:
         """Parameters of one transformer layer by group."""
         attn_sharded, attn_replicated = self.attention_params()
-        norms = 2 * self.norm_params() + attn_replicated
+        norms = (4 if self.sandwich_norm else 2) * self.norm_params() + attn_replicated
         if self.qk_norm:
             norms += 2 * self.norm_params(self.head_dim)  # q_norm, k_norm: replicated over tp
         groups = {ParamGroup.DENSE: attn_sharded, ParamGroup.NORMS: norms,

@@ -12,7 +12,7 @@ from placeverify.syntax import ast
 ARCH_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab",
              "vocab_divisible_by", "embeddings", "seq", "micro_batch", "position",
              "max_position", "norm", "bias", "dropout", "attention", "experts", "top_k",
-             "expert_ffn", "head_dim", "qkv_bias", "qk_norm")
+             "expert_ffn", "head_dim", "qkv_bias", "qk_norm", "sandwich_norm")
 
 
 def read_model(ctx: Context, stmt: ast.ModelStmt) -> Model | None:
@@ -103,7 +103,7 @@ def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.
             values[key] = ctx.word(v, "norm", ["layernorm", "rmsnorm"])
         elif key == "attention":
             values[key] = ctx.word(v, "attention kind", ["standard", "flash"])
-        elif key in ("bias", "dropout", "qkv_bias", "qk_norm"):
+        elif key in ("bias", "dropout", "qkv_bias", "qk_norm", "sandwich_norm"):
             values[key] = ctx.boolean(v, key)
         else:
             ctx.error(f"unknown model key '{key}'{did_you_mean(key, ARCH_KEYS)}",

@@ -109,17 +109,24 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm = _norm(arch)
         self.attn = Attention(arch)
+        # sandwich_norm: each sub-block's output normalised before the residual add (Gemma 2)
+        self.post_attn_norm = _norm(arch) if arch.sandwich_norm else None
         self.mlp_norm = _norm(arch)
         self.mlp = FeedForward(arch)
+        self.post_mlp_norm = _norm(arch) if arch.sandwich_norm else None
         self.dropout = 0.1 if arch.dropout else 0.0
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 mask: torch.Tensor | None) -> torch.Tensor:
         a = self.attn(self.attn_norm(x), rope, mask)
+        if self.post_attn_norm is not None:
+            a = self.post_attn_norm(a)
         if self.dropout and self.training:
             a = F.dropout(a, self.dropout)
         x = x + a
         m = self.mlp(self.mlp_norm(x))
+        if self.post_mlp_norm is not None:
+            m = self.post_mlp_norm(m)
         if self.dropout and self.training:
             m = F.dropout(m, self.dropout)
         return x + m

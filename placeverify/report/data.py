@@ -147,7 +147,8 @@ def _model_document(s: Strategy) -> dict[str, Any]:
             "tied_embeddings": arch.tied_embeddings, "experts": arch.experts,
             "top_k": arch.top_k, **({"head_dim": arch.head_dim} if arch.head_size else {}),
             **({"qkv_bias": True} if arch.qkv_bias else {}),
-            **({"qk_norm": True} if arch.qk_norm else {})},
+            **({"qk_norm": True} if arch.qk_norm else {}),
+            **({"sandwich_norm": True} if arch.sandwich_norm else {})},
     }
 
 

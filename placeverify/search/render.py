@@ -26,6 +26,7 @@ _WORDS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "head_size": ("head_dim", str),
     "qkv_bias": ("qkv_bias", lambda v: "true" if v else "false"),
     "qk_norm": ("qk_norm", lambda v: "true" if v else "false"),
+    "sandwich_norm": ("sandwich_norm", lambda v: "true" if v else "false"),
 }
 
 

@@ -46,12 +46,12 @@ def norm_extra_bytes(arch: Transformer) -> int:
 
 def layer_extra_bytes(arch: Transformer, tp: int = 1) -> int:
     """Per layer, what torch saves beyond Korthikanti's list: the norms' extras (the two layer
-    norms', and with ``qk_norm`` Q's and K's over their heads' rows); with
+    norms', four with ``sandwich_norm``, and with ``qk_norm`` Q's and K's over their heads' rows); with
     grouped-query attention written out (``attention = standard``) K and V repeated to every
     head (Korthikanti's generalisation counts them at kv_heads / heads); and dropout masks of
     the activation dtype where Korthikanti counts 1 byte (CPU dropout is ``input * mask``)."""
     b, s, h = arch.micro_batch, arch.seq, arch.hidden
-    extra = 2 * norm_extra_bytes(arch)
+    extra = (4 if arch.sandwich_norm else 2) * norm_extra_bytes(arch)
     if arch.qk_norm:  # Q's and K's per-head norms, heads split over tp: the same extras per row
         for heads in (arch.heads, arch.kv_heads):
             rows = b * s * heads // tp

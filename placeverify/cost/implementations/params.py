@@ -77,11 +77,15 @@ def transformer_params(arch: Transformer) -> list[ParamTensor]:
         if arch.qk_norm:
             out += _norm(f"{unit}.attn.q_norm", arch, i, unit, width=arch.head_dim)
             out += _norm(f"{unit}.attn.k_norm", arch, i, unit, width=arch.head_dim)
+        if arch.sandwich_norm:
+            out += _norm(f"{unit}.post_attn_norm", arch, i, unit)
         out += _norm(f"{unit}.mlp_norm", arch, i, unit)
         if arch.gated:
             out += _linear(f"{unit}.mlp.gate", f, h, arch.bias, "colwise", i, unit)
         out += _linear(f"{unit}.mlp.up", f, h, arch.bias, "colwise", i, unit)
         out += _linear(f"{unit}.mlp.down", h, f, arch.bias, "rowwise", i, unit)
+        if arch.sandwich_norm:
+            out += _norm(f"{unit}.post_mlp_norm", arch, i, unit)
     out += _norm("norm", arch, None, "", last=True)
     if not arch.tied_embeddings:
         out.append(ParamTensor("output.weight", (arch.vocab, h), ParamGroup.DENSE, "", None, 0,
