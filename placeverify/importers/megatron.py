@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from placeverify.diagnostics import Code, Severity, Source
+from placeverify.importers import megatron_fsdp
 from placeverify.importers.arguments import Arguments
 from placeverify.importers.common import Line, Plan, Reader
 from placeverify.importers.hf_config import attach_model
@@ -147,7 +148,10 @@ def _precision(run: Run) -> None:
     if optimizer is not None and optimizer.value != "adam":
         reader.error(f"not modelled: --optimizer {optimizer.value} (Adam's 12 bytes per parameter "
                      "are modelled)", optimizer.origin, code=Code.NOT_MODELLED)
-    if bf16 is not None:
+    fsdp = megatron_fsdp.flag(args)
+    if fsdp is not None and (bf16 is not None or fp16 is not None):
+        run.plan.precision = megatron_fsdp.precision(args, reader, "bf16" if bf16 else "fp16")
+    elif bf16 is not None:
         run.plan.precision = (Line("precision megatron", "--bf16: bf16 Θ, fp32 main grads, Adam "
                                    "12 B", bf16.origin) if bf16_grads is None else
                               Line("precision { params = bf16, grads = bf16, optimizer = 12, "
@@ -346,6 +350,10 @@ def _data_placement(args: Arguments, reader: Reader, fsdp2: Value | None,
                     dist_opt: Value | None) -> Line:
     """Megatron-LM's data axis: torch FSDP2, the distributed optimizer (ZeRO-1) or DDP, with the
     overlap its flags give."""
+    fsdp = megatron_fsdp.flag(args)
+    if fsdp is not None:
+        args.used.update({"--overlap-grad-reduce", "--overlap-param-gather"})
+        return megatron_fsdp.placement(args, reader, fsdp)
     overlap_on = _data_overlap(args, reader, dist_opt is not None)
     if fsdp2 is not None:
         return Line("place fsdp over dp", "--use-torch-fsdp2", fsdp2.origin)

@@ -29,7 +29,6 @@ REFUSED = {
     "--multi-latent-attention": "multi-head latent attention",
     "--moe-shared-expert-intermediate-size": "shared experts",
     "--moe-layer-freq": "a mix of dense and MoE layers",
-    "--use-megatron-fsdp": "Megatron-FSDP (use --use-torch-fsdp2 or the distributed optimizer)",
 }
 
 
