@@ -60,15 +60,16 @@ CASES = [
     # last text, line 2 'seq_len = "2048' (15 characters): column 16
     Case("end.toml", '[training]\nseq_len = "2048', "torchtitan", 2, 16,
          "not valid TOML: Unterminated string"),
-    # 'distributed_type FSDP' has no ':' (so the content names no format): the line's first
-    # character, 1:1, is not a 'key: value' line
-    Case("acc.yaml", "distributed_type FSDP\nnum_processes: 8\n", "accelerate", 1, 1,
-         "not a 'key: value' line (placeverify reads the YAML that accelerate writes: mappings "
-         "of plain values)"),
-    # a Megatron-LM test configuration with no flag the detection knows: line 3 '  bar baz' is not
-    # a '--flag: value' entry, at its first character after the 2-space indent, column 3
+    # 'distributed_type FSDP' has no ':' (so the content names no format): PyYAML (what
+    # accelerate's yaml.safe_load runs) reads it as a plain scalar running on to line 2, where
+    # the ':' after 'num_processes' (13 characters) at column 14 cannot follow it
+    Case("acc.yaml", "distributed_type FSDP\nnum_processes: 8\n", "accelerate", 2, 14,
+         "not valid YAML: mapping values are not allowed here"),
+    # a Megatron-LM test configuration with no flag the detection knows: line 3 '  bar baz' is a
+    # key without its ':'; PyYAML notices at the end of the text (line 4), so the error is where
+    # the key it was scanning starts, after the 2-space indent: 3:3
     Case("model_config.yaml", "MODEL_ARGS:\n  --foo: 1\n  bar baz\n", "megatron", 3, 3,
-         "not a '--flag: value' line of MODEL_ARGS"),
+         "not valid YAML: could not find expected ':' (while scanning a simple key)"),
     # 'echo "hello': the quote at column 6 never closes
     Case("run.sh", 'echo "hello\n', "megatron", 1, 6,
          "cannot read this script: this double quote is never closed"),

@@ -194,3 +194,14 @@ def only() -> Trainer.Config:
     assert strategy.model.arch is not None
     assert (strategy.model.arch.seq, strategy.model.arch.micro_batch) == (2048, 8)
     assert "recompute selective_op" in imported.text
+
+
+def test_an_expression_nested_too_deeply_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    # 900 additions parse (a left-deep tree) but nest deeper than a reader recurses
+    sum_ = "+".join(["1"] * 900)
+    path = _write(tmp_path, "def only() -> Trainer.Config:\n    return Trainer.Config(\n"
+                  "        model_spec=model_registry(\"8B\"),\n"
+                  f"        training=TrainingConfig(max_context_length={sum_}))\n")
+    [d] = _error(None, 8, path).diagnostics
+    assert d.code.value == "syntax" and "nested too deeply" in d.message
+    assert d.span is not None and d.span.line == 1

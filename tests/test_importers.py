@@ -610,13 +610,30 @@ recompute full
 """)
 
 
-def test_accelerate_refuses_yaml_it_does_not_read(tmp_path: Path) -> None:
+def test_accelerate_yaml_reads_as_pyyaml_loads_it(tmp_path: Path) -> None:
+    # accelerate loads its config with yaml.safe_load (commands/config/config_args.py): an
+    # anchored value is the value (num_processes 8, the world), a merge key brings the anchored
+    # mapping's keys in and the mapping's own keys override them (fsdp_sharding_strategy stays
+    # SHARD_GRAD_OP), and a key written twice keeps its last value (mixed_precision bf16), with
+    # a warning at the first (line 5).
     config = tmp_path / "a.yaml"
-    config.write_text("distributed_type: FSDP\nnum_processes: &n 8\n")
-    with pytest.raises(PlaceError) as error:
-        import_file(str(config))
-    d = error.value.diagnostics[0]
-    assert d.span is not None and d.span.line == 2
+    config.write_text(
+        "base: &fsdp\n"
+        "  fsdp_sharding_strategy: FULL_SHARD\n"
+        "  fsdp_version: 2\n"
+        "distributed_type: FSDP\n"
+        "mixed_precision: fp16\n"
+        "mixed_precision: bf16\n"
+        "num_processes: &n 8\n"
+        "fsdp_config:\n"
+        "  <<: *fsdp\n"
+        "  fsdp_sharding_strategy: SHARD_GRAD_OP\n")
+    strategy, imported = load_seq(str(config), Options(model=fixture("llama3-8b-config.json")))
+    assert strategy.mesh.world == 8
+    assert "place fsdp(grad_op) over dp" in imported.text
+    assert "bf16" in (imported.text.split("precision", 1)[1].split("\n", 1)[0])
+    [twice] = [d for d, _ in imported.warnings if "written twice" in d.message]
+    assert twice.span is not None and twice.span.line == 5
 
 
 # ---- Hugging Face config.json ------------------------------------------------------------------

@@ -40,7 +40,7 @@ from placeverify.importers import deepspeed, policies
 from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.origins import Origin, Value
-from placeverify.importers.positions import load_yaml
+from placeverify.importers.yaml_nodes import load_yaml
 from placeverify.syntax.source import read_source
 
 READ_TOP = {"distributed_type", "mixed_precision", "num_processes", "num_machines",
@@ -105,7 +105,12 @@ STRATEGIES = {"FULL_SHARD": "fsdp", "1": "fsdp", "SHARD_GRAD_OP": "fsdp(grad_op)
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    data, spans = load_yaml(source)
+    def duplicate(path: tuple[str, ...], first: Span, again: Span) -> None:
+        reader.warning(f"'{'.'.join(path)}' is written twice; accelerate's yaml.safe_load keeps "
+                       f"the last (line {again.line}), as placeverify does", Origin(
+                           ".".join(path), source, first), code=Code.BAD_VALUE)
+
+    data, spans = load_yaml(source, duplicate)
     plan = Plan("accelerate", source.path)
     get = _getter(source, data, spans)
     kind = get("distributed_type", default="NO")

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import re
 
+import yaml
+
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source, Span
-from placeverify.importers.positions import _scalar, _strip_comment, syntax_error
+from placeverify.importers.positions import syntax_error
 from placeverify.importers.shell_values import Word
+from placeverify.importers.yaml_nodes import compose, span_of
 
 _TOP_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)[ \t]*:", re.M)
-_ENTRY = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9_\-]*)\s*:(\s+|$)")
-_MODE = re.compile(r"MODE[ \t]*:[ \t]*(\S+)\s*$")  # the test's kind: pretraining, inference, rl
 _ENVIRONMENT = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
 KEY = "MODEL_ARGS"
+MERGE = "tag:yaml.org,2002:merge"
 
 
 def is_test_config(source: Source) -> bool:
@@ -37,74 +39,54 @@ def is_test_config(source: Source) -> bool:
 def arguments(source: Source) -> list[Word]:
     """The training arguments ``MODEL_ARGS`` stands for, each word at its key's text.
 
-    Only the ``MODEL_ARGS`` block is read (the other top-level keys may hold shell blocks and
-    anchors that decide nothing here). A flag written twice is passed twice, as the harness's
-    ``to_entries`` does, and argparse keeps the last (the argument reader warns)."""
-    lines = source.lines
-    for number, line in enumerate(lines, start=1):
-        mode = _MODE.match(_strip_comment(line))
-        if mode is not None and mode.group(1).strip("'\"") == "inference":
+    The file is parsed as YAML (PyYAML, positions kept: :mod:`.yaml_nodes`); of its top-level
+    keys only ``MODE`` and ``MODEL_ARGS`` are read. A flag written twice is passed twice, as the
+    harness's ``to_entries`` does, and argparse keeps the last (the argument reader warns)."""
+    node, _ = compose(source)
+    if not isinstance(node, yaml.MappingNode):
+        raise syntax_error(source, "a Megatron-LM test configuration is a YAML mapping",
+                           span_of(node) if node is not None else None)
+    top = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+    if "MODE" in top:
+        key, value = top["MODE"]
+        if isinstance(value, yaml.ScalarNode) and value.value == "inference":
             raise PlaceError([Diagnostic(
                 Severity.ERROR, "not modelled: MODE inference (a Megatron-LM inference test: "
                 "placeverify checks training steps)", Code.NOT_MODELLED,
-                Span(number, 1, number, len(line.rstrip()) + 1))], source)
-    start = next(i for i, line in enumerate(lines)
-                 if (top := _TOP_KEY.match(line)) is not None and top.group(1) == KEY)
-    head = _strip_comment(lines[start])
-    if head.split(":", 1)[1].strip():
+                span_of(key).cover(span_of(value)))], source)
+    key, block = top[KEY]
+    if not isinstance(block, yaml.MappingNode):
         raise syntax_error(source, f"{KEY} is not a block of '--flag: value' lines",
-                           Span.point(start + 1, len(KEY) + 2))
+                           span_of(block) if block.start_mark.line > key.start_mark.line
+                           or block.value else Span.point(key.start_mark.line + 1,
+                                                          key.start_mark.column + len(KEY) + 2))
     words: list[Word] = []
-    indent: int | None = None
-    entries = [(n, line) for n in range(start + 2, len(lines) + 1)
-               if (line := _strip_comment(lines[n - 1]).rstrip()).strip()]
-    entries = entries[:next((i for i, (_, line) in enumerate(entries) if not line[0].isspace()),
-                            len(entries))]  # up to the next top-level key
-    for at, (number, line) in enumerate(entries):
-        column = len(line) - len(line.lstrip(" "))
-        if indent is None:
-            indent = column
-        if column > indent and at > 0 and _continues(entries, at, indent):
-            continue  # a value written on the lines after its key (read with that key)
-        body = line[column:]
-        match = _ENTRY.match(body)
-        if column != indent or match is None:
-            what = ("a YAML merge key or anchor (placeverify reads MODEL_ARGS as plain "
-                    "'--flag: value' lines)" if body.startswith(("<<", "&", "*"))
-                    else "not a '--flag: value' line of MODEL_ARGS")
-            raise syntax_error(source, what, Span.point(number, column + 1))
-        flag = match.group(1)
-        span = Span(number, column + 1, number, column + 1 + len(flag))
-        words.append(Word(flag, span))
-        rest = body[match.end():].strip() or " ".join(
-            text.strip() for _, text in _value_lines(entries, at, indent))
-        value = _scalar(source, rest, number, column + 1 + match.end()) if rest else None
-        if value is True or value is None:
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            text = "false" if item is False else str(item)  # yq's tostring
+    for flag_node, value_node in block.value:
+        if flag_node.tag == MERGE or not isinstance(flag_node, yaml.ScalarNode) or \
+                not str(flag_node.value).startswith("--"):
+            what = ("a YAML merge key (placeverify reads MODEL_ARGS as '--flag: value' "
+                    "entries)" if flag_node.tag == MERGE
+                    else "not a '--flag: value' entry of MODEL_ARGS")
+            raise syntax_error(source, what, span_of(flag_node))
+        span = span_of(flag_node)
+        words.append(Word(flag_node.value, span))
+        for text in _values(source, value_node):
             found = _ENVIRONMENT.search(text)
             words.append(Word(text, span, found.group(0) if found else None))
     return words
 
 
-def _value_lines(entries: list[tuple[int, str]], at: int, indent: int) -> list[tuple[int, str]]:
-    """The lines after entry ``at`` indented deeper than the entries: a plain value written on
-    the lines after its key (YAML folds them into one, joined with spaces)."""
-    out = []
-    for number, line in entries[at + 1:]:
-        if len(line) - len(line.lstrip(" ")) <= indent:
-            break
-        out.append((number, line))
-    return out
-
-
-def _continues(entries: list[tuple[int, str]], at: int, indent: int) -> bool:
-    """Whether line ``at`` (indented deeper than the entries) is part of the value of the entry
-    above its run of deeper lines, an entry that gave no value on its own line."""
-    first = at
-    while first > 0 and len(entries[first][1]) - len(entries[first][1].lstrip(" ")) > indent:
-        first -= 1
-    head = entries[first][1].strip()
-    match = _ENTRY.match(head)
-    return match is not None and not head[match.end():].strip()
+def _values(source: Source, node: yaml.Node) -> list[str]:
+    """The words a flag's value becomes: none for ``true`` (the bare flag) or no value, the
+    items of a list, else the value's text (``false`` included, as yq's tostring writes it)."""
+    if isinstance(node, yaml.SequenceNode):
+        return [word for item in node.value for word in _values(source, item)]
+    if isinstance(node, yaml.MappingNode):
+        raise syntax_error(source, "a flag's value is a mapping (MODEL_ARGS takes a value or a "
+                           "list of values)", span_of(node))
+    if node.tag == "tag:yaml.org,2002:bool":
+        truth = yaml.SafeLoader("").construct_yaml_bool(node)
+        return [] if truth else ["false"]
+    if node.tag == "tag:yaml.org,2002:null":
+        return []
+    return [str(node.value)]

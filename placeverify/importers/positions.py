@@ -1,11 +1,9 @@
-"""Where each key of a JSON, TOML or YAML file is written: the loaders give values, not positions.
+"""Where each key of a JSON or TOML file is written: the loaders give values, not positions.
 
 ``json`` and ``tomllib`` (standard library) load the values (a syntax error is reported at the
 line and column the loader names); the scanners here only find the text of every key, so that a
-diagnostic points at it. accelerate's YAML files (written by
-``accelerate config`` with ``yaml.safe_dump``) are block mappings of plain scalars: this module
-reads that subset itself, with positions, and refuses anything else (anchors, aliases, tags,
-block scalars) with an error at its text. Nothing is ever evaluated.
+diagnostic points at it. YAML is :mod:`placeverify.importers.yaml_nodes` (PyYAML's parse gives
+both). Nothing is ever evaluated.
 """
 
 from __future__ import annotations
@@ -198,109 +196,3 @@ def toml_key_spans(source: Source) -> dict[Path, Span]:
                     in_multiline = quote
     return spans
 
-
-# ---- YAML (the subset accelerate writes) -------------------------------------------------------
-
-_YAML_KEY = re.compile(r"([A-Za-z0-9_.\-]+|'[^']*'|\"[^\"]*\")\s*:(\s+|$)")
-_INT = re.compile(r"[-+]?(0|[1-9][0-9_]*)$")
-_FLOAT = re.compile(r"[-+]?(\d[\d_]*)?\.?\d+([eE][-+]?\d+)?$")
-
-
-def load_yaml(source: Source) -> tuple[dict[str, Any], dict[Path, Span]]:
-    """A YAML block mapping of scalars (and flow lists of scalars), with each key's span."""
-    spans: dict[Path, Span] = {}
-    root: dict[str, Any] = {}
-    # stack of (indent, container, path); a key awaiting its block is (indent, parent, key)
-    stack: list[tuple[int, dict[str, Any] | list[Any], Path]] = [(0, root, ())]
-    pending: tuple[int, dict[str, Any], str, Path] | None = None
-    for number, raw in enumerate(source.lines, start=1):
-        line = _strip_comment(raw)
-        if not line.strip() or (number == 1 and line.strip() == "---"):
-            continue
-        indent = len(line) - len(line.lstrip(" "))
-        if line[indent:indent + 1] == "\t":
-            raise syntax_error(source, "tabs are not allowed in YAML indentation",
-                               Span.point(number, indent + 1))
-        body = line[indent:].rstrip()
-        if pending is not None:
-            p_indent, parent, key, path = pending
-            pending = None
-            is_item = body.startswith("- ") or body == "-"
-            if indent > p_indent or (indent == p_indent and is_item):
-                child: dict[str, Any] | list[Any] = [] if is_item else {}
-                parent[key] = child
-                stack.append((indent, child, path))
-        while len(stack) > 1 and indent < stack[-1][0]:
-            stack.pop()
-        if indent != stack[-1][0]:
-            raise syntax_error(source, "inconsistent indentation", Span.point(number, indent + 1))
-        if isinstance(stack[-1][1], list) and not (body.startswith("- ") or body == "-") \
-                and len(stack) > 1 and stack[-2][0] == indent:
-            stack.pop()  # 'key:' then '- item' lines at the key's indent, then the next key
-        _, container, path = stack[-1]
-        if body.startswith("- ") or body == "-":
-            if not isinstance(container, list):
-                raise syntax_error(source, "a list item where a key was expected",
-                                   Span.point(number, indent + 1))
-            container.append(_scalar(source, body[1:].strip(), number, indent + 3))
-            continue
-        match = _YAML_KEY.match(body)
-        if match is None or not isinstance(container, dict):
-            raise syntax_error(source, "not a 'key: value' line (placeverify reads the YAML "
-                               "that accelerate writes: mappings of plain values)",
-                               Span.point(number, indent + 1))
-        key = match.group(1).strip("'\"")
-        key_path = (*path, key)
-        if key in container:
-            raise syntax_error(source, f"duplicate key '{key}'",
-                               Span(number, indent + 1, number, indent + 1 + len(match.group(1))))
-        spans[key_path] = Span(number, indent + 1, number, indent + 1 + len(match.group(1)))
-        rest = body[match.end():].strip()
-        if not rest:
-            container[key] = None
-            pending = (indent, container, key, key_path)
-        else:
-            container[key] = _scalar(source, rest, number, indent + 1 + match.end())
-    return root, spans
-
-
-def _strip_comment(line: str) -> str:
-    quote: str | None = None
-    for i, c in enumerate(line):
-        if quote:
-            if c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[:i]
-    return line
-
-
-def _scalar(source: Source, text: str, line: int, column: int) -> Any:
-    if text[:1] in ("&", "*", "!", "|", ">", "{", "%", "@", "`"):
-        if text == "{}":
-            return {}
-        raise syntax_error(source, f"YAML construct '{text[:1]}' is not read by placeverify "
-                           "(anchors, aliases, tags, block scalars and flow mappings are refused)",
-                           Span.point(line, column))
-    if text.startswith("["):
-        if not text.endswith("]"):
-            raise syntax_error(source, "a flow list must close on its line", Span.point(line, column))
-        inner = text[1:-1].strip()
-        return [] if not inner else [_scalar(source, item.strip(), line, column)
-                                     for item in inner.split(",")]
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    lowered = text.lower()
-    if lowered in ("true", "yes", "on"):
-        return True
-    if lowered in ("false", "no", "off"):
-        return False
-    if lowered in ("null", "~"):
-        return None
-    if _INT.match(text):
-        return int(text.replace("_", ""))
-    if _FLOAT.match(text):
-        return float(text.replace("_", ""))
-    return text

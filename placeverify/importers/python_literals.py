@@ -111,6 +111,16 @@ class Module:
 
     def call(self, name: str, at: Span | None = None) -> Node:
         """What the function ``name`` returns, read as data (a fresh structure each time)."""
+        if self._depth > 0:
+            return self._function(name, at)
+        try:
+            return self._function(name, at)
+        except RecursionError:  # an expression parsed, but nested deeper than a reader recurses
+            raise PlaceError([Diagnostic(Severity.ERROR, f"{name}() holds an expression nested "
+                                         "too deeply to read", Code.SYNTAX,
+                                         self.span(self.functions[name]))], self.source) from None
+
+    def _function(self, name: str, at: Span | None) -> Node:
         function = self.functions[name]
         if function.args.args or function.args.posonlyargs or function.args.kwonlyargs:
             return Opaque(f"{name}() takes arguments", at or self.span(function))

@@ -21,12 +21,13 @@ from placeverify.importers import (
     torchtitan_registry,
 )
 from placeverify.importers.common import FRAMEWORKS, Imported, Plan, Reader, render
-from placeverify.importers.positions import load_json, load_toml, load_yaml
+from placeverify.importers.positions import load_json, load_toml
 from placeverify.importers.python_literals import Module
 from placeverify.importers.rules import Facts
 from placeverify.importers.rules import judge as judge_rules
 from placeverify.importers.shell import Script
 from placeverify.importers.shell_inputs import Inputs
+from placeverify.importers.yaml_nodes import load_yaml
 from placeverify.ir.strategy import Strategy
 from placeverify.lower import load_text
 from placeverify.lower.overrides import Settings
