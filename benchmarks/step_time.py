@@ -60,6 +60,9 @@ Sources (measured step time from the published figure):
   40GB with 1600 Gbps node-node interconnect (RoCE)": MPT-7B to 70B under FSDP full shard on 8
   to 128 GPUs at sequence 2,048 (:func:`llm_foundry_rows`). Step time = GlobalBatchSize (T) /
   Throughput (T/s). Held out only: ZeRO-3 / FSDP at several data-parallel degrees.
+- TORCHTITAN_H100: pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md at
+  31a17bfdb7, Tables 1 and 3 (FSDP2, Llama 3.1 8B, 8 and 128 H100 96GB at 500 W, no
+  torch.compile): step = local batch · sequence / TPS per GPU (:func:`torchtitan_h100_rows`).
 
 Peers (benchmarks/peers.py): llm-analysis (pinned, ``pip install .[peers]`` in a venv of its own)
 on the rows it can express, its matmul efficiency set to placeverify's fitted η_max, its
@@ -545,10 +548,37 @@ def llm_foundry_rows() -> list[Row]:
     return rows
 
 
+# ---- torchtitan's H100 benchmarks (FSDP2, Llama 3.1 8B, 96GB H100 at 500 W) ---------------------
+
+# pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md at 31a17bfdb7, Tables 1 and 3:
+# "FSDP" without torch.compile or Float8, local batch 2, selective activation checkpointing:
+# (GPUs, TPS/GPU)
+TORCHTITAN_H100 = [(8, 5762), (128, 5605)]
+
+
+def torchtitan_h100_rows() -> list[Row]:
+    """Held out: FSDP2 at 8 and 128 GPUs on the Grand Teton H100 (96GB HBM2e, 2.4 TB/s, 400 Gb/s
+    per GPU, a 500 W power limit: the ``h100_96gb_500w`` profile, whose peak is the SXM's, an
+    upper bound the page itself uses). torchtitan at the page's commit (9dec370, 2024-12):
+    ``train_configs/llama3_8b.toml`` sets ``selective_ac_option = 'op'`` (``recompute
+    selective_op``) and the FSDP2 mixed precision of bf16 parameters and fp32 reductions
+    (``torchtitan_bf16``); sequence 8,192. Step = local batch · 8,192 / TPS. The rows with
+    torch.compile and Float8 are left out: placeverify has no term for what compile fuses."""
+    rows = []
+    for n, tps in TORCHTITAN_H100:
+        text = (f'strategy "torchtitan FSDP2 on {n} H100 96GB (500 W): Llama 3.1 8B"\n'
+                "model llama3_8b { seq = 8192, micro_batch = 2 }\nprecision torchtitan_bf16\n"
+                + mesh("h100_96gb_500w", [("dp", n)]) + "\nplace fsdp over dp\n"
+                "recompute selective_op\n")
+        rows.append(Row("torchtitan-h100", f"LLAMA3.1-8B {n} GPUs b2 AC op", text,
+                        2 * 8192 / tps, False))
+    return rows
+
+
 def all_rows() -> list[Row]:
     return [*narayanan_rows(), megatron_gpt3_row(), *korthikanti_rows(), *llama3_rows(), *nemo_rows(),
             *torchtitan_rows(), *megatron_bridge_rows(), *megatron_lm_rows(), *bloom_rows(),
-            *llm_foundry_rows()]
+            *llm_foundry_rows(), *torchtitan_h100_rows()]
 
 
 # ---- fitting ------------------------------------------------------------------------------------
