@@ -56,6 +56,18 @@ Sources (measured step time from the published figure):
   train/tr11-176B-ml: the launch script's layout and the step time its training log printed,
   105.22 s at the full global batch; :func:`bloom_rows`). Held out only: a Megatron-DeepSpeed
   run on a cluster whose network (Omni-Path, 6.25 GB/s per GPU) is none of the profiles'.
+- LLM_FOUNDRY: mosaicml/llm-foundry scripts/train/benchmarking/README.md at 061f2c7ce6, "A100
+  40GB with 1600 Gbps node-node interconnect (RoCE)": MPT-7B to 70B under FSDP full shard on 8
+  to 128 GPUs at sequence 2,048 (:func:`llm_foundry_rows`). Step time = GlobalBatchSize (T) /
+  Throughput (T/s). Held out only: ZeRO-3 / FSDP at several data-parallel degrees.
+- TORCHTITAN_H100: pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md at
+  31a17bfdb7, Tables 1 and 3 (FSDP2, Llama 3.1 8B, 8 and 128 H100 96GB at 500 W, no
+  torch.compile): step = local batch · sequence / TPS per GPU (:func:`torchtitan_h100_rows`).
+
+Peers (benchmarks/peers.py): llm-analysis (pinned, ``pip install .[peers]`` in a venv of its own)
+on the rows it can express, its matmul efficiency set to placeverify's fitted η_max, its
+errors printed beside placeverify's on the same rows; Calculon is not on PyPI (the benchmark
+says so). Without llm-analysis importable the benchmark says "not installed" and runs on.
 """
 
 from __future__ import annotations
@@ -74,6 +86,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import figures  # noqa: E402  (benchmarks/figures.py: the Measured figures page)
+import peers  # noqa: E402  (benchmarks/peers.py: llm-analysis and Calculon on the same rows)
 
 from placeverify.api import costs, load_text  # noqa: E402
 from placeverify.cost import Costs  # noqa: E402
@@ -480,9 +493,92 @@ def bloom_rows() -> list[Row]:
     return [Row("bloom", "176B t4 p12 d8 m128", text, 105.22, False)]
 
 
+# ---- llm-foundry's MPT benchmarks (FSDP full shard, A100 40GB) --------------------------------
+
+# mosaicml/llm-foundry scripts/train/benchmarking/README.md at 061f2c7ce64e655100286584a7629e2a09f827ba,
+# "A100 40GB with 1600 Gbps node-node interconnect (RoCE)", sequence 2,048, bf16 PURE, FULL_SHARD,
+# activation checkpointing True: (model, GPUs, micro-batch, grad accum, global batch (T),
+# throughput (T/s))
+LLM_FOUNDRY = [
+    ("70b", 128, 4, 1, 1048576, 48194),
+    ("70b", 64, 2, 1, 262144, 17672),
+    ("30b", 128, 6, 1, 1572864, 110803),
+    ("30b", 32, 4, 1, 262144, 27431),
+    ("13b", 128, 16, 1, 4194304, 252444),
+    ("13b", 64, 16, 1, 2097152, 126479),
+    ("13b", 32, 14, 1, 917504, 63946),
+    ("13b", 16, 10, 1, 327680, 31900),
+    ("13b", 8, 4, 16, 1048576, 13347),
+    ("7b", 128, 18, 1, 4718592, 463749),
+    ("7b", 64, 18, 1, 2359296, 234614),
+    ("7b", 32, 18, 1, 1179648, 119202),
+    ("7b", 16, 16, 1, 524288, 58322),
+    ("7b", 8, 12, 4, 786432, 29436),
+]
+# (layers, d_model, heads): the pretrain yamls (scripts/train/yamls/pretrain/mpt-*.yaml)
+MPT = {"7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 64), "70b": (80, 8192, 64)}
+
+
+def llm_foundry_rows() -> list[Row]:
+    """MPT on A100 40GB under Composer's FSDP (torch FSDP1), held out: a ZeRO-3 family at 8 to
+    128 GPUs with a fixed micro-batch per GPU, so the gathered and reduced bytes per GPU stay
+    while the compute per GPU varies with the micro-batch. MPT (llm-foundry's MPTConfig
+    defaults with the pretrain yamls' sizes): GELU MLP of 4 · d_model, LayerNorm with biases,
+    biases on every linear layer, learned positions of max_seq_len rows (the tables'
+    NumParams grow by 2,048 · d_model from sequence 1,024 to 2,048: 6,658,859,008 for 7b, which
+    placeverify's count of this model matches), the word table tied to the output layer,
+    vocabulary 50,368, ``attn_impl: triton`` (fused: ``flash``). ``mixed_precision: PURE``
+    (llm-foundry's FSDP config: param, reduce and buffer dtype bf16, the sharded flat
+    parameters fp32), ``decoupled_adamw`` (fp32 m and v), activation checkpointing of every
+    block (``recompute full``). Measured step = GlobalBatchSize (T) / Throughput (T/s)."""
+    rows = []
+    for name, n, mb, accum, tokens, tps in LLM_FOUNDRY:
+        layers, h, heads = MPT[name]
+        model = (f"model transformer {{ layers = {layers}, hidden = {h}, heads = {heads}, "
+                 f"ffn = {4 * h}, mlp = plain, vocab = 50368, embeddings = tied, seq = 2048, "
+                 f"micro_batch = {mb}, position = learned, norm = layernorm, bias = true, "
+                 "attention = flash }")
+        text = (f'strategy "llm-foundry MPT-{name} on {n} A100 40GB, FSDP full shard"\n{model}\n'
+                "precision { params = fp32, gather = bf16, grads = fp32, reduce = bf16, "
+                "optimizer = 8, activations = bf16, loss_scale = none }\n"
+                + mesh("a100_40gb_sxm", [("dp", n)]) + "\nplace fsdp over dp\n"
+                + f"microbatches = {accum}\nrecompute full\n")
+        rows.append(Row("llm-foundry", f"MPT-{name} {n} GPUs b{mb} x{accum}", text,
+                        tokens / tps, False))
+    return rows
+
+
+# ---- torchtitan's H100 benchmarks (FSDP2, Llama 3.1 8B, 96GB H100 at 500 W) ---------------------
+
+# pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md at 31a17bfdb7, Tables 1 and 3:
+# "FSDP" without torch.compile or Float8, local batch 2, selective activation checkpointing:
+# (GPUs, TPS/GPU)
+TORCHTITAN_H100 = [(8, 5762), (128, 5605)]
+
+
+def torchtitan_h100_rows() -> list[Row]:
+    """Held out: FSDP2 at 8 and 128 GPUs on the Grand Teton H100 (96GB HBM2e, 2.4 TB/s, 400 Gb/s
+    per GPU, a 500 W power limit: the ``h100_96gb_500w`` profile, whose peak is the SXM's, an
+    upper bound the page itself uses). torchtitan at the page's commit (9dec370, 2024-12):
+    ``train_configs/llama3_8b.toml`` sets ``selective_ac_option = 'op'`` (``recompute
+    selective_op``) and the FSDP2 mixed precision of bf16 parameters and fp32 reductions
+    (``torchtitan_bf16``); sequence 8,192. Step = local batch · 8,192 / TPS. The rows with
+    torch.compile and Float8 are left out: placeverify has no term for what compile fuses."""
+    rows = []
+    for n, tps in TORCHTITAN_H100:
+        text = (f'strategy "torchtitan FSDP2 on {n} H100 96GB (500 W): Llama 3.1 8B"\n'
+                "model llama3_8b { seq = 8192, micro_batch = 2 }\nprecision torchtitan_bf16\n"
+                + mesh("h100_96gb_500w", [("dp", n)]) + "\nplace fsdp over dp\n"
+                "recompute selective_op\n")
+        rows.append(Row("torchtitan-h100", f"LLAMA3.1-8B {n} GPUs b2 AC op", text,
+                        2 * 8192 / tps, False))
+    return rows
+
+
 def all_rows() -> list[Row]:
     return [*narayanan_rows(), megatron_gpt3_row(), *korthikanti_rows(), *llama3_rows(), *nemo_rows(),
-            *torchtitan_rows(), *megatron_bridge_rows(), *megatron_lm_rows(), *bloom_rows()]
+            *torchtitan_rows(), *megatron_bridge_rows(), *megatron_lm_rows(), *bloom_rows(),
+            *llm_foundry_rows(), *torchtitan_h100_rows()]
 
 
 # ---- fitting ------------------------------------------------------------------------------------
@@ -573,12 +669,73 @@ def _class(loaded: Loaded) -> str:
     mesh = loaded[1].mesh
     assert mesh.device is not None
     dtype = mesh.matmul or "bf16"
-    return f"{mesh.device.key}:{'16bit' if dtype in ('bf16', 'fp16') else dtype}"
+    return f"{mesh.device.compute_key}:{'16bit' if dtype in ('bf16', 'fp16') else dtype}"
 
 
 def summary(rows: list[Loaded], cal: Calibration) -> tuple[float, float]:
     errors = [abs(error(r, cal)) for r in rows]
     return statistics.median(errors), max(errors)
+
+
+def source_medians(rows: list[Loaded], cal: Calibration) -> dict[str, tuple[str, str]]:
+    """Each source's median |error| on its calibration and held-out rows ("-": none)."""
+    out = {}
+    for src in dict.fromkeys(r[0].source for r in rows):
+        cells = []
+        for held in (False, True):
+            errors = [abs(error(r, cal)) for r in rows
+                      if r[0].source == src and r[0].calibrate is not held]
+            cells.append(f"{statistics.median(errors):.1%}" if errors else "-")
+        out[src] = (cells[0], cells[1])
+    return out
+
+
+def compare_peers(rows: list[Loaded], cal: Calibration) -> list[str]:
+    """llm-analysis (when importable) on the rows it can express, its median |error| beside
+    placeverify's on the same rows, per set; Calculon's status (benchmarks/peers.py).
+    llm-analysis's ``flops_efficiency`` is set per device class as placeverify's η_max is: the
+    value whose predictions' median ratio to the measured is 1 on that class's calibration rows
+    (fixed-point iteration from 0.5, as :func:`_fit_point`), the held-out rows judging both."""
+    lines = [peers.CALCULON_STATUS]
+    peer, module = peers.llm_analysis()
+    lines.append(peer.status)
+    if module is None:
+        return lines
+    expressed: list[tuple[Loaded, dict]] = []
+    left_out: dict[str, int] = {}
+    for r in rows:
+        args, why = peers.express(r[1], profile_links="bandwidth =" not in r[0].text)
+        if args is None:
+            left_out[why] = left_out.get(why, 0) + 1
+        else:
+            expressed.append((r, args))
+    eff = {c: 0.5 for c in {_class(r) for r, _ in expressed}}
+    for _ in range(4):
+        for c in eff:
+            ratios = [peers.run_llm_analysis(module, a, eff[c]) / r[0].measured
+                      for r, a in expressed if _class(r) == c and r[0].calibrate]
+            if ratios:  # llm-analysis's time scales as 1 / efficiency in its compute
+                eff[c] = min(1.0, eff[c] * statistics.median(ratios))
+    results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    for r, a in expressed:
+        theirs = peers.run_llm_analysis(module, a, eff[_class(r)]) / r[0].measured - 1
+        ours = error(r, cal)
+        print(f"  llm-analysis {r[0].source:<15} {r[0].label:<38} "
+              f"{'cal' if r[0].calibrate else 'held':<5} {theirs:+7.1%}  placeverify {ours:+7.1%}")
+        results[not r[0].calibrate].append((abs(theirs), abs(ours)))
+    lines.append("llm-analysis flops_efficiency fitted on the calibration rows: " + ", ".join(
+        f"{c} {v:.3f}" for c, v in sorted(eff.items())))
+    for held, name in ((False, "calibration"), (True, "held-out")):
+        pairs = results[held]
+        if pairs:
+            lines.append(
+                f"llm-analysis on the {len(pairs)} {name} rows it expresses: median |error| "
+                f"{statistics.median(p[0] for p in pairs):.1%}, worst {max(p[0] for p in pairs):.1%};"
+                f" placeverify on the same rows {statistics.median(p[1] for p in pairs):.1%}, "
+                f"worst {max(p[1] for p in pairs):.1%}")
+    lines.append("llm-analysis left out: " + (", ".join(
+        f"{why} ({n})" for why, n in sorted(left_out.items())) or "none"))
+    return lines
 
 
 def main() -> int:
@@ -627,10 +784,19 @@ def main() -> int:
         print(f"{name:<12} median |error| {median:6.1%}   worst {worst:6.1%}")
         found.append((f"{name} rows: step time, predicted against published",
                       f"median error {median:.1%}, worst {worst:.1%}"))
+    by_source = source_medians(loaded, cal)
+    print("per source, median |error| (cal / held): " + ", ".join(
+        f"{src} {c} / {h}" for src, (c, h) in by_source.items()))
+    found.append(("per source: median error (calibration / held-out)", ", ".join(
+        f"{src} {c} / {h}" for src, (c, h) in by_source.items())))
+    peer_lines = compare_peers(loaded, cal)
+    for line in peer_lines:
+        print(line)
+    found.extend(("peers", line) for line in peer_lines)
     if args.docs:
         figures.write_section("step_time", "Step time against published runs", found,
                               name=args.docs_name, tables=["\n".join(table)],
-                              facts=figures.machine())
+                              facts={**figures.machine(), "llm-analysis": peers.installed()})
     return 0
 
 

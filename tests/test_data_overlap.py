@@ -102,9 +102,15 @@ def test_zero2_without_overlap_lengthens_every_micro_batch() -> None:
     none, _ = exposed_dp(strategy("zero2(overlap = none)", bandwidth))
     params, _ = exposed_dp(strategy("zero3(overlap = params)", bandwidth))
     assert none - scalar(bandwidth) == pytest.approx(M * scatter + gather, rel=1e-9)
-    # ZeRO-3 with its gathers prefetched (each hides behind its pass on this fast link) and its
-    # M reduce-scatters waited for
-    assert params - scalar(bandwidth) == pytest.approx(M * scatter, rel=1e-9)
+    # ZeRO-3 with its gathers prefetched and its M reduce-scatters waited for. ZeRO-3 moves
+    # unit by unit (U = L + 1 units: the layers and the rest), each collective with its own
+    # ring latency; one unit prefetched, the first unit's gather of each forward has nothing to
+    # hide behind (1/U of it), the other gathers hide behind their units on this fast link
+    units = L + 1
+    scatter_u = (N - 1) / N * PARAMS * 4 / bandwidth + (N - 1) * 1e-9 * units
+    gather_u = (N - 1) / N * PARAMS * 2 / bandwidth + (N - 1) * 1e-9 * units
+    assert params - scalar(bandwidth) == pytest.approx(M * scatter_u + M * gather_u / units,
+                                                       rel=1e-9)
 
 
 def test_report_and_json_show_the_option_only_when_set() -> None:

@@ -456,3 +456,20 @@ def test_megatron_gpt3_2021_row_is_the_published_run() -> None:
     assert s.microbatches == 1536 // 8 and s.precision.grads_dtype == "fp16"
     assert s.pipeline is not None and s.pipeline.chunks == 1
     assert s.placement("dp").data_overlap is Overlap.NONE
+
+
+def test_a100_40gb_runs_its_matmuls_as_the_80gb_part() -> None:
+    """The A100 40GB SXM is the same GA100 chip with other memory (data sheet: 40GB HBM2,
+    1,555 GB/s; 312 TFLOP/s bf16 for both): its η_max is the fitted a100_80gb_sxm one, its HBM
+    bandwidth its own; the H100 96GB at 500 W (torchtitan's benchmarks page: 96GB HBM2e,
+    2.4 TB/s) runs as the H100 SXM."""
+    d = devices()
+    small, large = d["a100_40gb_sxm"], d["a100_80gb_sxm"]
+    assert small.compute_key == "a100_80gb_sxm" and large.compute_key == "a100_80gb_sxm"
+    assert small.memory_bytes == 40 * 10**9 and float(small.memory_bandwidth) == 1555e9
+    assert small.peak("bf16") == large.peak("bf16")
+    assert d["h100_96gb_500w"].compute_key == "h100_sxm"
+    assert float(d["h100_96gb_500w"].memory_bandwidth) == 2400e9
+    s = load_text(_text("dp = 8\ndevice = a100_40gb_sxm", "place ddp over dp"))
+    result = step_time(s, costs(s))
+    assert result is not None and result.efficiency == CALIBRATION.eta_max("a100_80gb_sxm", "bf16")

@@ -12,6 +12,15 @@ or, over a data axis that waits for them (:func:`waits`), lengthen every micro-b
 loop and the step after it; gradients reduced once a step per model chunk queue behind the later
 chunks' backward (:func:`reduced_by_chunk`); host transfers and scalars are exposed. What does
 not fit in its window is exposed, or the share ``1 - overlap`` of it if more (:func:`outlasting`).
+
+Parameters gathered before use (S*: ZeRO-3, FSDP, HSDP) move unit by unit (FSDP's wrapping
+unit: a layer, and one unit for the parameters outside the layers; :func:`by_unit`): each of the
+U units' gathers and gradient reductions is its own collective, with its own ring latency, and
+the framework prefetches one unit ahead (FSDP2's default, FSDP1's ``BACKWARD_PRE``, DeepSpeed's
+ZeRO-3 prefetch bucket): unit k + 1's gather runs beside unit k's forward, unit k - 1's gather
+and unit k + 1's reduce-scatter beside unit k's backward. With U equal units the first unit's
+gather of a forward has nothing to hide behind, nor the last unit's reduction of a backward;
+the other U - 1 run beside a unit's compute each (:func:`by_units`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from placeverify.cost.communication import CommItem
 from placeverify.ir.placement import Overlap, Reduce, Role, TensorOverlap
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.pipeline import chunk_ordered
+from placeverify.roles.queries import gathered_axes
 
 
 def outlasting(total: float, window: float, share: float) -> float:
@@ -52,6 +62,85 @@ def item_seconds(strategy: Strategy, item: CommItem, cal: Calibration) -> float 
     n = item.group_size
     steps = {"all_reduce": 2 * (n - 1), "send": 1}.get(item.op, n - 1)
     return total / (bandwidth * cal.link_efficiency) + latency * steps * calls
+
+
+def by_unit(strategy: Strategy, item: CommItem) -> bool:
+    """Does ``item`` move unit by unit: a parameter gather the placement implies for S*
+    parameters, or a gradient reduction in a strategy whose parameters are gathered before use
+    (ZeRO-3 and FSDP reduce-scatter each unit's gradients as its backward ends; HSDP all-reduces
+    each unit's shard over the replicas then)?"""
+    if not item.axes or item.pcie:
+        return False
+    if item.state == "params":
+        return item.source == "placement"
+    return item.state == "gradients" and bool(gathered_axes(strategy))
+
+
+def unit_latency(strategy: Strategy, item: CommItem, units: int) -> float:
+    """The ring latency the other ``units - 1`` per-unit collectives of ``item`` add to its
+    α-β time (:func:`item_seconds` counts one collective per call)."""
+    links = [strategy.mesh.axis(a) for a in item.axes]
+    latency = max((float(a.latency or 0) for a in links), default=0.0)
+    n = item.group_size
+    steps = 2 * (n - 1) if item.op == "all_reduce" else n - 1
+    return latency * steps * float(Fraction(item.calls)) * (units - 1)
+
+
+def by_units(total: float, compute: float, share: float, units: int, first: float) -> float:
+    """Exposed seconds of per-unit collectives of ``total`` seconds beside ``compute`` seconds
+    of a pass over ``units`` equal units, prefetched one unit ahead: the first unit's ``first``
+    seconds (the forward's first gather, the backward's last reduction) exposed whole, each of
+    the other units' collectives beside one unit's compute (:func:`outlasting` of total / U
+    beside compute / U, U - 1 times)."""
+    if units <= 1:
+        return outlasting(total, compute, share)
+    return first + (units - 1) * outlasting(total / units, compute / units, share)
+
+
+def unit_seconds(strategy: Strategy, item: CommItem, cal: Calibration, units: int) -> float | None:
+    """:func:`item_seconds`, with the ring latency of every unit's collective when ``item``
+    moves unit by unit over ``units`` units."""
+    sec = item_seconds(strategy, item, cal)
+    if sec and units > 1 and by_unit(strategy, item):
+        sec += unit_latency(strategy, item, units)
+    return sec
+
+
+def pass_exposed(strategy: Strategy, items: list[tuple[CommItem, float]], compute: float,
+                 share: float, units: int, first: str | None) -> float:
+    """Exposed seconds of a window's collectives beside ``compute`` seconds: unit by unit
+    (:func:`by_units`) when they move so and ``first`` names the state whose first (forward)
+    or last (backward) unit is exposed whole; else what outlasts the window (:func:`outlasting`).
+    A window that holds per-unit collectives holds nothing else (its gathers and reductions all
+    follow the S* units)."""
+    total = sum(sec for _, sec in items)
+    if first is None or units <= 1 or not any(by_unit(strategy, i) for i, _ in items):
+        return outlasting(total, compute, share)
+    whole = sum(sec for item, sec in items if by_unit(strategy, item) and item.state == first)
+    return by_units(total, compute, share, units, whole / units)
+
+
+def queued(total: float, v: int, backward: float, share: float) -> float:
+    """Exposed seconds of ``total`` seconds of gradient reductions made one chunk's share after
+    each of ``v`` chunks' backward (``backward`` seconds over the stage's micro-batches), queued
+    on the link: chunk k's starts once k + 1 of the v chunks' backward are done, so the last
+    ends max(T / v, T - (v - 1) · backward / v) after the backward does, and at least the share
+    1 - ``share`` of T is exposed (as every hidden data-parallel collective)."""
+    return max(total / v, outlasting(total, (v - 1) * backward / v, share))
+
+
+def unit_passes(gather: float, backward_comm: float, reduced: float, post: float,
+                t_fwd: float, t_bwd: float, share: float, units: int, m: int) -> float:
+    """The exposed seconds of a step's ZeRO-3 / FSDP traffic (the search's screen; the full
+    model bins the same items, :func:`expose`): ``gather`` seconds of gathers per forward and
+    ``backward_comm`` of gathers and reductions per backward (of which ``reduced`` are the
+    reductions of the loop), M times; ``post`` seconds of reductions after the loop behind the
+    last backward, or, with one micro-batch, beside that backward with its gathers."""
+    if m == 1:
+        backward_comm, reduced, post = backward_comm + post, reduced + post, 0.0
+    return (m * by_units(gather, t_fwd, share, units, gather / units)
+            + m * by_units(backward_comm, t_bwd, share, units, reduced / units)
+            + by_units(post, t_bwd, share, units, post / units))
 
 
 def label(item: CommItem) -> str:
@@ -144,6 +233,7 @@ class Windows:
     column_gemms: float  # FLOPs of the column-parallel layers' backward GEMMs per micro-batch
     forward: float | None  # seconds of a micro-batch's forward
     backward: float | None  # seconds of a micro-batch's backward
+    units: int = 1  # FSDP units per pass over the stage (its layers, and one for the rest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +255,7 @@ def expose(strategy: Strategy, comm: Iterable[CommItem], cal: Calibration, w: Wi
     def add(item: CommItem, seconds: float) -> None:
         exposed[label(item)] = exposed.get(label(item), 0.0) + seconds
 
-    timed = [(item, item_seconds(strategy, item, cal)) for item in comm]
+    timed = [(item, unit_seconds(strategy, item, cal, w.units)) for item in comm]
     bins: dict[Window, list[tuple[CommItem, float]]] = {where: [] for where in Window}
     microbatch = 0.0
     waited = 0.0  # data-parallel collectives after the loop that nothing hides (overlap = none)
@@ -195,11 +285,14 @@ def expose(strategy: Strategy, comm: Iterable[CommItem], cal: Calibration, w: Wi
             add(item, left * m * (1 + w.bubble / m) * sec / total)
         return left
 
-    def hide(items: list[tuple[CommItem, float]], compute: float | None, times: int) -> float:
+    def hide(items: list[tuple[CommItem, float]], compute: float | None, times: int,
+             first: str | None = None) -> float:
+        """``first``: the state whose first (forward) or last (backward) unit is exposed whole
+        when the items move unit by unit (:func:`by_units`)."""
         total = sum(sec for _, sec in items)
         if total == 0:
             return 0.0
-        left = outlasting(total, compute or 0.0, cal.data_overlap)
+        left = pass_exposed(strategy, items, compute or 0.0, cal.data_overlap, w.units, first)
         for item, sec in items:
             add(item, times * left * sec / total)
         return times * left
@@ -217,16 +310,17 @@ def expose(strategy: Strategy, comm: Iterable[CommItem], cal: Calibration, w: Wi
     by_chunk = [(item, sec) for item, sec in bins[Window.LAST_BACKWARD]
                 if w.backward is not None and reduced_by_chunk(strategy, item)]
     after = [entry for entry in bins[Window.LAST_BACKWARD] if entry not in by_chunk]
-    data = (hide(bins[Window.LOOP_FORWARD], w.forward, m) + hide(bins[Window.LOOP_BACKWARD], w.backward, m)
-            + hide(after, w.backward, 1) + hide(bins[Window.NEXT_FORWARD], w.forward, 1) + waited)
+    if m == 1 and any(by_unit(strategy, item) for item, _ in after):
+        # one micro-batch: its reductions unit by unit beside the backward of its gathers
+        bins[Window.LOOP_BACKWARD] = bins[Window.LOOP_BACKWARD] + after
+        after = []
+    data = (hide(bins[Window.LOOP_FORWARD], w.forward, m, "params")
+            + hide(bins[Window.LOOP_BACKWARD], w.backward, m, "gradients")
+            + hide(after, w.backward, 1, "gradients") + hide(bins[Window.NEXT_FORWARD], w.forward, 1)
+            + waited)
     if by_chunk and w.backward is not None:  # (known whenever by_chunk is not empty)
-        # one chunk's share after each chunk's backward, queued on the link: chunk k's starts
-        # once k + 1 of the v chunks' backward (m · t_bwd / v each) are done, so the last ends
-        # max(T / v, T - (v - 1) · m · t_bwd / v) after the backward does, and at least the
-        # share 1 - data_overlap of T is exposed (as every hidden data-parallel collective)
-        v = w.chunks
         total = sum(sec for _, sec in by_chunk)
-        left = max(total / v, outlasting(total, (v - 1) * m * w.backward / v, cal.data_overlap))
+        left = queued(total, w.chunks, m * w.backward, cal.data_overlap)
         for item, sec in by_chunk:
             add(item, left * sec / total)
         data += left

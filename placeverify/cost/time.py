@@ -35,7 +35,10 @@ The model (``docs/models/step-time.md``; validated by ``benchmarks/step_time.py`
   parameter gathers for forward hide behind the micro-batch's forward, gathers for backward and
   gradient reductions inside the loop behind its backward, gradient reductions after the loop
   behind the last micro-batch's backward, the parameter all-gather after a sharded update
-  behind the next forward; what does not fit in its window is exposed, and at least the share
+  behind the next forward (ZeRO-3 and FSDP unit by unit, one unit prefetched: the first unit's
+  gather of a forward and the last unit's reduction of a backward exposed whole, each unit's
+  collectives with their own ring latency: :func:`~.exposure.by_units`, :func:`fsdp_units`);
+  what does not fit in its window is exposed, and at least the share
   ``1 - data_overlap`` of it is (NCCL's kernels share the GPU with the compute they hide
   behind; fitted like the tensor-parallel shares). Gradients reduced once
   a step per model chunk (``reduce = step``) in a pipeline whose backward runs chunk by chunk
@@ -206,7 +209,7 @@ def _rates(device: Device | None, matmul: str, flash: bool, cal: Calibration
     peak = None if device is None else device.peak(matmul)
     eta = None
     if peak is not None and device is not None:
-        eta = cal.eta_max(device.key, matmul)
+        eta = cal.eta_max(device.compute_key, matmul)
     rate = None if peak is None or eta is None else float(peak) * eta
     # The attention core (Q·Kᵀ, scores·V) runs in 16 bits when the matmuls are fp8: Transformer
     # Engine's recipes leave fp8 attention off (DelayedScaling fp8_dpa = False); fused (flash)
@@ -214,7 +217,7 @@ def _rates(device: Device | None, matmul: str, flash: bool, cal: Calibration
     attention_rate = rate
     if rate is not None and device is not None and matmul == "fp8":
         peak16 = device.peak("bf16")
-        attention_rate = None if peak16 is None else float(peak16) * cal.eta_max(device.key, "bf16")
+        attention_rate = None if peak16 is None else float(peak16) * cal.eta_max(device.compute_key, "bf16")
     if attention_rate is not None and flash:
         attention_rate *= cal.attention_efficiency
     return eta, rate, attention_rate
@@ -278,7 +281,7 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     windows = Windows(m, work.bubble, work.v, rate,
                       3 * (work.forward - work.layers * work.core) + work.extra_gemm,
                       2 * (work.layers * column_flops(arch, work.tokens, work.t) + work.output),
-                      t_fwd, t_bwd)
+                      t_fwd, t_bwd, fsdp_units(work.layers))
     exposure = expose(strategy, costs.comm, cal, windows)
     if exposure.missing:
         notes.append("some axes have no bandwidth: their collectives are not timed")
@@ -296,6 +299,13 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     return StepTime(device.key if device else None, matmul, float(peak) if peak else None, eta, m,
                     work.per_microbatch, model_flops, step_tokens, compute, bubble, optimizer,
                     exposed, step, tuple(notes), mesh.world)
+
+
+def fsdp_units(layers: float) -> int:
+    """FSDP's wrapping units over a stage of ``layers`` layers: one per layer (torchtitan's
+    ``apply_fsdp`` and llm-foundry's ``fsdp_wrap_fn`` wrap each transformer block) and one for
+    the parameters outside the layers (the root: embeddings, final norm, output layer)."""
+    return max(1, round(layers)) + 1
 
 
 def slowest_stage(strategy: Strategy, arch: Transformer, pp: int, layer: float, extra: float,

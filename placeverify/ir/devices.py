@@ -30,6 +30,14 @@ class Device:
     intra_node_latency: Fraction  # seconds per ring step (assumption)
     network_latency: Fraction
     sources: tuple[tuple[str, str], ...]
+    # the profile whose matmul efficiency (the step-time model's fitted η_max) this one shares:
+    # the same chip with other memory (``compute_as`` in the data file; itself when absent)
+    compute_as: str = ""
+
+    @property
+    def compute_key(self) -> str:
+        """The key the step-time model's matmul efficiency is fitted and looked up under."""
+        return self.compute_as or self.key
 
     def peak(self, dtype: str) -> Fraction | None:
         """Dense peak FLOP/s for matmuls in ``dtype``, or None when the device has none."""
@@ -53,7 +61,8 @@ def _device(key: str, raw: dict[str, Any]) -> Device:
         int(raw["gpus_per_node"]),
         _fraction(raw["intra_node_latency"], f"{key}.intra_node_latency"),
         _fraction(raw["network_latency"], f"{key}.network_latency"),
-        tuple((k, str(v)) for k, v in raw["sources"].items()))
+        tuple((k, str(v)) for k, v in raw["sources"].items()),
+        str(raw.get("compute_as", "")))
 
 
 @cache

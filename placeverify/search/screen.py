@@ -24,9 +24,9 @@ from functools import lru_cache
 
 from placeverify.cost.activations import LayerShape, per_layer_bytes, saved_tensors
 from placeverify.cost.calibration import CALIBRATION, Calibration
-from placeverify.cost.exposure import outlasting
+from placeverify.cost.exposure import outlasting, queued, unit_passes
 from placeverify.cost.flops import column_flops, ffn_width, layer_flops, output_flops
-from placeverify.cost.time import pace
+from placeverify.cost.time import fsdp_units, pace
 from placeverify.ir.devices import Device, intra_node, ranks_per_node
 from placeverify.ir.model import ParamGroup, Transformer
 from placeverify.ir.placement import TensorOverlap
@@ -70,7 +70,7 @@ class Screen:
         peak = setting.device.peak(setting.matmul)
         if peak is None:
             raise ValueError(f"device '{setting.device.key}' has no {setting.matmul} matmuls")
-        self.rate = float(peak) * setting.cal.eta_max(setting.device.key, setting.matmul)
+        self.rate = float(peak) * setting.cal.eta_max(setting.device.compute_key, setting.matmul)
         self.hbm = float(setting.device.memory_bandwidth)
         self._per_layer = lru_cache(maxsize=None)(self._activation_per_layer)
         self._flops = lru_cache(maxsize=None)(self._microbatch_flops)
@@ -335,7 +335,7 @@ class Screen:
 
         sizes = dict(_order_of(lay))
 
-        def ring(axes: list[str], payload: float, all_reduce: bool) -> float:
+        def ring(axes: list[str], payload: float, all_reduce: bool, calls: int = 1) -> float:
             axes = [a for a in axes if a in links]
             if not axes or payload == 0:
                 return 0.0
@@ -345,7 +345,7 @@ class Screen:
             bw = min(links[a][0] for a in axes)
             lat = max(links[a][1] for a in axes)
             steps = 2 * (n - 1) if all_reduce else n - 1
-            return steps / n * payload / bw + lat * steps
+            return steps / n * payload / bw + lat * steps * calls
 
         data = ["replica", "shard"] if lay.sharding is Sharding.HSDP else ["dp"]
         counts = ring([*data, "ep", "cp"], 16.0, True)  # the global token count
@@ -362,12 +362,13 @@ class Screen:
             following = ring(["dp"], params, False)
         elif kind in (Sharding.ZERO3, Sharding.HSDP):
             shard = "dp" if kind is Sharding.ZERO3 else "shard"
-            gather = ring([shard], params, False)
+            units = fsdp_units(layers)  # calls: each unit's collective with its ring latency
+            gather = ring([shard], params, False, units)
             loop_fwd = gather
-            scatter = ring([shard], grads, False)
+            scatter = ring([shard], grads, False, units)
             loop_bwd = gather
             rest = ["cp"] if kind is Sharding.ZERO3 else ["replica", "cp"]
-            post = ring(rest, grads / lay.shard, True)
+            post = ring(rest, grads / lay.shard, True, units)
         if lay.reduce_step and lay.chunk_ordered:
             # each chunk reduced after its last micro-batch, behind the later chunks' backward
             # (cost/exposure.py: reduced_by_chunk); HSDP's replica all-reduce with it
@@ -385,13 +386,14 @@ class Screen:
             exposed = post + following + by_chunk + counts
         else:
             share = self.s.cal.data_overlap
-            exposed = (m * outlasting(loop_fwd, t_fwd, share)
-                       + m * outlasting(loop_bwd, t_bwd, share)
-                       + outlasting(post, t_bwd, share) + outlasting(following, t_fwd, share)
-                       + counts)
+            fsdp = kind in (Sharding.ZERO3, Sharding.HSDP)  # unit by unit (cost/exposure.py)
+            exposed = counts + outlasting(following, t_fwd, share) + (
+                unit_passes(loop_fwd, loop_bwd, loop_bwd - loop_fwd, post, t_fwd, t_bwd, share,
+                            fsdp_units(layers), m) if fsdp else
+                m * outlasting(loop_fwd, t_fwd, share) + m * outlasting(loop_bwd, t_bwd, share)
+                + outlasting(post, t_bwd, share))
             if by_chunk:
-                exposed += max(by_chunk / lay.v,
-                               outlasting(by_chunk, (lay.v - 1) * m * t_bwd / lay.v, share))
+                exposed += queued(by_chunk, lay.v, m * t_bwd, share)
         if lay.offload:
             split = lay.shard if kind is Sharding.HSDP else lay.dp
             kept, stored = local * self.G, local * self.P  # the host copies move them as kept
