@@ -83,6 +83,7 @@ from placeverify.importers.shell_syntax import (
     parse,
     relocate,
 )
+from placeverify.importers.shell_patterns import STRIPS, pattern_regex, strip
 from placeverify.importers.shell_tests import arithmetic_value, truth
 from placeverify.importers.shell_values import (
     BREAK,
@@ -787,6 +788,8 @@ class Script:
             return [self._unknown_piece(part.start, part.end, Unknown(
                 f"the expansion {self.source.text[part.start:part.end]} at line {line} is not one "
                 "placeverify evaluates"))]
+        if part.op in STRIPS:
+            return self._strip(part, value, state, split, Unknown(why) if unset else None)
         if part.op in (":-", "-", ":=", "=", ":+", "+"):
             colon = part.op.startswith(":")
             empty = unset or (colon and isinstance(value, Text) and value.problem() is None
@@ -817,6 +820,32 @@ class Script:
         if unset:
             return [] if beyond else [self._unknown_piece(part.start, part.end, Unknown(why))]
         return self._value_pieces(value, part, split)
+
+    def _strip(self, part: Param, value: Value, state: State, split: bool,
+               unset: Unknown | None) -> list[Piece]:
+        """``${NAME#pattern}`` and the like (:mod:`.shell_patterns`), when the value and the
+        pattern are both known; else unknown at the expansion."""
+        line = self.line_of(part.start)
+        if unset is not None or isinstance(value, tuple) or value is None:
+            why = unset or Unknown(f"the expansion {self.source.text[part.start:part.end]} at "
+                                   f"line {line} removes a pattern from an array, which "
+                                   "placeverify does not evaluate")
+            return [self._unknown_piece(part.start, part.end, why)]
+        if value.problem() is not None:
+            return [self._unknown_piece(part.start, part.end, value.problem())]
+        chars: list[tuple[str, bool]] = []
+        for arg in part.arg:
+            for piece in self._part(arg, state):
+                unknown = next((u for _, _, u in piece.chars if u is not None), None)
+                if unknown is not None:
+                    return [self._unknown_piece(part.start, part.end, unknown)]
+                # a quote inside the braces makes the pattern literal; the reader records
+                # quoting by context, so inside "${...}" the pattern is a pattern (as in the
+                # usual "${arg#*=}"), and only quotes of an unquoted expansion count
+                literal = getattr(arg, "quoted", False) and not part.quoted
+                chars += [(c, literal) for c, _, _ in piece.chars]
+        kept = strip(str(part.op), value.chars, pattern_regex(chars))
+        return [Piece(kept, split, value.maybe, value.assumed)]
 
     def _value_pieces(self, value: Value, part: Param, split: bool) -> list[Piece]:
         if isinstance(value, tuple):

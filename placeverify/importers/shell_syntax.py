@@ -52,7 +52,8 @@ class Param:
 
     name: str
     index: str | None  # "@", "*", a literal index, or None
-    op: str | None  # ":-", "-", ":=", "=", ":+", "+", ":?", "?", "#len", or "other"
+    # ":-", "-", ":=", "=", ":+", "+", ":?", "?", "#", "##", "%", "%%", "#len", or "other"
+    op: str | None
     arg: tuple[Part, ...]  # the word after the operator
     quoted: bool
     start: int
@@ -539,7 +540,7 @@ class Lexer:
         if text.startswith("}", self.i):
             self.i += 1
             return Param(name, index, op, (), quoted, start, self.i)
-        for candidate in (":-", ":=", ":+", ":?", "-", "=", "+", "?"):
+        for candidate in (":-", ":=", ":+", ":?", "##", "#", "%%", "%", "-", "=", "+", "?"):
             if not length and text.startswith(candidate, self.i):
                 op = candidate
                 self.i += len(candidate)
