@@ -59,6 +59,7 @@ from placeverify.importers.shell_inputs import (
     not_assigned,
     shifted,
 )
+from placeverify.importers.shell_patterns import STRIPS, pattern_regex, strip
 from placeverify.importers.shell_syntax import (
     NAME,
     AndOr,
@@ -83,7 +84,6 @@ from placeverify.importers.shell_syntax import (
     parse,
     relocate,
 )
-from placeverify.importers.shell_patterns import STRIPS, pattern_regex, strip
 from placeverify.importers.shell_tests import arithmetic_value, truth
 from placeverify.importers.shell_values import (
     BREAK,
