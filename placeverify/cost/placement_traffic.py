@@ -293,10 +293,14 @@ def _context_and_expert_items(d: Domain, strategy: Strategy, x: _Layers) -> list
             items.append(comm_item(d, strategy, "reduce_scatter", group,
                                    "K and V gradients (context parallel, per layer)", kv, layers * m,
                                    "activations", "placement", p.span))
-        if p.role is Role.EXPERT and strategy.size(p.axis) > 1 and arch.moe:
+        # the experts split whole over tensor axes too (place expert over tp * ep,
+        # lower/expert_mesh.py): the tokens are dispatched over the whole expert group
+        split = tuple(q.axis for q in strategy.placements if q.experts_split)
+        group = mesh.group(*split, p.axis)
+        if p.role is Role.EXPERT and group.size(mesh) > 1 and arch.moe:
             k = d.sym("k", arch.top_k)
             tokens = b * s * k * h * e / (c * (t if sp else 1))
-            items.append(comm_item(d, strategy, "all_to_all", mesh.group(p.axis),
+            items.append(comm_item(d, strategy, "all_to_all", group,
                                    "tokens to experts and back (dispatch, combine; fwd"
                                    + (", recompute" if refwd else "") + " and bwd)",
                                    tokens, (4 + 2 * refwd) * layers * m, "activations", "placement",
