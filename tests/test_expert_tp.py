@@ -113,6 +113,44 @@ def test_traffic_and_canonical_step_use_the_expert_groups() -> None:
     assert ("reduce_scatter", "grads[dense, embedding, norms]", ("dp", "ep")) in grads
 
 
+def test_tensor_and_token_traffic_at_etp_1_by_hand() -> None:
+    # TP 2 / ETP 1 / EP 8, one micro-batch of 1 x 4096 tokens, bf16 activations: the hidden
+    # states are 4096 x 4096 x 2 = 33,554,432 bytes. Only attention has tensor-parallel
+    # collectives (Megatron-core's MoE layer with ETP 1 has none): QKV column-parallel (AG
+    # forward, AG again in backward, RS of the input gradient) and the output projection
+    # row-parallel (RS forward, AG backward): 3 AG + 2 RS per layer, 96 and 64 calls; the token
+    # all-to-all over the 8 ranks of tp x ep: each rank's 4096 / 2 tokens x top-2 x 4096 x 2
+    # bytes = 33,554,432 per call, dispatch and combine forward and backward (4 x 32 = 128
+    # calls), 7/8 of it moved: 3,758,096,384 bytes
+    costs = analyse(load_text(TP2))
+    tensor = {(c.op, c.calls, c.payload) for c in costs.comm if c.axes == ("tp",)
+              and c.what.startswith("activations")}
+    assert tensor == {("all_gather", 96, 33_554_432), ("reduce_scatter", 64, 33_554_432)}
+    routed, = (c for c in costs.comm if c.op == "all_to_all")
+    assert (routed.axes, routed.payload, routed.calls) == (("ep", "tp"), 33_554_432, 128)
+    assert routed.bytes == 3_758_096_384
+    assert not [c for c in costs.comm if "expert tensor-parallel" in c.what]
+
+
+def test_the_dispatcher_gathers_over_the_expert_tensor_axis_by_hand(tmp_path: Path) -> None:
+    # TP 4, ETP 2, EP 4 (the launch below), 32 micro-batches, full recomputation: the
+    # dispatcher all-gathers the routed tokens over etp (2 ranks) and reduce-scatters the expert
+    # outputs, forward, recomputed forward and backward: 3 x 32 layers x 32 = 3,072 calls each;
+    # each rank's 4096 / 4 tokens x top-2, gathered from 2 ranks: 2048 x 2 x 4096 x 2 =
+    # 33,554,432 bytes, half of it moved: 51,539,607,552 bytes each
+    text = SCRIPT.read_text(encoding="utf-8").replace(
+        "--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1",
+        "--tensor-model-parallel-size 4 --expert-tensor-parallel-size 2").replace(
+        "--expert-model-parallel-size 8", "--expert-model-parallel-size 4")
+    script = tmp_path / "mixtral-tp4-etp2.sh"
+    script.write_text(text, encoding="utf-8")
+    strategy, _ = load(str(script), Options(model=str(CONFIG)))
+    dispatcher = {(c.op, c.axes, c.payload, c.calls, c.bytes) for c in analyse(strategy).comm
+                  if "expert tensor-parallel" in c.what}
+    assert dispatcher == {(op, ("etp",), 33_554_432, 3072, 51_539_607_552)
+                          for op in ("all_gather", "reduce_scatter")}
+
+
 SMALL = """\
 model transformer {{ layers = 2, hidden = 64, heads = 4, vocab = 1024, seq = 128
                     experts = 8, top_k = 2 }}
@@ -239,3 +277,25 @@ def test_other_expert_meshes_stay_refused(tmp_path: Path, sizes: str, line: int)
     error = next(e for e in caught.value.diagnostics if "--expert-tensor-parallel-size" in e.message)
     assert error.code is Code.NOT_MODELLED and error.span is not None and error.span.line == line
     assert "ETP dividing TP with CP 1 and ETP x EP a multiple of TP" in error.message
+
+
+def test_the_report_says_which_tensor_axis_splits_the_experts_whole() -> None:
+    import json
+
+    import jsonschema
+
+    from placeverify.report.data import check_document
+
+    schema = json.loads((Path(__file__).parent.parent / "placeverify" / "schemas"
+                         / "check.schema.json").read_text("utf-8"))
+    document = check_document(check_strategy(load_text(TP2), verify_conditions=False))
+    jsonschema.validate(document, schema)
+    assert document["placement"]["tp"]["experts_split"] is True
+    assert "experts_split" not in document["placement"]["ep"]
+
+
+def test_the_replay_refuses_experts_split_over_a_tensor_axis() -> None:
+    from placeverify.replay.layout import Unsupported, layout_of
+
+    with pytest.raises(Unsupported, match="not modelled: the replay splits the experts"):
+        layout_of(load_text(SMALL.format(experts="dp")))

@@ -72,8 +72,9 @@ def layout_of(strategy: Strategy) -> Layout:
     for p in strategy.placements:
         if p.experts_split:
             raise Unsupported(f"not modelled: the replay splits the experts over the tensor axis "
-                              f"{p.axis} as slices of each expert; 'place expert over' {p.axis} "
-                              "splits them whole over it (docs/language/place.md)")
+                              f"{p.axis} as slices of each expert; an 'expert' statement over a "
+                              f"product with {p.axis} splits them whole over it "
+                              "(docs/language/place.md)")
     names = strategy.mesh.names
     sizes = tuple(strategy.mesh.size(a) for a in names)
     chosen: dict[Role, tuple[str | None, int]] = {}
