@@ -1,13 +1,13 @@
 """The experts' own mesh (issue 32, item 4, part b): Megatron's --expert-tensor-parallel-size
 below --tensor-model-parallel-size, written ``place expert over tp * ep``.
 
-Megatron-core (NVIDIA/Megatron-LM at 00caa53a, ``megatron/core/parallel_state.py``,
-``initialize_model_parallel``) builds the dense ranks as ``RankGenerator(tp=TP, ep=1, dp=DP,
-pp=PP, cp=CP)`` and the experts' as ``RankGenerator(tp=ETP, ep=EP, dp=world // (ETP * EP * PP),
-pp=PP, cp=1)``, both in the order tp-cp-ep-dp-pp (first fastest). At ETP 1 an expert-parallel
-group is EP consecutive ranks: TP / 1 dense tensor-parallel groups side by side, so a mesh
-``tp x ep' x dp`` with ep' = EP / TP and dp = world / (EP * PP) refines both: dense tp = tp, dense
-dp = ep' x dp, expert ep = tp x ep', expert dp = dp.
+Megatron-core (NVIDIA/Megatron-LM at d98e8a64dd, ``megatron/core/parallel_state.py:859-893``,
+``initialize_model_parallel``; the order's default at line 617) builds the dense ranks as
+``RankGenerator(tp=TP, ep=1, dp=DP, pp=PP, cp=CP)`` and the experts' as ``RankGenerator(tp=ETP,
+ep=EP, dp=world // (ETP * EP * PP), pp=PP, cp=1)``, both in the order tp-cp-ep-dp-pp (first
+fastest). At ETP 1 an expert-parallel group is EP consecutive ranks: TP / 1 dense tensor-parallel
+groups side by side, so a mesh ``tp x ep' x dp`` with ep' = EP / TP and dp = world / (EP * PP)
+refines both: dense tp = tp, dense dp = ep' x dp, expert ep = tp x ep', expert dp = dp.
 
 Every number below is worked by hand from Mixtral 8x7B's published shape (hidden 4096, ffn
 14336, 32 layers, 32 heads of 128 with 8 key/value heads, 8 experts of three SwiGLU matrices,

@@ -354,12 +354,15 @@ def _expert_tensor_items(d: Domain, strategy: Strategy, x: _Layers) -> list[Comm
     """With the experts split whole over some tensor axes (``place expert over tp * ep``,
     lower/expert_mesh.py), the token dispatcher's collectives over the others, the expert
     tensor-parallel group: Megatron-core's MoEAlltoAllTokenDispatcher
-    (``megatron/core/transformer/moe/token_dispatcher.py``) all-gathers the tokens the
+    (``megatron/core/transformer/moe/token_dispatcher.py:741-751, 824-834`` at d98e8a64dd; its
+    tp_group is the expert tensor-parallel group, line 86) all-gathers the tokens the
     all-to-all brought over the expert tensor-parallel group (gather_from_sequence_parallel_region)
     and reduce-scatters the experts' outputs before the combining all-to-all
     (reduce_scatter_to_sequence_parallel_region); the backward runs each as the other. Each
     rank's routed tokens (b·s·k / t, balanced) are gathered from |etp| ranks: the payload is
-    b·s·k·h / |tp| bytes of activations, tp the tensor axes the experts split whole over."""
+    b·s·k·h / |tp| bytes of activations, tp the tensor axes the experts split whole over. Not
+    counted: the routing probabilities gathered beside (one number per routed token), and the
+    combine's reduce-scatter running in the probabilities' dtype."""
     arch, mesh = x.arch, strategy.mesh
     split = [p for p in strategy.placements if p.experts_split]
     rest = [p.axis for p in strategy.placements if p.role is Role.TENSOR and not p.experts_split]

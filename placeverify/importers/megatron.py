@@ -244,11 +244,12 @@ def _model_parallel(run: Run) -> None:
             body.append(Line(last.text.replace(" over tp", " over etp"), last.why + " (etp: the "
                              "expert tensor-parallel part of the dense group)", last.origin))
         if run.sp is None:
-            # megatron/core/model_parallel_config.py (__post_init__): "When using expert
-            # parallelism and tensor parallelism, sequence parallelism must be used"
+            # megatron/core/transformer/moe/moe_layer.py:636-640 (MoELayer.forward) raises in
+            # training for MoE with tensor parallelism and no sequence parallelism
             run.reader.error("--expert-model-parallel-size with --tensor-model-parallel-size "
-                             f"{t} needs --sequence-parallel: Megatron-core refuses expert and "
-                             "tensor parallelism without it", run.etp.origin, code=Code.CONFLICT)
+                             f"{t} needs --sequence-parallel: Megatron-core's MoE layer "
+                             "refuses tensor parallelism without it in training",
+                             run.etp.origin, code=Code.CONFLICT)
         body.append(Line("place expert over tp * ep", f"{run.ep.origin.key} + "
                          f"{run.etp.origin.key}: the expert data-parallel group is dp",
                          run.etp.origin))
@@ -275,8 +276,8 @@ def _data(run: Run) -> None:
         if run.split and run.dist_opt is not None and run.fsdp2 is None:
             # the distributed optimizer shards the dense parameters' state over the dense
             # data-parallel group (ep x dp here), the experts' over the expert data-parallel
-            # group dp (megatron/core/distributed/distributed_data_parallel.py: the expert
-            # buffers take the expert data-parallel group)
+            # group dp (megatron/core/distributed/distributed_data_parallel.py:280-290: the
+            # expert-parallel buffers take intra_expt_dp_group, the others intra_dp_cp_group)
             line = Line(line.text.replace(" over dp", " over ep * dp"),
                         line.why + "; the dense state over ep x dp, the experts' over dp",
                         line.origin)

@@ -1,15 +1,16 @@
 """Lower ``place expert over tp * ep``: the experts' own mesh, regrouped over a tensor axis.
 
-Megatron-core builds two rank meshes over the same world (``megatron/core/parallel_state.py``,
-``initialize_model_parallel``): the dense layers' ``RankGenerator(tp=TP, cp=CP, dp=DP, pp=PP)`` and
-the experts' ``RankGenerator(tp=ETP, ep=EP, dp=world / (ETP x EP x PP), pp=PP)``, both in the order
-tp-cp-ep-dp-pp, first fastest. With ETP below TP the ranks of one dense tensor-parallel group hold
-different whole experts: for the experts those ranks are part of the expert-parallel group. A
-mesh that refines both factorisations writes it with one axis per factor: ``mesh { dp = 4,
-ep = 4, tp = 2 }`` (outermost first) with ``place megatron(sequence_parallel) over tp`` and
-``place expert over tp * ep`` is Megatron's TP 2, ETP 1, EP 8 on 32 ranks: the dense layers split
-over tp and data-parallel over ep x dp, the experts split whole over tp x ep (8 ranks) and
-data-parallel over dp (the expert data-parallel group, 32 / (1 x 8 x 1) = 4).
+Megatron-core builds two rank meshes over the same world (NVIDIA/Megatron-LM at d98e8a64dd,
+``megatron/core/parallel_state.py:859-893``, ``initialize_model_parallel``): the dense layers'
+``RankGenerator(tp=TP, cp=CP, dp=DP, pp=PP)`` and the experts' ``RankGenerator(tp=ETP, ep=EP,
+dp=world / (ETP x EP x PP), pp=PP)``, both in the order tp-cp-ep-dp-pp, first fastest. With ETP
+below TP the ranks of one dense tensor-parallel group hold different whole experts: for the experts
+those ranks are part of the expert-parallel group. A mesh that refines both factorisations writes
+it with one axis per factor: ``mesh { dp = 4, ep = 4, tp = 2 }`` (outermost first) with ``place
+megatron(sequence_parallel) over tp`` and ``place expert over tp * ep`` is Megatron's TP 2, ETP 1,
+EP 8 on 32 ranks: the dense layers split over tp and data-parallel over ep x dp, the experts split
+whole over tp x ep (8 ranks) and data-parallel over dp (the expert data-parallel group, 32 / (1 x 8
+x 1) = 4).
 
 The tensor axes a statement names keep their role and modes (each rank holds 1/|tp| of every
 group's elements either way) and are marked ``experts_split``; the others become expert axes.
@@ -65,12 +66,12 @@ def place_expert_products(ctx: Context, products: list[tuple[ast.PlaceStmt, Grou
             continue
         plain = [a for a in tensor if not by_axis[a].sequence_parallel]
         if plain:
-            # megatron/core/model_parallel_config.py (__post_init__): "When using expert
-            # parallelism and tensor parallelism, sequence parallelism must be used"; without
-            # it the ranks of tp would dispatch the same tokens
+            # megatron/core/transformer/moe/moe_layer.py:636-640 (MoELayer.forward, at
+            # d98e8a64dd) raises in training for MoE with tensor parallelism without sequence
+            # parallelism; without it the ranks of tp would dispatch the same tokens
             ctx.error(f"the experts split whole over the tensor axis '{plain[0]}' need sequence "
-                      "parallelism on it (Megatron-core refuses expert and tensor parallelism "
-                      "without it)", Code.CONFLICT, stmt.span,
+                      "parallelism on it (Megatron-core's MoE layer refuses tensor parallelism "
+                      "without it in training)", Code.CONFLICT, stmt.span,
                       f"write 'place megatron(sequence_parallel) over {plain[0]}'")
             continue
         for axis in tensor:
