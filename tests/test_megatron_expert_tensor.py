@@ -1,12 +1,12 @@
 """``--expert-tensor-parallel-size`` different from ``--tensor-model-parallel-size`` (issue 32,
-item 4, part b): not modelled yet, so refused at the flag, also with one expert-parallel rank.
+item 4, part b): what is still refused at the flag, and ETP = TP still read as before.
 
 Megatron-core (NVIDIA/Megatron-LM at d98e8a64dd, ``megatron/core/parallel_state.py:874-890``,
 initialize_model_parallel) builds a second rank mesh for the experts, ``RankGenerator(tp=ETP,
-ep=EP, dp=world // (ETP * EP * PP), pp=PP)``: the experts are split over ETP ranks, not over the
-dense tensor-parallel group. placeverify splits the experts over its tensor axes, so ETP != TP
-would give a wrong expert memory (Mixtral below, ETP 1 / EP 8: one whole expert per layer and
-device, 32 x 3 x 4096 x 14336 = 5,637,144,576 elements, where the tensor split would give half).
+ep=EP, dp=world // (ETP * EP * PP), pp=PP)``. ETP 1 with EP a multiple of TP (and CP 1) is
+modelled (``place expert over tp * ep``, tests/test_expert_tp.py, the Mixtral launch of
+tests/importers/mixtral-8x7b-megatron-etp1.sh); with EP 1 every tensor rank would hold every
+expert whole, copies along a tensor axis that no placement gives, so it stays refused.
 """
 
 from __future__ import annotations
@@ -29,16 +29,6 @@ def refusal(path: Path, **options: object):  # type: ignore[no-untyped-def]
                 if "--expert-tensor-parallel-size" in e.message)
 
 
-def test_etp_1_under_tp_2_is_refused_at_the_flag() -> None:
-    error = refusal(HERE / "mixtral-8x7b-megatron-etp1.sh",
-                    model=str(HERE / "mixtral-8x7b-config.json"))
-    assert error.code is Code.NOT_MODELLED
-    assert "world / (ETP x EP x PP)" in error.message
-    line = (HERE / "mixtral-8x7b-megatron-etp1.sh").read_text().splitlines()[13]
-    assert error.span is not None and error.span.line == 14
-    assert error.span.column == line.index("--expert-tensor-parallel-size") + 1
-
-
 def test_etp_differing_with_one_expert_rank_is_refused(tmp_path: Path) -> None:
     # EP 1, ETP 1, TP 2: Megatron keeps every expert whole on each rank (the expert mesh is
     # tp = 1, ep = 1, dp = world / PP); splitting them over tp would halve the experts' memory
@@ -51,6 +41,7 @@ torchrun --nproc-per-node 4 pretrain_gpt.py \\
     --seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 2
 """, encoding="utf-8")
     error = refusal(script)
+    assert error.code is Code.NOT_MODELLED
     assert error.span is not None and error.span.line == 5
 
 

@@ -146,7 +146,7 @@ def _model_parallel_items(d: Domain, strategy: Strategy, m: Num) -> list[CommIte
         refwd = 1 if kept == held else Fraction(kept, held)
     shapes = _Layers(arch, m, e, s, b, h, t, sp, c, layers, b * s * h * e / c, refwd)
     return [*_tensor_items(d, strategy, shapes), *_pipeline_items(d, strategy, shapes),
-            *_context_and_expert_items(d, strategy, shapes)]
+            *_context_and_expert_items(d, strategy, shapes), *_expert_tensor_items(d, strategy, shapes)]
 
 
 def _tensor_items(d: Domain, strategy: Strategy, x: _Layers) -> list[CommItem]:
@@ -177,12 +177,16 @@ def _tensor_items(d: Domain, strategy: Strategy, x: _Layers) -> list[CommItem]:
         # _ReduceScatterToSequenceParallelRegion) all-gathers the gradient. Two of each per
         # layer: 6 all-gathers + 4 reduce-scatters; a recomputed forward adds 2 + 2 (14).
         # The backward's re-gather runs beside the input-gradient GEMM and its
-        # reduce-scatter beside the weight-gradient GEMM (async_op=True there).
+        # reduce-scatter beside the weight-gradient GEMM (async_op=True there). With the
+        # experts split whole over a tensor axis (lower/expert_mesh.py) the MoE layer's MLP has
+        # none of these (the dispatcher's, over the expert tensor axes: _expert_tensor_items):
+        # the attention's QKV and output projection give 3 + 2 (a recomputed forward 1 + 1).
+        whole = arch.moe and any(p.experts_split for p in strategy.placements)
         for kind, count, what in (
-                ("all_gather", 6 + 2 * refwd,
+                ("all_gather", (3 + refwd) if whole else 6 + 2 * refwd,
                  "column-parallel inputs gathered again in backward, beside the "
                  "input-gradient GEMMs"),
-                ("reduce_scatter", 4 + 2 * refwd,
+                ("reduce_scatter", (2 + refwd) if whole else 4 + 2 * refwd,
                  "column-parallel input gradients, beside the weight-gradient GEMMs")):
             waited = count - pairs if beside else count
             items.append(comm_item(d, strategy, kind, group,
@@ -293,10 +297,14 @@ def _context_and_expert_items(d: Domain, strategy: Strategy, x: _Layers) -> list
             items.append(comm_item(d, strategy, "reduce_scatter", group,
                                    "K and V gradients (context parallel, per layer)", kv, layers * m,
                                    "activations", "placement", p.span))
-        if p.role is Role.EXPERT and strategy.size(p.axis) > 1 and arch.moe:
+        # the experts split whole over tensor axes too (place expert over tp * ep,
+        # lower/expert_mesh.py): the tokens are dispatched over the whole expert group
+        split = tuple(q.axis for q in strategy.placements if q.experts_split)
+        group = mesh.group(*split, p.axis)
+        if p.role is Role.EXPERT and group.size(mesh) > 1 and arch.moe:
             k = d.sym("k", arch.top_k)
             tokens = b * s * k * h * e / (c * (t if sp else 1))
-            items.append(comm_item(d, strategy, "all_to_all", mesh.group(p.axis),
+            items.append(comm_item(d, strategy, "all_to_all", group,
                                    "tokens to experts and back (dispatch, combine; fwd"
                                    + (", recompute" if refwd else "") + " and bwd)",
                                    tokens, (4 + 2 * refwd) * layers * m, "activations", "placement",
@@ -340,3 +348,35 @@ def _offload_items(d: Domain, strategy: Strategy, m: Num, local_total: Num,
             items.append(comm_item(d, strategy, kind, none, what, activations.kept, d.const(1),
                                    "activations", "placement", span))
     return items
+
+
+def _expert_tensor_items(d: Domain, strategy: Strategy, x: _Layers) -> list[CommItem]:
+    """With the experts split whole over some tensor axes (``place expert over tp * ep``,
+    lower/expert_mesh.py), the token dispatcher's collectives over the others, the expert
+    tensor-parallel group: Megatron-core's MoEAlltoAllTokenDispatcher
+    (``megatron/core/transformer/moe/token_dispatcher.py:741-751, 824-834`` at d98e8a64dd; its
+    tp_group is the expert tensor-parallel group, line 86) all-gathers the tokens the
+    all-to-all brought over the expert tensor-parallel group (gather_from_sequence_parallel_region)
+    and reduce-scatters the experts' outputs before the combining all-to-all
+    (reduce_scatter_to_sequence_parallel_region); the backward runs each as the other. Each
+    rank's routed tokens (b·s·k / t, balanced) are gathered from |etp| ranks: the payload is
+    b·s·k·h / |tp| bytes of activations, tp the tensor axes the experts split whole over. Not
+    counted: the routing probabilities gathered beside (one number per routed token), and the
+    combine's reduce-scatter running in the probabilities' dtype."""
+    arch, mesh = x.arch, strategy.mesh
+    split = [p for p in strategy.placements if p.experts_split]
+    rest = [p.axis for p in strategy.placements if p.role is Role.TENSOR and not p.experts_split]
+    if not (arch.moe and split and rest and mesh.group(*rest).size(mesh) > 1):
+        return []
+    whole: Num = d.const(1)
+    for p in split:
+        whole = whole * d.sym(p.axis, strategy.size(p.axis))
+    gathered = x.b * x.s * d.sym("k", arch.top_k) * x.h * x.e / (x.c * whole)
+    calls = (2 + x.refwd) * x.layers * x.m
+    group, span = mesh.group(*rest), split[0].span
+    return [comm_item(d, strategy, "all_gather", group, "routed tokens over the expert tensor-"
+                      "parallel group (dispatch forward, combine backward)", gathered, calls,
+                      "activations", "placement", span),
+            comm_item(d, strategy, "reduce_scatter", group, "expert outputs over the expert "
+                      "tensor-parallel group (combine forward, dispatch backward)", gathered,
+                      calls, "activations", "placement", span)]

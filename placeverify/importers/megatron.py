@@ -72,7 +72,7 @@ def _data_parallel(run: Run) -> None:
                          "(parallel_state.initialize_model_parallel: 'world_size is not divisible "
                          "by expert_tensor_model_pipeline_parallel size')", run.ep.origin,
                          code=Code.NOT_DIVISIBLE)
-        elif e > 1 and dp % e:
+        elif e > 1 and dp % run.ep_axis:
             reader.error(f"not modelled: --expert-model-parallel-size {e} does not divide the "
                          f"data-parallel size {dp} (Megatron takes EP ranks from DP * CP; "
                          "placeverify's ep axis is carved out of dp)", run.ep.origin,
@@ -171,11 +171,27 @@ def _precision(run: Run) -> None:
 def _mesh(run: Run) -> None:
     """The mesh, in Megatron's rank order tp-cp-ep-dp-pp
     (parallel_state.initialize_model_parallel)."""
-    (t, p, c, e), dp, mesh = run.sizes, run.dp, run.plan.mesh
-    run.d = d = dp // e if e > 1 and dp % e == 0 else dp
-    for axis, size, given in (("tp", t, run.tp), ("cp", c, run.cp), ("ep", e, run.ep)):
+    (t, p, c, e), dp, mesh, a = run.sizes, run.dp, run.plan.mesh, run.ep_axis
+    run.d = d = dp // a if e > 1 and dp % a == 0 else dp
+    x = run.etp_size
+    if run.split and run.etp is not None and x > 1:
+        # the expert tensor-parallel ranks: the fastest part of the dense tp group
+        mesh.append(Line(f"etp = {x}", f"{run.etp.origin.key} (the dense tensor-parallel "
+                         "group is tp x etp)", run.etp.origin))
+    for axis, size, given in (("tp", t // x, run.tp), ("cp", c, run.cp)):
         if size > 1:
-            mesh.append(Line(f"{axis} = {size}", given.origin.key, given.origin))
+            mesh.append(Line(f"{axis} = {size}", given.origin.key + (
+                f" / {run.etp.origin.key}" if x > 1 and run.etp is not None else ""),
+                given.origin))
+    if run.split and run.etp is not None:
+        # parallel_state.py: the expert mesh (tp=ETP, ep=EP, dp=world / (ETP * EP * PP)) in
+        # the order tp-cp-ep-dp-pp: an expert-parallel group spans whole dense tensor groups
+        mesh.append(Line(f"ep = {a}", f"{x} x {run.ep.origin.key} / {run.tp.origin.key} (the "
+                         "experts split whole over tp x ep)" if x > 1 else
+                         f"{run.ep.origin.key} / {run.tp.origin.key} (--expert-tensor-parallel-"
+                         "size 1: the experts split whole over tp x ep)", run.etp.origin))
+    elif e > 1:
+        mesh.append(Line(f"ep = {e}", run.ep.origin.key, run.ep.origin))
     mesh.append(Line(f"dp = {d}", f"world / (tp * pp * cp) = {dp}" + (f", / ep = {d}"
                                                                       if e > 1 else "")
                      if run.world_line is not None or run.world is None else
@@ -226,7 +242,22 @@ def _model_parallel(run: Run) -> None:
                          "place context over cp",
                          run.cp.origin.key + (" (the distributed optimizer shards over dp x cp)"
                                               if sharded else ""), run.cp.origin))
-    if e > 1:
+    if run.split and run.etp is not None:
+        if run.etp_size > 1:  # the same tensor placement over the expert tensor-parallel part
+            last = body[-1]
+            body.append(Line(last.text.replace(" over tp", " over etp"), last.why + " (etp: the "
+                             "expert tensor-parallel part of the dense group)", last.origin))
+        if run.sp is None:
+            # megatron/core/transformer/moe/moe_layer.py:636-640 (MoELayer.forward) raises in
+            # training for MoE with tensor parallelism and no sequence parallelism
+            run.reader.error("--expert-model-parallel-size with --tensor-model-parallel-size "
+                             f"{t} needs --sequence-parallel: Megatron-core's MoE layer "
+                             "refuses tensor parallelism without it in training",
+                             run.etp.origin, code=Code.CONFLICT)
+        body.append(Line("place expert over tp * ep", f"{run.ep.origin.key} + "
+                         f"{run.etp.origin.key}: the expert data-parallel group is dp",
+                         run.etp.origin))
+    elif e > 1:
         body.append(Line("place expert over ep", run.ep.origin.key, run.ep.origin))
 
 
@@ -245,7 +276,16 @@ def _data(run: Run) -> None:
         if engine.pipeline is not None:
             plan.body.append(engine.pipeline)
     else:
-        plan.body.append(_data_placement(run.args, run.reader, run.fsdp2, run.dist_opt))
+        line = _data_placement(run.args, run.reader, run.fsdp2, run.dist_opt)
+        if run.split and run.dist_opt is not None and run.fsdp2 is None:
+            # the distributed optimizer shards the dense parameters' state over the dense
+            # data-parallel group (ep x dp here), the experts' over the expert data-parallel
+            # group dp (megatron/core/distributed/distributed_data_parallel.py:280-290: the
+            # expert-parallel buffers take intra_expt_dp_group, the others intra_dp_cp_group)
+            line = Line(line.text.replace(" over dp", " over ep * dp"),
+                        line.why + "; the dense state over ep x dp, the experts' over dp",
+                        line.origin)
+        plan.body.append(line)
 
 
 def _pipeline(run: Run) -> None:
@@ -315,7 +355,7 @@ def _finish(run: Run) -> None:
     reader, source, script, plan = run.reader, run.source, run.script, run.plan
     t, p, c, e = run.sizes
     parts = [f"tp = {t}", f"pp = {p}", f"dp = {run.d}"] + ([f"cp = {c}"] if c > 1 else []) + \
-        ([f"ep = {e}"] if e > 1 else [])
+        ([f"ep = {e}"] if e > 1 else []) + ([f"etp = {run.etp_size}"] if run.split else [])
     plan.title = f"{Path(source.path).name}: " + \
         ("Megatron-DeepSpeed" if run.engine is not None else "Megatron-LM") + ", " + ", ".join(parts)
     leftovers(run.args, run.runner, reader, plan)

@@ -48,6 +48,20 @@ class Run:
     fsdp2: Value | None = None
     dist_opt: Value | None = None
     engine: Engine | None = None
+    # ETP below TP: the experts split whole over tp x ep (the tp axis TP / ETP, the ep axis
+    # ETP x EP / TP, an etp axis ETP: lower/expert_mesh.py)
+    split: bool = False
+
+    @property
+    def etp_size(self) -> int:
+        """ETP when the experts split whole over part of tp, else 1."""
+        return int(str(self.etp.value)) if self.split and self.etp is not None else 1
+
+    @property
+    def ep_axis(self) -> int:
+        """The ep axis: EP, or ETP x EP / TP when the experts also split whole over tp."""
+        e = int(str(self.ep.value))
+        return self.etp_size * e // int(str(self.tp.value)) if self.split else e
 
     @property
     def sizes(self) -> tuple[int, int, int, int]:
@@ -105,16 +119,25 @@ def start(reader: Reader, source: Source, model: str | None, world: int | None) 
     assert tp is not None and pp is not None and cp is not None and ep is not None
     run = Run(reader, source, model, script, started, args, runner, plan, world_value, world_line,
                replaced, tp, pp, cp, ep, etp)
-    t, _, _, e = run.sizes
+    t, _, c, e = run.sizes
     # Megatron-core builds the experts' own mesh (parallel_state.py, initialize_model_parallel:
     # RankGenerator(tp=expert_tensor_parallel_size, ep=expert_model_parallel_size,
-    # dp=world / (ETP * EP * PP))): with ETP != TP the experts are split over ETP ranks that
-    # are not the dense tensor-parallel group, also with EP = 1; placeverify splits the experts
-    # over its tensor axes, so either would be a wrong expert memory, not a guess to make
-    if etp is not None and etp.value != t and (e > 1 or args.has("--num-experts")):
-        reader.error(f"not modelled: --expert-tensor-parallel-size {etp.value} differs from "
-                     f"--tensor-model-parallel-size {t} (Megatron-core splits the experts over "
-                     "ETP ranks, with an expert data-parallel group of world / (ETP x EP x PP); "
-                     "placeverify splits them over the tensor-parallel ranks)", etp.origin,
-                     code=Code.NOT_MODELLED)
+    # dp=world / (ETP * EP * PP)), in the dense mesh's order tp-cp-ep-dp-pp). With ETP dividing
+    # TP, TP dividing ETP * EP and CP 1, each dense tensor-parallel group lies inside one
+    # expert-parallel group: the mesh etp x tp' x ep' x dp (tp' = TP / ETP, ep' = ETP * EP / TP)
+    # refines both, and the experts split whole over tp' x ep' (place expert over tp * ep,
+    # lower/expert_mesh.py). Any other ETP != TP splits the experts over ranks no axis of such a
+    # mesh gives (also at EP 1: every tensor rank holds every expert whole), not a guess to make
+    x = int(str(etp.value)) if etp is not None else t
+    if etp is not None and x != t and (e > 1 or args.has("--num-experts")):
+        if x < t and t % x == 0 and (x * e) % t == 0 and c == 1 and e > 1:
+            run.split = True
+        else:
+            reader.error(f"not modelled: --expert-tensor-parallel-size {etp.value} with "
+                         f"--tensor-model-parallel-size {t}, --context-parallel-size {c} and "
+                         f"--expert-model-parallel-size {e} (Megatron-core splits the experts "
+                         "over ETP ranks, with an expert data-parallel group of world / (ETP x "
+                         "EP x PP); placeverify models ETP dividing TP with CP 1 and ETP x EP a "
+                         "multiple of TP, where each tensor-parallel group lies inside one "
+                         "expert-parallel group)", etp.origin, code=Code.NOT_MODELLED)
     return run

@@ -146,6 +146,11 @@ class AxisPlacement:
     # pipeline axes: Megatron-LM's scatter/gather of the stage boundary (Narayanan et al. 2021
     # §4.1): each tensor rank sends 1/t of it, the receivers all-gather it over the tensor axes
     scatter_gather: bool = False
+    # tensor axes: the experts are split whole along it (``place expert over tp * ep``): its ranks
+    # belong to the experts' expert-parallel group, not to their tensor-parallel group, as
+    # Megatron-core regroups the ranks for the experts when --expert-tensor-parallel-size is
+    # below --tensor-model-parallel-size (``docs/language/place.md``, "The experts' own mesh")
+    experts_split: bool = False
     # data axes: parameter groups placed over this axis by their own preset (``place ddp over dp
     # for norms``, ``docs/language/place.md``): (group name, its modes); the others follow ``modes``
     group_modes: tuple[tuple[str, tuple[Mode, Mode, Mode, Mode]], ...] = ()

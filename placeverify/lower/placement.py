@@ -23,6 +23,7 @@ from placeverify.ir.placement import (
     TensorOverlap,
 )
 from placeverify.ir.presets import PRESETS, OptionKind, PresetSpec
+from placeverify.lower.expert_mesh import is_expert_product, place_expert_products
 from placeverify.lower.groups import merge, product_placements, read_group_placements
 from placeverify.lower.mesh import read_group
 from placeverify.lower.values import Context, at, value_text
@@ -37,6 +38,7 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
                     model: Model) -> tuple[AxisPlacement, ...]:
     by_axis: dict[str, AxisPlacement] = {}
     products: list[AxisPlacement] = []  # data presets over a product group, merged below
+    experts: list[tuple[ast.PlaceStmt, Group]] = []  # expert over tp * ep (lower/expert_mesh.py)
     for stmt in statements:
         if stmt.groups is not None:
             continue  # for some parameter groups: read_group_placements, below
@@ -46,6 +48,9 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
         if group.ends:
             ctx.error("a placement is over whole axes, not ends(...)", Code.BAD_VALUE,
                       stmt.group.span)
+            continue
+        if is_expert_product(stmt, group):
+            experts.append((stmt, group))
             continue
         for placement in read_placement(ctx, stmt, group, mesh, products):
             if any(placement is column for column in products):
@@ -61,6 +66,7 @@ def read_placements(ctx: Context, statements: Sequence[ast.PlaceStmt], mesh: Mes
                           stmt.span, f"first placed at {at(first)}")
             else:
                 by_axis[placement.axis] = placement
+    place_expert_products(ctx, experts, by_axis)
     merged_from: dict[str, AxisPlacement] = {}
     for placement in products:
         if placement.axis in merged_from:

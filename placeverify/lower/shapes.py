@@ -46,7 +46,11 @@ def check_shapes(ctx: Context, model: Model, mesh: Mesh, placements: tuple[AxisP
             ctx.error(f"expert parallelism over {p.axis} needs a mixture-of-experts model "
                       "(experts, top_k)", Code.CONFLICT, p.span)
         if p is by_role[p.role][-1]:
-            check_role_shapes(ctx, arch, mesh, by_role[p.role], microbatches)
+            # the experts split whole over the tensor axes an expert statement names too
+            # (lower/expert_mesh.py): the expert count divides by their product with the ep axes
+            split = [q for q in by_role.get(Role.TENSOR, []) if q.experts_split]
+            check_role_shapes(ctx, arch, mesh, [*split, *by_role[p.role]]
+                              if p.role is Role.EXPERT else by_role[p.role], microbatches)
         if sequence_parallel and p is sequence_parallel[-1]:
             check_sequence_parallel(ctx, arch, p, factors(mesh, sequence_parallel), context)
 

@@ -69,6 +69,12 @@ def layout_of(strategy: Strategy) -> Layout:
     for p in strategy.placements:
         if p.role not in REPLAYED_ROLES:
             raise Unsupported(f"the replay has no model of {p.role.value} axes ({p.axis})")
+    for p in strategy.placements:
+        if p.experts_split:
+            raise Unsupported(f"not modelled: the replay splits the experts over the tensor axis "
+                              f"{p.axis} as slices of each expert; an 'expert' statement over a "
+                              f"product with {p.axis} splits them whole over it "
+                              "(docs/language/place.md)")
     names = strategy.mesh.names
     sizes = tuple(strategy.mesh.size(a) for a in names)
     chosen: dict[Role, tuple[str | None, int]] = {}

@@ -163,6 +163,7 @@ def _placement_document(p: AxisPlacement) -> dict[str, Any]:
             **({"overlap": p.overlap.json}
                if p.overlap is not TensorOverlap.NONE else {}),
             **({"layers": list(p.layers)} if p.layers is not None else {}),
+            **({"experts_split": True} if p.experts_split else {}),
             **({"groups": {g: {st.value: p.mode_of(st, g).value for st in STATES}
                            for g, _ in p.group_modes}} if p.group_modes else {})}
 

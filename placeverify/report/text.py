@@ -13,7 +13,7 @@ from rich.text import Text
 
 from placeverify.console import print_table
 from placeverify.cost import CATEGORIES, Costs, whole
-from placeverify.ir.placement import STATES, Overlap, Reduce, Schedule, TensorOverlap
+from placeverify.ir.placement import STATES, Overlap, Reduce, Role, Schedule, TensorOverlap
 from placeverify.report import units
 from placeverify.report.data import formulas_document, overrides_text, step_lines
 from placeverify.report.time_text import render_time
@@ -98,6 +98,10 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
             extras.append(f"{group} over {placement.axis}: "
                           + ", ".join(f"{st.symbol} {placement.mode_of(st, group).value}"
                                       for st in STATES[:3]))
+    split = [p.axis for p in s.placements if p.experts_split]
+    if split:  # place expert over tp * ep (lower/expert_mesh.py)
+        group = " x ".join([*split, *s.axes(Role.EXPERT)])
+        extras.append(f"experts over {' x '.join(split)}: whole experts (expert group {group})")
     if s.recompute.kind.value != "none":
         extras.append(f"recompute {s.recompute.kind.value}"
                       + (f" (every {s.recompute.every} layers)" if s.recompute.every > 1 else "")

@@ -59,7 +59,13 @@ def tensor_shapes(ctx: Reporter, arch: Transformer, by: list[tuple[str, int]],
         need(ctx, "kv_heads", arch.kv_heads, by, p.span, why)
     # megatron/core/tensor_parallel/layers.py: Column/RowParallelLinear divide() the
     # split dimension by the TP size
-    need(ctx, "ffn", arch.expert_ffn or arch.ffn, by, p.span)
+    # An MoE layer's MLP is its experts: those split whole over the tensor axes the expert
+    # group names (experts_split, lower/expert_mesh.py) divide ffn over the others only
+    # (Megatron-core's expert linears divide by the expert tensor-parallel size)
+    ffn_by = [f for f, q in zip(by, role_placements, strict=True)
+              if not (arch.moe and q.experts_split)]
+    if ffn_by:
+        need(ctx, "ffn", arch.expert_ffn or arch.ffn, ffn_by, p.span)
     padded = arch.padded_vocab(n)
     need(ctx, "the vocabulary" + (f" padded to {padded:,}" if padded != arch.vocab else ""),
          padded, by, p.span,

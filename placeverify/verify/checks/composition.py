@@ -138,7 +138,9 @@ def _groups(strategy: Strategy, warnings: list[Diagnostic]) -> list[Obligation]:
             out.append(_ok(claim, op.span, ObligationKind.REDUCTION_GROUP))
     for op in strategy.step.ops():
         if isinstance(op, Collective) and op.kind is CollectiveKind.ALL_TO_ALL:
-            experts = set(strategy.axes(Role.EXPERT))
+            # with the tensor axes the experts split whole over (place expert over tp * ep)
+            experts = set(strategy.axes(Role.EXPERT)) | {
+                q.axis for q in strategy.placements if q.experts_split}
             claim = f"'{op.label()}' routes tokens over the expert-parallel axes"
             if set(op.group.axes) != experts:
                 want = " * ".join(sorted(experts)) or "(no expert axis)"
