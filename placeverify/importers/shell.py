@@ -831,8 +831,9 @@ class Script:
                                    f"line {line} removes a pattern from an array, which "
                                    "placeverify does not evaluate")
             return [self._unknown_piece(part.start, part.end, why)]
-        if value.problem() is not None:
-            return [self._unknown_piece(part.start, part.end, value.problem())]
+        problem = value.problem()
+        if problem is not None:
+            return [self._unknown_piece(part.start, part.end, problem)]
         chars: list[tuple[str, bool]] = []
         for arg in part.arg:
             for piece in self._part(arg, state):
