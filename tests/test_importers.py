@@ -152,13 +152,22 @@ def test_megatron_mixtral_expert_parallel_with_hf_model() -> None:
     # --sequence-parallel with TP = 1: Megatron switches it off -> a warning at line 16, col 5
     warning = next(w for w, _ in imported.warnings if "--sequence-parallel" in w.message)
     assert warning.span is not None and (warning.span.line, warning.span.column) == (16, 5)
+    # The distributed optimizer shards the dense state over the dense data-parallel group, all
+    # 32 ranks (ep x dp), and the experts' over the expert data-parallel group, dp 4
+    # (megatron/core/distributed/distributed_data_parallel.py:280-290 at d98e8a6:
+    # expert-parallel buffers over intra_expt_dp_group, the others over intra_dp_cp_group).
+    # Mixtral 8x7B: experts 8 x 32 x 3 x 4096 x 14336 = 45,097,156,608, the rest 1,605,636,096;
+    # Ω (12 B) = 1,605,636,096 x 12 / 32 + 45,097,156,608 / 8 x 12 / 4 = 17,513,547,264.
+    assert check_strategy(strategy, verify_conditions=False).costs.device_bytes()[
+        "optimizer"] == 1_605_636_096 * 12 // 32 + 45_097_156_608 // 8 * 12 // 4 \
+        == 17_513_547_264
     same_costs(strategy, """
 strategy "hand"
 model mixtral_8x7b { seq = 4096, micro_batch = 1 }
 precision megatron
 mesh { ep = 8, dp = 4 }
 place expert over ep
-place zero1 over dp
+place zero1 over ep * dp
 microbatches = 8
 loss microbatch_mean
 clip max_norm = 1.0

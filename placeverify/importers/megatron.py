@@ -277,7 +277,9 @@ def _data(run: Run) -> None:
             plan.body.append(engine.pipeline)
     else:
         line = data_placement(run.args, run.reader, run.fsdp2, run.dist_opt)
-        if run.split and run.dist_opt is not None and run.fsdp2 is None:
+        experts = run.split or run.sizes[3] > 1
+        if experts and run.dist_opt is not None and run.fsdp2 is None and \
+                megatron_fsdp.flag(run.args) is None:
             # the distributed optimizer shards the dense parameters' state over the dense
             # data-parallel group (ep x dp here), the experts' over the expert data-parallel
             # group dp (megatron/core/distributed/distributed_data_parallel.py:280-290: the
