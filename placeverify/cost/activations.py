@@ -155,6 +155,13 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
     else:
         out.extend([Saved("MLP activation input", x.e * sbf, tp),
                     Saved("MLP second linear input", x.e * sbf, tp)])
+        if arch.activation == "gelu_new":
+            # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) as eager operations (transformers'
+            # NewGELUActivation): tanh saves its output, the last product both its operands,
+            # 0.5·x and 1 + tanh(…); pow's input is the activation input above
+            out.extend([Saved("MLP activation: tanh output", x.e * sbf, tp),
+                        Saved("MLP activation: 0.5·x", x.e * sbf, tp),
+                        Saved("MLP activation: 1 + tanh", x.e * sbf, tp)])
     if arch.dropout:
         out.append(Saved("attention output dropout mask", mask * sbh, rep))
         out.append(Saved("MLP output dropout mask", mask * sbh, rep))

@@ -61,6 +61,10 @@ class Transformer:
     # a norm over each head of Q and of K (Qwen3's q_norm / k_norm, Megatron-LM --qk-layernorm),
     # of the model's norm kind, head_dim wide and shared by the heads
     qk_norm: bool = False
+    # a plain MLP's activation as the model's code computes it: "gelu", one kernel that saves
+    # its input (torch's nn.GELU, either approximation); "gelu_new", the tanh GELU written out
+    # as elementwise operations (the name transformers gives it, ``NewGELUActivation``)
+    activation: str = "gelu"
 
     # ---- shapes ----
     @property
