@@ -11,7 +11,8 @@ per-layer formulas fall out exactly for a GPT layer with 16-bit activations and 
     full recompute        2sbh                     (the layer input)
 
 It generalises in the natural way: e bytes per element (masks stay 1 byte), grouped-query
-attention (K and V of kv_heads/heads the size of Q), gated MLPs as the memory profile's
+attention (K and V of kv_heads/heads the size of Q under flash attention; unfused attention saves
+the copies repeated over each group's heads, the size of Q), gated MLPs as the memory profile's
 implementation saves them (:data:`placeverify.ir.profiles.LAYER_KERNELS`: Megatron-core's fused
 SwiGLU, the default, keeps the fc1 output, gate and up, and the down projection's input, 3
 tensors of width ffn; eager torch the gate, up, activation and product outputs, 4), eager
@@ -120,6 +121,12 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
         q, kv = x.e * sbh, x.e * sbh * (x.kv / x.a)
     else:
         q, kv = x.e * x.s * x.b * x.a * x.head, x.e * x.s * x.b * x.kv * x.head
+    if arch.attention == "standard":
+        # unfused attention repeats each group's K and V over its heads before the matmuls,
+        # which save the copies (Megatron-core ``DotProductAttention``: ``key.repeat_interleave``
+        # when heads per partition exceed query groups; transformers' ``repeat_kv``; the measure
+        # model's ``repeat_interleave``); the un-repeated K and V are saved by nothing
+        kv = q
     rep, tp = Split.REPLICATED, Split.TENSOR
     mask = x.e if kernels.float_masks else 1  # bytes per element of a dropout mask
     out = [
