@@ -105,7 +105,8 @@ class FeedForward(nn.Module):
         if self.gelu_new:
             u = self.up(x)
             inner = math.sqrt(2.0 / math.pi) * (u + 0.044715 * torch.pow(u, 3.0))
-            return self.down(0.5 * u * (1.0 + torch.tanh(inner)))
+            out: torch.Tensor = self.down(0.5 * u * (1.0 + torch.tanh(inner)))
+            return out
         return self.down(F.gelu(self.up(x)))
 
 
