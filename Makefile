@@ -5,13 +5,15 @@
 #   make docs   build the docs site (mkdocs.yml, docs/) with --strict into build/site
 #   make docs-serve  serve the docs site at http://127.0.0.1:8000
 #   make figures     run every benchmark with --docs: each writes its section of the Measured
-#                    figures page (docs/figures/<script>.md; hours on a 2-core machine)
+#                    figures page (docs/figures/<script>.md; hours on a 2-core machine), with
+#                    the models extra installed for peak_memory.py's transformers models
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
+MSTAMP := $(VENV)/.installed-models
 
 .PHONY: demo test docs docs-serve figures figures-cuda lint typecheck bench clean
 
@@ -30,6 +32,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(TSTAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,torch,docs]'
+	@touch $@
+
+# transformers (the models extra), for benchmarks/peak_memory.py's models placeverify did not
+# write: the figures only, never the tests
+$(MSTAMP): $(TSTAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,docs,models]'
 	@touch $@
 
 demo: $(STAMP)
@@ -62,7 +70,7 @@ bench: $(TSTAMP)
 
 # The Measured figures page (docs/figures.md includes docs/figures/*.md). latency_ab.py compares
 # two source trees and is not part of the page.
-figures: $(TSTAMP)
+figures: $(MSTAMP)
 	$(BIN)/python benchmarks/check_latency.py -n 3 --docs
 	$(BIN)/python benchmarks/verify_scaling.py --docs
 	$(BIN)/python benchmarks/prove_all.py --docs
@@ -82,7 +90,7 @@ figures: $(TSTAMP)
 		--docs --docs-name load
 
 # The CUDA section of the page: needs a CUDA device.
-figures-cuda: $(TSTAMP)
+figures-cuda: $(MSTAMP)
 	$(BIN)/python benchmarks/peak_memory.py --device cuda --docs --docs-name cuda
 
 clean:

@@ -1,7 +1,7 @@
 """Predicted against measured peak memory per rank, for every strategy under examples/measure.
 
     .venv/bin/python benchmarks/peak_memory.py [FILES or FOLDERS ...] [--device cpu|cuda] [--json]
-        [--repeat N]
+        [--repeat N] [--no-foreign]
 
 Each file runs as ``placeverify measure`` runs it (DDP, ZeroRedundancyOptimizer, FSDP2 with and
 without resharding, DTensor TP, FSDP2 x TP, torch pipelining with GPipe and 1F1B), two warm-up
@@ -17,13 +17,21 @@ the model exists (cuBLAS's workspace) are measured on each rank and left out of 
 figure; they are what ``reserve`` is for.
 Pipelines run on CPU only: gloo's send / recv take no CUDA tensors, and NCCL refuses two ranks on
 one GPU. Needs torch.
+
+By default the strategies of ``benchmarks/models/<model>/`` run too, on model code placeverify
+did not write (``benchmarks/models/foreign.py``): a nanoGPT-style model of its own and
+``transformers``' GPT-2 and Llama built from their configs (the ``models`` extra; without it
+their rows say so). A file under ``benchmarks/models/<model>/`` is measured on that model, the
+prediction made from the file as for any other.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,6 +73,21 @@ def predicted(strategy: Strategy, device: str, usual: bool = False
     return {k: v[0] for k, v in best.items()}, {k: v[1] for k, v in best.items()}
 
 
+MODELS = ROOT / "benchmarks" / "models"
+FOREIGN_WORKER = MODELS / "worker.py"
+MODEL_ENV = "PLACEVERIFY_FOREIGN_MODEL"  # benchmarks/models/worker.py reads it
+
+
+def foreign_model(path: Path) -> str | None:
+    """The model a file is measured on: the folder's name under ``benchmarks/models``."""
+    parent = path.resolve().parent
+    return parent.name if parent.parent == MODELS else None
+
+
+def foreign_files() -> list[Path]:
+    return sorted(MODELS.glob("*/*.place"))
+
+
 def rank_kind(stages: int, rank: int) -> str:
     if stages == 1:
         return "only"
@@ -77,10 +100,20 @@ def measure_file(path: Path, device: str, timeout: float) -> list[dict[str, Any]
     if device == "cuda" and p.spec.implementation is Implementation.PIPELINE:
         return [{"file": path.name, "skipped": "pipelines run on CPU only (gloo send/recv "
                  "takes no CUDA tensors; NCCL refuses two ranks on one GPU)"}]
+    model = foreign_model(path)
+    name = f"{model}/{path.name}" if model else path.name
+    worker: tuple[str, ...] = ("-m", "placeverify.measure.worker")
+    if model is not None:
+        if model != "nanogpt" and importlib.util.find_spec("transformers") is None:
+            return [{"file": name, "skipped": "transformers is not installed (pip install "
+                     "'placeverify[models]')"}]
+        worker = (str(FOREIGN_WORKER),)
+        os.environ[MODEL_ENV] = model  # the ranks' environment is a copy of this one
     try:
-        results = run_jobs([p.spec], timeout=timeout, peak=True, device=device)[0]
+        results = run_jobs([p.spec], timeout=timeout, peak=True, device=device,
+                           worker=worker)[0]
     except BackendFailure as failure:
-        return [{"file": path.name, "skipped": f"the run failed: {failure}"}]
+        return [{"file": name, "skipped": f"the run failed: {failure}"}]
     bytes_by_kind, moment_by_kind = predicted(strategy, device)
     usual_bytes, usual_moment = predicted(strategy, device, usual=True)
     rows = []
@@ -91,7 +124,7 @@ def measure_file(path: Path, device: str, timeout: float) -> list[dict[str, Any]
         measured = top["peak"] - runtime
         kind = rank_kind(p.spec.pp, r["rank"]) if p.spec.pp > 1 else "only"
         kind = kind if kind in bytes_by_kind else next(iter(bytes_by_kind))
-        rows.append({"file": path.name, "label": p.spec.label(), "rank": r["rank"],
+        rows.append({"file": name, "label": p.spec.label(), "rank": r["rank"],
                      "measured": measured, "measured_phase": phase, "runtime": runtime,
                      "predicted": bytes_by_kind[kind], "predicted_moment": moment_by_kind[kind],
                      "ratio": bytes_by_kind[kind] / measured if measured else None,
@@ -108,10 +141,15 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run each file this many times (a row per rank and run)")
+    parser.add_argument("--no-foreign", action="store_true",
+                        help="leave out benchmarks/models (the models placeverify did not write)")
     figures.add_docs_flag(parser)
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
-    for path in files(args.paths):
+    paths = files(args.paths)
+    if not args.paths and not args.no_foreign:
+        paths += foreign_files()
+    for path in paths:
         for run in range(1, args.repeat + 1):
             print(f"measuring {path.name} on {args.device} (run {run}) ...", file=sys.stderr)
             rows.extend({**row, "run": run}

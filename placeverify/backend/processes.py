@@ -140,14 +140,14 @@ def _rank_environment(folder: Path, timeout: float) -> dict[str, str]:
 
 
 def _start_rank(processes: list[subprocess.Popen[bytes]], spec_path: Path, rank: int,
-                folder: Path, env: dict[str, str]) -> None:
+                folder: Path, env: dict[str, str], worker: Sequence[str]) -> None:
     """Start rank ``rank`` with its stderr in ``rankN.err``; it is in ``processes`` (and the
     janitor's list) before a Ctrl-C can land."""
     err = open(folder / f"rank{rank}.err", "wb")  # noqa: SIM115 (closed below)
     try:
         with blocked_signals():
             processes.append(subprocess.Popen(
-                [sys.executable, "-m", MEASURE_WORKER, str(spec_path), str(rank),
+                [sys.executable, *worker, str(spec_path), str(rank),
                  str(folder / "store"), str(folder / f"rank{rank}.json")],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
                 cwd=folder))
@@ -190,12 +190,15 @@ def run_workers(spec: MeasureJob, *, timeout: float,
 
 def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
              progress: Callable[[str], None] | None = None, peak: bool = False,
-             device: str = "cpu") -> list[list[dict[str, Any]]]:
+             device: str = "cpu", worker: Sequence[str] = ("-m", MEASURE_WORKER)
+             ) -> list[list[dict[str, Any]]]:
     """Run several specs of one world size in the same processes, one after the other (torch is
     imported once per rank); for each spec, the per-rank results in rank order. With ``peak`` the
     ranks also meter the allocator's live bytes phase by phase (slower on CPU: the profiler
     records every allocation); ``device`` is where the model lives (``cuda``: every rank on the
-    current GPU, collectives still over gloo, which takes CUDA tensors)."""
+    current GPU, collectives still over gloo, which takes CUDA tensors); ``worker`` is what
+    the interpreter runs with a rank's four arguments (a script that wraps the measure worker
+    around another model: ``benchmarks/models/worker.py``)."""
     if not specs:
         return []
     worlds = {spec.world for spec in specs}
@@ -216,7 +219,7 @@ def run_jobs(specs: Sequence[MeasureJob], *, timeout: float,
                              encoding="utf-8")
         env = _rank_environment(folder, timeout)
         for rank in range(world):
-            _start_rank(processes, spec_path, rank, folder, env)
+            _start_rank(processes, spec_path, rank, folder, env, worker)
         if progress is not None:
             progress(f"started {world} ranks: " + "; ".join(s.label() for s in specs))
         _watch(processes, folder, timeout)

@@ -11,7 +11,8 @@ per-layer formulas fall out exactly for a GPT layer with 16-bit activations and 
     full recompute        2sbh                     (the layer input)
 
 It generalises in the natural way: e bytes per element (masks stay 1 byte), grouped-query
-attention (K and V of kv_heads/heads the size of Q), gated MLPs as the memory profile's
+attention (K and V of kv_heads/heads the size of Q under flash attention; unfused attention saves
+the copies repeated over each group's heads, the size of Q), gated MLPs as the memory profile's
 implementation saves them (:data:`placeverify.ir.profiles.LAYER_KERNELS`: Megatron-core's fused
 SwiGLU, the default, keeps the fc1 output, gate and up, and the down projection's input, 3
 tensors of width ffn; eager torch the gate, up, activation and product outputs, 4), eager
@@ -120,6 +121,12 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
         q, kv = x.e * sbh, x.e * sbh * (x.kv / x.a)
     else:
         q, kv = x.e * x.s * x.b * x.a * x.head, x.e * x.s * x.b * x.kv * x.head
+    if arch.attention == "standard":
+        # unfused attention repeats each group's K and V over its heads before the matmuls,
+        # which save the copies (Megatron-core ``DotProductAttention``: ``key.repeat_interleave``
+        # when heads per partition exceed query groups; transformers' ``repeat_kv``; the measure
+        # model's ``repeat_interleave``); the un-repeated K and V are saved by nothing
+        kv = q
     rep, tp = Split.REPLICATED, Split.TENSOR
     mask = x.e if kernels.float_masks else 1  # bytes per element of a dropout mask
     out = [
@@ -157,6 +164,13 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
     else:
         out.extend([Saved("MLP activation input", x.e * sbf, tp),
                     Saved("MLP second linear input", x.e * sbf, tp)])
+        if arch.activation == "gelu_new":
+            # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) as eager operations (transformers'
+            # NewGELUActivation): tanh saves its output, the last product both its operands,
+            # 0.5·x and 1 + tanh(…); pow's input is the activation input above
+            out.extend([Saved("MLP activation: tanh output", x.e * sbf, tp),
+                        Saved("MLP activation: 0.5·x", x.e * sbf, tp),
+                        Saved("MLP activation: 1 + tanh", x.e * sbf, tp)])
     if arch.dropout:
         out.append(Saved("attention output dropout mask", mask * sbh, rep))
         out.append(Saved("MLP output dropout mask", mask * sbh, rep))

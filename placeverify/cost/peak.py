@@ -39,6 +39,7 @@ from placeverify.cost.memory import (
 )
 from placeverify.cost.torch_moments import (
     GLOO_HELD_MOMENT,
+    LOSS_BACKWARD_MOMENT,
     accumulation_temporaries,
     adam_temporaries,
     category_bytes,
@@ -48,6 +49,7 @@ from placeverify.cost.torch_moments import (
     fsdp2_zero2_world,
     gloo_held_parts,
     layer_unit,
+    loss_backward_parts,
     replicated_gradient_axes,
     torch_pipelining_buffers,
 )
@@ -65,7 +67,7 @@ __all__ = ["GLOO_HELD_MOMENT", "Moment", "Peak", "peak", "rank_moments"]
 class Moment:
     """What is alive at one moment of the step on one rank kind, part by part (bytes)."""
 
-    name: str  # end of forward | start of backward (FSDP2) | end of backward | optimizer step
+    name: str  # end of forward | backward of the loss | start of backward (FSDP2) | ... | optimizer step
     rank: str  # the rank kind (only | first | middle | last | every)
     parts: tuple[tuple[str, Fraction], ...]
     stage: int | None = None  # the stage whose figures these are, when the kind has several
@@ -299,8 +301,20 @@ def rank_moments(strategy: Strategy, rank: RankMemory, profile: str) -> list[Mom
     stage = rank.kind.stages[0] if len(rank.kind.stages) > 1 and kind != "every" else None
     held = _Held(kind, stage, states, grads, grads_forward, tuple(gathered), activations, outside,
                  buffers, tuple(extras), working)
+    loss: list[Moment] = []
+    if torch_like and strategy.model.arch is not None and rank.kind.last:
+        # the model's forward has returned: its 16-bit logits are gone, the loss's fp32
+        # log-probabilities saved ("fp32 logits for the loss") and its backward's gradients made
+        logits = sum((Fraction(i.bytes) for i in rank.items if not i.host
+                      and i.category == "outside_layers" and i.label == "logits"), Fraction(0))
+        loss.append(Moment(LOSS_BACKWARD_MOMENT, kind, (
+            *states, ("G gradients", grads_forward), *gathered,
+            ("A activations in flight", activations),
+            ("A outside the layers (but the model's logits)", outside - logits),
+            ("buffers", buffers), *extras, *loss_backward_parts(strategy)), stage))
     return [
         *_backward_moments(strategy, rank, profile, held, zero2),
+        *loss,
         Moment("end of forward", kind, (*states, ("G gradients", grads_forward), *gathered,
                                         ("A activations in flight", activations),
                                         ("A outside the layers", outside),

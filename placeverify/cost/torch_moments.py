@@ -4,7 +4,8 @@
 FSDP2's gathered units, its root unit and prefetch at the start of backward, and its ZeRO-2
 (``reshard_after_forward=False``) padded shards and post-backward buffers; gloo's all-gather
 output held by its worker thread; ``torch.distributed.pipelining``'s receive buffers and kept
-outputs; eager autograd's gradient accumulation temporaries; DDP's buckets; Adam's temporaries.
+outputs; the loss's backward; eager autograd's gradient accumulation temporaries; DDP's buckets;
+Adam's temporaries.
 Each function cites the torch 2.13 source it follows and ``benchmarks/peak_memory.py`` the
 allocations of real runs.
 """
@@ -288,6 +289,43 @@ def torch_pipelining_buffers(strategy: Strategy, rank: RankMemory) -> list[tuple
         kept = m if e == 4 else m - 1  # with 16-bit activations one is counted outside the layers
         parts.append(("pipelining stage outputs kept for the merged output", kept * logits))
     return parts
+
+
+LOSS_BACKWARD_MOMENT = "backward of the loss"
+
+
+def loss_backward_parts(strategy: Strategy) -> list[tuple[str, Fraction]]:
+    """What torch's cross-entropy makes in its backward beside the log-probabilities its
+    forward saved (the outside-the-layers "fp32 logits for the loss" item), one micro-batch's
+    b·s·V/t fp32 elements each (÷ cp), before the output layer's backward frees them.
+
+    ``F.cross_entropy`` is ``log_softmax`` then ``nll_loss`` (torch 2.13
+    ``aten/src/ATen/native/LossNLL.cpp``, ``cross_entropy_loss_symint``); ``_log_softmax`` saves
+    its result (``tools/autograd/derivatives.yaml``: ``_log_softmax_backward_data(grad,
+    result, dim, self.scalar_type())``). In backward ``nll_loss_backward`` makes a new
+    gradient of the input's size (``TORCH_IMPL_FUNC(nll_loss_backward_out_cpu)``: ``grad_input
+    .zero_()``, then the targets' entries), and ``_log_softmax_backward_data`` a new tensor of
+    that size (``SoftMax.cpp``, ``log_softmax_backward_cpu_out``) while its input gradient and
+    the saved result are alive: two more (the CPU runs of ``benchmarks/peak_memory.py`` on
+    ``benchmarks/models`` peak there).
+
+    Under DTensor tensor parallelism the loss runs in ``loss_parallel`` (the measure worker's
+    plan: a vocabulary-parallel output layer); ``_nll_loss_and_log_softmax_backward``
+    (``torch/distributed/tensor/parallel/loss.py``) does both backwards at once, ``grad_input =
+    torch.zeros_like(x)`` and ``(grad_input + torch.exp(x)) * grad_output``: the zeros, the exp
+    and the sum, or the zeros, the sum and the product, alive together: three of the local
+    shard (``_log_softmax_backward_handler`` returns its input, ``.to`` the same dtype)."""
+    arch = strategy.model.arch
+    assert arch is not None
+    t = role_size(strategy, Role.TENSOR)
+    logits = Fraction(4 * arch.micro_batch * arch.seq * arch.padded_vocab(t), t) \
+        / role_size(strategy, Role.CONTEXT)
+    if t > 1:
+        return [("loss_parallel's zero gradient (zeros_like)", logits),
+                ("the sum with exp of the log-probabilities", logits),
+                ("its product with the output gradient", logits)]
+    return [("nll_loss's input gradient", logits),
+            ("log_softmax's input gradient", logits)]
 
 
 def accumulation_temporaries(strategy: Strategy) -> list[tuple[str, Fraction]]:

@@ -65,6 +65,10 @@ class Transformer:
     # (Gemma 2 and 3: post_attention_layernorm and post_feedforward_layernorm normalise each
     # sub-block's output before the residual add), of the model's norm kind over hidden
     sandwich_norm: bool = False
+    # a plain MLP's activation as the model's code computes it: "gelu", one kernel that saves
+    # its input (torch's nn.GELU, either approximation); "gelu_new", the tanh GELU written out
+    # as elementwise operations (the name transformers gives it, ``NewGELUActivation``)
+    activation: str = "gelu"
 
     # ---- shapes ----
     @property

@@ -12,7 +12,7 @@ from placeverify.syntax import ast
 ARCH_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab",
              "vocab_divisible_by", "embeddings", "seq", "micro_batch", "position",
              "max_position", "norm", "bias", "dropout", "attention", "experts", "top_k",
-             "expert_ffn", "head_dim", "qkv_bias", "qk_norm", "sandwich_norm")
+             "expert_ffn", "head_dim", "qkv_bias", "qk_norm", "sandwich_norm", "activation")
 
 
 def read_model(ctx: Context, stmt: ast.ModelStmt) -> Model | None:
@@ -103,6 +103,8 @@ def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.
             values[key] = ctx.word(v, "norm", ["layernorm", "rmsnorm"])
         elif key == "attention":
             values[key] = ctx.word(v, "attention kind", ["standard", "flash"])
+        elif key == "activation":
+            values[key] = ctx.word(v, "activation", ["gelu", "gelu_new"])
         elif key in ("bias", "dropout", "qkv_bias", "qk_norm", "sandwich_norm"):
             values[key] = ctx.boolean(v, key)
         else:
@@ -135,6 +137,9 @@ def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.
     elif arch.heads % arch.kv_heads:
         ctx.error(f"heads ({arch.heads}) must be divisible by kv_heads ({arch.kv_heads})",
                   Code.NOT_DIVISIBLE, entry_span(entries, "kv_heads", span))
+    if arch.gated and arch.activation != "gelu":
+        ctx.error(f"activation = {arch.activation} is a plain MLP's; a gated MLP's is its own "
+                  "(SwiGLU's SiLU)", Code.CONFLICT, entry_span(entries, "activation", span))
     if arch.experts and not arch.top_k:
         ctx.error("a mixture of experts needs 'top_k' (experts per token)", Code.MISSING,
                   entry_span(entries, "experts", span))

@@ -93,6 +93,7 @@ class FeedForward(nn.Module):
         super().__init__()
         h, f = arch.hidden, arch.ffn
         self.gated = arch.gated
+        self.gelu_new = arch.activation == "gelu_new"  # the tanh GELU written out
         if arch.gated:
             self.gate = nn.Linear(h, f, bias=arch.bias)
         self.up = nn.Linear(h, f, bias=arch.bias)
@@ -101,6 +102,11 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
             return self.down(F.silu(self.gate(x)) * self.up(x))
+        if self.gelu_new:
+            u = self.up(x)
+            inner = math.sqrt(2.0 / math.pi) * (u + 0.044715 * torch.pow(u, 3.0))
+            out: torch.Tensor = self.down(0.5 * u * (1.0 + torch.tanh(inner)))
+            return out
         return self.down(F.gelu(self.up(x)))
 
 
