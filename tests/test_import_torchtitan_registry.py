@@ -205,3 +205,21 @@ def test_an_expression_nested_too_deeply_is_an_error_not_a_crash(tmp_path: Path)
     [d] = _error(None, 8, path).diagnostics
     assert d.code.value == "syntax" and "nested too deeply" in d.message
     assert d.span is not None and d.span.line == 1
+
+
+def test_qwen3_moe_flavors_are_data(tmp_path: Path) -> None:
+    # torchtitan's qwen3 30B-A3B (models/qwen3/__init__.py _30b_a3b at b5bcd76): 48 layers,
+    # dim 2048, 32 heads (4 kv) of 128, 128 experts of 768, top 8, vocab 151936, untied. Per
+    # layer: q, o 2 x 2048 x 4096; k, v 2 x 2048 x 512; q/k norms 2 x 128; two norms 2 x 2048;
+    # the router 2048 x 128; experts 128 x 3 x 2048 x 768; embedding and lm_head 2 x 151936 x
+    # 2048; final norm 2048: 30,532,122,624 (Qwen3-30B-A3B's own count).
+    folder = tmp_path / "qwen3"
+    folder.mkdir()
+    path = folder / "config_registry.py"
+    path.write_text("def qwen3_30b_a3b() -> Trainer.Config:\n"
+                    "    return Trainer.Config(model_spec=model_registry(\"30B-A3B\"),\n"
+                    "                          activation_checkpoint=FullAC.Config())\n")
+    layer = (2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128 + 2 * 2048 + 2048 * 128
+             + 128 * 3 * 2048 * 768)
+    strategy, _ = load(str(path), Options(world=8))
+    assert strategy.model.params == 48 * layer + 2 * 151936 * 2048 + 2048 == 30_532_122_624

@@ -14,6 +14,12 @@ PRESETS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b",
 # qk_norm, enable_weight_tying as given, default False).
 _QWEN3 = ("mlp = gated, norm = rmsnorm, bias = false, position = rotary, attention = flash, "
           "qk_norm = true, head_dim = 128")
+# Qwen3's MoE flavors at b5bcd76 (models/qwen3/__init__.py _debugmodel_moe, _30b_a3b,
+# _235b_a22b: every layer a MoE of num_experts SwiGLU experts of moe_hidden_dim, top_k routed,
+# a bias-free router (common/config_utils.py make_router_config: bias False), no shared experts
+# (make_moe_config: shared_experts None), an untied lm_head, q/k norms over head_dim 128)
+_QWEN3_MOE = ("mlp = gated, norm = rmsnorm, bias = false, position = rotary, attention = flash, "
+              "qk_norm = true, head_dim = 128, embeddings = untied, top_k = 8")
 FLAVORS: dict[tuple[str, str], str] = {
     ("llama3", "debugmodel"): "layers = 6, hidden = 256, heads = 16, kv_heads = 16, ffn = 768, "
                               "vocab = 2048, embeddings = untied, mlp = gated, norm = rmsnorm, "
@@ -40,6 +46,13 @@ FLAVORS: dict[tuple[str, str], str] = {
                      f"vocab = 151936, embeddings = untied, {_QWEN3}",
     ("qwen3", "14B"): "layers = 40, hidden = 5120, heads = 40, kv_heads = 8, ffn = 17408, "
                       f"vocab = 151936, embeddings = untied, {_QWEN3}",
+    ("qwen3", "debugmodel_moe"): "layers = 8, hidden = 256, heads = 16, kv_heads = 8, "
+                                 "ffn = 768, expert_ffn = 768, experts = 64, vocab = 2048, "
+                                 f"{_QWEN3_MOE}",
+    ("qwen3", "30B-A3B"): "layers = 48, hidden = 2048, heads = 32, kv_heads = 4, ffn = 768, "
+                          f"expert_ffn = 768, experts = 128, vocab = 151936, {_QWEN3_MOE}",
+    ("qwen3", "235B-A22B"): "layers = 94, hidden = 4096, heads = 64, kv_heads = 4, ffn = 1536, "
+                            f"expert_ffn = 1536, experts = 128, vocab = 151936, {_QWEN3_MOE}",
     ("qwen3", "32B"): "layers = 64, hidden = 5120, heads = 64, kv_heads = 8, ffn = 25600, "
                       f"vocab = 151936, embeddings = untied, {_QWEN3}",
 }
