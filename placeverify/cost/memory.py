@@ -33,10 +33,11 @@ from placeverify.cost.activations import (
     tensor_size,
 )
 from placeverify.cost.domain import Domain, Exact, Num
+from placeverify.cost.step_kept import kept_parameter_axes as kept_parameter_axes
+from placeverify.cost.step_kept import unsharded_gradient_axes as unsharded_gradient_axes
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Reduce, Role, State
 from placeverify.ir.profiles import host_gradient_bytes
-from placeverify.ir.step import Collective, CollectiveKind, Free, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.roles import ROLES
 from placeverify.roles.pipeline import chunk_layers, chunk_ordered, stage_layers
@@ -345,45 +346,6 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
             items.append(MemoryItem(state.value, f"{state.symbol} {state.value} (offloaded)", amount,
                                     host=True))
     return items
-
-
-def unsharded_gradient_axes(strategy: Strategy) -> tuple[str, ...]:
-    """Data axes along which the step as written holds a whole gradient although G is sharded.
-
-    With one micro-batch the gradient is reduce-scattered as backward produces it (FSDP's
-    post-backward hook, ZeRO-2's buckets), wherever the ``reduce_scatter`` is written. With m > 1
-    the shard is all that stays only if, every micro-batch, a ``reduce_scatter grads`` over the
-    axis is followed by ``free grads`` (the canonical ZeRO-2/3 and FSDP step); a reduce-scatter
-    after the loop (FSDP's ``no_sync`` / ``set_requires_gradient_sync(False)``) lets the full
-    unsharded gradient accumulate, and one in the loop without ``free grads`` keeps the full
-    buffer beside the shard.
-    """
-    step = strategy.step
-    if step.microbatches == 1 or offloaded(strategy, State.GRADIENTS):
-        return ()
-    each = [lo.op for lo in step.loop if lo.microbatch is None]
-    out = []
-    for p in strategy.placements:
-        if strategy.size(p.axis) == 1 or not partitions(strategy, p.axis, State.GRADIENTS):
-            continue
-        scatters = [i for i, op in enumerate(each)
-                    if isinstance(op, Collective) and op.kind is CollectiveKind.REDUCE_SCATTER
-                    and op.target.kind is TargetKind.GRADS and p.axis in op.group.axes]
-        freed = bool(scatters) and any(isinstance(op, Free) and op.target.kind is TargetKind.GRADS
-                                       for op in each[scatters[0] + 1:])
-        if not freed:
-            out.append(p.axis)
-    return tuple(out)
-
-
-def kept_parameter_axes(strategy: Strategy) -> tuple[str, ...]:
-    """S* axes over which the step as written gathers the parameters after the update
-    (``all_gather params`` after the loop): the whole parameters stay until the next step."""
-    post = strategy.step.post
-    return tuple(a for a in gathered_axes(strategy)
-                 if any(isinstance(op, Collective) and op.kind is CollectiveKind.ALL_GATHER
-                        and op.target.kind is TargetKind.PARAMS and a in op.group.axes
-                        for op in post))
 
 
 def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryItem]:
