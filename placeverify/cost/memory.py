@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from placeverify.cost import fine_tune
 from placeverify.cost.activations import (
     ActivationCost,
     activation_cost,
@@ -48,7 +49,8 @@ MODEL_STATES = (State.PARAMS, State.OPTIMIZER, State.GRADIENTS)
 WORKING_SET_LABEL = "recompute working set (one layer)"  # alive only in backward (cost/peak.py)
 GATHER_BUFFER_LABEL = "gather buffer (largest layer)"
 GROUP_SYMBOLS = {ParamGroup.DENSE: "Ψ_dense", ParamGroup.NORMS: "Ψ_norms",
-                 ParamGroup.EMBEDDING: "Ψ_emb", ParamGroup.EXPERTS: "Ψ_exp"}
+                 ParamGroup.EMBEDDING: "Ψ_emb", ParamGroup.EXPERTS: "Ψ_exp",
+                 ParamGroup.ADAPTERS: "Ψ_lora"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +227,11 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind,
                   ParamGroup.NORMS: layers[ParamGroup.NORMS] + arch.norm_params(),
                   ParamGroup.EMBEDDING: word,
                   ParamGroup.EXPERTS: layers[ParamGroup.EXPERTS]}
-        whole_model = {**arch.group_params(), ParamGroup.EMBEDDING: arch.vocab * arch.hidden}
+        whole_model = {**strategy.model.group_params(),
+                       ParamGroup.EMBEDDING: arch.vocab * arch.hidden}
         names = {**GROUP_SYMBOLS, ParamGroup.EMBEDDING: embedding}
+        if ParamGroup.ADAPTERS in whole_model:  # a fine-tune's adapters (cost.fine_tune)
+            counts[ParamGroup.ADAPTERS] = whole_model[ParamGroup.ADAPTERS]
         # a padded vocabulary changes the count: a symbol of its own (communication keeps Ψ_emb)
         return {g: d.sym(names[g] + ("" if n == whole_model[g] else "_padded"), n)
                 for g, n in counts.items() if n > 0}
@@ -331,7 +336,9 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
         per_element = d.const(host_gradient_bytes(strategy.mesh.memory_profile, strategy.precision
                                                   .grads)) if host and state is State.GRADIENTS \
             else bytes_per_element(d, strategy, state)
-        local = device_params(d, strategy, held, positions, state)
+        local = fine_tune.counted(strategy, state, device_params(d, strategy, held, positions, state))
+        if state is State.PARAMS:  # a quantised base's layer weights are items of their own
+            local = fine_tune.stored_params(d, strategy, local)
         total: Num = 0
         for n in local.values():
             total = total + n
@@ -345,6 +352,13 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
         if host:
             items.append(MemoryItem(state.value, f"{state.symbol} {state.value} (offloaded)", amount,
                                     host=True))
+        if state is State.PARAMS and fine_tune.quantised(d, strategy) is not None:
+            packed, scales = fine_tune.packed_bytes(d, strategy)
+            base = strategy.model.base_dtype
+            items.append(MemoryItem(state.value, f"Θ frozen {base} weights (packed)", packed
+                                    / data_split(d, strategy, state, group=ParamGroup.DENSE)))
+            items.append(MemoryItem(state.value, f"Θ frozen {base} scales (whole on every rank)",
+                                    scales))
     return items
 
 
@@ -372,8 +386,8 @@ def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIte
         if not axes:
             continue
         total: Num = 0
-        for n in device_params(d, strategy, params, stage_positions(d, strategy, kind),
-                               state).values():
+        for n in fine_tune.counted(strategy, state, device_params(
+                d, strategy, params, stage_positions(d, strategy, kind), state)).values():
             total = total + n
         per_element = (gathered_bytes(d, strategy) if state is State.PARAMS
                        else bytes_per_element(d, strategy, state))
