@@ -199,3 +199,61 @@ def test_fine_tune_keys_are_checked(tuning: str, message: str) -> None:
 def test_adapters_split_over_tensor_parallel_ranks_are_not_modelled() -> None:
     with pytest.raises(PlaceError, match="not modelled"):
         load_text(SMALL.format(tuning="adapter = lora, lora_rank = 4, lora_targets = [q]"))
+
+
+# ---- verification: a frozen group receives no update ---------------------------------------
+
+FROZEN_STEP = """model transformer {{
+    layers = 2, hidden = 64, heads = 4, ffn = 256, vocab = 96, seq = 16, micro_batch = 1,
+    frozen = [embedding]
+}}
+precision fp32_adam
+mesh {{ dp = 2 }}
+place ddp over dp
+loss sample_mean
+step {{
+    backward sum / samples(dp, step)
+    {reduce}
+    {update}
+}}
+"""
+
+
+def verdicts(text: str) -> tuple[dict[str, str], list[tuple[int, str]]]:
+    from placeverify.api import check_strategy
+
+    result = check_strategy(load_text(text, "frozen.place"))
+    assert result.verification is not None
+    refuted = [(o.span.line if o.span else 0, o.kind.value) for o in result.verification.obligations
+               if o.verdict.value == "refuted"]
+    return result.verification.verdicts(), refuted
+
+
+def test_a_step_that_updates_a_frozen_group_is_refuted_there() -> None:
+    got, refuted = verdicts(FROZEN_STEP.format(reduce="all_reduce(sum) grads over dp",
+                                               update="update params[dense, embedding]"))
+    assert got["gradient_integrity"] == "refuted"
+    assert refuted == [(12, "frozen")]
+
+
+def test_a_reduction_of_a_frozen_groups_gradient_is_refuted_there() -> None:
+    got, refuted = verdicts(FROZEN_STEP.format(
+        reduce="all_reduce(sum) grads[dense, norms, embedding] over dp", update="update params"))
+    assert got["gradient_integrity"] == "refuted"
+    assert refuted == [(11, "frozen")]
+
+
+def test_the_same_step_on_the_trained_groups_is_proved() -> None:
+    got, refuted = verdicts(FROZEN_STEP.format(reduce="all_reduce(sum) grads[dense, norms] over dp",
+                                               update="update params"))
+    assert set(got.values()) == {"proved"} and refuted == []
+
+
+def test_forgetting_the_adapters_reduction_is_refuted_for_the_adapters() -> None:
+    text = llama("adapter = lora, lora_rank = 8, lora_targets = [q, v]", "bf16_adam", "dp = 4",
+                 "place ddp over dp") + "step {\n    backward sum / tokens(dp, step)\n" \
+        "    all_reduce(sum) grads[dense] over dp\n    update params\n}\n"
+    got, refuted = verdicts(text)
+    assert got["gradient_integrity"] == "refuted" and got["state_consistency"] == "refuted"
+    assert (8, "frozen") in refuted  # the frozen dense group reduced (line 8)
+    assert any(kind == "coefficient" for _, kind in refuted)  # the adapters never reduced
