@@ -257,3 +257,41 @@ def test_forgetting_the_adapters_reduction_is_refuted_for_the_adapters() -> None
     assert got["gradient_integrity"] == "refuted" and got["state_consistency"] == "refuted"
     assert (8, "frozen") in refuted  # the frozen dense group reduced (line 8)
     assert any(kind == "coefficient" for _, kind in refuted)  # the adapters never reduced
+
+
+# ---- importers: Megatron-LM's multimodal freezing flags ---------------------------------------
+# examples/multimodal/multimodal_args.py in NVIDIA/Megatron-LM adds --freeze-LM, --freeze-ViT
+# (store_true) and --vision-model-type (default clip).
+
+MULTIMODAL = """torchrun --nproc_per_node 8 examples/multimodal/train.py \\
+    --tensor-model-parallel-size 4 --num-layers 4 --hidden-size 256 \\
+    --num-attention-heads 8 --vocab-size 1000 --seq-length 128 --micro-batch-size 1 \\
+    --global-batch-size 8 --bf16 --use-distributed-optimizer \\
+    {flags}
+"""
+
+
+def test_a_frozen_language_model_is_not_counted_with_adam_state(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from placeverify.diagnostics import PlaceError as ImportError_
+    from placeverify.importers.registry import import_file
+
+    script = tmp_path / "train.sh"
+    script.write_text(MULTIMODAL.format(flags="--freeze-LM --freeze-ViT --vision-model-type clip"))
+    with pytest.raises(ImportError_) as error:
+        import_file(str(script))
+    [d] = [d for d in error.value.diagnostics if d.severity.value == "error"]
+    assert "--freeze-LM freezes the whole language model" in d.message
+    assert "the vision projection)" in d.message  # --freeze-ViT: the encoder is frozen too
+    assert d.span is not None and (d.span.line, d.span.column) == (5, 5)
+
+
+def test_a_vision_encoder_beside_a_trained_language_model_is_one_warning(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from placeverify.importers.registry import import_file
+
+    script = tmp_path / "train.sh"
+    script.write_text(MULTIMODAL.format(flags="--freeze-ViT --vision-model-type clip"))
+    imported = import_file(str(script))
+    messages = [w.message for w, _ in imported.warnings]
+    assert sum("vision encoder (clip)" in m and "Θ only, --freeze-ViT" in m for m in messages) == 1
+    assert not any("does not read this argument" in m and ("--freeze" in m or "--vision" in m)
+                   for m in messages)
