@@ -295,3 +295,12 @@ def test_a_vision_encoder_beside_a_trained_language_model_is_one_warning(tmp_pat
     assert sum("vision encoder (clip)" in m and "Θ only, --freeze-ViT" in m for m in messages) == 1
     assert not any("does not read this argument" in m and ("--freeze" in m or "--vision" in m)
                    for m in messages)
+
+
+def test_search_refuses_a_fine_tune_rather_than_ranking_full_training() -> None:
+    from placeverify.search.problem import problem_from
+
+    text = llama(f"adapter = lora, lora_rank = 16, lora_targets = {ALL}", "bf16_adam",
+                 "dp = 8, device = h100_sxm", "place fsdp over dp")
+    with pytest.raises(PlaceError, match="search does not model fine-tunes"):
+        problem_from(load_text(text), None)
