@@ -304,3 +304,18 @@ def test_search_refuses_a_fine_tune_rather_than_ranking_full_training() -> None:
                  "dp = 8, device = h100_sxm", "place fsdp over dp")
     with pytest.raises(PlaceError, match="search does not model fine-tunes"):
         problem_from(load_text(text), None)
+
+
+def test_the_reproducer_refuses_a_fine_tune(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The emitted torchrun script's tiny model trains every parameter and has no adapters."""
+    from placeverify.api import check
+    from placeverify.replay.emit import emit_script
+    from placeverify.replay.emit_step import EmitRefused
+    from placeverify.trace import load, write
+
+    result = check("examples/bugs/lora-adapters-not-reduced.place")
+    assert result.verification is not None and result.verification.trace is not None
+    path = tmp_path / "lora.json"
+    write(result.verification.trace, str(path))
+    with pytest.raises(EmitRefused, match="a fine-tune"):
+        emit_script(load(str(path)), trace_path=str(path))
