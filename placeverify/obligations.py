@@ -58,6 +58,7 @@ class ObligationKind(StrEnum):
     OVERFLOW = "overflow"
     SHARD_MISMATCH = "shard-mismatch"
     LOST_UPDATE = "lost-update"
+    FROZEN = "frozen"  # a frozen group updated or reduced (verify.checks.frozen)
     REPLICA_AGREEMENT = "replica-agreement"  # verify.checks.consistency
     STALE_SHARD = "stale-shard"
     FP_ORDER = "fp-order"

@@ -105,6 +105,8 @@ CALLS_FOR: dict[str, str] = {
     # Asynchronous collectives: order the writes before the start; wait before the read.
     "overlap-reduce-before-grad-write": "after the last write of the gradients it reduces",
     "overlap-update-before-wait": "'wait grads' before the gradients are read",
+    # FastVideo#1666, transformers#48792: the adapters' gradients averaged over the replicas
+    "lora-adapters-not-reduced": "all_reduce(sum) grads over dp",
     # Megatron-LM#950: a parameter bucket waited before the forward that reads it
     "param-gather-after-forward": "'wait params[dense]' before the forward that reads them",
 }
@@ -150,6 +152,8 @@ UNCITED: dict[str, str] = {
     "pytorch#36516": "sum-without-average fix",
     "transformers#38872": "constant-factor fix",
     "DeepSpeed#7898": "async-write fix cites the other two reports of the race",
+    "FastVideo#1666": "missing-reduction fix", "transformers#48792": "missing-reduction fix",
+    "sd-scripts#989": "missing-reduction fix",
 }
 
 # Rules no bug example reaches, and why.
@@ -158,6 +162,8 @@ UNUSED: dict[str, str] = {
     "clip-missing": "no bug declares a clip without clipping",
     # A clip by the 2-norm under a declared inf-norm policy (or back): tests/test_clip_norms.py.
     "clip-policy-norm": "no bug clips by another norm than its policy",
+    # A step naming a frozen group (verify/checks/frozen.py): tests/test_frozen.py.
+    "frozen-group": "no public report of a step that updates a frozen group",
     # A broadcast of the parameters from one rank under a sharded optimizer.
     "lost-update": "no bug broadcasts from a single rank",
     # Integrity's tied-embedding rule refutes the same bug first; consistency's divergence is a

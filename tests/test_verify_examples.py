@@ -130,6 +130,9 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # off by GTP/EGTP (Megatron-LM#7160)
     "fsdp-replicated-params-norm": ({"gradient_integrity"}, "clip"),
     "expert-grads-gtp-factor": ({"gradient_integrity"}, "coefficient"),
+    # LoRA adapters attached after the model was sharded: no reduction covers them
+    # (FastVideo#1666, transformers#48792, sd-scripts#989)
+    "lora-adapters-not-reduced": ({"gradient_integrity", "state_consistency"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12

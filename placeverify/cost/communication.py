@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from placeverify.cost import fine_tune
 from placeverify.cost.domain import Domain, Num
 from placeverify.cost.memory import gathered_bytes, local_params, model_split, reduced_bytes
 from placeverify.diagnostics import Span
@@ -44,6 +45,7 @@ from placeverify.ir.step import (
     TermKind,
 )
 from placeverify.ir.strategy import Strategy
+from placeverify.roles.queries import partitions
 
 COUNT_BYTES = 8  # an int64 token or sample count
 FLAG_BYTES = 4  # an fp32 overflow flag or squared norm
@@ -113,7 +115,7 @@ def comm_item(d: Domain, strategy: Strategy, kind: str, group: Group, what: str,
 def step_items(d: Domain, strategy: Strategy) -> list[CommItem]:
     step = strategy.step
     m = d.sym("m", step.microbatches)
-    grads = local_params(d, strategy, State.GRADIENTS)
+    grads = fine_tune.counted(strategy, State.GRADIENTS, local_params(d, strategy, State.GRADIENTS))
     params = local_params(d, strategy, State.PARAMS)
     grad_bytes = reduced_bytes(d, strategy)  # G crosses the links in its reduction dtype
     param_bytes = gathered_bytes(d, strategy)  # Θ in the dtype it is gathered in
@@ -172,13 +174,15 @@ def _collective(d: Domain, strategy: Strategy, op: Collective, calls: Num,
                     fraction[group] = d.const(1)
         return [comm_item(d, strategy, kind, op.group, target.label(), payload * grad_bytes, calls,
                           "gradients", "step", op.span)]
-    payload = 0
-    for group, n in params.items():
-        if target.applies_to(group):
-            payload = payload + n
     if op.kind is not CollectiveKind.ALL_GATHER:  # a broadcast or sum of Θ moves it as stored
         param_bytes = d.const(strategy.precision.params)
-    return [comm_item(d, strategy, kind, op.group, target.label(), payload * param_bytes, calls,
+    applies = {g for g in params if target.applies_to(g)}
+    # after the update over axes where Θ is whole (ZeRO-1/2 sharing the updated shards) only the
+    # trained groups changed; a sharded Θ (ZeRO-3, FSDP) gathers the frozen shards too
+    updated = any(op is o for o in strategy.step.post) and not any(
+        partitions(strategy, a, State.PARAMS) for a in op.group.axes)
+    payload = fine_tune.gathered_payload(d, strategy, params, applies, updated, param_bytes)
+    return [comm_item(d, strategy, kind, op.group, target.label(), payload, calls,
                       "params", "step", op.span)]
 
 

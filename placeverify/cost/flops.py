@@ -10,7 +10,7 @@ inputs fp8 casts, and the model FLOPs of MFU (PaLM, Chowdhery et al. 2022, App. 
 
 from __future__ import annotations
 
-from placeverify.ir.model import Transformer
+from placeverify.ir.model import Model, ParamGroup, Transformer
 
 
 def layer_flops(arch: Transformer, tokens: float, keys: float, t: float, causal_skip: bool
@@ -76,3 +76,33 @@ def model_flops_per_token(arch: Transformer) -> float:
     """Forward + backward model FLOPs per token (PaLM: no recomputation, full s² attention)."""
     layer, _ = layer_flops(arch, 1, arch.seq, 1, False)
     return 3 * (arch.layers * layer + output_flops(arch, 1, 1))
+
+
+def training_flops_per_token(model: Model) -> float:
+    """Forward + backward matmul FLOPs per token of a step that may freeze groups and train
+    adapters (full s² attention, no recomputation; with nothing frozen and no adapter
+    :func:`model_flops_per_token`). Every matmul runs forward (2 per weight) and its input
+    gradient (2 per weight); only a trained weight's gradient matmul runs (2 more): a frozen
+    group skips it. The attention core has no weights: 2 forward, 4 backward per element. An
+    adapter's A and B are trained (6 per parameter). Not modelled: the input gradients a frozen
+    prefix of the model could skip (nothing trained below it)."""
+    arch = model.arch
+    assert arch is not None
+    layer, core = layer_flops(arch, 1, arch.seq, 1, False)
+    weights = layer - core
+    experts = router = 0.0
+    if arch.moe:
+        f_e = arch.expert_ffn or arch.ffn
+        experts = 2.0 * arch.top_k * (3 if arch.gated else 2) * arch.hidden * f_e
+        router = 2.0 * arch.hidden * arch.experts
+    output = output_flops(arch, 1, 1)
+
+    def trained(group: ParamGroup) -> float:
+        return 0.0 if group in model.frozen else 1.0
+
+    grads = arch.layers * ((weights - experts - router) * trained(ParamGroup.DENSE)
+                           + experts * trained(ParamGroup.EXPERTS)
+                           + router * trained(ParamGroup.NORMS))
+    grads += output * trained(ParamGroup.EMBEDDING if arch.tied_embeddings else ParamGroup.DENSE)
+    adapters = 0.0 if model.adapter is None else 2.0 * arch.adapter_params(model.adapter)
+    return 2 * (arch.layers * weights + output) + 3 * arch.layers * core + grads + 3 * adapters

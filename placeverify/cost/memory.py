@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from placeverify.cost import fine_tune
 from placeverify.cost.activations import (
     ActivationCost,
     activation_cost,
@@ -33,10 +34,11 @@ from placeverify.cost.activations import (
     tensor_size,
 )
 from placeverify.cost.domain import Domain, Exact, Num
+from placeverify.cost.step_kept import kept_parameter_axes as kept_parameter_axes
+from placeverify.cost.step_kept import unsharded_gradient_axes as unsharded_gradient_axes
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Reduce, Role, State
 from placeverify.ir.profiles import host_gradient_bytes
-from placeverify.ir.step import Collective, CollectiveKind, Free, TargetKind
 from placeverify.ir.strategy import Strategy
 from placeverify.roles import ROLES
 from placeverify.roles.pipeline import chunk_layers, chunk_ordered, stage_layers
@@ -47,7 +49,8 @@ MODEL_STATES = (State.PARAMS, State.OPTIMIZER, State.GRADIENTS)
 WORKING_SET_LABEL = "recompute working set (one layer)"  # alive only in backward (cost/peak.py)
 GATHER_BUFFER_LABEL = "gather buffer (largest layer)"
 GROUP_SYMBOLS = {ParamGroup.DENSE: "Ψ_dense", ParamGroup.NORMS: "Ψ_norms",
-                 ParamGroup.EMBEDDING: "Ψ_emb", ParamGroup.EXPERTS: "Ψ_exp"}
+                 ParamGroup.EMBEDDING: "Ψ_emb", ParamGroup.EXPERTS: "Ψ_exp",
+                 ParamGroup.ADAPTERS: "Ψ_lora"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +227,11 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind,
                   ParamGroup.NORMS: layers[ParamGroup.NORMS] + arch.norm_params(),
                   ParamGroup.EMBEDDING: word,
                   ParamGroup.EXPERTS: layers[ParamGroup.EXPERTS]}
-        whole_model = {**arch.group_params(), ParamGroup.EMBEDDING: arch.vocab * arch.hidden}
+        whole_model = {**strategy.model.group_params(),
+                       ParamGroup.EMBEDDING: arch.vocab * arch.hidden}
         names = {**GROUP_SYMBOLS, ParamGroup.EMBEDDING: embedding}
+        if ParamGroup.ADAPTERS in whole_model:  # a fine-tune's adapters (cost.fine_tune)
+            counts[ParamGroup.ADAPTERS] = whole_model[ParamGroup.ADAPTERS]
         # a padded vocabulary changes the count: a symbol of its own (communication keeps Ψ_emb)
         return {g: d.sym(names[g] + ("" if n == whole_model[g] else "_padded"), n)
                 for g, n in counts.items() if n > 0}
@@ -330,7 +336,9 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
         per_element = d.const(host_gradient_bytes(strategy.mesh.memory_profile, strategy.precision
                                                   .grads)) if host and state is State.GRADIENTS \
             else bytes_per_element(d, strategy, state)
-        local = device_params(d, strategy, held, positions, state)
+        local = fine_tune.counted(strategy, state, device_params(d, strategy, held, positions, state))
+        if state is State.PARAMS:  # a quantised base's layer weights are items of their own
+            local = fine_tune.stored_params(d, strategy, local)
         total: Num = 0
         for n in local.values():
             total = total + n
@@ -344,46 +352,14 @@ def state_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIt
         if host:
             items.append(MemoryItem(state.value, f"{state.symbol} {state.value} (offloaded)", amount,
                                     host=True))
+        if state is State.PARAMS and fine_tune.quantised(d, strategy) is not None:
+            packed, scales = fine_tune.packed_bytes(d, strategy)
+            base = strategy.model.base_dtype
+            items.append(MemoryItem(state.value, f"Θ frozen {base} weights (packed)", packed
+                                    / data_split(d, strategy, state, group=ParamGroup.DENSE)))
+            items.append(MemoryItem(state.value, f"Θ frozen {base} scales (whole on every rank)",
+                                    scales))
     return items
-
-
-def unsharded_gradient_axes(strategy: Strategy) -> tuple[str, ...]:
-    """Data axes along which the step as written holds a whole gradient although G is sharded.
-
-    With one micro-batch the gradient is reduce-scattered as backward produces it (FSDP's
-    post-backward hook, ZeRO-2's buckets), wherever the ``reduce_scatter`` is written. With m > 1
-    the shard is all that stays only if, every micro-batch, a ``reduce_scatter grads`` over the
-    axis is followed by ``free grads`` (the canonical ZeRO-2/3 and FSDP step); a reduce-scatter
-    after the loop (FSDP's ``no_sync`` / ``set_requires_gradient_sync(False)``) lets the full
-    unsharded gradient accumulate, and one in the loop without ``free grads`` keeps the full
-    buffer beside the shard.
-    """
-    step = strategy.step
-    if step.microbatches == 1 or offloaded(strategy, State.GRADIENTS):
-        return ()
-    each = [lo.op for lo in step.loop if lo.microbatch is None]
-    out = []
-    for p in strategy.placements:
-        if strategy.size(p.axis) == 1 or not partitions(strategy, p.axis, State.GRADIENTS):
-            continue
-        scatters = [i for i, op in enumerate(each)
-                    if isinstance(op, Collective) and op.kind is CollectiveKind.REDUCE_SCATTER
-                    and op.target.kind is TargetKind.GRADS and p.axis in op.group.axes]
-        freed = bool(scatters) and any(isinstance(op, Free) and op.target.kind is TargetKind.GRADS
-                                       for op in each[scatters[0] + 1:])
-        if not freed:
-            out.append(p.axis)
-    return tuple(out)
-
-
-def kept_parameter_axes(strategy: Strategy) -> tuple[str, ...]:
-    """S* axes over which the step as written gathers the parameters after the update
-    (``all_gather params`` after the loop): the whole parameters stay until the next step."""
-    post = strategy.step.post
-    return tuple(a for a in gathered_axes(strategy)
-                 if any(isinstance(op, Collective) and op.kind is CollectiveKind.ALL_GATHER
-                        and op.target.kind is TargetKind.PARAMS and a in op.group.axes
-                        for op in post))
 
 
 def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryItem]:
@@ -410,8 +386,8 @@ def step_items(d: Domain, strategy: Strategy, kind: StageKind) -> list[MemoryIte
         if not axes:
             continue
         total: Num = 0
-        for n in device_params(d, strategy, params, stage_positions(d, strategy, kind),
-                               state).values():
+        for n in fine_tune.counted(strategy, state, device_params(
+                d, strategy, params, stage_positions(d, strategy, kind), state)).values():
             total = total + n
         per_element = (gathered_bytes(d, strategy) if state is State.PARAMS
                        else bytes_per_element(d, strategy, state))

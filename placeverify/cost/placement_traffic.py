@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from placeverify.cost import fine_tune
 from placeverify.cost.activations import (
     ActivationCost,
     parallel_sizes,
@@ -52,17 +53,14 @@ def placement_items(d: Domain, strategy: Strategy,
         if p.axis not in gathered:
             continue
         group = mesh.group(p.axis)
-        payload = local_total
-        if p.group_modes:  # per-group meshes: only the groups this axis gathers
-            payload = 0
-            for g, n in local.items():
-                if p.axis in gathered_axes(strategy, g):
-                    payload = payload + n
+        # per-group meshes: only the groups this axis gathers; a quantised base moves packed
+        applies = {g for g in local if not p.group_modes or p.axis in gathered_axes(strategy, g)}
+        payload = fine_tune.gathered_payload(d, strategy, local, applies, False, param_bytes)
         items.append(comm_item(d, strategy, "all_gather", group, "params (gather for forward)",
-                               payload * param_bytes, m, "params", "placement", p.span))
+                               payload, m, "params", "placement", p.span))
         if p.reshard_after_forward:
             items.append(comm_item(d, strategy, "all_gather", group, "params (gather for backward)",
-                                   payload * param_bytes, m, "params", "placement", p.span))
+                                   payload, m, "params", "placement", p.span))
 
     arch = strategy.model.arch
     if arch is not None:
@@ -96,16 +94,14 @@ def _gathers_by_group(d: Domain, strategy: Strategy, local: dict[ParamGroup, Num
             by_axes.setdefault(axes, []).append(g)
     items: list[CommItem] = []
     for axes, groups in by_axes.items():
-        payload: Num = 0
-        for g in groups:
-            payload = payload + local[g]
+        payload = fine_tune.gathered_payload(d, strategy, local, set(groups), False, param_bytes)
         first = strategy.placement(axes[0])
         label = "params" if len(groups) == len(local) else \
             f"params[{', '.join(sorted(g.value for g in groups))}]"
         reshard = any(strategy.placement(a).reshard_after_forward for a in axes)
         for when in ("forward", "backward") if reshard else ("forward",):
             items.append(comm_item(d, strategy, "all_gather", strategy.mesh.group(*axes),
-                                   f"{label} (gather for {when})", payload * param_bytes, m,
+                                   f"{label} (gather for {when})", payload, m,
                                    "params", "placement", first.span))
     return items
 

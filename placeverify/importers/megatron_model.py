@@ -107,7 +107,37 @@ def model_lines(args: Arguments, reader: Reader, program: str | None = None) -> 
         reader.warning("not modelled: --embed-layernorm (a LayerNorm after the word embedding: "
                        "2h parameters and its saved input on the first stage)", embed_norm.origin)
     lines += _experts(args, line)
-    return lines
+    return lines + _multimodal(args, reader)
+
+
+def _multimodal(args: Arguments, reader: Reader) -> list[Line]:
+    """Megatron-LM's multimodal run (``examples/multimodal/multimodal_args.py``: ``--freeze-LM``,
+    ``--freeze-ViT``, ``--vision-model-type``, default clip): the flags read here describe the
+    language model only. ``--freeze-LM`` freezes all of it (``frozen = all``): what the run
+    trains, the vision projection and the encoder unless ``--freeze-ViT``, is a second model, not
+    modelled, so the import is an error at the flag rather than a language model counted with an
+    optimizer state it does not have. A vision encoder beside a trained language model is a
+    warning: its parameters (only Θ under ``--freeze-ViT``), activations and the projection are
+    not counted."""
+    freeze_lm = args.flag("--freeze-LM")
+    freeze_vit = args.flag("--freeze-ViT")
+    vision = args.text("--vision-model-type")
+    if freeze_lm is not None:
+        trained = "the vision projection" + ("" if freeze_vit is not None else
+                                             " and the vision encoder")
+        reader.error("not modelled: --freeze-LM freezes the whole language model; what this run "
+                     f"trains ({trained}) is a second model beside it, which placeverify does "
+                     "not model", freeze_lm.origin, code=Code.NOT_MODELLED)
+        return [Line("frozen = all", "--freeze-LM", freeze_lm.origin)]
+    if freeze_vit is not None or vision is not None:
+        kind = vision.value if vision is not None else "clip"
+        held = "its frozen parameters (Θ only, --freeze-ViT)" if freeze_vit is not None else \
+            "its parameters, gradients and optimizer state"
+        origin = freeze_vit.origin if freeze_vit is not None else vision.origin  # type: ignore[union-attr]
+        reader.warning(f"not modelled: the vision encoder ({kind}) beside the language model: "
+                       f"{held}, its activations and the projection are not counted; the figures "
+                       "are the language model's", origin)
+    return []
 
 
 Entry = Callable[[str, Value | None], Line]  # ``entry = value`` at the flag it comes from

@@ -12,7 +12,14 @@ differently (Megatron-LM's split):
   only its part of the sequence, so their gradients are partial over ``tp``;
 - ``embedding``: the word (and learned position) embeddings; with tied embeddings the same
   tensor is the output layer, held by the first and the last pipeline stage;
-- ``experts``: the MoE experts' MLP weights, sharded by expert parallelism.
+- ``experts``: the MoE experts' MLP weights, sharded by expert parallelism;
+- ``adapters``: low-rank adapters added for fine-tuning (LoRA, QLoRA), trained while the groups
+  they adapt are frozen (``docs/language/model.md``).
+
+A fine-tune freezes groups: a frozen group keeps its parameters (Θ, in their stored dtype, or
+quantised: :data:`BASE_DTYPES`) and has no gradient, no optimizer state, no reduction and no
+update. :meth:`Model.groups_present` names the trained groups only; what is frozen is
+:attr:`Model.frozen`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,34 @@ class ParamGroup(StrEnum):
     NORMS = "norms"
     EMBEDDING = "embedding"
     EXPERTS = "experts"
+    ADAPTERS = "adapters"
 
+
+BASE_GROUPS = (ParamGroup.DENSE, ParamGroup.NORMS, ParamGroup.EMBEDDING, ParamGroup.EXPERTS)
+
+# The linear layers of a transformer layer a LoRA adapter may target, by the short names PEFT's
+# Llama target_modules use without their "_proj" suffix (q_proj ... down_proj).
+LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
+
+# A quantised base: bytes per weight element as stored and per output row, and the scales per
+# element (bitsandbytes). NF4 (``bitsandbytes/functional.py`` ``quantize_4bit``: blocksize 64,
+# two 4-bit codes per byte, one fp32 ``absmax`` per block); ``nf4_dq`` double quantisation
+# (``compress_statistics``: the absmax quantised with ``quantize_blockwise(absmax,
+# blocksize=256)``, one byte per block plus one fp32 absmax per 256 blocks); ``int8``
+# (LLM.int8, ``Linear8bitLt``: int8 weights and one fp32 scale per output row, ``SCB``).
+BASE_DTYPES = ("nf4", "nf4_dq", "int8")
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """Low-rank adapters on named linear layers of every transformer layer (PEFT's LoRA:
+    ``peft/tuners/lora/layer.py`` ``LoraLayer.update_layer`` adds ``lora_A = nn.Linear(in, r,
+    bias=False)`` and ``lora_B = nn.Linear(r, out, bias=False)`` to each targeted linear: r·in +
+    out·r trained parameters). QLoRA is LoRA over a quantised frozen base."""
+
+    kind: str  # lora | qlora
+    rank: int
+    targets: tuple[str, ...]  # LORA_MODULES names
 
 @dataclass(frozen=True, slots=True)
 class Transformer:
@@ -139,6 +173,43 @@ class Transformer:
             groups[ParamGroup.NORMS] += mlp_replicated
         return groups
 
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """One layer's linear weights (dense MLP) as (in, out) by LoRA module name (the plain MLP
+        has no ``gate``)."""
+        h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn
+        shapes = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "up": (h, f),
+                  "down": (f, h)}
+        if self.gated:
+            shapes["gate"] = (h, f)
+        return shapes
+
+    def adapter_params(self, adapter: Adapter) -> int:
+        """Adapter parameters of the whole model: r·(in + out) per targeted linear per layer."""
+        shapes = self.linears()
+        return self.layers * sum(adapter.rank * (shapes[t][0] + shapes[t][1])
+                                 for t in adapter.targets)
+
+    def quantised_elements(self) -> int:
+        """Weights of the layers' linear matrices (a quantised base stores these quantised; the
+        embedding, the output layer, norms and biases stay in the compute dtype: transformers'
+        ``get_keys_to_not_convert`` keeps the output layer unquantised)."""
+        return self.layers * sum(i * o for i, o in self.linears().values())
+
+    def quantised_bytes(self, base: str) -> tuple[int, int]:
+        """(packed weight bytes, scale bytes) of the layers' linear matrices stored as ``base``
+        (:data:`BASE_DTYPES`): the packed weights are what a gather moves."""
+        packed = scales = 0
+        for i, o in self.linears().values():
+            n = i * o
+            blocks = -(-n // 64)
+            if base == "int8":
+                packed, scales = packed + n, scales + 4 * o
+            elif base == "nf4":
+                packed, scales = packed + -(-n // 2), scales + 4 * blocks
+            else:  # nf4_dq: 8-bit absmax per block, fp32 per 256 blocks, one fp32 offset
+                packed, scales = packed + -(-n // 2), scales + blocks + 4 * -(-blocks // 256) + 4
+        return packed * self.layers, scales * self.layers
+
     def embedding_params(self) -> int:
         """Word embeddings plus a learned position table (unpadded vocabulary)."""
         return self.vocab * self.hidden + self.position_rows * self.hidden
@@ -175,15 +246,33 @@ class Model:
     # a bare parameter count's largest single tensor (``largest_tensor = N``), when the user
     # gives it: what a per-tensor optimizer loop's temporaries are sized by
     largest_tensor: int | None = None
+    frozen: frozenset[ParamGroup] = frozenset()  # groups with no gradient, state or update
+    adapter: Adapter | None = None
+    base_dtype: str | None = None  # a quantised frozen base (BASE_DTYPES); None: as stored
 
     def group_params(self) -> dict[ParamGroup, int]:
+        """Parameters by group, frozen ones included (adapters, when there are, last)."""
         if self.arch is None:
             return {ParamGroup.DENSE: self.params, ParamGroup.NORMS: 0, ParamGroup.EMBEDDING: 0,
                     ParamGroup.EXPERTS: 0}
-        return self.arch.group_params()
+        groups = self.arch.group_params()
+        if self.adapter is not None:
+            groups[ParamGroup.ADAPTERS] = self.arch.adapter_params(self.adapter)
+        return groups
+
+    def groups_held(self) -> tuple[ParamGroup, ...]:
+        """Every group with parameters, frozen or trained."""
+        return tuple(g for g, n in self.group_params().items() if n > 0)
 
     def groups_present(self) -> tuple[ParamGroup, ...]:
-        return tuple(g for g, n in self.group_params().items() if n > 0)
+        """The trained groups: those with a gradient, optimizer state, reduction and update."""
+        return tuple(g for g in self.groups_held() if g not in self.frozen)
+
+    def frozen_groups(self) -> tuple[ParamGroup, ...]:
+        return tuple(g for g in self.groups_held() if g in self.frozen)
+
+    def trained_params(self) -> int:
+        return sum(n for g, n in self.group_params().items() if g not in self.frozen)
 
 
 # ---- bundled models (public configurations) --------------------------------------------------

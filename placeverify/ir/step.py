@@ -294,7 +294,12 @@ class Clip:
 
 @node
 class Update:
+    """``update params``: the optimizer step on every trained group. The target as written is
+    kept for :mod:`placeverify.verify.checks.frozen` (``update params[dense]`` on a frozen
+    group is refuted there); the trained groups are updated whatever it selects."""
+
     span: Span
+    target: Target | None = None
 
 
 @node

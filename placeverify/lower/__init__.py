@@ -18,6 +18,7 @@ from placeverify.diagnostics import Code, PlaceError, Source
 from placeverify.ir.strategy import Config, Strategy
 from placeverify.lower import canonical
 from placeverify.lower.compose import with_recompute
+from placeverify.lower.fine_tune import check_fine_tune
 from placeverify.lower.groups import check_offload
 from placeverify.lower.mesh import read_mesh
 from placeverify.lower.model import read_model
@@ -113,6 +114,7 @@ def lower(file: ast.File, source: Source) -> Strategy:
     assert model is not None and mesh is not None and model_stmt is not None
 
     placements = read_placements(ctx, of(ast.PlaceStmt), mesh, model)
+    check_fine_tune(ctx, model, placements, {a.name: a.size for a in mesh.axes}, model_stmt.span)
     placements = read_offload(ctx, of(ast.OffloadStmt), placements)
     check_offload(ctx, placements, of(ast.OffloadStmt))  # per-group meshes (lower/groups.py)
     recompute = read_recompute(ctx, recompute_stmt, model)

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.model import ARCHITECTURES, BARE_MODELS, MODEL_PRESETS, Model, Transformer
+from placeverify.lower.fine_tune import read_fine_tune, split_fine_tune
 from placeverify.lower.values import MAX_DIM, MAX_LAYERS, MAX_PARAMS, MAX_SEQ, Context, literal
 from placeverify.syntax import ast
 
@@ -18,6 +19,12 @@ ARCH_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab",
 def read_model(ctx: Context, stmt: ast.ModelStmt) -> Model | None:
     entries = ctx.unique(stmt.block.entries if stmt.block else (), lambda e: e.key.text,
                          lambda e: e.key.span, "model key")
+    entries, tuning = split_fine_tune(entries)
+    model = _read_model(ctx, stmt, entries)
+    return None if model is None else read_fine_tune(ctx, model, tuning, stmt.span)
+
+
+def _read_model(ctx: Context, stmt: ast.ModelStmt, entries: dict[str, ast.Entry]) -> Model | None:
     name = stmt.name.text if stmt.name else None
     if name is not None and name not in (*MODEL_PRESETS, "transformer"):
         ctx.error(f"unknown model '{name}'{did_you_mean(name, MODEL_PRESETS)}",

@@ -203,7 +203,9 @@ class OpReader:
         if kind not in (TargetKind.GRADS, TargetKind.PARAMS, TargetKind.OPTIMIZER):
             self.error(f"'{name}' has no parameter groups to select", Code.BAD_VALUE, target.span)
             return None
-        present = self.config.model.groups_present()
+        # a frozen group may be named: verify.checks.frozen refutes a step that reduces or
+        # updates one
+        present = self.config.model.groups_held()
         groups: set[ParamGroup] = set()
         for sel in target.selectors:
             group = GROUP_NAMES.get(sel.text)
@@ -251,7 +253,8 @@ class OpReader:
                            item.group.span)
             if name == "update":
                 target = self.target(item.target, [TargetKind.PARAMS])
-                return None if target is None else Update(item.span)
+                return None if target is None else Update(
+                    item.span, target if target.groups is not None else None)
             target = self.target(item.target, [TargetKind.GRADS])
             return None if target is None else Free(target, item.span, zero=name == "zero")
         if name == "clip":

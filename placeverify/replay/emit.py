@@ -70,6 +70,10 @@ from placeverify.verdicts import ObligationKind
 
 def check_layout(strategy: Strategy) -> None:
     """Refuse what the tiny, unsplit model cannot show."""
+    if strategy.model.frozen or strategy.model.adapter is not None:
+        raise EmitRefused("a fine-tune (frozen groups or adapters) is not emitted (the "
+                          "reproducer's model trains every parameter and has no adapters; "
+                          "`placeverify replay` runs this trace)")
     for p in strategy.placements:
         if p.role is not Role.DATA and strategy.size(p.axis) > 1:
             raise EmitRefused(f"line {p.span.line}: 'place {p.preset or p.role.value} over "

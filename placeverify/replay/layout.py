@@ -111,6 +111,8 @@ class ModelConfig:
     seq: int  # the whole sequence: chunk x context size
     recompute: str  # "none", "selective" (attention core) or "full" (whole layer)
     restore_rng: bool
+    lora_rank: int = 0  # LoRA adapters (0: none) on the linears lora_targets names
+    lora_targets: tuple[str, ...] = ()
 
     @property
     def head_dim(self) -> int:
@@ -151,6 +153,9 @@ def model_config(strategy: Strategy, layout: Layout, tokens_per_sample: int) -> 
         seq=chunk * layout.cp_size,
         recompute=recompute.value if recompute is not RecomputeKind.NONE else "none",
         restore_rng=strategy.recompute.restore_rng,
+        # a rank below the small model's width, so that the adapters stay low-rank
+        lora_rank=0 if strategy.model.adapter is None else min(strategy.model.adapter.rank, 2),
+        lora_targets=() if strategy.model.adapter is None else strategy.model.adapter.targets,
     )
 
 
@@ -195,6 +200,7 @@ def param_specs(config: ModelConfig, layout: Layout) -> list[ParamSpec]:
                 out += _mlp_specs(q, h, h, config.gated, ParamGroup.EXPERTS, stage, e)
         else:
             out += _mlp_specs(p + "mlp.", h, f, config.gated, dense, stage, None)
+        out += _lora_specs(config, out, p, stage)
     if config.transformer:
         out += [ParamSpec("ln_f.weight", (h,), norms, None, last, init="norm_weight"),
                 ParamSpec("ln_f.bias", (h,), norms, None, last, init="norm_bias")]
@@ -203,6 +209,30 @@ def param_specs(config: ModelConfig, layout: Layout) -> list[ParamSpec]:
                                  init="embedding"))
     if not config.tied:
         out.append(ParamSpec("head", (v, h), dense, 0, last))
+    return out
+
+
+# PEFT's module names (without _proj) -> the replay model's linears
+LORA_NAMES = {"q": "attn.q", "k": "attn.k", "v": "attn.v", "o": "attn.o", "up": "mlp.fc1",
+              "gate": "mlp.gate", "down": "mlp.fc2"}
+
+
+def _lora_specs(config: ModelConfig, specs: list[ParamSpec], prefix: str,
+                stage: int) -> list[ParamSpec]:
+    """LoRA's A (r x in) and B (out x r) for each targeted linear of one layer (PEFT's
+    ``LoraLayer.update_layer``), the trained ``adapters`` group; the forward uses W + B·A
+    (:func:`placeverify.replay.model.weight`)."""
+    if not config.lora_rank:
+        return []
+    shapes = {s.name: s.shape for s in specs}
+    out: list[ParamSpec] = []
+    for target in config.lora_targets:
+        name = prefix + LORA_NAMES[target]
+        rows, cols = shapes[name]
+        out += [ParamSpec(name + ".lora_A", (config.lora_rank, cols), ParamGroup.ADAPTERS, None,
+                          stage),
+                ParamSpec(name + ".lora_B", (rows, config.lora_rank), ParamGroup.ADAPTERS, None,
+                          stage)]
     return out
 
 

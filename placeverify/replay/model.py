@@ -59,14 +59,21 @@ def local_value(full: torch.Tensor, spec: ParamSpec, layout: Layout,
     return full.narrow(dim, start, stop - start)
 
 
+def weight(p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """A linear's weight, with its LoRA adapter merged in when it has one: x·(W + B·A)ᵀ is
+    PEFT's x·Wᵀ + (x·Aᵀ)·Bᵀ (scaling 1, no dropout), with the same gradients for A and B."""
+    a = p.get(name + ".lora_A")
+    return p[name] if a is None else p[name] + p[name + ".lora_B"] @ a
+
+
 def _norm(x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     return F.layer_norm(x, x.shape[-1:], p[name + ".weight"], p[name + ".bias"], NORM_EPS)
 
 
 def _act(x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str, gated: bool) -> torch.Tensor:
-    up = x @ p[prefix + "fc1"].t()
+    up = x @ weight(p, prefix + "fc1").t()
     if gated:
-        return F.silu(x @ p[prefix + "gate"].t()) * up
+        return F.silu(x @ weight(p, prefix + "gate").t()) * up
     return F.gelu(up)
 
 
@@ -103,13 +110,13 @@ def reference_losses(p: dict[str, torch.Tensor], config: ModelConfig, ids: torch
         pre = f"layers.{i}."
         if config.transformer:
             a = _norm(h, p, pre + "ln1")
-            q, k, v = ((a @ p[pre + f"attn.{x}"].t()).view(b, s, nh, dh).transpose(1, 2)
+            q, k, v = ((a @ weight(p, pre + f"attn.{x}").t()).view(b, s, nh, dh).transpose(1, 2)
                        for x in "qkv")
             probs = _attention_probs(q, k, 0)
             drop = masks.get("attn", i)
             if drop is not None:
                 probs = probs * drop
-            o = (probs @ v).transpose(1, 2).reshape(b, s, nh * dh) @ p[pre + "attn.o"].t()
+            o = (probs @ v).transpose(1, 2).reshape(b, s, nh * dh) @ weight(p, pre + "attn.o").t()
             drop = masks.get("hid_attn", i)
             h = h + (o * drop if drop is not None else o)
             a = _norm(h, p, pre + "ln2")
@@ -118,7 +125,7 @@ def reference_losses(p: dict[str, torch.Tensor], config: ModelConfig, ids: torch
         if config.experts:
             y = _reference_moe(p, config, pre, a)
         else:
-            y = _act(a, p, pre + "mlp.", config.gated) @ p[pre + "mlp.fc2"].t()
+            y = _act(a, p, pre + "mlp.", config.gated) @ weight(p, pre + "mlp.fc2").t()
         drop = masks.get("hid_mlp", i)
         h = h + (y * drop if drop is not None else y)
     if config.transformer:
@@ -226,7 +233,7 @@ class StageModel:
             a = self.enter(_norm(h, p, pre + "ln1"))
             b, s = a.shape[0], a.shape[1]
             nh = c.heads // self.tp_size
-            q, k, v = ((a @ p[pre + f"attn.{x}"].t()).view(b, s, nh, c.head_dim).transpose(1, 2)
+            q, k, v = ((a @ weight(p, pre + f"attn.{x}").t()).view(b, s, nh, c.head_dim).transpose(1, 2)
                        for x in "qkv")
             k = comm.gather_along(k, self.cp, 2)
             v = comm.gather_along(v, self.cp, 2)
@@ -236,7 +243,7 @@ class StageModel:
                                   preserve_rng_state=c.restore_rng)
             else:
                 core = self.core(q, k, v, i, attn_nonce)
-            o = core.transpose(1, 2).reshape(b, s, nh * c.head_dim) @ p[pre + "attn.o"].t()
+            o = core.transpose(1, 2).reshape(b, s, nh * c.head_dim) @ weight(p, pre + "attn.o").t()
             o = self.leave(o)
             if self.dropout.active:
                 o = o * self.mask("hid_attn", i, nonce, tuple(o.shape))
@@ -247,7 +254,7 @@ class StageModel:
         if c.experts:
             y = self.moe(a, pre)
         else:
-            y = self.leave(_act(self.enter(a), p, pre + "mlp.", c.gated) @ p[pre + "mlp.fc2"].t())
+            y = self.leave(_act(self.enter(a), p, pre + "mlp.", c.gated) @ weight(p, pre + "mlp.fc2").t())
         if self.dropout.active:
             y = y * self.mask("hid_mlp", i, nonce, tuple(y.shape))
         return h + y

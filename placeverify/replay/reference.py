@@ -81,6 +81,7 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
                  .to(setup.dtype) for n, v in params.items()}
     momentum = {n: torch.zeros_like(v) for n, v in params.items()}
     groups = {spec.name: spec.group for spec in setup.specs}
+    frozen = setup.strategy.model.frozen
     alpha = 1.0
     skipped = []
     for step in range(steps):
@@ -97,6 +98,8 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
                      for n, v in params.items()}
         if setup.grad_weights:
             grads = {n: g * setup.grad_weights.get(groups[n], 1.0) for n, g in grads.items()}
+        if frozen:  # a frozen group has no gradient: the fine-tune leaves it as it is
+            grads = {n: torch.zeros_like(g) if groups[n] in frozen else g for n, g in grads.items()}
         if signs:
             grads = {n: g * signs[n] for n, g in grads.items()}
         for v in params.values():

@@ -73,6 +73,10 @@ def problem_from(strategy: Strategy, tree: ast.File | None, *, devices: int | No
     if arch is None:
         _fail(source, "search needs a model architecture, not a bare parameter count",
               "name a bundled model (model llama3_70b) or describe one (model transformer {...})")
+    if strategy.model.frozen or strategy.model.adapter is not None:
+        _fail(source, "search does not model fine-tunes: its screen would rank the strategies "
+              "of training every parameter", "check each fine-tune layout with 'placeverify "
+              "check' (frozen groups, adapters and a quantised base are costed there)")
     if seq is not None:
         arch = replace(arch, seq=seq)
     mesh = strategy.mesh

@@ -91,6 +91,10 @@ SHARD_MISMATCH = FixRule(
     "shard-mismatch", None,
     "reduce-scatter over exactly the axes the optimizer state is sharded over (and all-reduce "
     "over the others), or all_gather the gradient before the update")
+FROZEN_GROUP = FixRule(
+    "frozen-group", None,
+    "leave the frozen groups ({groups}) out of the gradient statements and the update: only "
+    "the trained groups are reduced and stepped")
 LOST_UPDATE = FixRule(
     "lost-update", None, "broadcast each shard from its owner (from = owner) or all_gather")
 UNUSED_GROUPS = FixRule(
@@ -213,7 +217,7 @@ FIXES: tuple[FixRule, ...] = (
     FixRule("unreduced-gradient", divergence_of(Cause.GRADIENT),
             "reduce the gradients over {axis} after the last backward"),
     CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_COMBINE, CLIP_POLICY_NORM, CLIP_INPUT,
-    RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, LOST_UPDATE, UNUSED_GROUPS, ASYNC_READ,
+    RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, FROZEN_GROUP, LOST_UPDATE, UNUSED_GROUPS, ASYNC_READ,
     ASYNC_WRITE, PARAM_GATHER,
 )
 

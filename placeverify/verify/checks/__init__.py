@@ -7,6 +7,7 @@ module here and a line below.
 from __future__ import annotations
 
 from placeverify.verify.check import Check
-from placeverify.verify.checks import composition, consistency, integrity, update
+from placeverify.verify.checks import composition, consistency, frozen, integrity, update
 
-CHECKS: tuple[Check, ...] = (integrity.CHECK, update.CHECK, consistency.CHECK, composition.CHECK)
+CHECKS: tuple[Check, ...] = (integrity.CHECK, update.CHECK, frozen.CHECK, consistency.CHECK,
+                             composition.CHECK)
