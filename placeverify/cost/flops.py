@@ -106,3 +106,19 @@ def training_flops_per_token(model: Model) -> float:
     grads += output * trained(ParamGroup.EMBEDDING if arch.tied_embeddings else ParamGroup.DENSE)
     adapters = 0.0 if model.adapter is None else 2.0 * arch.adapter_params(model.adapter)
     return 2 * (arch.layers * weights + output) + 3 * arch.layers * core + grads + 3 * adapters
+
+
+def fine_tune_shares(model: Model) -> tuple[float, float]:
+    """What a fine-tune changes in a step's matmuls, against full training of the same model:
+    (the share of the weight-gradient matmuls it runs, the adapters' forward FLOPs per token as a
+    share of the weights' forward FLOPs). (1, 0) for full training. From
+    :func:`training_flops_per_token`: the weights' forward W, their input gradients W, the
+    trained weights' gradients share·W, the adapters 6 per parameter."""
+    arch = model.arch
+    if arch is None or (not model.frozen and model.adapter is None):
+        return 1.0, 0.0
+    layer, core = layer_flops(arch, 1, arch.seq, 1, False)
+    weights = arch.layers * (layer - core) + output_flops(arch, 1, 1)
+    adapters = 0.0 if model.adapter is None else 2.0 * arch.adapter_params(model.adapter)
+    grads = training_flops_per_token(model) - 2 * weights - 3 * arch.layers * core - 3 * adapters
+    return grads / weights, adapters / weights

@@ -72,11 +72,13 @@ from placeverify.cost.exposure import Windows, expose
 from placeverify.cost.flops import (
     column_flops,
     ffn_width,
+    fine_tune_shares,
     gemm_inputs,
     layer_flops,
     model_flops_per_token,
     op_policy_flops,
     output_flops,
+    training_flops_per_token,
 )
 from placeverify.ir.devices import Device
 from placeverify.ir.model import Transformer
@@ -246,13 +248,17 @@ def _memory_bound(strategy: Strategy, arch: Transformer, work: StageWork, device
 
 def _phases(strategy: Strategy, arch: Transformer, work: StageWork, device: Device, matmul: str,
             rate: float, attention_rate: float, cal: Calibration) -> tuple[float, float]:
-    """Seconds of a micro-batch's forward and backward compute on the slowest stage."""
+    """Seconds of a micro-batch's forward and backward compute on the slowest stage. A
+    fine-tune's backward runs the input gradients of every matmul but the weight gradients of
+    the trained weights only, and its adapters add their own matmuls
+    (:func:`placeverify.cost.flops.fine_tune_shares`)."""
     mem_layer, mem_extra = _memory_bound(strategy, arch, work, device, matmul, cal)
     layers = work.layers
     gemm, attention = work.forward - layers * work.core, layers * work.core
-    t_fwd = gemm / rate + attention / attention_rate + layers * mem_layer
-    t_bwd = (2 * gemm + work.extra_gemm) / rate + (2 * attention + work.extra_core) / attention_rate \
-        + 2 * layers * mem_layer + mem_extra
+    trained, adapters = fine_tune_shares(strategy.model)
+    t_fwd = gemm * (1 + adapters) / rate + attention / attention_rate + layers * mem_layer
+    t_bwd = ((1 + trained + 2 * adapters) * gemm + work.extra_gemm) / rate \
+        + (2 * attention + work.extra_core) / attention_rate + 2 * layers * mem_layer + mem_extra
     return t_fwd, t_bwd
 
 
@@ -266,7 +272,9 @@ def step_time(strategy: Strategy, costs: Costs, cal: Calibration = CALIBRATION) 
     m = strategy.microbatches
     work = stage_work(strategy, arch)
     step_tokens = arch.micro_batch * arch.seq * m * (mesh.world // (work.t * work.pp * work.c))
-    model_flops = model_flops_per_token(arch) * step_tokens
+    fine_tune = bool(strategy.model.frozen) or strategy.model.adapter is not None
+    model_flops = (training_flops_per_token(strategy.model) if fine_tune
+                   else model_flops_per_token(arch)) * step_tokens
 
     device: Device | None = mesh.device
     matmul = mesh.matmul or default_matmul(strategy)

@@ -208,12 +208,27 @@ def strategy_of(spec: RunSpec) -> Strategy:
 
 # Refutations about the placement's own bookkeeping (its modes, and whether memory's layout is
 # what the step does), not about the values a run computes: a numeric replay cannot witness them.
-UNWITNESSED = frozenset({ObligationKind.PLACEMENT_STEP, ObligationKind.REALISABLE})
+# So with a step that names a frozen group in a reduction or the update (verify.checks.frozen): the
+# group has no gradient in a run that keeps it frozen (torch's optimizers skip a parameter whose
+# grad is None), so the run computes what the fine-tune computes; the refutation is the step's
+# statement against the model's declaration.
+UNWITNESSED = frozenset({ObligationKind.PLACEMENT_STEP, ObligationKind.REALISABLE,
+                         ObligationKind.FROZEN})
 # A collective's group against the placement (composition safety) is witnessed through the values
 # it leaves, which the other obligations judge: with all of them proved, a reduction over ranks
 # holding different parameters changes nothing the run computes (its mixed shard overwritten
 # before anything reads it, semantics/buffers.py, GradMachine._settle_mix), so no run can show it.
 GROUP_ONLY = frozenset({ObligationKind.REDUCTION_GROUP})
+
+
+def unwitnessed_notes(known: Verification | None) -> list[str]:
+    """A note for each refutation no run can show (UNWITNESSED): the replay judges the rest."""
+    if known is None:
+        return []
+    return [f"not replayed: the refutation at line {o.span.line if o.span else '?'} "
+            f"({o.kind.value}) is about the step's statements, not the values a run computes; "
+            "the replay judges the other obligations"
+            for o in known.obligations if o.kind in UNWITNESSED and o.verdict is Verdict.REFUTED]
 
 
 def expectation(verification: Verification) -> Expectation:
@@ -334,7 +349,7 @@ def plan_from_strategy(strategy: Strategy, *, world: int | None = None,
     declared = {a.name: a.size for a in strategy.mesh.axes}
     sizes, reason = replayed_sizes(strategy, declared, world, "declared mesh")
     m = strategy.step.microbatches
-    notes: list[str] = []
+    notes: list[str] = unwitnessed_notes(known)
     if len(strategy.step.windows) > 1:  # several steps: one window's step (semantics/steps.py)
         m = _window_replayed(strategy, known)
         notes.append(f"{len(strategy.step.windows)} optimizer steps: the replay runs the step of "
