@@ -132,12 +132,9 @@ def test_tensor_and_token_traffic_at_etp_1_by_hand() -> None:
     assert not [c for c in costs.comm if "expert tensor-parallel" in c.what]
 
 
-def test_the_dispatcher_gathers_over_the_expert_tensor_axis_by_hand(tmp_path: Path) -> None:
-    # TP 4, ETP 2, EP 4 (the launch below), 32 micro-batches, full recomputation: the
-    # dispatcher all-gathers the routed tokens over etp (2 ranks) and reduce-scatters the expert
-    # outputs, forward, recomputed forward and backward: 3 x 32 layers x 32 = 3,072 calls each;
-    # each rank's 4096 / 4 tokens x top-2, gathered from 2 ranks: 2048 x 2 x 4096 x 2 =
-    # 33,554,432 bytes, half of it moved: 51,539,607,552 bytes each
+
+def _tp4_etp2(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The Mixtral launch at TP 4, ETP 2, EP 4 (the fixture's sizes replaced)."""
     text = SCRIPT.read_text(encoding="utf-8").replace(
         "--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1",
         "--tensor-model-parallel-size 4 --expert-tensor-parallel-size 2").replace(
@@ -145,6 +142,15 @@ def test_the_dispatcher_gathers_over_the_expert_tensor_axis_by_hand(tmp_path: Pa
     script = tmp_path / "mixtral-tp4-etp2.sh"
     script.write_text(text, encoding="utf-8")
     strategy, _ = load(str(script), Options(model=str(CONFIG)))
+    return strategy
+
+def test_the_dispatcher_gathers_over_the_expert_tensor_axis_by_hand(tmp_path: Path) -> None:
+    # TP 4, ETP 2, EP 4 (the launch below), 32 micro-batches, full recomputation: the
+    # dispatcher all-gathers the routed tokens over etp (2 ranks) and reduce-scatters the expert
+    # outputs, forward, recomputed forward and backward: 3 x 32 layers x 32 = 3,072 calls each;
+    # each rank's 4096 / 4 tokens x top-2, gathered from 2 ranks: 2048 x 2 x 4096 x 2 =
+    # 33,554,432 bytes, half of it moved: 51,539,607,552 bytes each
+    strategy = _tp4_etp2(tmp_path)
     dispatcher = {(c.op, c.axes, c.payload, c.calls, c.bytes) for c in analyse(strategy).comm
                   if "expert tensor-parallel" in c.what}
     assert dispatcher == {(op, ("etp",), 33_554_432, 3072, 51_539_607_552)
@@ -242,13 +248,7 @@ def test_megatron_import_tp4_etp2_ep4(tmp_path: Path) -> None:
     # expert mesh's etp 2 is the fastest half of each dense tp group of 4, an expert-parallel
     # group of 4 spans two dense tp groups: etp 2 x tp' 2 x ep' 2 x dp 4. Each device holds two
     # experts of each layer (8 / 4), each halved over etp: 45,097,156,608 / (4 x 2)
-    text = SCRIPT.read_text(encoding="utf-8").replace(
-        "--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1",
-        "--tensor-model-parallel-size 4 --expert-tensor-parallel-size 2").replace(
-        "--expert-model-parallel-size 8", "--expert-model-parallel-size 4")
-    script = tmp_path / "mixtral-tp4-etp2.sh"
-    script.write_text(text, encoding="utf-8")
-    strategy, _ = load(str(script), Options(model=str(CONFIG)))
+    strategy = _tp4_etp2(tmp_path)
     assert {a.name: a.size for a in strategy.mesh.axes} == {"dp": 4, "ep": 2, "tp": 2, "etp": 2}
     assert strategy.placement("tp").experts_split and not strategy.placement("etp").experts_split
     assert experts_per_device(strategy) == EXPERTS_TOTAL // 8 == 5_637_144_576
