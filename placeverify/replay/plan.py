@@ -44,6 +44,7 @@ from placeverify.replay.consistency import (
 from placeverify.replay.counts import AtomCounts, pick_counts, trace_counts
 from placeverify.replay.layout import Unsupported
 from placeverify.replay.sizes import replayed_sizes
+from placeverify.replay.witnessed import GROUP_ONLY, UNWITNESSED, unwitnessed_notes
 from placeverify.semantics.asynchrony import replayed
 from placeverify.semantics.schedule import Unmodelled
 from placeverify.syntax.source import read_source
@@ -204,31 +205,6 @@ def strategy_of(spec: RunSpec) -> Strategy:
 
         strategy = with_empty(strategy, frozenset(spec.empty))
     return outcome_replayed(strategy)
-
-
-# Refutations about the placement's own bookkeeping (its modes, and whether memory's layout is
-# what the step does), not about the values a run computes: a numeric replay cannot witness them.
-# So with a step that names a frozen group in a reduction or the update (verify.checks.frozen): the
-# group has no gradient in a run that keeps it frozen (torch's optimizers skip a parameter whose
-# grad is None), so the run computes what the fine-tune computes; the refutation is the step's
-# statement against the model's declaration.
-UNWITNESSED = frozenset({ObligationKind.PLACEMENT_STEP, ObligationKind.REALISABLE,
-                         ObligationKind.FROZEN})
-# A collective's group against the placement (composition safety) is witnessed through the values
-# it leaves, which the other obligations judge: with all of them proved, a reduction over ranks
-# holding different parameters changes nothing the run computes (its mixed shard overwritten
-# before anything reads it, semantics/buffers.py, GradMachine._settle_mix), so no run can show it.
-GROUP_ONLY = frozenset({ObligationKind.REDUCTION_GROUP})
-
-
-def unwitnessed_notes(known: Verification | None) -> list[str]:
-    """A note for each refutation no run can show (UNWITNESSED): the replay judges the rest."""
-    if known is None:
-        return []
-    return [f"not replayed: the refutation at line {o.span.line if o.span else '?'} "
-            f"({o.kind.value}) is about the step's statements, not the values a run computes; "
-            "the replay judges the other obligations"
-            for o in known.obligations if o.kind in UNWITNESSED and o.verdict is Verdict.REFUTED]
 
 
 def expectation(verification: Verification) -> Expectation:
