@@ -236,10 +236,10 @@ def test_the_replay_realises_an_empty_microbatch(text: str, verdict: Verdict) ->
 def test_prove_over_unbounded_sizes_is_not_modelled() -> None:
     # a rule over every dp and micro-batch count would otherwise prove bergson#461's step, whose
     # NaN exists only under the pattern that check judges
-    from placeverify.prove.engine import _integrity_for_every_size
+    from placeverify.verify.every_size import integrity
 
     strategy = load_text(MEAN_TIMES_TOKENS, "e.place")
-    verdict, _method, reason, _found = _integrity_for_every_size(strategy, ["dp"], True, 10_000)
+    verdict, _method, reason, _found, _sizes = integrity(strategy, ["dp"], True, 10_000)
     assert verdict is Verdict.UNKNOWN and "not modelled" in reason
 
 

@@ -101,7 +101,7 @@ class StepLowerer(OpReader):
         placed += [w for w in r.waits if w.phase == "pre"]  # 'wait params' before the forward
         step = Step(self.microbatches, tuple(r.pre), tuple(resolved), tuple(r.post),
                     tuple(r.seeds), False, stmt.span, waits=tuple(placed), windows=self.windows,
-                    last_ops=tuple(last_ops) if self.windows else ())
+                    last_ops=tuple(last_ops))
         if r.backward_seen:
             for message, code, span in flight_errors(step):
                 self.error(message, code, span)

@@ -65,12 +65,13 @@ def _mentioned_axes(strategy: Strategy) -> set[str]:
     return out
 
 
-def search(strategy: Strategy, view: GroupView, timeout_ms: int,
-           observe: int | None = None) -> Counterexample | None:
+def search(strategy: Strategy, view: GroupView, timeout_ms: int, observe: int | None = None,
+           meshes: list[tuple[dict[str, int], int]] | None = None) -> Counterexample | None:
     """The smallest confirmed counterexample: of what the update consumes, or with ``observe``
-    of what the clip with that index (in this group's order of clips) sees."""
+    of what the clip with that index (in this group's order of clips) sees; at ``meshes``
+    (sizes, micro-batch count) in their order, or by default at :func:`candidate_meshes`."""
     deadline = timeout_ms
-    for sizes, m in candidate_meshes(strategy, view):
+    for sizes, m in candidate_meshes(strategy, view) if meshes is None else meshes:
         checkpoint()
         if len(atoms(view, sizes, m)) * max(1, len(extra_coords(view, sizes))) > MAX_INTERPRETED_ATOMS:
             continue
