@@ -93,12 +93,14 @@ def verify(strategy: Strategy, timeout_ms: int = DEFAULT_TIMEOUT_MS,
 
 def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
           timeout_ms: int = DEFAULT_TIMEOUT_MS, budget_s: float | None = DEFAULT_BUDGET_S,
-          imports: Options | None = None, settings: Settings | None = None) -> CheckResult:
+          imports: Options | None = None, settings: Settings | None = None,
+          every_size: tuple[str, ...] | None = None) -> CheckResult:
     """``placeverify check``: load a ``.place`` file, or a framework configuration through the
     importers (``imports`` their options), under ``settings`` (its ``--set`` overrides, from
     :func:`overrides`), derive its costs and verify it, all within ``budget_s``
     (:func:`placeverify.verify.budget.whole_check`: the verification ends early enough for the
-    report)."""
+    report). With ``every_size`` (the names held at the file's sizes: axes or ``microbatches``)
+    the conditions are also judged for every other size (:mod:`placeverify.verify.every_size`)."""
     from placeverify.verify.budget import whole_check  # deferred with z3 (see verify)
 
     with whole_check(budget_s if verify_conditions else None):
@@ -111,18 +113,27 @@ def check(path: str, *, verify_conditions: bool = True, formulas: bool = False,
         else:
             strategy = load(path, settings)
         result = check_strategy(strategy, verify_conditions=verify_conditions, formulas=formulas,
-                                timeout_ms=timeout_ms, budget_s=budget_s)
+                                timeout_ms=timeout_ms, budget_s=budget_s, every_size=every_size)
         return replace(result, imported=imported)
 
 
 def check_strategy(strategy: Strategy, *, verify_conditions: bool = True, formulas: bool = False,
                    timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                   budget_s: float | None = DEFAULT_BUDGET_S) -> CheckResult:
-    """Costs (and with ``formulas`` their symbolic form) and verification of a lowered strategy."""
+                   budget_s: float | None = DEFAULT_BUDGET_S,
+                   every_size: tuple[str, ...] | None = None) -> CheckResult:
+    """Costs (and with ``formulas`` their symbolic form) and verification of a lowered strategy;
+    with ``every_size`` (the names held fixed) also for every size of the others."""
+    sizes = None
+    if verify_conditions and every_size is not None:
+        from placeverify.verify.every_size import for_check, quantified  # deferred with z3
+
+        sizes = quantified(strategy, every_size)  # a wrong --fixed name before any work
     exact = analyse(strategy)
     symbolic = analyse(strategy, symbolic=True) if formulas else None
     verification = verify(strategy, timeout_ms, budget_s) if verify_conditions else None
-    return CheckResult(strategy, exact, verification, symbolic, estimate_time(strategy, exact))
+    sized = None if sizes is None else for_check(strategy, sizes, timeout_ms, budget_s, verification)
+    return CheckResult(strategy, exact, verification, symbolic, estimate_time(strategy, exact),
+                       every_size=sized)
 
 
 def estimate_time(strategy: Strategy, exact: Costs | None = None) -> StepTime | None:

@@ -24,6 +24,7 @@ from placeverify.cli.options import (
     budget_option,
     emit_json,
     emit_outcomes,
+    every_size_options,
     expand_paths,
     import_options,
     import_settings,
@@ -79,6 +80,7 @@ def main() -> None:
 @click.option("--plot", "plot_path", type=PATH, metavar="FILE", default=None,
               help="Draw the memory per rank kind to FILE.png or FILE.svg, and a pipeline's "
                    "schedule to FILE-schedule.png/.svg (needs the plot extra: matplotlib).")
+@every_size_options
 @budget_option
 @output_options
 @import_options
@@ -86,8 +88,9 @@ def main() -> None:
 @width_option
 @quiet_option
 def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool,
-          trace_path: str | None, replay: bool, plot_path: str | None, timeout: float,
-          output: str, require_fit: bool, model: str | None, world: int | None, fmt: str | None,
+          trace_path: str | None, replay: bool, plot_path: str | None, every_size: bool,
+          fixed: tuple[str, ...], timeout: float, output: str, require_fit: bool,
+          model: str | None, world: int | None, fmt: str | None,
           env: tuple[tuple[str, str], ...], script_args: tuple[str, ...] | None,
             config: str | None,
           overrides: tuple[str, ...], width: int | None, quiet: bool) -> None:
@@ -99,12 +102,16 @@ def check(files: tuple[str, ...], as_json: bool, formulas: bool, no_verify: bool
         fmt_out = output_of(as_json, output)
         settings = override_settings(overrides)
         paths = expand_paths(files)
+        if fixed and not every_size:
+            raise click.UsageError("--fixed holds sizes of --every-size; give --every-size too")
+        if every_size and no_verify:
+            raise click.UsageError("--every-size proves the conditions; --no-verify skips them")
         refused = refuse_outputs(paths, trace_path, plot_path)
         if refused is not None:
             return refused
         each = CheckRun(fmt_out, as_json, formulas, not no_verify, timeout,
                        import_settings(model, world, fmt, env, script_args, config), settings, require_fit,
-                       trace_path, plot_path, replay)
+                       trace_path, plot_path, replay, tuple(fixed) if every_size else None)
         outcomes: list[Any] = []
         out = console(width)
         progress = Progress(quiet)
@@ -169,6 +176,7 @@ class CheckRun:
     trace_path: str | None
     plot_path: str | None
     replay: bool
+    every_size: tuple[str, ...] | None  # --every-size: the names --fixed holds; None without
 
     def one(self, path: str, out: Console, progress: Progress) -> Any:
         """The outcome of checking one file (its errors printed), after its trace, plots and
@@ -179,13 +187,14 @@ class CheckRun:
         try:
             result = check_file(path, verify_conditions=self.verify, formulas=self.formulas,
                                 budget_s=self.budget_s, imports=self.imports,
-                                settings=self.settings)
+                                settings=self.settings, every_size=self.every_size)
         except PlaceError as error:
             print_errors(error)
             return Outcome(path, error.exit_code, error=error)
         code = ExitCode.OK
-        if result.verification is not None:
-            code = verdict_exit(result.verification.overall())
+        overall = result.overall()
+        if overall is not None:
+            code = verdict_exit(overall)
         if self.require_fit and fits(result) is False:
             code = worst([code, ExitCode.DOES_NOT_FIT])
         if self.trace_path is not None and result.verification is not None:
@@ -207,14 +216,23 @@ class CheckRun:
 def write_trace(result: Any, path: str) -> None:
     from placeverify.trace import write
 
-    verification = result.verification
-    if verification.trace is None:
+    trace = counterexample_trace(result)
+    if trace is None:
         error_console().print("placeverify: note: no counterexample to write: "
-                              f"{result.strategy.source.path} is {verification.overall().value}",
+                              f"{result.strategy.source.path} is {result.overall().value}",
                               markup=False)
         return
-    write(verification.trace, path)
+    write(trace, path)
     error_console().print(f"trace written to {path}", markup=False)
+
+
+def counterexample_trace(result: Any) -> Any:
+    """The trace ``--trace`` writes and ``--replay`` runs: the file's sizes' first refutation, or
+    with ``--every-size`` and none there, the one at the smallest sizes where a condition fails."""
+    if result.verification.trace is not None or result.every_size is None:
+        return result.verification.trace
+    failing = result.every_size.at_failing
+    return None if failing is None else failing.trace
 
 
 def write_plots(result: Any, path: str) -> ExitCode:

@@ -38,6 +38,20 @@ def budget_option(command: Callable[..., None]) -> Callable[..., None]:
              "(each at most 10 s); what is undecided when it runs out is unknown (exit 3).")(command)
 
 
+def every_size_options(command: Callable[..., None]) -> Callable[..., None]:
+    """--every-size and --fixed: the conditions for every size of the mesh axes and the
+    micro-batch count, not only the file's (placeverify.verify.every_size)."""
+    command = click.option(
+        "--fixed", "fixed", multiple=True, metavar="NAME",
+        help="With --every-size: hold this mesh axis, or 'microbatches', at the file's size "
+             "(repeatable).")(command)
+    return click.option(
+        "--every-size", "every_size", is_flag=True,
+        help="Also prove the three conditions for every size of every mesh axis and of the "
+             "micro-batch count (a failure names the smallest sizes and shows the "
+             "counterexample there); without it the verdicts cover the file's sizes.")(command)
+
+
 def import_options(command: Callable[..., None]) -> Callable[..., None]:
     """--model, --world, --format, --env and --script-args: how a framework configuration file
     is imported (the last two: what a launch script is run with)."""

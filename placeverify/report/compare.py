@@ -19,7 +19,7 @@ from placeverify.cost import whole
 from placeverify.cost.time import step_time
 from placeverify.report.data import overrides_document
 from placeverify.report.layout import Cell, Column, fit, print_lines
-from placeverify.report.text import VERDICT_STYLE
+from placeverify.report.styles import VERDICT_STYLE
 from placeverify.report.units import AUTO, ratio, share, significant, size
 from placeverify.result import CheckResult
 from placeverify.verdicts import Verdict

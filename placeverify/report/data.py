@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from placeverify import __version__
 from placeverify.cost import CATEGORIES, Costs, whole
@@ -14,6 +14,10 @@ from placeverify.ir.step import Op
 from placeverify.ir.strategy import Strategy
 from placeverify.result import CheckResult
 from placeverify.roles import ROLES
+from placeverify.verdicts import CONDITIONS
+
+if TYPE_CHECKING:
+    from placeverify.verify.every_size import EverySize  # check --every-size only
 
 CHECK_SCHEMA = "placeverify.check/1"
 
@@ -120,12 +124,17 @@ def check_document(result: CheckResult) -> dict[str, Any]:
             "bubble_fraction": _float(costs.bubble), "bubble_ratio": _float(costs.bubble),
             "idle_fraction": _float(costs.idle())},
         "verdicts": {} if result.verification is None else result.verification.verdicts(),
+        "verdicts_cover": None if result.verification is None else {
+            "mesh": {a.name: a.size for a in s.mesh.axes},
+            "microbatches": list(s.step.windows) if s.step.windows else s.step.microbatches},
         "obligations": _obligations_document(result),
         "warnings": [w.to_json(s.source) for w in s.warnings],
     }
     if s.overrides:  # only with --set: a document without overrides keeps its shape
         doc = {**dict(list(doc.items())[:4]), "overrides": overrides_document(s),
                **dict(list(doc.items())[4:])}
+    if result.every_size is not None:
+        doc["every_size"] = every_size_document(result.every_size)
     if result.formulas is not None:
         doc["formulas"] = formulas_document(result.formulas)
     if result.time is not None:
@@ -259,3 +268,15 @@ def _number(value: Fraction) -> int | float:
     return int(value) if value.denominator == 1 else float(value)
 
 
+def every_size_document(sized: EverySize) -> dict[str, Any]:
+    """The ``every_size`` section of ``check --json``: per condition its verdict, the sizes it
+    covers, why it is not proved and the smallest sizes where it fails."""
+    return {
+        "axes": list(sized.axes), "microbatches": sized.microbatches,
+        "verdicts": {c.value: sized.verdicts[c].value for c in CONDITIONS if c in sized.verdicts},
+        "covers": {c.value: sized.covers[c] for c in CONDITIONS if c in sized.covers},
+        "reasons": {c.value: sized.reasons[c] for c in CONDITIONS if c in sized.reasons},
+        "smallest_failures": {c.value: sized.failures[c].to_json() for c in CONDITIONS
+                              if c in sized.failures},
+        "methods": list(sized.methods), "seconds": sized.seconds,
+        "counterexample": sized.counterexample}

@@ -16,12 +16,11 @@ from placeverify.cost import CATEGORIES, Costs, whole
 from placeverify.ir.placement import STATES, Overlap, Reduce, Role, Schedule, TensorOverlap
 from placeverify.report import units
 from placeverify.report.data import formulas_document, overrides_text, step_lines
+from placeverify.report.sizes_text import declared_sizes, render_every_size, render_every_size_verdicts
+from placeverify.report.styles import VERDICT_STYLE
 from placeverify.report.time_text import render_time
 from placeverify.result import CheckResult
 from placeverify.verdicts import CONDITIONS, Verdict
-
-VERDICT_STYLE = {Verdict.PROVED: "bold green", Verdict.REFUTED: "bold red",
-                 Verdict.UNKNOWN: "bold yellow"}
 
 
 def human_bytes(value: Any) -> str:
@@ -277,10 +276,16 @@ def render_verification(result: CheckResult, console: Console) -> None:
     verification = result.verification
     assert verification is not None
     s = result.strategy
-    console.print(Text("verdicts", style="bold"))
-    for condition in CONDITIONS:
-        verdict = verification.verdict(condition)
-        console.print(f"  {condition.label:<22}", Text(verdict.value, style=VERDICT_STYLE[verdict]))
+    sized = result.every_size
+    if sized is None:
+        console.print(Text("verdicts", style="bold"),
+                      Text(f"at {declared_sizes(s)} (the file's sizes; --every-size for every "
+                           "size)", style="dim"))
+        for condition in CONDITIONS:
+            verdict = verification.verdict(condition)
+            console.print(f"  {condition.label:<22}", Text(verdict.value, style=VERDICT_STYLE[verdict]))
+    else:
+        render_every_size_verdicts(result, console)
     for o in verification.obligations:
         if o.verdict is Verdict.PROVED:
             continue
@@ -297,10 +302,13 @@ def render_verification(result: CheckResult, console: Console) -> None:
         from placeverify.report.trace_text import render_trace  # deferred: refutations only
 
         render_trace(verification.trace, console)
+    if sized is not None:
+        render_every_size(result, console)
     console.print()
     proved = sum(o.verdict is Verdict.PROVED for o in verification.obligations)
+    every = "" if sized is None else f"; every size in {sized.seconds:.2f} s"
     console.print(f"{len(verification.obligations)} obligations ({proved} proved) in "
-                  f"{verification.seconds:.2f} s", style="dim")
+                  f"{verification.seconds:.2f} s{every}", style="dim")
 
 
 def _render_formulas(costs: Costs, console: Console) -> None:

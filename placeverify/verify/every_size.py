@@ -20,9 +20,8 @@ the file.
   micro-batches; a real model of an integrity mismatch is confirmed at integer sizes, fewest
   devices first, up to :data:`WIDEST` per axis, by the exact interpreter. Each refutation carries
   the sizes where it fails and what fails there.
-- **Not modelled for every size** (unknown, with the reason): several optimizer steps
-  (``microbatches = [...]``), ``only = used`` reductions of ``unused`` groups and micro-batches
-  without tokens; ``check`` judges those at the file's sizes.
+- **Not modelled for every size** (unknown, with the reason): several optimizer steps,
+  ``only = used`` reductions and empty micro-batches; ``check`` judges them at the file's sizes.
 """
 
 from __future__ import annotations
@@ -74,20 +73,6 @@ class Sizes:
 
     def to_json(self) -> dict[str, Any]:
         return {"mesh": dict(self.mesh), "microbatches": self.microbatches}
-
-
-def document(sized: EverySize) -> dict[str, Any]:
-    """The ``every_size`` section of ``check --json``: per condition its verdict, the sizes it
-    covers, why it is not proved and the smallest sizes where it fails."""
-    return {
-        "axes": list(sized.axes), "microbatches": sized.microbatches,
-        "verdicts": {c.value: sized.verdicts[c].value for c in CONDITIONS if c in sized.verdicts},
-        "covers": {c.value: sized.covers[c] for c in CONDITIONS if c in sized.covers},
-        "reasons": {c.value: sized.reasons[c] for c in CONDITIONS if c in sized.reasons},
-        "smallest_failures": {c.value: sized.failures[c].to_json() for c in CONDITIONS
-                              if c in sized.failures},
-        "methods": list(sized.methods), "seconds": sized.seconds,
-        "counterexample": sized.counterexample}
 
 
 @dataclass(frozen=True, slots=True)
