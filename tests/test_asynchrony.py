@@ -226,3 +226,75 @@ def test_the_replay_runs_the_late_outcome() -> None:
     plain = load_text(HEAD + "step {\n    backward sum / tokens(dp, step)\n"
                       "    all_reduce(sum) grads over dp\n    update params\n}\n", "p.place")
     assert replayed(plain) is plain  # a step without async is replayed as written
+
+
+# ---- a step rewritten twice (issue 34) ---------------------------------------------------------
+
+# the soundness harness's mutant of examples/ok/overlap-reduce-before-grad-write-fixed.place whose
+# parameter gather is asynchronous: WAIT is where its 'wait params' stands
+OVERLAPPED_GATHER = """\
+model transformer {{ layers = 4, hidden = 1024, heads = 16, vocab = 32000, seq = 2048 }}
+precision megatron
+mesh {{ dp = 2, inst = 2 }}
+place zero1 over dp
+place ddp over inst
+
+step {{
+    microbatches = 2
+{pre}    each microbatch {{
+{loop}        backward sum / {tokens}
+    }}
+    on microbatch last {{
+        reduce_scatter(sum, async) grads over dp
+    }}
+    wait grads
+    all_reduce(sum) grads over inst
+    update params
+    all_gather(async) params over dp
+{post}}}
+"""
+WAITS = {"after the gather": ("", "", "    wait params\n"),
+         "before the loop": ("    wait params\n", "", ""),
+         "before each forward": ("", "        wait params\n", "")}
+
+
+def overlapped_gather(wait: str, tokens: str = "tokens(dp, inst, step)") -> str:
+    pre, loop, post = WAITS[wait]
+    return OVERLAPPED_GATHER.format(pre=pre, loop=loop, post=post, tokens=tokens)
+
+
+@pytest.mark.parametrize("wait", list(WAITS))
+def test_a_step_already_unrolled_keeps_each_micro_batch_when_rewritten_again(wait: str) -> None:
+    # the flight of the gradients starts in the loop, so the replayed step unrolls it: micro-batch
+    # 0's backward, then micro-batch 1's (the same statement under two filters). Judging that step
+    # rewrites it once more, without unrolling (only the gather is in flight): each backward keeps
+    # its own micro-batch, none runs twice
+    once = replayed(load_text(overlapped_gather(wait), "a.place")).step
+    assert [(type(lo.op), lo.microbatch) for lo in once.loop] == [(Backward, 0), (Backward, 1)]
+    twice = late(once)
+    assert [(type(lo.op), lo.microbatch) for lo in twice.loop] == [(Backward, 0), (Backward, 1)]
+
+
+@pytest.mark.parametrize("wait", list(WAITS))
+def test_the_replayed_step_of_an_overlapped_gather_is_judged_as_the_written_one(wait: str) -> None:
+    # by hand: every rank adds sum / tokens(dp, inst, step) over its two micro-batches, the
+    # reduce-scatter sums over dp and the all-reduce over inst, so each owned shard is the global
+    # token mean; the gather completes at its wait, before the next step's first forward. Proved
+    # written, and in the step the replay runs (the reduce-scatter completed at 'wait grads'),
+    # which is the verdict the replay's run is held to
+    from placeverify.replay.plan import plan_from_strategy
+
+    strategy = load_text(overlapped_gather(wait), "a.place")
+    assert verify(strategy, budget_s=None).overall() is Verdict.PROVED
+    assert verify(replayed(strategy), budget_s=None).overall() is Verdict.PROVED
+    assert plan_from_strategy(strategy, world=4).expect.verdict is Verdict.PROVED
+
+
+def test_the_replayed_step_of_an_overlapped_gather_still_refutes_a_wrong_coefficient() -> None:
+    # dividing by a dp group's tokens only: the all-reduce over inst then sums two such means, a
+    # coefficient of 2 where the single device has 1, found where the optimizer consumes it
+    strategy = load_text(overlapped_gather("after the gather", "tokens(dp, step)"), "a.place")
+    for judged in (strategy, replayed(strategy)):
+        found = [o for o in verify(judged, budget_s=None).obligations
+                 if o.verdict is Verdict.REFUTED and o.kind is ObligationKind.COEFFICIENT]
+        assert found and all(o.span.line == 17 for o in found)  # 'update params'

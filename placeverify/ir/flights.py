@@ -59,7 +59,8 @@ def touches_loop(step: Step) -> bool:
 
 def entries(step: Step, *, unroll: bool) -> Iterator[Entry]:
     """The step in execution order with its waits in place; the loop once per micro-batch
-    (``unroll``) or once for every micro-batch alike (entries with ``k`` None)."""
+    (``unroll``) or once for every micro-batch alike (an entry's ``k`` is then its statement's
+    micro-batch filter, None for every micro-batch)."""
     def block(phase: str, ops: tuple[Op, ...]) -> Iterator[Entry]:
         for index in range(len(ops) + 1):
             for w in step.waits:

@@ -149,7 +149,7 @@ def late_outcome(step: Step, *, keep_params: bool = False) -> tuple[Step, list[C
         landed = _beside_flights(item, hit, blamed) if hit else item
         if landed is not None:
             out.append((e.phase, e.k, landed))
-    return _rebuilt(step, out, unroll), blamed
+    return _rebuilt(step, out), blamed
 
 
 def _started(item: Collective, hit: list[_Flight]) -> _Flight:
@@ -197,8 +197,11 @@ def _beside_flights(item: Op, hit: list[_Flight], blamed: list[Collective]) -> O
                      getattr(item, "span", None))
 
 
-def _rebuilt(step: Step, out: list[tuple[str, int | None, Op | Wait]], unroll: bool) -> Step:
-    """``step`` with the operations ``out`` lists (phase, micro-batch, operation), in order."""
+def _rebuilt(step: Step, out: list[tuple[str, int | None, Op | Wait]]) -> Step:
+    """``step`` with the operations ``out`` lists (phase, micro-batch, operation), in order; a
+    loop entry's micro-batch is its filter (None: every micro-batch). Never found by identity in
+    the written loop: a step already unrolled (:func:`replayed`) holds one statement under
+    several filters."""
     blocks: dict[str, list[Op | LoopOp]] = {"pre": [], "loop": [], "post": []}
     waits: list[Wait] = []  # the parameter waits kept, where they now stand
     for phase, k, op in out:
@@ -206,21 +209,13 @@ def _rebuilt(step: Step, out: list[tuple[str, int | None, Op | Wait]], unroll: b
             waits.append(replace(op, phase=phase, index=len(blocks[phase]),
                                  microbatch=k if phase == "loop" else None))
         elif phase == "loop":
-            blocks[phase].append(LoopOp(op, k if unroll else _filter(step, op)))
+            blocks[phase].append(LoopOp(op, k))
         else:
             blocks[phase].append(op)
     pre = tuple(op for op in blocks["pre"] if not isinstance(op, LoopOp))
     post = tuple(op for op in blocks["post"] if not isinstance(op, LoopOp))
     loop = tuple(lo for lo in blocks["loop"] if isinstance(lo, LoopOp))
     return replace(step, pre=pre, loop=loop, post=post, waits=tuple(waits))
-
-
-def _filter(step: Step, op: Op) -> int | None:
-    """The micro-batch filter an op had in the written loop (a loop that is not unrolled)."""
-    for lo in step.loop:
-        if lo.op is op:  # untouched: no flight reaches a loop that is not unrolled
-            return lo.microbatch
-    raise AssertionError("a statement of the loop rewritten without unrolling it")
 
 
 def _overlaps(op: Op, groups: frozenset[ParamGroup]) -> bool:
