@@ -74,6 +74,7 @@ figures: $(MSTAMP)
 	$(BIN)/python benchmarks/check_latency.py -n 3 --docs
 	$(BIN)/python benchmarks/verify_scaling.py --docs
 	$(BIN)/python benchmarks/prove_all.py --docs
+	$(BIN)/python benchmarks/every_size.py --docs
 	$(BIN)/python benchmarks/replay_wall_time.py -n 3 --docs
 	$(BIN)/python benchmarks/emit_sweep.py --docs
 	$(BIN)/python benchmarks/search.py --docs

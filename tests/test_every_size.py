@@ -189,3 +189,30 @@ def test_a_refutation_at_the_file_sizes_is_a_refutation_for_every_size() -> None
     assert result.every_size.verdicts[GI] is Verdict.REFUTED
     assert result.every_size.reasons[GI].startswith("refuted at the file's sizes")
     assert result.every_size.covers[GI] == "dp >= 1, microbatches = [4, 4, 3]"
+
+
+def test_ci_outputs_name_a_failure_for_every_size_at_its_statement() -> None:
+    github = _cli("check", "--every-size", "--output-format", "github", BUG)
+    assert github.returncode == 1
+    annotation = github.stdout.splitlines()[0]
+    # line 20 is 'scale grads by 1 / |dp * cp|', the statement the refutation names
+    assert annotation.startswith(f"::error file={BUG},line=20,col=5,")
+    assert "gradient integrity refuted for every size at dp = 1, cp = 2, 1 micro-batch" in annotation
+    assert github.stdout.splitlines()[-1] == "placeverify: 1 file: 1 refuted; exit 1"
+    sarif = json.loads(_cli("check", "--every-size", "--output-format", "sarif", BUG).stdout)
+    (result,) = sarif["runs"][0]["results"]
+    assert result["ruleId"] == "gradient_integrity" and result["level"] == "error"
+    assert "codeFlows" in result  # the counterexample at those sizes
+
+
+def test_an_asynchronous_step_is_judged_on_both_outcomes_for_every_size() -> None:
+    # as at the file's sizes (verify/outcomes.py): the reduction completed where it starts, and
+    # only at its wait; the fixed twin waits before the update, so both outcomes are the DDP step
+    _, fixed = _every_size((EXAMPLES / "ok" / "overlap-update-before-wait-fixed.place").read_text(), ())
+    assert fixed.verdicts == {GI: Verdict.PROVED, SC: Verdict.PROVED, CS: Verdict.PROVED}
+    # the bug updates before the wait: in the late outcome each of dp = 2 ranks consumes its own
+    # local mean, so (tokens 1 and 2) a rank consumes 1/2 of 1 where the single-device gradient
+    # is (1 + 2) / 2 = 3/2
+    _, bug = _every_size((EXAMPLES / "bugs" / "overlap-update-before-wait.place").read_text(), ())
+    assert bug.verdicts[GI] is Verdict.REFUTED
+    assert bug.failures[GI] == Sizes({"dp": 2}, 1)

@@ -22,6 +22,7 @@ from typing import Literal
 from placeverify.diagnostics import Diagnostic, Severity, Span
 from placeverify.report.locate import Locator
 from placeverify.report.outcome import Outcome, fits
+from placeverify.result import CheckResult
 from placeverify.trace import Trace
 from placeverify.verdicts import CONDITIONS, Obligation, Verdict
 
@@ -109,6 +110,8 @@ def findings(outcomes: list[Outcome], *, require_fit: bool = False) -> list[Find
                 if o.verdict is not Verdict.PROVED:
                     found = _obligation(o, where.path, trace if _traced(o, trace) else None)
                     out.append(_located(found, where))
+        if verification is not None and result.every_size is not None:
+            out.extend(_located(f, where) for f in _every_size(result, where.path))
         fit = fits(result)
         total = result.costs.needed_bytes()
         capacity = strategy.mesh.device_memory
@@ -154,6 +157,36 @@ def _obligation(o: Obligation, path: str, trace: Trace | None) -> Finding:
                    f"{o.kind.value}\0{o.claim}", trace,
                    {"condition": o.condition.value, "verdict": o.verdict.value,
                     "kind": o.kind.value})
+
+
+def _every_size(result: CheckResult, path: str) -> list[Finding]:
+    """``check --every-size``: a finding per condition proved at the file's sizes but not for
+    every size, at the obligation that fails at the smallest failing sizes when it has one."""
+    verification, sized = result.verification, result.every_size
+    assert verification is not None and sized is not None
+    out = []
+    for condition in CONDITIONS:
+        verdict = sized.verdicts[condition]
+        if verdict is Verdict.PROVED or verification.verdict(condition) is not Verdict.PROVED:
+            continue
+        failing = sized.failures.get(condition)
+        where = f" at {failing.show()} (the smallest sizes where it fails)" if failing else ""
+        lines = [f"{condition.label} {verdict.value} for every size{where}; the file's sizes "
+                 "prove it", sized.reasons.get(condition, "")]
+        at = sized.at_failing if failing is not None and failing == sized.failing else None
+        o = None if at is None else next((o for o in at.obligations if o.condition is condition
+                                          and o.verdict is Verdict.REFUTED), None)
+        if o is not None:
+            lines.append(f"{o.claim}: {o.reason}" if o.reason else o.claim)
+        out.append(Finding(condition.value, "error" if verdict is Verdict.REFUTED else "warning",
+                           path, None if o is None else o.span,
+                           f"{condition.label} {verdict.value} for every size",
+                           "\n".join(line for line in lines if line),
+                           f"every-size\0{condition.value}",
+                           None if o is None or at is None or not _traced(o, at.trace) else at.trace,
+                           {"condition": condition.value, "verdict": verdict.value,
+                            "kind": "every-size"}))
+    return out
 
 
 def _diagnostic(d: Diagnostic, path: str, rule: str) -> Finding:
