@@ -5,6 +5,7 @@ its peak (``mesh { memory_profile = torch }``). The numbers they add are compute
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 MEMORY_PROFILES: dict[str, str] = {
     # Megatron-LM: gradients in persistent contiguous buffers (``main_grad``, DistributedDataParallel
@@ -49,11 +50,11 @@ DEFAULT_MEMORY_PROFILE = "megatron"
 FP32_HOST_GRADIENTS = frozenset({"deepspeed", "megatron_deepspeed"})
 
 
-def host_gradient_bytes(profile: str | None, grads: int) -> int:
+def host_gradient_bytes(profile: str | None, grads: Fraction) -> Fraction:
     """Bytes per element of an offloaded gradient partition on the host under ``profile``: 4
     where the implementation keeps it in fp32 (:data:`FP32_HOST_GRADIENTS`), else the gradients'
     own ``grads`` bytes."""
-    return 4 if (profile or DEFAULT_MEMORY_PROFILE) in FP32_HOST_GRADIENTS else grads
+    return Fraction(4) if (profile or DEFAULT_MEMORY_PROFILE) in FP32_HOST_GRADIENTS else grads
 
 
 @dataclass(frozen=True, slots=True)
