@@ -248,6 +248,16 @@ class StepLowerer(OpReader):
             return None
         return self.term_loss(item, term)
 
+    def wait(self, item: ast.OpStmt, phase: str, index: int, microbatch: int | None) -> Wait | None:
+        """``wait grads[...]``: where the asynchronous collectives in flight on it complete."""
+        if item.args:
+            self.error("'wait' takes no options", Code.BAD_VALUE, item.args[0].span)
+        if item.group is not None:
+            self.error("'wait' names the buffer, not a group: 'wait grads'", Code.BAD_VALUE,
+                       item.group.span)
+        target = self.target(item.target, [TargetKind.GRADS, TargetKind.PARAMS])
+        return None if target is None else Wait(target, item.span, phase, index, microbatch)
+
     def check_seed_conflict(self, seed: Seed, earlier: list[Seed]) -> None:
         """Two statements may not set opposite policies for one dropout region of one axis."""
         for other in earlier:

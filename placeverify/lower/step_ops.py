@@ -33,7 +33,6 @@ from placeverify.ir.step import (
     Term,
     TermKind,
     Update,
-    Wait,
 )
 from placeverify.ir.strategy import Config, LossKind, LossTerm
 from placeverify.lower.mesh import read_group
@@ -357,16 +356,6 @@ class OpReader:
                           order=Order(options.get("order", "fixed")), source=source,
                           only_used=options.get("only") == "used",
                           asynchronous="async" in options)
-
-    def wait(self, item: ast.OpStmt, phase: str, index: int, microbatch: int | None) -> Wait | None:
-        """``wait grads[...]``: where the asynchronous collectives in flight on it complete."""
-        if item.args:
-            self.error("'wait' takes no options", Code.BAD_VALUE, item.args[0].span)
-        if item.group is not None:
-            self.error("'wait' names the buffer, not a group: 'wait grads'", Code.BAD_VALUE,
-                       item.group.span)
-        target = self.target(item.target, [TargetKind.GRADS, TargetKind.PARAMS])
-        return None if target is None else Wait(target, item.span, phase, index, microbatch)
 
     def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:
         max_norm: Fraction | None = None
