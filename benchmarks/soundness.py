@@ -252,7 +252,12 @@ class Call:
 
 def is_fixed(statement: str) -> bool:
     """The backward, the update and the micro-batch count: every step has exactly one."""
-    return statement.startswith(("backward ", "microbatches")) or statement == "update params"
+    return statement.startswith(("backward ", "microbatches")) or is_update(statement)
+
+
+def is_update(statement: str) -> bool:
+    """The optimizer step, conditional on the overflow flag or not."""
+    return statement in ("update params", "update params unless overflow")
 
 
 def reduces_grads(statement: str) -> bool:
@@ -324,6 +329,7 @@ class Context:
     dropout: bool
     unused: tuple[str, ...] = ()  # the groups the file declares 'unused' (participation)
     empty: bool = False  # the file declares 'empty microbatches' (semantics/empty)
+    sizes: tuple[tuple[str, int], ...] = ()  # each axis's size as declared
 
     @staticmethod
     def of(strategy: Strategy) -> Context:
@@ -332,7 +338,7 @@ class Context:
                        tuple(g.value for g in strategy.model.groups_present()),
                        arch is not None and bool(arch.dropout),
                        tuple(sorted(g.value for g in strategy.config.unused)),
-                       strategy.config.empty)
+                       strategy.config.empty, tuple((a.name, a.size) for a in strategy.mesh.axes))
 
 
 # ---- mutation operators -------------------------------------------------------------------------
@@ -376,12 +382,12 @@ def after_loop(body: StepBody, statement: str) -> StepBody:
 
 
 def before_update(body: StepBody, statement: str) -> StepBody | None:
-    index = body.top_index(lambda s: s == "update params")
+    index = body.top_index(is_update)
     return None if index is None else body.inserted((None, index), statement)
 
 
 def after_update(body: StepBody, statement: str) -> StepBody | None:
-    index = body.top_index(lambda s: s == "update params")
+    index = body.top_index(is_update)
     return None if index is None else body.inserted((None, index + 1), statement)
 
 
@@ -1173,6 +1179,46 @@ def insert_overflow(body: StepBody, ctx: Context) -> Iterator[StepBody]:
 
 
 @operator
+def drop_update(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The optimizer step left out (placeverify/semantics/skip.py: the parameters never change;
+    dotnet/TorchSharp#414), or made conditional on the overflow flag, or made unconditional."""
+    index = body.top_index(is_update)
+    if index is None:
+        return
+    yield body.removed((None, index))
+    statement = str(body.at((None, index)))
+    other = "update params" if statement.endswith("unless overflow") else \
+        "update params unless overflow"
+    yield body.replaced((None, index), other)
+
+
+@operator
+def broadcast_overflow(body: StepBody, ctx: Context) -> Iterator[StepBody]:
+    """The overflow flag's all-reduce (max) as a broadcast from rank 0 or the group's last rank
+    (ecmwf/WeatherGenerator#2718), a broadcast as the all-reduce; with a conditional update and no
+    flag statement, a broadcast over each axis before the gradient reduction and before the
+    update."""
+    flags = [(loc, s) for loc, s in body.statements() if is_overflow(s)]
+    for loc, statement in flags:
+        call = Call.parse(statement)
+        assert call is not None
+        group = statement.split(" over ", 1)[1]
+        if call.name == "all_reduce":
+            size = dict(ctx.sizes).get(group, 1)  # a single axis: its last rank is a source too
+            for k in sorted({0, size - 1}):
+                yield body.replaced(loc, f"broadcast(from = {k}) overflow over {group}")
+        elif call.name == "broadcast":
+            yield body.replaced(loc, f"all_reduce(max) overflow over {group}")
+    if flags or not any(s == "update params unless overflow" for _, s in body.statements()):
+        return
+    for axis in ctx.axes:
+        for place in (before_reductions, before_update):
+            result = place(body, f"broadcast(from = 0) overflow over {axis}")
+            if result is not None:
+                yield result
+
+
+@operator
 def change_param_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
     """The parameter all-gather as a broadcast (from the owner, from rank 0), moved before the
     update or into the loop; a gather added where there is none."""
@@ -1254,7 +1300,7 @@ def overlap_param_gather(body: StepBody, ctx: Context) -> Iterator[StepBody]:
     the micro-batch block (before the forward reads them), right after it (the same step), last
     in the micro-batch block or after the loop (the forward reads the other ranks' shards stale:
     NVIDIA/Megatron-LM#950)."""
-    update = body.top_index(lambda s: s == "update params")
+    update = body.top_index(is_update)
     for loc, statement in body.statements():
         call = Call.parse(statement)
         if call is None or call.name != "all_gather" or not call.target.startswith("params") \

@@ -58,6 +58,10 @@ CALLS_FOR: dict[str, str] = {
                                  "micro-batches used it",
     # bergson#461: the model's mean loss over a micro-batch of padding is 0/0
     "empty-microbatch-mean": "normalise by a count over the step",
+    # TorchSharp#414, SfmLearner-Pytorch#5: the optimizer step is called every step
+    "optimizer-step-never-runs": "update params after the last gradient reduction",
+    # WeatherGenerator#2718: the ranks' flags combined with an all-reduce MAX
+    "skip-decided-on-rank-zero": "all_reduce(max) overflow over dp in place of the broadcast",
     # lightly#1980: torch.distributed.nn.all_reduce, whose backward carries the gradient
     "barlow-twins-detached-all-reduce": "make it differentiable (torch.distributed.nn)",
     # DeCLUTR#212: the contrastive loss multiplied by the world size
@@ -124,6 +128,8 @@ UNCITED: dict[str, str] = {
     "DeepSpeed#8613": "clip fix",
     "DeepSpeed#5618": "shard-mismatch fix",
     "DN-DETR#18": "free-before-update fix is generic",
+    "SfmLearner-Pytorch#5": "the no-update fix cites the first report (TorchSharp#414)",
+    "WeatherGenerator#2724": "the tracking issue of WeatherGenerator#2718, which the fix cites",
     "torchforge#71": "the carried-state fix is generic (verify/checks/carried_state.py)",
     "trl#6024": "the count-across-steps fix is generic (verify/checks/run_counts.py)",
     "trl#5619": "the count-across-steps fix is generic (verify/checks/run_counts.py)",

@@ -40,8 +40,10 @@ COLLECTIVES: dict[CollectiveKind, CollectiveSpec] = {
                                                   positional=("accumulate", "async")),
     CollectiveKind.ALL_GATHER: CollectiveSpec((TargetKind.PARAMS, TargetKind.GRADS), reduces=False,
                                               positional=("async",)),  # async: of params only
-    CollectiveKind.BROADCAST: CollectiveSpec((TargetKind.PARAMS,), reduces=False,
-                                             positional=("async",), keywords=("from",)),
+    # the overflow flag: every rank of the group takes rank k's flag (placeverify.semantics.skip)
+    CollectiveKind.BROADCAST: CollectiveSpec((TargetKind.PARAMS, TargetKind.OVERFLOW),
+                                             reduces=False, positional=("async",),
+                                             keywords=("from",)),
     CollectiveKind.ALL_TO_ALL: CollectiveSpec((TargetKind.TOKENS,), reduces=False),
     CollectiveKind.SEND: CollectiveSpec((TargetKind.ACTIVATIONS,), reduces=False, ring_steps=None),
     CollectiveKind.RECV: CollectiveSpec((TargetKind.ACTIVATIONS,), reduces=False, ring_steps=None),

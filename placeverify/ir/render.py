@@ -117,7 +117,8 @@ def op_text(op: Op) -> str:
         over = f" over {group_text(op.group)}" if op.group.axes else ""
         return f"clip({', '.join(options)}) {target_text(op.target)}{over}"
     if isinstance(op, Update):
-        return "update params" if op.target is None else f"update {target_text(op.target)}"
+        text = "update params" if op.target is None else f"update {target_text(op.target)}"
+        return text + (" unless overflow" if op.unless_overflow else "")
     if isinstance(op, Free):
         return f"{'zero' if op.zero else 'free'} {target_text(op.target)}"
     raise AssertionError(f"no text for {op!r}")
@@ -139,7 +140,8 @@ def op_label(op: Op) -> str:
         group = f" over {op.group.label()}" if op.group.axes else ""
         return f"clip(max_norm = {float(op.max_norm):g}{once}) {op.target.label()}{group}"
     if isinstance(op, Update):
-        return "update params" if op.target is None else f"update {op.target.label()}"
+        text = "update params" if op.target is None else f"update {op.target.label()}"
+        return text + (" unless overflow" if op.unless_overflow else "")
     if isinstance(op, Free):
         return f"{'zero' if op.zero else 'free'} {op.target.label()}"
     raise AssertionError(op)

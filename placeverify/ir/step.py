@@ -296,10 +296,14 @@ class Clip:
 class Update:
     """``update params``: the optimizer step on every trained group. The target as written is
     kept for :mod:`placeverify.verify.checks.frozen` (``update params[dense]`` on a frozen
-    group is refuted there); the trained groups are updated whatever it selects."""
+    group is refuted there); the trained groups are updated whatever it selects.
+    ``unless_overflow`` (``update params unless overflow``): every rank skips the step when its
+    view of the overflow flag is set (:mod:`placeverify.semantics.skip`), as dynamic loss
+    scaling does without saying so."""
 
     span: Span
     target: Target | None = None
+    unless_overflow: bool = False
 
 
 @node

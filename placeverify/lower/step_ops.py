@@ -33,7 +33,6 @@ from placeverify.ir.step import (
     Term,
     TermKind,
     Update,
-    Wait,
 )
 from placeverify.ir.strategy import Config, LossKind, LossTerm
 from placeverify.lower.mesh import read_group
@@ -245,6 +244,10 @@ class OpReader:
             group = read_group(self.ctx, item.group, self.mesh)
             if group is None:
                 return None
+        if item.unless is not None and name != "update":
+            self.error(f"'unless' names the flag an update is skipped on; '{name}' takes none",
+                       Code.BAD_VALUE, item.unless.span)
+            return None
         if name in ("update", "free", "zero"):
             if item.args:
                 self.error(f"'{name}' takes no options", Code.BAD_VALUE, item.args[0].span)
@@ -252,9 +255,7 @@ class OpReader:
                 self.error(f"'{name}' runs on each device; it has no 'over' group", Code.BAD_VALUE,
                            item.group.span)
             if name == "update":
-                target = self.target(item.target, [TargetKind.PARAMS])
-                return None if target is None else Update(
-                    item.span, target if target.groups is not None else None)
+                return self.update(item)
             target = self.target(item.target, [TargetKind.GRADS])
             return None if target is None else Free(target, item.span, zero=name == "zero")
         if name == "clip":
@@ -267,6 +268,18 @@ class OpReader:
             self.error(f"'{name}' needs a group: '{name} ... over dp'", Code.MISSING, item.span)
             return None
         return self.collective(item, CollectiveKind(name), group)
+
+    def update(self, item: ast.OpStmt) -> Update | None:
+        """``update params [unless overflow]``: the optimizer step, skipped on every rank whose
+        overflow flag is set when it says ``unless overflow`` (placeverify.semantics.skip)."""
+        target = self.target(item.target, [TargetKind.PARAMS])
+        if item.unless is not None and item.unless.text != "overflow":
+            self.error(f"an update is skipped on the overflow flag: 'unless overflow', not "
+                       f"'unless {item.unless.text}'", Code.UNKNOWN_NAME, item.unless.span)
+            return None
+        return None if target is None else Update(
+            item.span, target if target.groups is not None else None,
+            unless_overflow=item.unless is not None)
 
     def options(self, item: ast.OpStmt, allowed: dict[str, Sequence[str]],
                 positional: Sequence[str]) -> dict[str, str] | None:
@@ -316,7 +329,7 @@ class OpReader:
         if target is None:
             return None
         op = ReduceOp(options["op"]) if "op" in options else (ReduceOp.SUM if reducing else None)
-        if target.kind is TargetKind.OVERFLOW and op is not ReduceOp.MAX:
+        if target.kind is TargetKind.OVERFLOW and reducing and op is not ReduceOp.MAX:
             self.error("the overflow flag is reduced with max (any rank overflowed)",
                        Code.BAD_VALUE, item.span)
         if options.get("only") == "used" and target.kind is not TargetKind.GRADS:
@@ -332,20 +345,17 @@ class OpReader:
         if kind is CollectiveKind.BROADCAST and source != "owner" and not source.isdigit():
             self.error("broadcast takes 'from = owner' or 'from = <rank>'", Code.BAD_VALUE, item.span)
             return None
+        if kind is CollectiveKind.BROADCAST and target.kind is TargetKind.OVERFLOW:
+            size = group.size_of({a.name: a.size for a in self.mesh.axes})
+            if not source.isdigit() or int(source) >= size:
+                self.error("the overflow flag is broadcast from one rank of the group: "
+                           f"'broadcast(from = k) overflow over {group.label()}' with k below "
+                           f"{size}", Code.BAD_VALUE, item.span)
+                return None
         return Collective(kind, op, target, group, item.span, accumulate="accumulate" in options,
                           order=Order(options.get("order", "fixed")), source=source,
                           only_used=options.get("only") == "used",
                           asynchronous="async" in options)
-
-    def wait(self, item: ast.OpStmt, phase: str, index: int, microbatch: int | None) -> Wait | None:
-        """``wait grads[...]``: where the asynchronous collectives in flight on it complete."""
-        if item.args:
-            self.error("'wait' takes no options", Code.BAD_VALUE, item.args[0].span)
-        if item.group is not None:
-            self.error("'wait' names the buffer, not a group: 'wait grads'", Code.BAD_VALUE,
-                       item.group.span)
-        target = self.target(item.target, [TargetKind.GRADS, TargetKind.PARAMS])
-        return None if target is None else Wait(target, item.span, phase, index, microbatch)
 
     def clip_op(self, item: ast.OpStmt, group: Group | None) -> Op | None:
         max_norm: Fraction | None = None

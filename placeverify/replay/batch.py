@@ -73,6 +73,15 @@ class Setup:
     def dynamic(self) -> bool:
         return self.strategy.loss_scale == LossScale.DYNAMIC
 
+    @property
+    def skips(self) -> bool:
+        """Does the update skip on the overflow flag (dynamic loss scaling, or 'update params
+        unless overflow'; placeverify.semantics.skip)? The ranks then inject an overflow into
+        one rank's first step, and the reference skips that step."""
+        from placeverify.semantics.skip import skips_on_overflow
+
+        return skips_on_overflow(self.strategy)
+
     @cached_property
     def grad_weights(self) -> dict[ParamGroup, float]:
         """A weight per parameter group on every gradient, the same in the reference and on the

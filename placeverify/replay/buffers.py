@@ -101,6 +101,7 @@ class RankState:
         self.run_totals: dict[Count, int] = {}
         self.total_steps = 1
         self.overflow = False
+        self.flag_alone = False  # a flag broadcast decided last: the rank skips on it alone
         self.skipped: list[int] = []
         self.step_index = 0
 

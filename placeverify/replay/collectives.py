@@ -47,13 +47,28 @@ class RankCollectives(RankState):
                     raise Unsupported(f"line {op.span.line}: '{op.label()}' on parameters is not "
                                       "replayed")
         elif target is TargetKind.OVERFLOW:
-            handle = self.handle(op.group)
-            flag = torch.tensor([1.0 if self._local_overflow(denoted=True) else 0.0],
-                                dtype=self.dtype, device=self.device)
-            comm.all_reduce(flag, handle, "max")
-            self.overflow = bool(flag.item() > 0)
+            self._flag(op)
         else:
             raise Unsupported(f"line {op.span.line}: '{op.label()}' is not replayed")
+
+    def _flag(self, op: Collective) -> None:
+        """The overflow flag (placeverify.semantics.skip): ``all_reduce(max)`` ORs the ranks' own
+        checks; ``broadcast(from = k)`` gives every rank the view of the group's k-th rank (its
+        flag where one was decided, ORed with its check unless it decides on the flag alone),
+        on which a rank then decides alone unless a loss scaler checks again (dynamic)."""
+        handle = self.handle(op.group)
+        local = self._local_overflow(denoted=True)
+        if op.kind is CollectiveKind.BROADCAST:
+            view = self.overflow if self.flag_alone else (self.overflow or local)
+            flag = torch.tensor([[1.0 if view else 0.0]], dtype=self.dtype, device=self.device)
+            flags = comm.gather(flag, handle, 0)
+            self.overflow = bool(flags[int(op.source)].item() > 0)
+            self.flag_alone = not self.s.dynamic
+            return
+        flag = torch.tensor([1.0 if local else 0.0], dtype=self.dtype, device=self.device)
+        comm.all_reduce(flag, handle, "max")
+        self.overflow = bool(flag.item() > 0)
+        self.flag_alone = False
 
     def _params_held_alike(self, op: Collective, buf: Buffers) -> None:
         """A parameter gather or broadcast takes each element from the rank that owns it; along

@@ -214,7 +214,7 @@ def render(report: Report, console: Console) -> None:
     console.print(f"  real run ({main.outcome.backend}): {main.replay}: {_numbers(main.outcome)}",
                   markup=False)
     if main.outcome.skipped:
-        console.print(f"  skipped steps (dynamic loss scaling, overflow injected on rank 0): "
+        console.print(f"  skipped steps (overflow injected into one rank's first step): "
                       f"{main.outcome.skipped}", markup=False)
     _judge(main, "the replay", console, plan.resized)
     if report.control is not None:

@@ -21,7 +21,9 @@ parameters (their concatenation in spec order), not one rational:
   on this rank's optimizer slice — all of the group, or its 1/n along the data axes where the
   optimizer state is sharded (ZeRO, Rajbhandari et al. 2020) — reading the denoted gradient there
   (the shard where the gradient was reduce-scattered, the full buffer elsewhere); under dynamic
-  loss scaling the step is skipped when the overflow flag (or the rank's own check) is set;
+  loss scaling, or ``unless overflow``, the step is skipped when the rank's view of the overflow
+  flag is set (:mod:`placeverify.semantics.skip`: the flag or its own check, the flag alone after
+  a broadcast it decides on); a step without ``update params`` leaves the parameters as they are;
 - ``all_gather params`` / ``broadcast params``: each element from the rank of the group that owns
   it in the optimizer layout (or all from one rank); parameters sharded and gathered before use
   (S*, offloaded) are gathered from their owners at the end of every step.
@@ -94,7 +96,7 @@ class RankRun(RankCollectives):
         for buf in self.buffers.values() if not carried else ():
             buf.full = self._zeros(buf.numel)
             buf.shard, buf.shard_at, buf.sharded, buf.scattered = None, None, False, set()
-        self.overflow = False
+        self.overflow, self.flag_alone = False, False
         self.counts = self._counts()
         from placeverify.semantics.param_flights import has_param_flights
 
@@ -260,7 +262,7 @@ class RankRun(RankCollectives):
             for sp in buf.specs:
                 self.params[sp.name].grad = None
             buf.sharded = False
-        if s.dynamic and t == 0 and k == 0 and self.grid.rank == 0:
+        if s.skips and t == 0 and k == 0 and self.grid.rank == self._injected_rank():
             self._inject_overflow()
 
     def _neighbour(self, stage: int) -> int:
@@ -269,9 +271,20 @@ class RankRun(RankCollectives):
         coords[self.layout.pp] = stage
         return self.grid.rank_of(coords)
 
+    def _injected_rank(self) -> int:
+        """Rank 0; with the skip decided on a broadcast flag, the last rank, which is no
+        broadcast's source (unless one broadcasts from its group's last member)."""
+        from placeverify.semantics.skip import flag_broadcasts
+
+        sizes = {a: self.grid.size(a) for a in self.grid.names}
+        sources = flag_broadcasts(self.strategy.step)
+        if sources and all(int(op.source) != op.group.size_of(sizes) - 1 for op in sources):
+            return self.grid.world - 1
+        return 0
+
     def _inject_overflow(self) -> None:
-        """Dynamic loss scaling only matters when a gradient overflows: make one do so on rank 0
-        in the first step (the reference skips that step)."""
+        """A skip on the overflow flag only matters when a gradient overflows: make one do so on
+        one rank in the first step (the reference skips that step)."""
         for buf in self.buffers.values():
             if buf.numel:
                 buf.full = buf.full.clone()
@@ -314,7 +327,11 @@ class RankRun(RankCollectives):
             buf.set_denoted(buf.denoted() * coef)
 
     def update(self) -> None:
-        if self.s.dynamic and (self.overflow or self._local_overflow(denoted=False)):
+        # placeverify.semantics.skip: the rank's view of the flag, or the flag alone after a
+        # broadcast it decides on; a step without 'update params' never gets here
+        view = self.overflow if self.flag_alone else \
+            (self.overflow or self._local_overflow(denoted=False))
+        if self.s.skips and view:
             self.skipped.append(self.step_index)
             return
         for buf in self.buffers.values():

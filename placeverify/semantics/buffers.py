@@ -17,9 +17,11 @@ denotes the full buffer until a reduce-scatter runs, and the shard from then unt
 - ``clip`` and ``update`` read the denoted buffer: the machine records what each one saw (its
   value, whether it was a shard and over which axes, whether the update had already run), and the
   obligations judge it;
-- token and overflow reductions, parameter gathers and activation send/recv leave the gradient as
-  it is (counts in a loss are all-reduced by definition; the overflow flag and the gathers are
-  judged from their recorded positions);
+- token and overflow reductions, overflow broadcasts, parameter gathers and activation send/recv
+  leave the gradient as it is (counts in a loss are all-reduced by definition; the overflow flag
+  and the gathers are judged from their recorded positions, the skip they decide as
+  :mod:`placeverify.semantics.skip` says);
+- a step without ``update`` consumes nothing (:mod:`placeverify.semantics.skip`);
 - an asynchronous collective (``async``, completed at a ``wait``) is judged on the two synchronous
   steps :mod:`placeverify.semantics.asynchrony` reduces it to; one that reaches the machine as it
   is raises :class:`Unmodelled`. An asynchronous parameter gather leaves the gradient as it is, as
@@ -109,6 +111,7 @@ GRADIENT_COLLECTIVES = {
 }
 POSITIONAL_COLLECTIVES = {
     (CollectiveKind.ALL_REDUCE, TargetKind.OVERFLOW),
+    (CollectiveKind.BROADCAST, TargetKind.OVERFLOW),  # the skip decision: semantics/skip.py
     (CollectiveKind.ALL_GATHER, TargetKind.PARAMS),
     (CollectiveKind.BROADCAST, TargetKind.PARAMS),
 }

@@ -293,7 +293,10 @@ def run(strategy: Strategy, view: GroupView, instance: Instance) -> Run:
     machine = GradMachine(exact, view.group, exact.live, record)
     machine.run(strategy.step, instance.microbatches)
     consumed_line = None
-    if machine.update is not None:
+    if machine.update is None:  # no 'update params': the optimizer consumes nothing (semantics/skip)
+        for trace in traces:
+            trace.consumed = Fraction(0)
+    else:
         consumed_line = machine.update.op.span.line if isinstance(machine.update.op, Update) \
             else None
         for trace, value in zip(traces, machine.update.value, strict=True):

@@ -193,7 +193,9 @@ def carried(strategy: Strategy, group: ParamGroup) -> Carried | None:
         machine: GradMachine[frozenset[int]] = GradMachine(Provenance(owner), group,
                                                           lambda a: live.get(a, False))
         machine.run(step, step.microbatches)
-        assert machine.update is not None and isinstance(machine.update.op, Update)
+        if machine.update is None:
+            return None  # no step updates, so no update reads anything (semantics/skip.py)
+        assert isinstance(machine.update.op, Update)
         earlier = sorted(w + 1 for w in machine.update.value if w != j - 1)
         if earlier:
             return Carried(j, group, tuple(earlier), machine.update.op)

@@ -280,12 +280,14 @@ class SeedStmt:
 
 @node
 class OpStmt:
-    """``name(args) target over group``: a collective, an update, a clip, a free ..."""
+    """``name(args) target over group``: a collective, an update, a clip, a free ...;
+    ``unless`` names the flag an update is skipped on (``update params unless overflow``)."""
 
     name: Name
     args: tuple[Arg, ...]
     target: Target
     group: Group | None
+    unless: Name | None
     span: Span
 
 

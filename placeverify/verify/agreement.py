@@ -118,8 +118,8 @@ def agreement(strategy: Strategy, view: GroupView, sizes: dict[str, int] | None 
     machine = GradMachine(domain, view.group, domain.live, judges_values=False)
     machine.run(strategy.step, strategy.step.microbatches, fixpoint=state)
     update = machine.update
-    if update is None:
-        return Agreement(frozenset(), {}, tuple(machine.mixes), None, frozenset(),
+    if update is None:  # no 'update params': nothing consumed, the same on every rank (semantics/skip)
+        return Agreement(domain.every, {}, tuple(machine.mixes), None, frozenset(),
                          tuple(machine.clips), tuple(machine.positions))
     line = update.op.span.line if isinstance(update.op, Update) else None
     scattered = update.scattered if update.sharded else frozenset()
@@ -168,8 +168,8 @@ def same_gradient_everywhere(strategy: Strategy, axis: str) -> bool:
 
 
 def overflow_reductions(strategy: Strategy) -> tuple[list[Position], list[Position]]:
-    """The overflow-flag reductions that decide the skip (after the last backward, before the
-    update), and those that run too early or too late to decide it."""
+    """The overflow-flag statements (reductions and broadcasts) that decide the skip (after the
+    last backward, before the update), and those that run too early or too late to decide it."""
     group = strategy.model.groups_present()[0]
     positions = [p for p in agreement(strategy, group_view(strategy, group)).positions
                  if p.op.target.kind is TargetKind.OVERFLOW]

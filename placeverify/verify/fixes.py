@@ -87,6 +87,15 @@ RECOMPUTE_RNG = FixRule(
 OVERFLOW = FixRule(
     "overflow", None,
     "all_reduce(max) overflow over world, after the last backward and before 'update params'")
+FLAG_BROADCAST = FixRule(
+    "flag-broadcast", None,
+    "all_reduce(max) overflow over {group} in place of the broadcast: every rank's flag, ORed, "
+    "so an overflow on any rank skips the step on all ({reference[0]})",
+    ("WeatherGenerator#2718",))
+NO_UPDATE = FixRule(
+    "no-update", None,
+    "update params after the last gradient reduction: every step runs the optimizer step "
+    "({reference[0]})", ("TorchSharp#414",))
 SHARD_MISMATCH = FixRule(
     "shard-mismatch", None,
     "reduce-scatter over exactly the axes the optimizer state is sharded over (and all-reduce "
@@ -217,8 +226,8 @@ FIXES: tuple[FixRule, ...] = (
     FixRule("unreduced-gradient", divergence_of(Cause.GRADIENT),
             "reduce the gradients over {axis} after the last backward"),
     CLIP_MISSING, CLIP_POSITION, CLIP_NORM, CLIP_COMBINE, CLIP_POLICY_NORM, CLIP_INPUT,
-    RECOMPUTE_RNG, OVERFLOW, SHARD_MISMATCH, FROZEN_GROUP, LOST_UPDATE, UNUSED_GROUPS, ASYNC_READ,
-    ASYNC_WRITE, PARAM_GATHER,
+    RECOMPUTE_RNG, OVERFLOW, FLAG_BROADCAST, NO_UPDATE, SHARD_MISMATCH, FROZEN_GROUP, LOST_UPDATE,
+    UNUSED_GROUPS, ASYNC_READ, ASYNC_WRITE, PARAM_GATHER,
 )
 
 

@@ -25,6 +25,7 @@ from placeverify.ir.strategy import Strategy
 from placeverify.semantics.empty import Undefined
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.schedule import Unmodelled
+from placeverify.semantics.skip import update_of
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.budget import TooLarge
 from placeverify.verify.z3 import solve
@@ -167,6 +168,15 @@ def group_obligation(strategy: Strategy, group: ParamGroup,
                           ObligationKind.COEFFICIENT,
                           reason=why, seconds=outcome.seconds, method=method), None
     reason = describe(strategy, view, found)
+    if update_of(strategy.step) is None:  # judged at the step (semantics/skip)
+        from placeverify.verify.checks.decisions import no_update_reason
+        from placeverify.verify.fixes import NO_UPDATE
+
+        return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED, span,
+                          ObligationKind.COEFFICIENT,
+                          reason=f"{no_update_reason(strategy)}: {reason}",
+                          counterexample=summary(view, found), seconds=outcome.seconds,
+                          method=method, fix=NO_UPDATE.text()), found
     return Obligation(Condition.GRADIENT_INTEGRITY, claim, Verdict.REFUTED,
                       cause_span(strategy, view, found) or span, ObligationKind.COEFFICIENT,
                       reason=reason, counterexample=summary(view, found),

@@ -32,6 +32,7 @@ from placeverify.ir.step import Clip, Collective, CollectiveKind, TargetKind, Up
 from placeverify.ir.strategy import Strategy
 from placeverify.roles.queries import partitions
 from placeverify.semantics.groups import GroupView, group_view
+from placeverify.semantics.skip import shares_decision, skips_on_overflow, update_of
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.agreement import (
     Agreement,
@@ -114,15 +115,16 @@ def _params_obligation(strategy: Strategy, view: GroupView, agree: Agreement, ax
 
     same_gradient = axis in agree.identical
     fp_op = agree.bitwise_breaks.get(axis)
-    skip_shared = not _dynamic(strategy) or _overflow_covers(strategy, axis) or \
+    skip_shared = not skips_on_overflow(strategy) or _overflow_covers(strategy, axis) or \
         same_gradient_everywhere(strategy, axis)
+    never = update_of(strategy.step) is None  # no update: every rank keeps θ0 (semantics/skip)
     clip_shared = _clip_identical(strategy, axis, sizes)
     if fp_op is not None and same_gradient:
         return _bitwise_obligation(strategy, view, axis, claim, fp_op, timeout_ms)
     gx = z3.Real("g_x")
     gy = gx if same_gradient else z3.Real("g_y")
-    sx = z3.Bool("skip_x")
-    sy = sx if skip_shared else z3.Bool("skip_y")
+    sx = z3.BoolVal(True) if never else z3.Bool("skip_x")
+    sy = sx if skip_shared or never else z3.Bool("skip_y")
     cx = z3.Real("clip_x")
     cy = cx if clip_shared else z3.Real("clip_y")
     theta_x = z3.If(sx, theta0, upd(theta0, cx * gx, omega0))
@@ -246,10 +248,6 @@ def _bitwise_obligation(strategy: Strategy, view: GroupView, axis: str, claim: s
                        min(2, strategy.step.microbatches), values=values))
 
 
-def _dynamic(strategy: Strategy) -> bool:
-    return strategy.loss_scale == LossScale.DYNAMIC
-
-
 def _overflow_ops(strategy: Strategy) -> list[Collective]:
     return [op for op in strategy.step.ops() if isinstance(op, Collective)
             and op.target.kind is TargetKind.OVERFLOW]
@@ -259,7 +257,7 @@ def _overflow_covers(strategy: Strategy, axis: str) -> bool:
     """Is the skip decision shared along ``axis``: an overflow reduction over it runs after the
     last backward and before the update?"""
     deciding, _ = overflow_reductions(strategy)
-    return any(p.op.group.covers(axis) for p in deciding)
+    return any(p.op.group.covers(axis) and shares_decision(strategy, p.op) for p in deciding)
 
 
 def _overflow_span(strategy: Strategy) -> Any:
@@ -309,7 +307,9 @@ def _witness(strategy: Strategy, view: GroupView, axis: str) -> Divergence | Non
 def _reason(strategy: Strategy, view: GroupView, axis: str, cause: Cause,
             divergence: Divergence | None) -> str:
     if cause is Cause.SKIP:
-        return (f"dynamic loss scaling: the overflow flag is not reduced over {axis}, so one rank "
+        skipping = "dynamic loss scaling" if strategy.loss_scale == LossScale.DYNAMIC else \
+            "'update params unless overflow'"
+        return (f"{skipping}: the overflow flag is not reduced over {axis}, so one rank "
                 f"can skip the step (its gradients overflowed) while the other updates")
     if cause is Cause.CLIP:
         return (f"the clipping norm is not summed over {axis} while ranks along {axis} hold "

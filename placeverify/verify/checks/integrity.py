@@ -28,7 +28,7 @@ def findings(strategy: Strategy, ctx: Context) -> Iterator[Finding]:
         judged = [(o, f, strategy) for o, f in integrity_obligations(strategy, ctx.timeout_ms)]
     groups = strategy.model.groups_present()
     for index, (obligation, found, seen_by) in enumerate(judged):
-        if found is not None and found.observe is None:
+        if found is not None and found.observe is None and obligation.fix is None:
             from placeverify.verify.fix_matchers import FixCase
             from placeverify.verify.fixes import suggest
 

@@ -46,6 +46,7 @@ from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.roles.queries import optimizer_axes, partitions
 from placeverify.semantics.buffers import Seen
 from placeverify.semantics.groups import GroupView, group_view
+from placeverify.semantics.skip import shares_decision, skips_on_overflow
 from placeverify.verdicts import Condition, Obligation, ObligationKind, Verdict
 from placeverify.verify.agreement import (
     Agreement,
@@ -313,16 +314,29 @@ def _recompute(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
 
 
 def _overflow(strategy: Strategy, timeout_ms: int) -> list[Obligation]:
-    if strategy.loss_scale != LossScale.DYNAMIC:
+    if not skips_on_overflow(strategy):  # dynamic loss scaling or 'unless overflow'
         return []
     deciding, misplaced = overflow_reductions(strategy)
+    from placeverify.verify.checks.decisions import broadcast_obligations
+
+    return _agreed_skip(strategy, deciding, misplaced, timeout_ms) + \
+        broadcast_obligations(strategy, deciding, timeout_ms)
+
+
+def _agreed_skip(strategy: Strategy, deciding: list[Any], misplaced: list[Any],
+                 timeout_ms: int) -> list[Obligation]:
+    """Every rank takes the same skip decision (a broadcast flag too: it is shared along its
+    group); whether the decision reflects every rank's overflow is the decisions family's."""
     axes = [a.name for a in strategy.mesh.axes if a.size > 1]
-    covered = {a for p in deciding for a in p.op.group.axes if p.op.group.covers(a)}
+    covered = {a for p in deciding for a in p.op.group.axes if p.op.group.covers(a)
+               and shares_decision(strategy, p.op)}
     # Ranks that consume an identical (already reduced) gradient see the same inf/NaN, since a
     # sum carries it to every rank; only axes where they consume different elements or different
     # values need the flag reduced (Megatron reduces found_inf over the model-parallel group).
     missing = [a for a in axes if a not in covered and not same_gradient_everywhere(strategy, a)]
-    claim = "with dynamic loss scaling every rank takes the same skip decision"
+    skipping = "dynamic loss scaling" if strategy.loss_scale == LossScale.DYNAMIC else \
+        "'update params unless overflow'"
+    claim = f"with {skipping} every rank takes the same skip decision"
     ops = [p.op for p in deciding + misplaced]
     span = ops[0].span if ops else strategy.step.span or strategy.placements[0].span
     flags = {a: z3.Bool(f"overflow_{a}") for a in axes}

@@ -382,10 +382,11 @@ def _encode(strategy: Strategy, view: GroupView, sizes: dict[str, Size], m: Size
     record = None if snapshots is None else (lambda mach, k: snapshots.append(_snapshot(mach, k)))
     machine.run(strategy.step, m if isinstance(m, int) else 1, generic=domain.generic,
                 indices=indices, after_microbatch=record)
-    if machine.update is None:
-        raise Unmodelled("the step never updates the parameters")
     reference = {key: domain.reference(key) for key in each(domain.keys)}
     update = machine.update
+    if update is None:  # no 'update params': every coefficient consumed is 0 (semantics/skip)
+        return Encoded({key: _REAL_ZERO for key in reference}, reference, counts, machine.mixes,
+                       None, machine.clips, [domain.loss_scale > 0, *domain.root_facts])
     return Encoded(update.value.values, reference, counts, machine.mixes,
                    update.op.span.line if isinstance(update.op, Update) else None,
                    machine.clips, [domain.loss_scale > 0, *domain.root_facts])
