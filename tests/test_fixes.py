@@ -113,6 +113,12 @@ CALLS_FOR: dict[str, str] = {
     "lora-adapters-not-reduced": "all_reduce(sum) grads over dp",
     # Megatron-LM#950: a parameter bucket waited before the forward that reads it
     "param-gather-after-forward": "'wait params[dense]' before the forward that reads them",
+    # The fresh corpus (issue 34)
+    "trainer-loss-times-processes": "gradients are |tp|x too large",
+    "ulysses-loss-times-dp": "gradients are |cp|x too small",
+    # torchtitan#1732: scale_grads=False, the loss divided by n x k instead
+    "pipeline-scale-grads-every-step": "scale the gradients once, after the last micro-batch, "
+                                       "or fold the factor into the loss",
 }
 
 # Issues a bug header names that its fix does not cite, and why.
@@ -160,6 +166,10 @@ UNCITED: dict[str, str] = {
     "DeepSpeed#7898": "async-write fix cites the other two reports of the race",
     "FastVideo#1666": "missing-reduction fix", "transformers#48792": "missing-reduction fix",
     "sd-scripts#989": "missing-reduction fix",
+    # The fresh corpus (issue 34)
+    "transformers#45994": "sum-without-average fix", "transformers#39648": "sum-without-average fix",
+    "VeOmni#338": "double-division fix",
+    "torchtitan#1732": "the scaled-in-loop fix cites the issue it fixes (torchtitan#1733)",
 }
 
 # Rules no bug example reaches, and why.

@@ -138,6 +138,13 @@ BUGS: dict[str, tuple[set[str], str]] = {
     # the skip taken on rank 0's broadcast flag (WeatherGenerator#2718): the ranks agree, but
     # another rank's overflow is applied
     "skip-decided-on-rank-zero": ({"gradient_integrity"}, "overflow"),
+    # The fresh corpus (issue 34): the loss multiplied by every process where the tp ranks share
+    # a batch, |tp|x too large (transformers#45994); by the dp size where FSDP averages over
+    # dp x sp, |sp|x too small (VeOmni#338); the pipeline schedule's division by n at each of
+    # the k step() calls of one accumulation window (torchtitan#1733)
+    "trainer-loss-times-processes": ({"gradient_integrity"}, "coefficient"),
+    "ulysses-loss-times-dp": ({"gradient_integrity"}, "coefficient"),
+    "pipeline-scale-grads-every-step": ({"gradient_integrity"}, "coefficient"),
 }
 
 REFERENCE_BUGS = 12

@@ -17,7 +17,16 @@ from placeverify.evidence import Cause, Counterexample, Divergence
 from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role, State
 from placeverify.ir.presets import hybrid
-from placeverify.ir.step import Backward, Collective, CollectiveKind, CountKind, Free, Op, TermKind
+from placeverify.ir.step import (
+    Backward,
+    Collective,
+    CollectiveKind,
+    CountKind,
+    Free,
+    Op,
+    Scale,
+    TermKind,
+)
 from placeverify.ir.strategy import LossKind, Strategy
 from placeverify.roles.relations import batch_axes
 from placeverify.semantics.groups import GroupView, group_view
@@ -202,6 +211,18 @@ def overwritten_shard(case: FixCase) -> Fields | None:
                 and op.kind is CollectiveKind.REDUCE_SCATTER and not op.accumulate
                 and op.target.applies_to(case.view.group)]
     return {"axes": scatters[0].group.label()} if scatters else None
+
+
+def scaled_in_loop(case: FixCase) -> Fields | None:
+    """A gradient scale that runs before the loop's last micro-batch: every later run multiplies
+    what the earlier micro-batches accumulated once more (torchtitan#1733's scale_grads)."""
+    if not _integrity(case) or case.found.microbatches < 2:
+        return None
+    last = case.found.microbatches - 1
+    scales = [lo.op for lo in case.strategy.step.loop if isinstance(lo.op, Scale)
+              and lo.op.target.applies_to(case.view.group)
+              and (lo.microbatch is None or lo.microbatch < last)]
+    return {"line": scales[0].span.line} if scales else None
 
 
 def reduced_in_loop(case: FixCase) -> Fields | None:

@@ -32,6 +32,7 @@ from placeverify.verify.fix_matchers import (
     missing_reduction,
     overwritten_shard,
     reduced_in_loop,
+    scaled_in_loop,
     sequence_parallel_norms,
     sum_without_average,
     tied_embedding,
@@ -190,6 +191,11 @@ FIXES: tuple[FixRule, ...] = (
             "all_reduce(sum) grads over {axes} once, after the last micro-batch: a reduction "
             "inside the loop reduces everything accumulated so far, so the earlier micro-batches "
             "are reduced again with every later one"),
+    FixRule("scaled-in-loop", scaled_in_loop,
+            "scale the gradients once, after the last micro-batch, or fold the factor into the "
+            "loss: the scale at line {line} runs before the last micro-batch, so what the earlier "
+            "micro-batches accumulated is scaled again at every later run ({reference[0]})",
+            ("torchtitan#1733",)),
     FixRule("count-kind", count_kind,
             "divide by a {want} count: the declared loss {loss} is normalised by {want}, not by "
             "{got}"),
