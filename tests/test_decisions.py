@@ -215,3 +215,18 @@ def test_the_replay_confirms_a_skip_decided_on_rank_zero() -> None:
     assert report.main.outcome.max_across_ranks == 0
     assert report.control is not None and report.control.outcome.skipped == [0]
     assert not report.control.outcome.diverges
+
+
+@pytest.mark.parametrize(("bug", "words"), [
+    ("optimizer-step-never-runs", "a step without 'update params' is not emitted"),
+    ("skip-decided-on-rank-zero", "'update params unless overflow': a conditional update is not "
+                                  "emitted"),
+])
+def test_emit_refuses_a_step_it_would_write_with_an_unconditional_update(bug: str, words: str) -> None:
+    # the reproducer steps the optimizer every step: written out, either bug would reproduce a
+    # different step than the one refuted
+    from placeverify.replay.emit import EmitRefused, check_layout
+
+    strategy = load_text((ROOT / "examples" / "bugs" / f"{bug}.place").read_text(), f"{bug}.place")
+    with pytest.raises(EmitRefused, match=words.replace("(", r"\(").replace(")", r"\)")):
+        check_layout(strategy)

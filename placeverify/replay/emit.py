@@ -46,6 +46,7 @@ from placeverify.ir.step import (
     Backward,
     Clip,
     Collective,
+    Update,
 )
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.lower import canonical
@@ -105,10 +106,19 @@ def check_layout(strategy: Strategy) -> None:
             raise EmitRefused(f"line {op.gather.span.line}: '{op.gather.label()}': a collective "
                               "inside the loss is not emitted (the reproducer has no embeddings "
                               "to gather; `placeverify replay` runs this trace)")
+        if isinstance(op, Update) and op.unless_overflow:
+            raise EmitRefused(f"line {op.span.line}: 'update params unless overflow': a "
+                              "conditional update is not emitted (the reproducer steps the "
+                              "optimizer every step; `placeverify replay` runs this trace)")
         if isinstance(op, Collective) and op.asynchronous:
             raise EmitRefused(f"line {op.span.line}: '{op.label()}': asynchronous collectives "
                               "are not emitted (the reproducer runs each collective where it "
                               "stands; `placeverify replay` runs this trace)")
+    if not any(isinstance(op, Update) for op in strategy.step.ops()) and \
+            strategy.step.span is not None:
+        raise EmitRefused(f"line {strategy.step.span.line}: a step without 'update params' is "
+                          "not emitted (the reproducer steps the optimizer every step; "
+                          "`placeverify replay` runs this trace)")
     for seed in strategy.step.seeds:
         word = "same" if seed.same else "differ"
         raise EmitRefused(f"line {seed.span.line}: 'seed dropout({seed.region.value}) {word} over "
