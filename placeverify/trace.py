@@ -40,6 +40,7 @@ from placeverify.syntax.source import MAX_FILE_BYTES, decode_text
 SCHEMA = "placeverify.trace/1"
 MAX_TRACE_BYTES = 8 << 20
 MAX_TRACE_DEPTH = 32  # JSON nesting: a trace needs 5 levels; deeper is an input error
+EVERY_SIZE = "every_size"  # values key: check --every-size wrote it at sizes beyond the file's
 MAX_ATOM_COUNT = 4096  # tokens or samples of one atom: the replay allocates them
 REQUIRED = ("schema", "source", "condition", "kind", "mesh", "microbatches")
 KEYS = ("schema", "placeverify", "file", "source", "strategy", "condition", "kind", "claim",

@@ -216,3 +216,18 @@ def test_an_asynchronous_step_is_judged_on_both_outcomes_for_every_size() -> Non
     _, bug = _every_size((EXAMPLES / "bugs" / "overlap-update-before-wait.place").read_text(), ())
     assert bug.verdicts[GI] is Verdict.REFUTED
     assert bug.failures[GI] == Sizes({"dp": 2}, 1)
+
+
+def test_a_failure_at_more_micro_batches_than_the_file_replays_at_its_own_count(tmp_path: Path) -> None:
+    # sum-without-average-fixed: each micro-batch's mean back-propagated, no division by the
+    # count; right at its one micro-batch, twice the gradient at two (the smallest failure)
+    pytest.importorskip("torch")
+    trace = tmp_path / "t.json"
+    done = _cli("check", "-q", "--every-size", "--trace", str(trace),
+                "examples/ok/sum-without-average-fixed.place")
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(trace.read_text())
+    assert (doc["mesh"], doc["microbatches"], doc["values"]["every_size"]) == ({"dp": 1}, 2, True)
+    replayed = _cli("replay", "-q", "--json", str(trace))
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert json.loads(replayed.stdout)["verdict"] == "confirmed"

@@ -231,8 +231,15 @@ def counterexample_trace(result: Any) -> Any:
     with ``--every-size`` and none there, the one at the smallest sizes where a condition fails."""
     if result.verification.trace is not None or result.every_size is None:
         return result.verification.trace
+    from dataclasses import replace as replaced
+
+    from placeverify.trace import EVERY_SIZE
+
     failing = result.every_size.at_failing
-    return None if failing is None else failing.trace
+    if failing is None or failing.trace is None:
+        return None
+    trace = failing.trace  # at other sizes than the file's: the replay judges it at its own
+    return replaced(trace, values={**trace.values, EVERY_SIZE: True})
 
 
 def write_plots(result: Any, path: str) -> ExitCode:

@@ -24,7 +24,7 @@ from placeverify.roles.relations import batch_axes
 from placeverify.semantics.groups import group_view
 from placeverify.semantics.interpreter import run, uniform_instance
 from placeverify.semantics.schedule import Unmodelled
-from placeverify.trace import AtomCount, Trace, inconsistent
+from placeverify.trace import EVERY_SIZE, AtomCount, Trace, inconsistent
 from placeverify.verdicts import Condition, ObligationKind, Verdict
 
 MAX_JUDGED_ATOMS = 1024  # the interpreter is asked about at most this many atoms per count set
@@ -39,8 +39,11 @@ def mesh_text(sizes: dict[str, int], m: int) -> str:
 
 def check_microbatches(trace: Trace, strategy: Strategy) -> None:
     """A counterexample has at most the step's micro-batches, and exactly as many when the step
-    names micro-batch indices (``on microbatch 0 { ... }``)."""
+    names micro-batch indices (``on microbatch 0 { ... }``), unless ``check --every-size`` wrote
+    it at another count (``values.every_size``): Z3 must still refute its claim there."""
     declared, m = strategy.step.microbatches, trace.microbatches
+    if trace.values.get(EVERY_SIZE) is True and not strategy.step.windows:
+        return  # check --every-size's counterexample: judged at its own count (trace_case)
     indexed = any(lo.microbatch is not None for lo in strategy.step.loop)
     if len(strategy.step.windows) > 1:  # several steps: the trace is one window's
         if m not in strategy.step.windows:

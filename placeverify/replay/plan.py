@@ -50,6 +50,7 @@ from placeverify.semantics.schedule import Unmodelled
 from placeverify.syntax.source import read_source
 from placeverify.trace import Trace
 from placeverify.verdicts import ObligationKind, Verdict, Verification
+from placeverify.verify.size_space import with_microbatches
 
 DEFAULT_STEPS = 3
 DEFAULT_SEED = 1234
@@ -169,12 +170,7 @@ def at_microbatches(strategy: Strategy, m: int) -> Strategy:
         return projection(strategy, m)
     if m == strategy.step.microbatches:
         return strategy
-    placements = tuple(replace(p, microbatches=m) if p.microbatches is not None else p
-                       for p in strategy.placements)
-    config = replace(strategy.config, placements=placements, microbatches=m)
-    step = canonical.derive(config) if strategy.step.canonical else \
-        replace(strategy.step, microbatches=m)
-    return replace(strategy, config=config, step=step)
+    return with_microbatches(strategy, m)  # 'on microbatch last' on the new last one
 
 
 def outcome_replayed(strategy: Strategy) -> Strategy:
