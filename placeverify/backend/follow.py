@@ -23,6 +23,7 @@ PARENT_POLL_SECONDS = 0.2  # how often a rank looks for its parent
 ORPHAN_GRACE_SECONDS = 10.0
 WATCH_ENV = "PLACEVERIFY_RANK_WATCH"  # a measure rank's watch_parent arguments, as JSON
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+SERVER_PARENT_ENV = "PLACEVERIFY_SERVER_PARENT"  # the pid that starts a replay forkserver
 
 
 def alive(pid: int) -> bool:
@@ -51,6 +52,21 @@ def _parent_death_signal(signum: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def die_with_server_parent() -> None:
+    """In the replay forkserver, first of all (before it imports torch): SIGKILL from the kernel
+    when the placeverify process that started it dies, and exit now if it already has. Until
+    that process has told the janitor the server's pid, nothing else would stop a server whose
+    parent was killed outright, and its import of torch takes many seconds on a loaded machine.
+    Only a server started from a main thread says so (:data:`SERVER_PARENT_ENV`): the signal
+    follows the thread that forked it."""
+    parent = os.environ.get(SERVER_PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    _parent_death_signal(signal.SIGKILL)
+    if os.getppid() != int(parent):  # the parent died before the prctl
+        os._exit(0)
 
 
 def watch_parent(main_pid: int, leave: Sequence[str], deadline: float | None = None) -> None:

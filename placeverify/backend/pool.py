@@ -31,7 +31,7 @@ from placeverify.backend.contract import (
     ReplayJob,
     blocked_signals,
 )
-from placeverify.backend.follow import alive, watch_parent
+from placeverify.backend.follow import SERVER_PARENT_ENV, alive, watch_parent
 
 # A Unix socket's path is at most 107 bytes (sockaddr_un.sun_path, NUL included); the forkserver's
 # is <TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX.
@@ -94,6 +94,8 @@ class Pool:
         # SIGKILL while the server started left it behind in a fault fuzz run)
         janitor.register(multiprocessing.util.get_temp_dir())
         resource_tracker.ensure_running()  # first: it unblocks SIGINT after starting itself
+        if threading.current_thread() is threading.main_thread():  # follow.die_with_server_parent
+            os.environ[SERVER_PARENT_ENV] = str(os.getpid())
         with blocked_signals(signal.SIGINT):
             forkserver.ensure_running()
         pid = server_pid()
