@@ -6,7 +6,9 @@ for every size, and one proved for every size must be proved at the file's sizes
 either fails is a *contradiction* (a bug of the every-size pass). The script prints one row per
 file whose verdicts differ, then the counts. With ``--replay`` each refutation found for every
 size but not at the file's sizes is replayed where it fails (``check --every-size --trace``, then
-``placeverify replay``, as a user runs them) and counted confirmed or not::
+``placeverify replay``, as a user runs them) and counted by the replay's verdict and the refuted
+condition (composition safety is about a placement's bookkeeping, no value a run computes: its
+replay answers "unconfirmed", as ``check --replay`` does)::
 
     .venv/bin/python benchmarks/every_size.py                    # every examples/**/*.place
     .venv/bin/python benchmarks/every_size.py examples/ok --timeout 60
@@ -53,10 +55,11 @@ def replayed(path: Path) -> str:
             return "no trace"
         done = subprocess.run([*cli, "replay", "-q", "--json", str(trace)], cwd=ROOT,
                               capture_output=True, text=True, check=False, timeout=600)
-        try:
-            return str(json.loads(done.stdout)["verdict"])
+        condition = json.loads(trace.read_text())["condition"]
+        try:  # a placement's bookkeeping (composition) is about no value a run computes
+            return f"{json.loads(done.stdout)['verdict']} ({condition})"
         except (ValueError, KeyError):
-            return f"replay failed (exit {done.returncode})"
+            return f"replay failed (exit {done.returncode}, {condition})"
 
 
 def main() -> int:
