@@ -230,3 +230,47 @@ def test_emit_refuses_a_step_it_would_write_with_an_unconditional_update(bug: st
     strategy = load_text((ROOT / "examples" / "bugs" / f"{bug}.place").read_text(), f"{bug}.place")
     with pytest.raises(EmitRefused, match=words.replace("(", r"\(").replace(")", r"\)")):
         check_layout(strategy)
+
+
+# ZeRO-2 under dynamic loss scaling with the flag broadcast from rank 0 (a soundness mutant of
+# examples/zero-paper/zero2.place): the loss scaler still checks each rank's own gradient shard,
+# so a rank whose shard overflowed skips while the others, on rank 0's clear flag, update.
+ZERO2_BROADCAST = """\
+strategy "ZeRO-2, the overflow flag broadcast from rank 0"
+model transformer { layers = 4, hidden = 1024, heads = 16, vocab = 32000, seq = 2048 }
+precision mixed_adam
+mesh { dp = 4 }
+place zero2 over dp
+step {
+    backward sum / tokens(dp, step)
+    reduce_scatter(sum) grads over dp
+    broadcast(from = 0) overflow over dp
+    update params
+    all_gather params over dp
+}
+"""
+
+
+@pytest.mark.torch
+def test_the_injected_overflow_lands_in_a_shard_the_broadcast_source_does_not_check() -> None:
+    # injected at element 0 it landed in rank 0's shard: rank 0's own check set the flag every
+    # rank took, all skipped, and the run matched; at the last element it is the last rank's
+    pytest.importorskip("torch")
+    from placeverify.replay.cli import execute
+    from placeverify.replay.plan import plan_from_strategy
+
+    strategy = load_text(ZERO2_BROADCAST, "zero2-broadcast.place")
+    assert verify(strategy).verdict(Condition.GRADIENT_INTEGRITY) is Verdict.REFUTED
+    plan = plan_from_strategy(strategy, steps=3)
+    report = execute(plan, timeout=600, source="zero2-broadcast.place")
+    assert report.error is None, f"{report.error.kind}: {report.error.message}"
+    assert report.main.outcome.diverges
+
+
+def test_a_broadcast_source_beyond_the_replayed_group_is_not_replayed() -> None:
+    from placeverify.replay.layout import Unsupported, layout_of
+    from placeverify.verify.size_space import Sizes, at
+
+    strategy = load_text(ZERO2_BROADCAST.replace("from = 0", "from = 3"), "z.place")
+    with pytest.raises(Unsupported, match=r"needs more than 3 ranks over dp"):
+        layout_of(at(strategy, Sizes({"dp": 2}, 1)))

@@ -75,6 +75,7 @@ def layout_of(strategy: Strategy) -> Layout:
                               f"{p.axis} as slices of each expert; an 'expert' statement over a "
                               f"product with {p.axis} splits them whole over it "
                               "(docs/language/place.md)")
+    _flag_sources(strategy)
     names = strategy.mesh.names
     sizes = tuple(strategy.mesh.size(a) for a in names)
     chosen: dict[Role, tuple[str | None, int]] = {}
@@ -289,3 +290,17 @@ def gathered_axes(strategy: Strategy, group: ParamGroup | None = None) -> tuple[
                  if strategy.size(p.axis) > 1
                  and any(queries.gathers_before_use(p, g)
                          and p.mode_of(State.PARAMS, g).sharded for g in groups))
+
+
+def _flag_sources(strategy: Strategy) -> None:
+    """``broadcast(from = k) overflow`` on a mesh resized below k ranks (a replay on fewer
+    devices than the file's) has no source rank to run."""
+    from placeverify.semantics.skip import flag_broadcasts
+
+    sizes = {a.name: a.size for a in strategy.mesh.axes}
+    for op in flag_broadcasts(strategy.step):
+        if int(op.source) >= op.group.size_of(sizes):
+            mesh = ", ".join(f"{a} = {n}" for a, n in sizes.items())
+            raise Unsupported(f"line {op.span.line}: '{op.label()}' needs more than {op.source} "
+                              f"ranks over {op.group.label()}; the replayed mesh ({mesh}) has "
+                              "fewer (replay it on more devices with --world)")

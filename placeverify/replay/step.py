@@ -284,11 +284,15 @@ class RankRun(RankCollectives):
 
     def _inject_overflow(self) -> None:
         """A skip on the overflow flag only matters when a gradient overflows: make one do so on
-        one rank in the first step (the reference skips that step)."""
+        one rank in the first step (the reference skips that step). On the last rank (a skip
+        decided on a broadcast flag) it is the buffer's last element, which a reduce-scatter
+        leaves in that rank's own shard: at element 0 it would land in the broadcast's source's
+        shard, whose own check then sets the flag every rank takes, and no run could differ."""
+        last = self.grid.rank == self.grid.world - 1 and self.grid.world > 1
         for buf in self.buffers.values():
             if buf.numel:
                 buf.full = buf.full.clone()
-                buf.full[0] = float("inf")
+                buf.full[-1 if last else 0] = float("inf")
                 return
 
     # ---- clipping, overflow, update --------------------------------------------------------------
