@@ -15,6 +15,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def default_dispositions() -> None:
+    """In the child: the signals at their defaults, whatever the suite was started under (a
+    background job of a non-interactive shell ignores SIGINT, nohup ignores SIGHUP, and an ignored
+    signal stays ignored across exec, which placeverify leaves so on purpose)."""
+    for each in STOPPING:
+        signal.signal(each, signal.SIG_DFL)
 
 PROGRAM = textwrap.dedent("""
     import atexit, sys, time
@@ -45,7 +54,8 @@ def test_a_signal_during_the_exit_handlers_ends_the_process_quietly(tmp_path: Pa
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("PLACEVERIFY_DEBUG", None)
     proc = subprocess.Popen([sys.executable, "-c", PROGRAM, str(ready)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_dispositions)
     try:
         deadline = time.monotonic() + 60
         while not ready.exists() and time.monotonic() < deadline:
@@ -70,8 +80,11 @@ def test_a_command_run_inside_another_program_leaves_its_signal_handlers_alone()
     from placeverify.cli.exits import guarded
     from placeverify.diagnostics import ExitCode
 
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(SystemExit) as stop:
-        guarded(lambda: ExitCode.OK)
-    assert stop.value.code == 0
-    assert signal.getsignal(signal.SIGINT) is before is signal.default_int_handler
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever
+    try:                                                # the suite was started under
+        with pytest.raises(SystemExit) as stop:
+            guarded(lambda: ExitCode.OK)
+        assert stop.value.code == 0
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)

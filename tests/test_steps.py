@@ -245,10 +245,9 @@ def test_replay_emit_refuses_several_steps() -> None:
 def test_prove_leaves_several_steps_unknown() -> None:
     # 'placeverify prove' quantifies over sizes a step started from empty buffers; what several
     # steps carry is judged by 'check' only, so prove says unknown rather than proved
-    from placeverify.prove.engine import _integrity_for_every_size
+    from placeverify.verify.every_size import integrity
 
-    verdict, _, reason, _ = _integrity_for_every_size(
-        load_text(carry("[2, 2]", "none")), ["dp"], False, 10_000)
+    verdict, _, reason, _, _ = integrity(load_text(carry("[2, 2]", "none")), ["dp"], False, 10_000)
     assert verdict is Verdict.UNKNOWN and reason.startswith("not modelled: several optimizer steps")
 
 
