@@ -20,6 +20,7 @@ def run() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("placeverify: interrupted\n")
         sys.unraisablehook = lambda unraisable: None  # what the signal left half built
+        exec("")  # exit 130, not by SIGINT: placeverify.cli.exits.keep_the_exit_code
         raise SystemExit(INTERRUPTED) from None
     try:
         main()

@@ -76,7 +76,10 @@ def test_ctrl_c_inside_a_query_raises_keyboard_interrupt(path: str) -> None:
         assert process.stdout.readline().strip() == "solving"
         time.sleep(0.5)  # inside Z3's check: the query alone takes about 3 s
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
+        # The interrupt is raised when the call returns, within its 8 s limit plus the pipeline's
+        # unpolled preprocessing; a fresh-clone run at load 7-11 on 2 cores went past 60 s here.
+        # What is tested is that the interrupt is not lost (a lost one answers and exits 0).
+        out, err = process.communicate(timeout=180)
     finally:
         if process.poll() is None:
             process.kill()
