@@ -180,13 +180,14 @@ def _at_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # traces name their files relative to the repository
 
 
-def _replay(name: str) -> Any:
+def _replay(name: str | Path) -> Any:
     pytest.importorskip("torch")
     from placeverify.api import check
     from placeverify.replay.cli import execute
     from placeverify.replay.plan import plan_from_trace
 
-    verification = check(f"examples/bugs/{name}.place").verification
+    path = name if isinstance(name, Path) else f"examples/bugs/{name}.place"
+    verification = check(str(path)).verification
     assert verification is not None and verification.trace is not None
     plan = plan_from_trace(verification.trace, world=None, steps=3)
     report = execute(plan, timeout=600, source=plan.main.path)
@@ -209,12 +210,33 @@ def test_the_replay_confirms_a_step_that_never_updates() -> None:
 def test_the_replay_confirms_a_skip_decided_on_rank_zero() -> None:
     report = _replay("skip-decided-on-rank-zero")
     assert report.verdict == "confirmed"
-    # the overflow injected on the last rank is applied (the reference skips step 1) and
-    # every rank applies it alike
-    assert report.main.outcome.diverges and 0 not in report.main.outcome.skipped
+    # the overflow injected on the last rank in the second step (replay/batch.overflow_step)
+    # is applied (the reference skips that step) and every rank applies it alike
+    assert report.main.outcome.diverges and 1 not in report.main.outcome.skipped
     assert report.main.outcome.max_across_ranks == 0
-    assert report.control is not None and report.control.outcome.skipped == [0]
+    assert report.control is not None and report.control.outcome.skipped == [1]
     assert not report.control.outcome.diverges
+
+
+@pytest.mark.torch
+@pytest.mark.usefixtures("_at_root")
+def test_the_replay_confirms_a_stage_that_updates_while_another_skips(tmp_path: Path) -> None:
+    """'update params unless overflow' with no flag statement on a pipeline whose clip reduces
+    over pp (benchmarks/soundness.py's drop_update on the tied-embedding example): the stage
+    whose gradient overflowed skips while the other updates. Its replay once matched: the
+    overflow went into the first step, where the clip's infinite norm zeroes the other stage's
+    gradient and the momentum is still 0, so that stage's update moved nothing, as a skip; and
+    into the tied embedding, whose reduction over ends(pp) reaches every stage's check."""
+    fixed = Path("examples/ok/tied-embedding-norm-twice-fixed.place").read_text()
+    assert fixed.count("    update params\n") == 1
+    place = tmp_path / "stage-skips-alone.place"
+    place.write_text(fixed.replace("    update params\n", "    update params unless overflow\n"))
+    report = _replay(place)
+    assert report.verdict == "confirmed"
+    # rank 0 took the overflow in the second step (replay/batch.overflow_step) and skipped it
+    assert report.main.outcome.diverges and report.main.outcome.skipped == [1]
+    assert report.main.outcome.max_across_ranks > 0  # the other stage updated
+    assert report.control is not None and not report.control.outcome.diverges
 
 
 @pytest.mark.parametrize(("bug", "words"), [

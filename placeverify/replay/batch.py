@@ -77,7 +77,7 @@ class Setup:
     def skips(self) -> bool:
         """Does the update skip on the overflow flag (dynamic loss scaling, or 'update params
         unless overflow'; placeverify.semantics.skip)? The ranks then inject an overflow into
-        one rank's first step, and the reference skips that step."""
+        one rank's gradients in step :func:`overflow_step`, and the reference skips that step."""
         from placeverify.semantics.skip import skips_on_overflow
 
         return skips_on_overflow(self.strategy)
@@ -103,6 +103,14 @@ class Setup:
                 if missed:
                     out[group] = INF_NORM_WEIGHT
         return out
+
+
+def overflow_step(steps: int) -> int:
+    """The step whose gradients the ranks make overflow when the update skips on the flag: the
+    second of several, the only one of one. In the first the momentum is still 0, so a rank that
+    updates with the zero gradient a clip of an infinite norm leaves it (max_norm / inf) moves
+    nothing, as a skip does, and a rank that should have skipped could not be told apart."""
+    return 1 if steps > 1 else 0
 
 
 def units(setup: Setup) -> list[tuple[tuple[int, ...], int]]:

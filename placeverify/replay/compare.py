@@ -87,8 +87,9 @@ class Outcome:
 
     @property
     def updated(self) -> bool:
-        """Did a replayed step update the states? Dynamic loss scaling skips its first step, so a
-        one-step replay updates nothing: no run can diverge, or show that it matches."""
+        """Did a replayed step update the states? A skip on the overflow flag skips the step with
+        the injected overflow, the only one of a one-step replay, which so updates nothing: no
+        run can diverge, or show that it matches."""
         return self.steps == 0 or len(self.skipped) < self.steps
 
     @property

@@ -20,7 +20,7 @@ import torch
 
 from placeverify.ir.step import NormKind
 from placeverify.replay.batch import INF_NORM_WEIGHT as INF_NORM_WEIGHT
-from placeverify.replay.batch import Setup, global_batch
+from placeverify.replay.batch import Setup, global_batch, overflow_step
 from placeverify.replay.data import SITES, reference_nonces
 from placeverify.replay.idle import idle_grads
 from placeverify.replay.model import ReferenceMasks, init_params, reference_losses
@@ -110,7 +110,7 @@ def train(setup: Setup, steps: int, jitter: float = 0.0) -> ReferenceResult:
             if norm > 0:
                 alpha = CLIP_HEADROOM * max_norm / norm
         grads = {n: g * alpha for n, g in grads.items()}
-        if setup.skips and step == 0:
+        if setup.skips and step == overflow_step(steps):
             skipped.append(step)  # the ranks inject an overflow into this step's gradients
             continue
         if max_norm is not None:

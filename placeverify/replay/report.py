@@ -214,7 +214,7 @@ def render(report: Report, console: Console) -> None:
     console.print(f"  real run ({main.outcome.backend}): {main.replay}: {_numbers(main.outcome)}",
                   markup=False)
     if main.outcome.skipped:
-        console.print(f"  skipped steps (overflow injected into one rank's first step): "
+        console.print(f"  skipped steps (overflow injected into one rank's gradients): "
                       f"{main.outcome.skipped}", markup=False)
     _judge(main, "the replay", console, plan.resized)
     if report.control is not None:
@@ -257,9 +257,9 @@ def _judge(run: RunReport, what: str, console: Console, resized: bool) -> None:
                else "its states overflow")
             + "), so rounding and a bug look alike; replay fewer steps (--steps)", markup=False)
     elif not run.outcome.updated:
-        console.print(f"  {what}: inconclusive: every step replayed was skipped (dynamic loss "
-                      "scaling skips its first step), so no state moved; replay more steps "
-                      "(--steps)", markup=False)
+        console.print(f"  {what}: inconclusive: every step replayed was skipped (the one step "
+                      "replayed is the one whose gradients overflow), so no state moved; replay "
+                      "more steps (--steps)", markup=False)
     elif run.agrees is None:
         console.print(f"  {what}: Z3 said unknown at this mesh, so there is nothing to confirm",
                       markup=False)

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from placeverify.ir.mesh import Group
+from placeverify.ir.model import ParamGroup
 from placeverify.ir.placement import Role
 from placeverify.ir.relations import Relation
 from placeverify.ir.step import (
@@ -56,11 +57,13 @@ from placeverify.ir.step import (
     ReduceOp,
     Scale,
     Scope,
+    TargetKind,
     TermKind,
     Update,
 )
 from placeverify.ir.strategy import Strategy
 from placeverify.replay import comm
+from placeverify.replay.batch import overflow_step
 from placeverify.replay.buffers import Buffers
 from placeverify.replay.collectives import RankCollectives
 from placeverify.replay.data import layer_seed, loss_weights, make_atom
@@ -262,7 +265,8 @@ class RankRun(RankCollectives):
             for sp in buf.specs:
                 self.params[sp.name].grad = None
             buf.sharded = False
-        if s.skips and t == 0 and k == 0 and self.grid.rank == self._injected_rank():
+        if (s.skips and t == overflow_step(self.total_steps) and k == 0
+                and self.grid.rank == self._injected_rank()):
             self._inject_overflow()
 
     def _neighbour(self, stage: int) -> int:
@@ -284,16 +288,31 @@ class RankRun(RankCollectives):
 
     def _inject_overflow(self) -> None:
         """A skip on the overflow flag only matters when a gradient overflows: make one do so on
-        one rank in the first step (the reference skips that step). On the last rank (a skip
-        decided on a broadcast flag) it is the buffer's last element, which a reduce-scatter
-        leaves in that rank's own shard: at element 0 it would land in the broadcast's source's
-        shard, whose own check then sets the flag every rank takes, and no run could differ."""
+        one rank in step :func:`~placeverify.replay.batch.overflow_step` (the reference skips
+        it). On the last rank (a skip decided on a broadcast flag) it is the buffer's last
+        element, which a reduce-scatter leaves in that rank's own shard: at element 0 it would
+        land in the broadcast's source's shard, whose own check then sets the flag every rank
+        takes, and no run could differ. The buffer is the group whose gradient reductions reach
+        the fewest ranks: a tied embedding's is reduced over the pipeline's ends too, so an
+        overflow there reaches every stage's check, and a step that skips on each rank's own
+        check could not differ."""
         last = self.grid.rank == self.grid.world - 1 and self.grid.world > 1
-        for buf in self.buffers.values():
-            if buf.numel:
-                buf.full = buf.full.clone()
-                buf.full[-1 if last else 0] = float("inf")
-                return
+        held = [buf for buf in self.buffers.values() if buf.numel]
+        if held:
+            buf = min(held, key=lambda b: self._gradient_reach(b.group))  # the first of the least
+            buf.full = buf.full.clone()
+            buf.full[-1 if last else 0] = float("inf")
+
+    def _gradient_reach(self, group: ParamGroup) -> int:
+        """How many ranks the step's reductions of ``group``'s gradients span together (an axis
+        only some reduction takes whole counts whole; one only ``ends(...)`` takes counts 2)."""
+        reductions = [op.group for op in self.strategy.step.ops()
+                      if isinstance(op, Collective) and op.target.kind is TargetKind.GRADS
+                      and op.op is not None and op.target.applies_to(group)]
+        axes = {a for g in reductions for a in g.axes}
+        whole = {a for g in reductions for a in g.axes if g.covers(a)}
+        sizes = {a: self.grid.size(a) for a in self.grid.names}
+        return int(Group(tuple(sorted(axes)), frozenset(axes - whole)).size_of(sizes))
 
     # ---- clipping, overflow, update --------------------------------------------------------------
 
