@@ -120,7 +120,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
               _whole(reader, get("sequence_len", default=512)), *_batch(reader, get),
               *_dtypes(reader, get), _checkpointing(reader, get, fsdp),
               get("max_grad_norm", default=1.0), get("optimizer", default="adamw_torch_fused"),
-              _adapter(reader, get), _deepspeed(get), fsdp[0], fsdp[1])
+              _adapter(reader, get), _deepspeed(reader, get), fsdp[0], fsdp[1])
     reader.raise_if_errors()
     translate(reader, source, plan, run)
     fsdp_keys = Keys(FSDP_READ, FSDP_IGNORED, name=lambda key: f"fsdp_config.{key}")
@@ -246,8 +246,12 @@ def _adapter(reader: Reader, get: Get) -> Adapter | None:
                    get("lora_target_linear"), base)
 
 
-def _deepspeed(get: Get) -> Value | None:
+def _deepspeed(reader: Reader, get: Get) -> Value | None:
+    """The DeepSpeed JSON's path; a configuration written inline is refused at the key."""
     ds = get("deepspeed")
+    if isinstance(ds.value, dict):
+        reader.error("not modelled: deepspeed written inline; write it to a JSON file and give "
+                     "its path", ds.origin, code=Code.NOT_MODELLED)
     return ds if isinstance(ds.value, str) and ds.value else None
 
 

@@ -24,8 +24,9 @@ with ``from_pretrained`` and, for fine-tuning with adapters, PEFT's ``get_peft_m
   (``integrations/deepspeed.py``: the micro-batch, the accumulation, ``gradient_clipping`` from
   ``max_grad_norm``, ``bf16.enabled`` / ``fp16.enabled`` from the flags);
 - FSDP through accelerate's plugin: with mixed precision accelerate upcasts the trained
-  parameters to fp32 before ``fully_shard`` (``utils/fsdp_utils.py``, ``fsdp2_prepare_model``),
-  gathers and reduces in the mixed dtype.
+  parameters to fp32 (FSDP2 before ``fully_shard``, ``utils/fsdp_utils.py``
+  ``fsdp2_prepare_model``; FSDP1 each trained flat parameter, ``accelerator.py``
+  ``prepare_model``), gathers and reduces in the mixed dtype.
 """
 
 from __future__ import annotations

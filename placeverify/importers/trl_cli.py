@@ -102,7 +102,7 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
               _dtype(reader, get, model), mixed,
               get("gradient_checkpointing", True, "SFTConfig's default true"),
               get("max_grad_norm", 1.0), get("optim", "adamw_torch_fused"),
-              _adapter(reader, get), _deepspeed(get))
+              _adapter(reader, get), _deepspeed(reader, get))
     reader.raise_if_errors()
     translate(reader, source, plan, run)
     leftovers(reader, plan, source, data, spans, ((), Keys(
@@ -194,6 +194,10 @@ def _adapter(reader: Reader, get: Get) -> Adapter | None:
                    targets if targets.value is not None else None, None, base)
 
 
-def _deepspeed(get: Get) -> Value | None:
+def _deepspeed(reader: Reader, get: Get) -> Value | None:
+    """The DeepSpeed JSON's path; a configuration written inline is refused at the key."""
     ds = get("deepspeed")
+    if isinstance(ds.value, dict):
+        reader.error("not modelled: deepspeed written inline; write it to a JSON file and give "
+                     "its path", ds.origin, code=Code.NOT_MODELLED)
     return ds if isinstance(ds.value, str) and ds.value else None
