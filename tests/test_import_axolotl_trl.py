@@ -287,3 +287,66 @@ def test_trl_accelerate_config_names_what_to_do(tmp_path: Path) -> None:
     assert first.message.startswith("not modelled: accelerate_config (the accelerate configuration")
     assert "placeverify check it" in first.message
     assert first.span is not None and first.span.line == 2
+
+
+def test_a_deepspeed_json_named_from_a_folder_above_is_found(tmp_path: Path) -> None:
+    """axolotl's examples name ``deepspeed_configs/zero2.json`` from the repository's root."""
+    (tmp_path / "deepspeed_configs").mkdir()
+    (tmp_path / "deepspeed_configs" / "zero2.json").write_text(
+        '{"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"},\n'
+        ' "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}\n')
+    (tmp_path / "examples" / "llama").mkdir(parents=True)
+    path = write(tmp_path / "examples" / "llama", "run.yml", "base_model: x\nsequence_len: 2048\n"
+                 "micro_batch_size: 2\ngradient_accumulation_steps: 3\nbf16: true\n"
+                 "deepspeed: deepspeed_configs/zero2.json\n")
+    imported = import_file(str(path), Options(MODEL, 8))
+    got = statements(imported.text)
+    for line in ("place zero2(overlap = none) over dp", "micro_batch = 2", "microbatches = 3",
+                 "seq = 2048", "precision bf16_adam"):
+        assert line in got, line
+    found = [d for d, _ in imported.warnings if "as when the run is launched from the folder "
+             "above" in d.message]
+    assert found and found[0].span is not None and found[0].span.line == 6
+
+
+@pytest.mark.parametrize("optimizer, state", [("adamw_torch_8bit", "2"), ("adamw_torch_4bit", "1"),
+                                              ("adamw_torch", "4")])
+def test_optimizer_state_bytes(tmp_path: Path, optimizer: str, state: str) -> None:
+    path = write(tmp_path, "o.yml", f"base_model: x\nsequence_len: 2048\nbf16: true\n"
+                 f"optimizer: {optimizer}\n")
+    imported = import_file(str(path), Options(MODEL, 8))
+    assert (f"precision {{ params = bf16, compute = bf16, grads = bf16, optimizer = {state}, "
+            "activations = bf16, loss_scale = none }") in statements(imported.text)
+    scales = [d for d, _ in imported.warnings if "per-block scales" in d.message]
+    assert bool(scales) == optimizer.startswith("adamw_torch_")
+
+
+def test_an_optimizer_not_modelled_is_an_error_at_its_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "o.yml", "base_model: x\nsequence_len: 2048\noptimizer: muon\n")
+    first = refused(path).diagnostics[0]
+    assert first.message.startswith("not modelled: optimizer muon")
+    assert first.span is not None and (first.span.line, first.span.column) == (3, 1)
+
+
+def test_trl_dtype_auto_asks_for_the_dtype(tmp_path: Path) -> None:
+    path = write(tmp_path, "sft.yaml", "model_name_or_path: x\ndtype: auto\n")
+    first = refused(path).diagnostics[0]
+    assert first.code is Code.NOT_STATIC and "auto is the checkpoint's dtype: write it" in \
+        first.message
+    assert first.span is not None and first.span.line == 2
+
+
+def test_sarif_points_at_the_key(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "placeverify", "check", str(QLORA), "--world", "8",
+                           "--output-format", "sarif"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=300)
+    assert done.returncode == 2
+    result = json.loads(done.stdout)["runs"][0]["results"][0]
+    region = result["locations"][0]["physicalLocation"]["region"]
+    line = line_of(QLORA, "base_model:")
+    # the key "base_model" spans columns 1-10; SARIF's endColumn is the column after it
+    assert region == {"startLine": line, "startColumn": 1, "endLine": line, "endColumn": 11}
+    assert "--model config.json" in result["message"]["text"]
