@@ -350,3 +350,45 @@ def test_sarif_points_at_the_key(tmp_path: Path) -> None:
     # the key "base_model" spans columns 1-10; SARIF's endColumn is the column after it
     assert region == {"startLine": line, "startColumn": 1, "endLine": line, "endColumn": 11}
     assert "--model config.json" in result["message"]["text"]
+
+
+def test_trl_fsdp_through_training_arguments(tmp_path: Path) -> None:
+    """TrainingArguments' fsdp words and fsdp_config (its fsdp_ prefixes stripped); the model
+    loaded in fp32 (ModelConfig's default) and sharded so, gathered and reduced in bf16."""
+    path = write(tmp_path, "sft.yaml", "model_name_or_path: x\ngradient_checkpointing: false\n"
+                 "fsdp: full_shard auto_wrap\nfsdp_config:\n  fsdp_version: 2\n"
+                 "  activation_checkpointing: true\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n")
+    imported = import_file(str(path), Options(MODEL, 8))
+    got = statements(imported.text)
+    for line in ("place fsdp over dp", "recompute full",
+                 "precision { params = fp32, gather = bf16, grads = fp32, reduce = bf16, "
+                 "optimizer = 8, activations = bf16, loss_scale = none }"):
+        assert line in got, line
+    assert "fsdp_config.state_dict_type" in imported.text.splitlines()[1]
+    device, _ = costs(path)
+    assert device["params"] == F(LLAMA * 4, 8) and device["gradients"] == F(LLAMA * 4, 8)
+
+
+def test_trl_fsdp_config_alone_has_no_effect(tmp_path: Path) -> None:
+    path = write(tmp_path, "sft.yaml", "model_name_or_path: x\nfsdp_config:\n  version: 2\n")
+    imported = import_file(str(path), Options(MODEL, 8))
+    assert "place ddp over dp" in statements(imported.text)
+    found = [d for d, _ in imported.warnings if d.message.startswith("fsdp_config has no effect")]
+    assert found and found[0].span is not None and found[0].span.line == 2
+
+
+@pytest.mark.parametrize("words, preset", [("[shard_grad_op, auto_wrap]", "fsdp(grad_op)"),
+                                           ("[full_shard, offload]", "fsdp")])
+def test_axolotl_fsdp_words(tmp_path: Path, words: str, preset: str) -> None:
+    path = write(tmp_path, "f.yml", f"base_model: x\nsequence_len: 2048\nfsdp: {words}\n")
+    got = statements(import_file(str(path), Options(MODEL, 8)).text)
+    assert f"place {preset} over dp" in got
+    assert ("offload optimizer, gradients, params to cpu" in got) == ("offload" in words)
+
+
+def test_hybrid_shard_is_not_modelled_at_its_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "f.yml", "base_model: x\nsequence_len: 2048\nfsdp_config:\n"
+                 "  fsdp_sharding_strategy: HYBRID_SHARD\n")
+    first = refused(path).diagnostics[0]
+    assert first.message.startswith("not modelled: FSDP sharding strategy HYBRID_SHARD")
+    assert first.span is not None and (first.span.line, first.span.column) == (4, 3)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from placeverify.diagnostics import Code, Source, Span
+from placeverify.importers import hf_fsdp
 from placeverify.importers.common import Keys, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_trainer import Adapter, Run, translate
 from placeverify.importers.origins import Origin, Value
@@ -68,11 +69,6 @@ IGNORED = {
     "curriculum_sampling", "total_num_tokens", "lora_fan_in_fan_out", "base_model_ignore_patterns",
     "gpu_memory_limit", "ddp", "torch_dtype",
 }
-FSDP_READ = {"version", "offload_params", "sharding_strategy", "reshard_after_forward",
-             "activation_checkpointing"}
-FSDP_IGNORED = {"state_dict_type", "auto_wrap_policy", "transformer_layer_cls_to_wrap",
-                "cpu_ram_efficient_loading", "limit_all_gathers", "sync_module_states",
-                "use_orig_params", "backward_prefetch", "forward_prefetch", "min_num_params"}
 # what each of these would change, refused at its key when set
 REFUSED = {
     "rl": "a preference or reinforcement-learning trainer (a reference or reward model, pairs "
@@ -115,18 +111,18 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         return Value(node, Origin(".".join(path), source, spans.get(path)))
 
     _refused(reader, get)
-    fsdp = _fsdp(reader, data, get)
+    fsdp = hf_fsdp.placement(reader, data, get, "axolotl", needs_list=False)
     run = Run("axolotl", WHAT, _world(reader, world, source), _model(reader, source, get, model),
               _whole(reader, get("sequence_len", default=512)), *_batch(reader, get),
-              *_dtypes(reader, get), _checkpointing(reader, get, fsdp),
+              *_dtypes(reader, get),
+              hf_fsdp.checkpointing(reader, get, get("gradient_checkpointing", default=False)),
               get("max_grad_norm", default=1.0), get("optimizer", default="adamw_torch_fused"),
               _adapter(reader, get), _deepspeed(reader, get), fsdp[0], fsdp[1])
     reader.raise_if_errors()
     translate(reader, source, plan, run)
-    fsdp_keys = Keys(FSDP_READ, FSDP_IGNORED, name=lambda key: f"fsdp_config.{key}")
-    keys = Keys(READ, IGNORED, {"fsdp_config": fsdp_keys},
+    keys = Keys(READ, IGNORED, {"fsdp_config": hf_fsdp.KEYS},
                 unknown=lambda key: f"not modelled: axolotl key '{key}'")
-    _strip_fsdp_prefix(data, spans)
+    hf_fsdp.strip_prefix(data, spans)
     leftovers(reader, plan, source, data, spans, ((), keys))
     what = "axolotl" + (" DeepSpeed" if run.deepspeed is not None else "")
     plan.title = mesh_title(plan, source, what) if plan.mesh else f"{os.path.basename(source.path)}: {what}"
@@ -200,21 +196,6 @@ def _dtypes(reader: Reader, get: Get) -> tuple[Value, Value]:
     return Value("fp32", bf16.origin), Value("no", bf16.origin)
 
 
-def _checkpointing(reader: Reader, get: Get, fsdp: tuple[Value | None, Value | None]) -> Value:
-    ckpt = get("gradient_checkpointing", default=False)
-    if ckpt.value in ("offload", "offload_disk"):
-        reader.error(f"not modelled: gradient_checkpointing {ckpt.value} (checkpointed layer "
-                     "inputs offloaded to host memory or disk)", ckpt.origin,
-                     code=Code.NOT_MODELLED)
-    if ckpt.value is not True:
-        fc = get("fsdp_config", "activation_checkpointing")
-        if fc.value is None:
-            fc = get("fsdp_config", "fsdp_activation_checkpointing")
-        if fc.value is True:
-            return fc
-    return ckpt
-
-
 def _adapter(reader: Reader, get: Get) -> Adapter | None:
     kind = get("adapter")
     if kind.value in (None, ""):
@@ -255,62 +236,8 @@ def _deepspeed(reader: Reader, get: Get) -> Value | None:
     return ds if isinstance(ds.value, str) and ds.value else None
 
 
-def _fsdp(reader: Reader, data: dict[str, Any], get: Get) -> tuple[Value | None, Value | None]:
-    """FSDP's preset (full_shard or reshard_after_forward: fsdp; shard_grad_op or no reshard:
-    fsdp(grad_op)) from the key that decides it, and the offload key."""
-    config, legacy = data.get("fsdp_config"), get("fsdp")
-    if not isinstance(config, dict) and legacy.value in (None, [], ""):
-        return None, None
-    config = config if isinstance(config, dict) else {}
-
-    def key(name: str) -> Value:
-        for written in (name, f"fsdp_{name}"):
-            if written in config:
-                return get("fsdp_config", written)
-        return Value(None, Origin(f"fsdp_config.{name} (default)", get("fsdp").origin.source))
-
-    if get("deepspeed").value:
-        reader.error("fsdp beside deepspeed: axolotl runs one of them", get("fsdp_config").origin
-                     if config else legacy.origin, code=Code.CONFLICT)
-    reshard, strategy = key("reshard_after_forward"), key("sharding_strategy")
-    words = legacy.value if isinstance(legacy.value, list) else str(legacy.value or "").split()
-    if reshard.value is not None:
-        preset = Value("fsdp" if reshard.value is True else "fsdp(grad_op)", reshard.origin)
-    elif strategy.value is not None:
-        found = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp(grad_op)", "NO_SHARD": "ddp",
-                 "HYBRID_SHARD": None}.get(str(strategy.value).upper())
-        if found is None:
-            reader.error(f"not modelled: FSDP sharding strategy {strategy.value}", strategy.origin,
-                         code=Code.NOT_MODELLED)
-            found = "fsdp"
-        preset = Value(found, strategy.origin)
-    elif "shard_grad_op" in words:
-        preset = Value("fsdp(grad_op)", legacy.origin)
-    else:
-        preset = Value("fsdp", legacy.origin if legacy.value else get("fsdp_config").origin)
-    offload = key("offload_params")
-    if "offload" in words and offload.value is None:
-        offload = Value(True, legacy.origin)
-    return preset, offload
-
-
 def _refused(reader: Reader, get: Get) -> None:
     for key, what in REFUSED.items():
         value = get(key)
         if value.value is True or value.value not in (None, False, 0, 1, "", [], {}):
             reader.error(f"not modelled: {key} ({what})", value.origin, code=Code.NOT_MODELLED)
-
-
-def _strip_fsdp_prefix(data: dict[str, Any], spans: dict[tuple[str, ...], Span]) -> None:
-    """fsdp_config's keys as axolotl's FSDPConfig names them, without the ``fsdp_`` prefix it
-    also takes (in place: the leftovers see the names it reads)."""
-    config = data.get("fsdp_config")
-    if not isinstance(config, dict):
-        return
-    renamed: dict[str, Any] = {}
-    for name, value in config.items():
-        short = name[5:] if name.startswith("fsdp_") else name
-        renamed[short] = value
-        if ("fsdp_config", name) in spans:
-            spans[("fsdp_config", short)] = spans[("fsdp_config", name)]
-    data["fsdp_config"] = renamed

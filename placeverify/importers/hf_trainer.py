@@ -53,8 +53,9 @@ LINEAR_ALL = ("q", "k", "v", "o", "gate", "up", "down")
 BLOCK = {short: "self_attn" if short in ("q", "k", "v", "o") else "mlp" for short in LINEAR_ALL}
 # model types whose linears are Llama's seven projections (no fused q/k/v or gate/up)
 LLAMA_LINEARS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
-# PEFT's default targets (utils/constants.py, TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
-PEFT_DEFAULT = {kind: ("q", "v") for kind in LLAMA_LINEARS}
+# PEFT's default targets (utils/constants.py, TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+# at huggingface/peft 00073fe: q_proj and v_proj for each of these)
+PEFT_DEFAULT = {kind: ("q", "v") for kind in (*LLAMA_LINEARS, "mixtral")}
 STATE_BYTES: dict[str, tuple[Fraction | None, str]] = {
     **{name: (None, "torch AdamW: m and v in the trained parameters' dtype")
        for name in ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw")},

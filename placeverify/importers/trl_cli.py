@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from placeverify.diagnostics import Code, Source, Span
+from placeverify.importers import hf_fsdp
 from placeverify.importers.common import Keys, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_trainer import Adapter, Run, translate
 from placeverify.importers.origins import Origin, Value
@@ -58,10 +59,6 @@ REFUSED = {
     "activation_offloading": "activation offloading to host memory",
     "lora_modules_to_save": "training whole modules beside the adapters",
     "lora_target_parameters": "LoRA on parameters (experts' weights) rather than modules",
-    "fsdp": "FSDP through TrainingArguments; give the placement with an accelerate config "
-            "(placeverify check that file)",
-    "fsdp_config": "FSDP through TrainingArguments; give the placement with an accelerate "
-                   "config (placeverify check that file)",
     "accelerate_config": "the accelerate configuration this run is launched with: import that "
                          "file (placeverify check it, with --model and --set model.seq=N "
                          "model.micro_batch=N) to check its placement",
@@ -80,33 +77,41 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     data, spans = load_yaml(source, duplicate)
     plan = Plan("trl", source.path)
 
-    def get(key: str, default: Any = None, why: str = "") -> Value:
-        if data.get(key) is None:
-            return Value(default, Origin(f"{key} ({why or 'default'})", source))
-        return Value(data[key], Origin(key, source, spans.get((key,))))
+    def get(*path: str, default: Any = None, why: str = "") -> Value:
+        node: Any = data
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        name = ".".join(path)
+        if node is None:
+            return Value(default, Origin(f"{name} ({why or 'default'})", source))
+        return Value(node, Origin(name, source, spans.get(path)))
 
     for key, what in REFUSED.items():
         value = get(key)
         if value.value not in (None, False, "", [], {}):
             reader.error(f"not modelled: {key} ({what})", value.origin, code=Code.NOT_MODELLED)
-    seq = get("max_length", 1024, "SFTConfig's default 1024")
+    fsdp = hf_fsdp.placement(reader, data, get, "TRL", needs_list=True)
+    seq = get("max_length", default=1024, why="SFTConfig's default 1024")
     if data.get("max_length") is None and data.get("max_seq_length") is not None:
         seq = get("max_seq_length")
-    fp16 = get("fp16", False)
-    bf16 = get("bf16", fp16.value is not True, "SFTConfig: true unless fp16")
+    fp16 = get("fp16", default=False)
+    bf16 = get("bf16", default=fp16.value is not True, why="SFTConfig: true unless fp16")
     mixed = Value("bf16" if bf16.value is True else "fp16" if fp16.value is True else "no",
                   (bf16 if bf16.value is True else fp16).origin)
     run = Run("trl", WHAT, _world(reader, get, world), _model(reader, get, model),
-              _whole(reader, seq), _whole(reader, get("per_device_train_batch_size", 8)),
-              _whole(reader, get("gradient_accumulation_steps", 1)),
+              _whole(reader, seq), _whole(reader, get("per_device_train_batch_size", default=8)),
+              _whole(reader, get("gradient_accumulation_steps", default=1)),
               _dtype(reader, get, model), mixed,
-              get("gradient_checkpointing", True, "SFTConfig's default true"),
-              get("max_grad_norm", 1.0), get("optim", "adamw_torch_fused"),
-              _adapter(reader, get), _deepspeed(reader, get))
+              hf_fsdp.checkpointing(reader, get, get("gradient_checkpointing", default=True,
+                                                     why="SFTConfig's default true")),
+              get("max_grad_norm", default=1.0), get("optim", default="adamw_torch_fused"),
+              _adapter(reader, get), _deepspeed(reader, get), *fsdp)
     reader.raise_if_errors()
     translate(reader, source, plan, run)
+    hf_fsdp.strip_prefix(data, spans)
     leftovers(reader, plan, source, data, spans, ((), Keys(
-        READ, IGNORED, unknown=lambda key: f"not modelled: TRL key '{key}'")))
+        READ, IGNORED, {"fsdp_config": hf_fsdp.KEYS},
+        unknown=lambda key: f"not modelled: TRL key '{key}'")))
     what = "TRL SFT" + (" DeepSpeed" if run.deepspeed is not None else "")
     plan.title = mesh_title(plan, source, what) if plan.mesh else f"{os.path.basename(source.path)}: {what}"
     return plan
@@ -155,7 +160,7 @@ def _model(reader: Reader, get: Get, model: str | None) -> str | None:
 
 def _dtype(reader: Reader, get: Get, model: str | None) -> Value:
     """ModelConfig.dtype (float32 by default; ``auto`` is the checkpoint's, not read here)."""
-    value = get("dtype") if get("dtype").value is not None else get("torch_dtype", "float32")
+    value = get("dtype") if get("dtype").value is not None else get("torch_dtype", default="float32")
     dtype = TORCH_DTYPES.get(str(value.value))
     if dtype is None:
         reader.error(f"{value.origin.key} {value.value!r}: placeverify reads float32, bfloat16 "
@@ -166,8 +171,8 @@ def _dtype(reader: Reader, get: Get, model: str | None) -> Value:
 
 
 def _adapter(reader: Reader, get: Get) -> Adapter | None:
-    peft = get("use_peft", False)
-    four, eight = get("load_in_4bit", False), get("load_in_8bit", False)
+    peft = get("use_peft", default=False)
+    four, eight = get("load_in_4bit", default=False), get("load_in_8bit", default=False)
     if peft.value is not True:
         for v in (four, eight):
             if v.value is True:
@@ -177,11 +182,11 @@ def _adapter(reader: Reader, get: Get) -> Adapter | None:
     base: Value | None = None
     kind = Value("lora", peft.origin)
     if four.value is True:
-        quant = get("bnb_4bit_quant_type", "nf4")
+        quant = get("bnb_4bit_quant_type", default="nf4")
         if quant.value != "nf4":
             reader.error(f"not modelled: bnb_4bit_quant_type {quant.value}", quant.origin,
                          code=Code.NOT_MODELLED)
-        nested = get("use_bnb_nested_quant", False)
+        nested = get("use_bnb_nested_quant", default=False)
         base = Value("nf4_dq" if nested.value is True else "nf4", Origin(
             f"load_in_4bit, {nested.origin.key} {nested.value}", four.origin.source,
             four.origin.span))
@@ -190,7 +195,7 @@ def _adapter(reader: Reader, get: Get) -> Adapter | None:
         base = Value("int8", Origin("load_in_8bit: LLM.int8", eight.origin.source,
                                     eight.origin.span))
     targets = get("lora_target_modules")
-    return Adapter(kind, _whole(reader, get("lora_r", 16)),
+    return Adapter(kind, _whole(reader, get("lora_r", default=16)),
                    targets if targets.value is not None else None, None, base)
 
 
