@@ -392,3 +392,12 @@ def test_hybrid_shard_is_not_modelled_at_its_key(tmp_path: Path) -> None:
     first = refused(path).diagnostics[0]
     assert first.message.startswith("not modelled: FSDP sharding strategy HYBRID_SHARD")
     assert first.span is not None and (first.span.line, first.span.column) == (4, 3)
+
+
+def test_trl_per_rank_token_counts_are_not_modelled(tmp_path: Path) -> None:
+    path = write(tmp_path, "sft.yaml", "model_name_or_path: x\naverage_tokens_across_devices: false\n")
+    first = refused(path).diagnostics[0]
+    assert first.message.startswith("not modelled: average_tokens_across_devices false")
+    assert first.span is not None and first.span.line == 2
+    same = write(tmp_path, "same.yaml", "model_name_or_path: x\naverage_tokens_across_devices: true\n")
+    assert "loss token_mean" in statements(import_file(str(same), Options(MODEL, 8)).text)

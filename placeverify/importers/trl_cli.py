@@ -33,7 +33,8 @@ READ = {"model_name_or_path", "per_device_train_batch_size", "gradient_accumulat
         "lora_r", "lora_target_modules", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
         "use_bnb_nested_quant", "dtype", "torch_dtype", "optim", "max_grad_norm", "deepspeed",
         "fsdp", "fsdp_config", "accelerate_config", "num_processes", "use_dora",
-        "activation_offloading", "lora_modules_to_save", "lora_target_parameters"}
+        "activation_offloading", "lora_modules_to_save", "lora_target_parameters",
+        "average_tokens_across_devices"}
 IGNORED = {
     "env", "output_dir", "dataset_name", "dataset_config", "dataset_train_split",
     "dataset_test_split", "dataset_streaming", "datasets", "dataset_text_field",
@@ -90,6 +91,11 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
         value = get(key)
         if value.value not in (None, False, "", [], {}):
             reader.error(f"not modelled: {key} ({what})", value.origin, code=Code.NOT_MODELLED)
+    average = get("average_tokens_across_devices")
+    if average.value is False:
+        reader.error("not modelled: average_tokens_across_devices false (each rank divides its loss "
+                     "by its own token count); placeverify checks the Trainer's default, true",
+                     average.origin, code=Code.NOT_MODELLED)
     fsdp = hf_fsdp.placement(reader, data, get, "TRL", needs_list=True)
     seq = get("max_length", default=1024, why="SFTConfig's default 1024")
     if data.get("max_length") is None and data.get("max_seq_length") is not None:
