@@ -401,3 +401,18 @@ def test_trl_per_rank_token_counts_are_not_modelled(tmp_path: Path) -> None:
     assert first.span is not None and first.span.line == 2
     same = write(tmp_path, "same.yaml", "model_name_or_path: x\naverage_tokens_across_devices: true\n")
     assert "loss token_mean" in statements(import_file(str(same), Options(MODEL, 8)).text)
+
+
+def test_a_deepspeed_value_other_than_the_trainers_is_refused(tmp_path: Path) -> None:
+    """HfTrainerDeepSpeedConfig.fill_match: a written value must equal the Trainer's."""
+    (tmp_path / "ds.json").write_text('{\n  "zero_optimization": {"stage": 1},\n'
+                                      '  "train_micro_batch_size_per_gpu": 4\n}\n')
+    path = write(tmp_path, "run.yml", "base_model: x\nsequence_len: 2048\nmicro_batch_size: 2\n"
+                 "deepspeed: ds.json\n")
+    first = refused(path).diagnostics[0]
+    assert first.message.startswith("train_micro_batch_size_per_gpu 4 differs from "
+                                    "micro_batch_size 2: transformers' Trainer refuses")
+    assert first.span is not None and (first.span.line, first.span.column) == (3, 3)
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 1}, '
+                                      '"train_micro_batch_size_per_gpu": 2}\n')
+    assert "micro_batch = 2" in statements(import_file(str(path), Options(MODEL, 8)).text)

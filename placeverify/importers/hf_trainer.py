@@ -349,6 +349,7 @@ def _deepspeed(reader: Reader, source: Source, plan: Plan, run: Run) -> None:
                               f"the {run.framework} config fills it", fills, run.what,
                               seq=run.seq)
     doc = deepspeed.Config.load(reader, json_source, launch)
+    _agrees(doc, fills)
     deepspeed.translate(doc, plan, run.model)
     plan.framework = "deepspeed"
     if run.optimizer.value not in ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw") \
@@ -365,3 +366,21 @@ def _deepspeed(reader: Reader, source: Source, plan: Plan, run: Run) -> None:
         _adapter(reader, plan, run, config if isinstance(config, dict) else {})
     leftovers(reader, plan, doc.source, doc.data, doc.spans, ((), deepspeed.KEYS),
               (("zero_optimization",), deepspeed.ZERO_KEYS))
+
+
+def _agrees(doc: deepspeed.Config, fills: dict[tuple[str, ...], deepspeed.Fill]) -> None:
+    """A value the JSON writes (not "auto") must be the Trainer's own: ``fill_match`` collects
+    each that differs and the Trainer raises (``HfTrainerDeepSpeedConfig.trainer_config_process``)."""
+    for path, fill in fills.items():
+        node: Any = doc.data
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if fill is None or node is None or node == "auto":
+            continue
+        value, key_name = fill
+        if isinstance(node, bool) != isinstance(value, bool) or node != value:
+            origin = doc.origin(*path)
+            doc.reader.error(f"{origin.key} {json.dumps(node)} differs from {key_name} "
+                             f"{json.dumps(value)}: transformers' Trainer refuses a DeepSpeed value "
+                             'that is not its own; write "auto" or the same value', origin,
+                             code=Code.CONFLICT)
