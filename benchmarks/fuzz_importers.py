@@ -41,9 +41,12 @@ FRAGMENTS = (
     "  deepspeed_config_file: x.json\n", "-1", "0", "1.5", '"abc"', "99999999999999999999",
     "\n[parallelism]\n", "pipeline_parallel_degree = 2\n", '"auto"', "{", ",", "null",
     '"zero_optimization": {"stage": 3}', '"train_micro_batch_size_per_gpu": ',
+    "base_model: x\n", "adapter: qlora\n", "lora_target_modules: ", "deepspeed: x.json\n",
+    "fsdp_config:\n", "use_peft: true\n", "load_in_4bit: true\n", "optimizer: ",
 )
 FORMATS = {".sh": ("megatron",), ".bash": ("megatron",), ".args": ("megatron",),
-           ".yaml": (None, "megatron", "accelerate"), ".yml": (None, "megatron", "accelerate"),
+           ".yaml": (None, "megatron", "accelerate", "axolotl", "trl"),
+           ".yml": (None, "megatron", "accelerate", "axolotl", "trl"),
            ".toml": ("torchtitan",), ".json": ("deepspeed",)}
 
 

@@ -217,6 +217,10 @@ FRAMEWORKS = {
     "torchtitan": Framework("torchtitan", "torch", "torchtitan: eager PyTorch modules under FSDP2"),
     "accelerate": Framework("accelerate", "torch",
                             "accelerate: the Hugging Face model's eager kernels under torch FSDP"),
+    "axolotl": Framework("axolotl", "torch",
+                         "axolotl: the Hugging Face model's eager kernels under transformers' Trainer"),
+    "trl": Framework("TRL", "torch",
+                     "TRL: the Hugging Face model's eager kernels under transformers' Trainer"),
 }
 
 

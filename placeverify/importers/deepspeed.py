@@ -73,6 +73,7 @@ class Launch:
     fills: Mapping[KeyPath, Fill] = field(default_factory=dict)
     what: str = "a DeepSpeed JSON"  # the file, as messages name it
     hints: Mapping[KeyPath, str] = field(default_factory=dict)  # the --set that gives an "auto"
+    seq: Value | None = None  # the sequence length, where the launcher's configuration gives it
 
 
 class Config:
@@ -181,7 +182,7 @@ def translate(doc: Config, plan: Plan, model: str | None) -> int:
     leftover keys are the caller's, who knows the file."""
     _sequence_parallel(doc)
     ga, acc, micro_value = _batch(doc, plan)
-    attach_model(plan, doc.reader, model, None, micro_value, None, doc.launch.what)
+    attach_model(plan, doc.reader, model, doc.launch.seq, micro_value, None, doc.launch.what)
     plan.precision = precision_line(doc)
     stage = _zero(doc, plan)
     _accumulation_loss_clip(doc, plan, ga, acc)

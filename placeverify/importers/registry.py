@@ -14,11 +14,13 @@ from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Sour
 from placeverify.importers import (
     Options,
     accelerate,
+    axolotl,
     deepspeed,
     megatron,
     megatron_yaml,
     torchtitan,
     torchtitan_registry,
+    trl_cli,
 )
 from placeverify.importers.common import FRAMEWORKS, Imported, Plan, Reader, render
 from placeverify.importers.positions import load_json, load_toml
@@ -40,6 +42,8 @@ FORMATS: dict[str, ReadFn] = {
     "deepspeed": deepspeed.read,
     "torchtitan": torchtitan.read,
     "accelerate": accelerate.read,
+    "axolotl": axolotl.read,
+    "trl": trl_cli.read,
 }
 
 
@@ -70,6 +74,10 @@ def detect(source: Source) -> str:
         return "torchtitan"
     if re.search(r"^distributed_type\s*:", text, re.M):
         return "accelerate"
+    if re.search(r"^base_model\s*:", text, re.M):
+        return "axolotl"
+    if re.search(r"^model_name_or_path\s*:", text, re.M):
+        return "trl"
     if re.search(r"--(tensor-model-parallel-size|pipeline-model-parallel-size|num-layers|"
                  r"micro-batch-size|hidden-size)\b", text) or "pretrain_gpt" in text:
         return "megatron"
@@ -77,7 +85,7 @@ def detect(source: Source) -> str:
     if error is not None:
         raise error
     raise _refuse(source, "cannot tell the format of this file (Megatron-LM arguments, DeepSpeed "
-                  "JSON, torchtitan TOML or config registry, or accelerate YAML); give --format")
+                  "JSON, torchtitan TOML or config registry, accelerate, axolotl or TRL YAML); give --format")
 
 
 def _yaml(source: Source) -> object:
