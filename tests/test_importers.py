@@ -657,7 +657,7 @@ def test_hf_config_gives_llama3_dimensions() -> None:
 
 def test_hf_config_refuses_unmodelled_architectures(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
-    config.write_text('{"model_type": "deepseek_v3", "q_lora_rank": 1536}\n')
+    config.write_text('{"model_type": "deepseek_v2", "q_lora_rank": 1536}\n')
     with pytest.raises(PlaceError) as error:
         import_file(fixture("llama3-8b-zero3.json"), Options(world=8, model=str(config)))
     assert error.value.source is not None and error.value.source.path == str(config)

@@ -18,7 +18,10 @@ SwiGLU, the default, keeps the fc1 output, gate and up, and the down projection'
 tensors of width ffn; eager torch the gate, up, activation and product outputs, 4), eager
 RMSNorms' fp32 copies (the eager profiles), no dropout (no masks, no dropout outputs), flash
 attention (no s^2 scores; the fp32 log-sum-exp per head and token), mixture of experts (MLP
-tensors times top_k), and context parallelism (every tensor divided by cp).
+tensors times top_k, and the shared experts' widths), multi-head latent attention
+(:func:`placeverify.cost.saved.latent_saved`), dense and MoE layers summed kind by kind (the
+mean layer, :func:`placeverify.cost.saved.layer_shape`), and context parallelism (every tensor
+divided by cp).
 
 Activations outside the layers (Korthikanti et al. §4.3, "input embeddings" and "output layer and
 cross entropy", and Megatron-core's vocab-parallel output layer and loss) are a separate list,
@@ -28,75 +31,24 @@ cross entropy", and Megatron-core's vocab-parallel output layer and loss) are a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from fractions import Fraction
 
 from placeverify.cost.domain import Domain, Exact, Num
+from placeverify.cost.saved import (
+    LayerShape as LayerShape,  # re-exported for search/screen.py
+)
+from placeverify.cost.saved import (
+    Saved,
+    Split,
+    latent_saved,
+    layer_shape,
+    norm_saved,
+)
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Role, Schedule
 from placeverify.ir.profiles import LayerKernels, layer_kernels
 from placeverify.ir.strategy import RecomputeKind, Strategy
 from placeverify.roles.pipeline import stage_layers
-
-
-class Split(StrEnum):
-    REPLICATED = "replicated"  # replicated over tp; split by tp under sequence parallelism
-    TENSOR = "tensor"  # split by tp (heads or ffn columns)
-    WHOLE = "whole"  # whole on every tensor-parallel rank (a row-parallel matmul's partial sum)
-
-
-@dataclass(frozen=True, slots=True)
-class Saved:
-    """One tensor saved for backward, in bytes per layer per micro-batch without parallelism."""
-
-    name: str
-    bytes: Num
-    split: Split
-    core: bool = False  # part of the attention core that selective recomputation drops
-
-
-@dataclass(frozen=True, slots=True)
-class LayerShape:
-    """The symbols of a layer's activation formulas, in one domain."""
-
-    s: Num
-    b: Num
-    h: Num
-    a: Num
-    kv: Num
-    f: Num
-    e: Num
-    k: Num  # MoE top-k (1 for a dense MLP)
-    head: Num | None = None  # the width of a head when it is not h / a (Transformer.head_size)
-
-
-def layer_shape(d: Domain, arch: Transformer, activation_bytes: Num) -> LayerShape:
-    ffn = arch.expert_ffn or arch.ffn
-    h, a, kv = d.sym("h", arch.hidden), d.sym("a", arch.heads), d.sym("a_kv", arch.kv_heads)
-    return LayerShape(
-        s=d.sym("s", arch.seq), b=d.sym("b", arch.micro_batch), h=h, a=a, kv=kv,
-        f=d.sym("f", ffn), e=activation_bytes, k=d.sym("k", arch.top_k) if arch.moe else d.const(1),
-        head=d.sym("d_head", arch.head_dim) if arch.head_size else None)
-
-
-def _norm(arch: Transformer, x: LayerShape, where: str, kernels: LayerKernels,
-          elements: Num | None = None, rows: Num | None = None,
-          rep: Split = Split.REPLICATED) -> list[Saved]:
-    """What a norm saves: its input (Korthikanti et al.); an eager RMSNorm
-    (:data:`placeverify.ir.profiles.LAYER_KERNELS`, transformers' ``LlamaRMSNorm``) its fp32 copy
-    instead, the normalised input in the activation dtype and the fp32 reciprocal RMS per row.
-    A layer norm normalises s·b rows of h (``elements``); a Q or K norm s·b·heads rows of
-    head_dim, split over tp with the heads (``rep``)."""
-    sbh = x.s * x.b * x.h if elements is None else elements
-    per_row = x.s * x.b if rows is None else rows
-    if arch.norm == "layernorm" and kernels.layernorm_stats:
-        return [Saved(f"{where} norm input", x.e * sbh, rep),
-                Saved(f"{where} norm mean and rstd (fp32)", 2 * 4 * per_row, rep)]
-    if not (kernels.eager_rmsnorm and arch.norm == "rmsnorm"):
-        return [Saved(f"{where} norm input", x.e * sbh, rep)]
-    return [Saved(f"{where} norm input (fp32 copy)", 4 * sbh, rep),
-            Saved(f"{where} norm normalised input", x.e * sbh, rep),
-            Saved(f"{where} norm reciprocal RMS (fp32)", 4 * per_row, rep)]
 
 
 def _qk_norms(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> list[Saved]:
@@ -108,8 +60,8 @@ def _qk_norms(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> list[S
         q, k = sb * x.h, sb * x.h * (x.kv / x.a)
     else:
         q, k = sb * x.a * x.head, sb * x.kv * x.head
-    return [*_norm(arch, x, "Q", kernels, q, sb * x.a, Split.TENSOR),
-            *_norm(arch, x, "K", kernels, k, sb * x.kv, Split.TENSOR)]
+    return [*norm_saved(arch, x, "Q", kernels, q, sb * x.a, Split.TENSOR),
+            *norm_saved(arch, x, "K", kernels, k, sb * x.kv, Split.TENSOR)]
 
 
 def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> list[Saved]:
@@ -129,18 +81,20 @@ def saved_tensors(arch: Transformer, x: LayerShape, kernels: LayerKernels) -> li
         kv = q
     rep, tp = Split.REPLICATED, Split.TENSOR
     mask = x.e if kernels.float_masks else 1  # bytes per element of a dropout mask
-    out = [
-        *_norm(arch, x, "attention", kernels),
+    attention = latent_saved(arch, x, kernels) if arch.latent is not None else [
         Saved("QKV projection input", x.e * sbh, rep),
         Saved("Q", q, tp),
         Saved("K", kv, tp),
         Saved("V", kv, tp),
-        Saved("output projection input", q, tp),
+        Saved("output projection input", q, tp)]
+    out = [
+        *norm_saved(arch, x, "attention", kernels),
+        *attention,
         *(_qk_norms(arch, x, kernels) if arch.qk_norm else []),
-        *(_norm(arch, x, "post-attention", kernels) if arch.sandwich_norm else []),
-        *_norm(arch, x, "MLP", kernels),
+        *(norm_saved(arch, x, "post-attention", kernels) if arch.sandwich_norm else []),
+        *norm_saved(arch, x, "MLP", kernels),
         Saved("MLP input", x.e * sbh, rep),
-        *(_norm(arch, x, "post-MLP", kernels) if arch.sandwich_norm else []),
+        *(norm_saved(arch, x, "post-MLP", kernels) if arch.sandwich_norm else []),
     ]
     scores = x.a * x.s * x.s * x.b
     if arch.attention == "flash":
@@ -216,13 +170,18 @@ def activation_cost(d: Domain, strategy: Strategy, activation_bytes: Num) -> Act
     if arch is None:
         return None
     x = layer_shape(d, arch, activation_bytes)
-    saved = saved_tensors(arch, x, layer_kernels(strategy.mesh.memory_profile))
+    kernels = layer_kernels(strategy.mesh.memory_profile)
+    saved = saved_tensors(arch, x, kernels)
     t, sp, c = parallel_sizes(d, strategy)
     recompute = strategy.recompute.kind
     full_layer = per_layer_bytes(saved, t, sp, c, drop_core=False)
     if recompute is RecomputeKind.FULL:
         per_layer = x.e * x.s * x.b * x.h / ((t if sp else 1) * c)
-        working_set = full_layer
+        # one layer rebuilt at a time: the larger kind where dense and MoE layers differ
+        working_set = full_layer if not arch.mixed_layers else d.max(*(
+            per_layer_bytes(saved_tensors(arch, layer_shape(d, arch, activation_bytes, kind),
+                                          kernels), t, sp, c, drop_core=False)
+            for kind in (True, False)))
         kept, held = recomputed_layers(strategy)
         if kept < held:  # every n-th layer recomputed, the others keep everything
             per_layer = (per_layer * kept + full_layer * (held - kept)) / held

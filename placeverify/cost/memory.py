@@ -216,8 +216,7 @@ def stage_params(d: Domain, strategy: Strategy, kind: StageKind,
         stages = d.const(1) if pipe is None else d.sym(pipe.axis, p)
         return {g: n / stages for g, n in group_params(d, strategy).items()}
     word = arch.padded_vocab(tensor_size(strategy)) * arch.hidden
-    layer = arch.layer_params()
-    layers = {g: n * arch.layers for g, n in layer.items()}
+    layers = arch.layers_params()  # dense and MoE layers alike under a pipeline (lower/model.py)
     output = 0 if arch.tied_embeddings else word
     # the embedding group here is the word table; a learned position table is apart
     # (stage_positions), since tensor axes leave it whole

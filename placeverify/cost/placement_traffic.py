@@ -303,9 +303,17 @@ def _context_and_expert_items(d: Domain, strategy: Strategy, x: _Layers) -> list
             items.append(comm_item(d, strategy, "all_to_all", group,
                                    "tokens to experts and back (dispatch, combine; fwd"
                                    + (", recompute" if refwd else "") + " and bwd)",
-                                   tokens, (4 + 2 * refwd) * layers * m, "activations", "placement",
-                                   p.span))
+                                   tokens, (4 + 2 * refwd) * moe_layers(d, arch, layers) * m,
+                                   "activations", "placement", p.span))
     return items
+
+
+def moe_layers(d: Domain, arch: Transformer, layers: Num) -> Num:
+    """The MoE layers among ``layers`` (all of them unless dense and MoE layers mix; then the
+    model's share, L_moe / L: a pipeline over such a model is refused, lower/shapes.py)."""
+    if not arch.mixed_layers:
+        return layers
+    return layers * d.sym("L_moe", arch.moe_layers) / d.sym("L", arch.layers)
 
 
 def _offload_items(d: Domain, strategy: Strategy, m: Num, local_total: Num,
@@ -368,7 +376,7 @@ def _expert_tensor_items(d: Domain, strategy: Strategy, x: _Layers) -> list[Comm
     for p in split:
         whole = whole * d.sym(p.axis, strategy.size(p.axis))
     gathered = x.b * x.s * d.sym("k", arch.top_k) * x.h * x.e / (x.c * whole)
-    calls = (2 + x.refwd) * x.layers * x.m
+    calls = (2 + x.refwd) * moe_layers(d, arch, x.layers) * x.m
     group, span = mesh.group(*rest), split[0].span
     return [comm_item(d, strategy, "all_gather", group, "routed tokens over the expert tensor-"
                       "parallel group (dispatch forward, combine backward)", gathered, calls,

@@ -52,9 +52,7 @@ def _largest_tensor(strategy: Strategy) -> Fraction:
     for p in strategy.placements:
         if p.role is Role.TENSOR:
             t *= strategy.size(p.axis)
-    ffn = arch.expert_ffn or arch.ffn
-    largest = max(arch.hidden * arch.q_dim, arch.hidden * ffn,
-                  arch.padded_vocab(t) * arch.hidden)
+    largest = max(arch.largest_layer_matrix(), arch.padded_vocab(t) * arch.hidden)
     return Fraction(largest, t)
 
 
@@ -161,9 +159,10 @@ def fsdp2_zero2_world(strategy: Strategy, profile: str) -> int:
     ``reshard_after_forward = false`` (S*, S, S) so. Data axes of size > 1 that shard the
     gradients and keep the parameters whole or gathered from forward to backward. 1 where this
     does not apply or is not modelled (tensor, pipeline, expert or context axes of size > 1,
-    experts, or a step that keeps the gathered parameters after the update as written)."""
+    experts, latent attention, or a step that keeps the gathered parameters after the update as written)."""
     arch = strategy.model.arch
-    if profile not in ("torch", "torch_cpu") or arch is None or arch.moe:
+    if profile not in ("torch", "torch_cpu") or arch is None or arch.moe \
+            or arch.latent is not None:
         return 1
     if any(p.role is not Role.DATA and strategy.size(p.axis) > 1 for p in strategy.placements):
         return 1
@@ -337,7 +336,7 @@ def accumulation_temporaries(strategy: Strategy) -> list[tuple[str, Fraction]]:
     assert arch is not None
     t = role_size(strategy, Role.TENSOR)
     ffn = arch.expert_ffn or arch.ffn
-    weight = Fraction(max(arch.hidden * arch.q_dim, arch.hidden * ffn), t) \
+    weight = Fraction(arch.largest_layer_matrix(), t) \
         * strategy.precision.grads
     flowing = Fraction(strategy.precision.activations) * arch.micro_batch * arch.seq * ffn / t \
         / role_size(strategy, Role.CONTEXT)

@@ -27,9 +27,13 @@ over head_dim; the embedding scale and the logit soft-capping hold no parameters
 is a sparse MoE block whose experts are SwiGLU MLPs of width intermediate_size) and
 ``models/gpt2/configuration_gpt2.py`` (n_embd, n_layer, n_head, n_inner defaulting to 4 * n_embd,
 n_positions, tie_word_embeddings default True, learned
-positions, LayerNorm, biases, resid_pdrop / attn_pdrop). Other architectures are refused by name:
-their layers (multi-head latent attention, shared experts, partial biases) change the parameter
-count in ways ``model transformer`` does not describe.
+positions, LayerNorm, biases, resid_pdrop / attn_pdrop), and ``deepseek_v3`` (multi-head latent
+attention, shared experts, dense layers before the MoE ones) and ``llama4_text`` (shared expert,
+interleaved dense and MoE layers), whose rules, cited line by line, are in
+:mod:`placeverify.importers.hf_layer_kinds`. Other architectures are refused by name: their
+layers (partial biases, other attention) change the parameter count in ways ``model
+transformer`` does not describe; the keys of :data:`REFUSED` are refused in every other model
+type.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, PlaceError, Severity, Source
 from placeverify.importers.common import Line, Plan, Reader
+from placeverify.importers.hf_layer_kinds import (
+    MODELLED_KEYS,
+    deepseek_v3_lines,
+    llama4_text_lines,
+    refuse_multimodal_llama4,
+)
 from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import load_json, syntax_error
 from placeverify.syntax.source import read_source
@@ -46,7 +56,7 @@ LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi
               "gemma3_text")
 GEMMA = ("gemma2", "gemma3_text")
 MOE = {"mixtral": ("num_local_experts", None), "qwen3_moe": ("num_experts", "moe_intermediate_size")}
-SUPPORTED = (*LLAMA_LIKE, "gpt2")
+SUPPORTED = (*LLAMA_LIKE, "gpt2", "deepseek_v3", "llama4_text")
 
 # Keys that do not change placement, memory or communication as placeverify models them.
 IGNORED = frozenset({
@@ -119,15 +129,19 @@ class HFModel:
                 "(text_config, model_type gemma3_text) with --model", self.origin("model_type"),
                 code=Code.NOT_MODELLED)
             self.reader.raise_if_errors()
+        if kind == "llama4":
+            refuse_multimodal_llama4(self)
+            self.reader.raise_if_errors()
         if kind not in SUPPORTED:
             self.reader.error(
                 f"model_type {kind!r} is not modelled; placeverify reads "
                 + ", ".join(SUPPORTED) + " configurations", self.origin("model_type"),
                 "describe other models by hand: model transformer { layers = ..., hidden = ... }",
                 code=Code.NOT_MODELLED)
+        modelled = MODELLED_KEYS.get(str(kind), frozenset())
         for key, why in REFUSED.items():
             every_layer = key == "decoder_sparse_step" and self.data.get(key) == 1
-            if self.data.get(key) not in (None, 0) and not every_layer:
+            if self.data.get(key) not in (None, 0) and not every_layer and key not in modelled:
                 self.reader.error(f"not modelled: '{key}': {why}", self.origin(key),
                                   code=Code.NOT_MODELLED)
                 self.used.add(key)
@@ -137,7 +151,9 @@ class HFModel:
                               "not modelled", self.origin("mlp_only_layers"),
                               code=Code.NOT_MODELLED)
         self.used.add("mlp_only_layers")
-        lines = self._gpt2() if kind == "gpt2" else self._llama(MOE.get(str(kind)))
+        lines = (self._gpt2() if kind == "gpt2" else deepseek_v3_lines(self)
+                 if kind == "deepseek_v3" else llama4_text_lines(self) if kind == "llama4_text"
+                 else self._llama(MOE.get(str(kind))))
         for key in self.data:
             if key not in self.used and key not in IGNORED:
                 self.reader.warning(f"not modelled: config.json key '{key}'", self.origin(key))
@@ -145,7 +161,7 @@ class HFModel:
         self.main.extra.extend(self.reader.warnings())
         return lines
 
-    def _line(self, entry: str, v: Value | None, text: str | None = None) -> Line:
+    def line(self, entry: str, v: Value | None, text: str | None = None) -> Line:
         if v is None:
             return Line(f"{entry} = 0")
         return Line(f"{entry} = {text if text is not None else v.value}", v.origin.key, v.origin)
@@ -177,20 +193,20 @@ class HFModel:
             resid = self.get("resid_pdrop", 0.0)
             assert resid is not None
             dropout = resid if resid.value and not dropout.value else dropout
-        lines = [self._line("layers", layers), self._line("hidden", hidden),
-                 self._line("heads", heads), self._line("kv_heads", kv),
-                 self._line("ffn", ffn),
-                 *([self._line("head_dim", head_dim)] if head_dim is not None
+        lines = [self.line("layers", layers), self.line("hidden", hidden),
+                 self.line("heads", heads), self.line("kv_heads", kv),
+                 self.line("ffn", ffn),
+                 *([self.line("head_dim", head_dim)] if head_dim is not None
                    and head_dim.value is not None else []),
                  Line("mlp = gated", "GeGLU (Gemma's MLP: gate, up and down projections)"
                       if self.data.get("model_type") in GEMMA
                       else "SwiGLU (LlamaMLP: gate, up and down projections)"),
-                 self._line("vocab", vocab),
-                 self._line("embeddings", tied, "tied" if tied.value else "untied"),
+                 self.line("vocab", vocab),
+                 self.line("embeddings", tied, "tied" if tied.value else "untied"),
                  Line("position = rotary", "RoPE (rope_theta)"),
                  Line("norm = rmsnorm", "RMSNorm (rms_norm_eps)"),
-                 self._line("bias", attention_bias, "true" if attention_bias.value else "false"),
-                 self._line("dropout", dropout, "true" if dropout.value else "false"),
+                 self.line("bias", attention_bias, "true" if attention_bias.value else "false"),
+                 self.line("dropout", dropout, "true" if dropout.value else "false"),
                  Line("attention = flash", "config.json does not say: flash/SDPA assumed")]
         if self.data.get("model_type") in ("qwen3", "qwen3_moe"):
             lines.append(Line("qk_norm = true", "model_type qwen3 (Qwen3Attention: q_norm and "
@@ -216,9 +232,9 @@ class HFModel:
             count, width = moe
             experts = self.integer(count)
             top_k = self.integer("num_experts_per_tok")
-            lines += [self._line("experts", experts), self._line("top_k", top_k)]
+            lines += [self.line("experts", experts), self.line("top_k", top_k)]
             if width is not None:
-                lines.append(self._line("expert_ffn", self.integer(width)))
+                lines.append(self.line("expert_ffn", self.integer(width)))
             self.get("norm_topk_prob")  # renormalises the top-k weights: no size changes
         return lines
 
@@ -234,16 +250,16 @@ class HFModel:
         dropout = self.get("resid_pdrop", 0.1)
         self.get("attn_pdrop")
         assert tied is not None and dropout is not None
-        return [self._line("layers", layers), self._line("hidden", hidden),
-                self._line("heads", heads), self._line("kv_heads", heads),
-                self._line("ffn", ffn), Line("mlp = plain", "GELU MLP (GPT2MLP)"),
-                self._line("vocab", vocab),
-                self._line("embeddings", tied, "tied" if tied.value else "untied"),
-                self._line("position", positions, "learned"),
-                self._line("max_position", positions),
+        return [self.line("layers", layers), self.line("hidden", hidden),
+                self.line("heads", heads), self.line("kv_heads", heads),
+                self.line("ffn", ffn), Line("mlp = plain", "GELU MLP (GPT2MLP)"),
+                self.line("vocab", vocab),
+                self.line("embeddings", tied, "tied" if tied.value else "untied"),
+                self.line("position", positions, "learned"),
+                self.line("max_position", positions),
                 Line("norm = layernorm", "GPT2Block: LayerNorm"),
                 Line("bias = true", "GPT2 Conv1D layers have biases"),
-                self._line("dropout", dropout, "true" if dropout.value else "false"),
+                self.line("dropout", dropout, "true" if dropout.value else "false"),
                 Line("attention = flash", "config.json does not say: flash/SDPA assumed")]
 
     def max_position(self) -> Value | None:

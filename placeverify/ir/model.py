@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from placeverify.ir.latent import Latent
+
 
 class ParamGroup(StrEnum):
     DENSE = "dense"
@@ -103,6 +105,18 @@ class Transformer:
     # its input (torch's nn.GELU, either approximation); "gelu_new", the tanh GELU written out
     # as elementwise operations (the name transformers gives it, ``NewGELUActivation``)
     activation: str = "gelu"
+    # multi-head latent attention (DeepSeek's MLA, placeverify.ir.latent) in place of
+    # grouped-query attention's q, k, v and o projections; None: grouped-query attention
+    latent: Latent | None = None
+    # a shared expert MLP beside the routed ones in every MoE layer, shared_experts x expert_ffn
+    # wide (DeepSeek's n_shared_experts: one DeepseekV3MLP of moe_intermediate_size x
+    # n_shared_experts; Llama 4's shared_expert of intermediate_size)
+    shared_experts: int = 0
+    # the first dense_layers layers have a dense MLP of width ffn (DeepSeek's first_k_dense_replace)
+    dense_layers: int = 0
+    # of the others, layer i (from 0) is an MoE layer when (i + 1) % moe_every == 0 and a dense
+    # one otherwise (Llama 4's interleave_moe_layer_step: moe_layers = range(step - 1, L, step))
+    moe_every: int = 1
 
     # ---- shapes ----
     @property
@@ -122,6 +136,24 @@ class Transformer:
     def moe(self) -> bool:
         return self.experts > 0
 
+    def moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (from 0) is an MoE layer (:attr:`dense_layers`,
+        :attr:`moe_every`)."""
+        return self.moe and index >= self.dense_layers and (index + 1) % self.moe_every == 0
+
+    @property
+    def moe_layers(self) -> int:
+        """How many layers are MoE layers (the others have a dense MLP of width ffn): the i from
+        dense_layers to layers - 1 with i + 1 a multiple of moe_every."""
+        if not self.moe:
+            return 0
+        return max(0, self.layers // self.moe_every - self.dense_layers // self.moe_every)
+
+    @property
+    def mixed_layers(self) -> bool:
+        """Dense and MoE layers in one model: their parameters and activations differ."""
+        return 0 < self.moe_layers < self.layers
+
     @property
     def position_rows(self) -> int:
         return (self.max_position or self.seq) if self.position == "learned" else 0
@@ -140,6 +172,8 @@ class Transformer:
 
     def attention_params(self) -> tuple[int, int]:
         """(sharded by tp, replicated over tp) of one attention block."""
+        if self.latent is not None:
+            return self.latent.params(self.hidden, self.heads, self.norm_params(1), self.bias)
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
         weights = h * q + 2 * h * kv + q * h  # q, k, v, o
         column_bias = (q + 2 * kv) if self.bias or self.qkv_bias else 0
@@ -155,18 +189,25 @@ class Transformer:
         row_bias = h if self.bias else 0
         return matrices + column_bias, row_bias
 
-    def layer_params(self) -> dict[ParamGroup, int]:
-        """Parameters of one transformer layer by group."""
+    def layer_params(self, moe: bool | None = None) -> dict[ParamGroup, int]:
+        """Parameters of one transformer layer by group: an MoE layer's (``moe`` True) or a dense
+        one's; by default an MoE layer's in an MoE model (its largest layer)."""
+        moe = self.moe if moe is None else moe and self.moe
         attn_sharded, attn_replicated = self.attention_params()
         norms = (4 if self.sandwich_norm else 2) * self.norm_params() + attn_replicated
         if self.qk_norm:
             norms += 2 * self.norm_params(self.head_dim)  # q_norm, k_norm: replicated over tp
         groups = {ParamGroup.DENSE: attn_sharded, ParamGroup.NORMS: norms,
                   ParamGroup.EMBEDDING: 0, ParamGroup.EXPERTS: 0}
-        if self.moe:
+        if moe:
             expert_sharded, expert_replicated = self.mlp_params(self.expert_ffn or self.ffn)
             groups[ParamGroup.EXPERTS] = self.experts * (expert_sharded + expert_replicated)
             groups[ParamGroup.NORMS] += self.hidden * self.experts  # router
+            if self.shared_experts:  # one MLP, split by tp as a dense MLP is
+                shared_sharded, shared_replicated = self.mlp_params(
+                    self.shared_experts * (self.expert_ffn or self.ffn))
+                groups[ParamGroup.DENSE] += shared_sharded
+                groups[ParamGroup.NORMS] += shared_replicated
         else:
             mlp_sharded, mlp_replicated = self.mlp_params()
             groups[ParamGroup.DENSE] += mlp_sharded
@@ -218,10 +259,15 @@ class Transformer:
         """An untied output layer (0 when tied to the embedding)."""
         return 0 if self.tied_embeddings else self.vocab * self.hidden
 
+    def layers_params(self) -> dict[ParamGroup, int]:
+        """Parameters of all the transformer layers by group (MoE and dense layers summed)."""
+        moe, dense = self.layer_params(True), self.layer_params(False)
+        n = self.moe_layers
+        return {g: moe[g] * n + dense[g] * (self.layers - n) for g in moe}
+
     def group_params(self) -> dict[ParamGroup, int]:
         """Whole-model parameters by group."""
-        per_layer = self.layer_params()
-        groups = {g: n * self.layers for g, n in per_layer.items()}
+        groups = self.layers_params()
         groups[ParamGroup.NORMS] += self.norm_params()  # final norm
         groups[ParamGroup.EMBEDDING] += self.embedding_params()
         groups[ParamGroup.DENSE] += self.output_params()
@@ -232,8 +278,18 @@ class Transformer:
 
     def largest_unit_params(self) -> int:
         """The largest reconstruction unit for S* (FSDP's wrapping unit): a layer or an embedding."""
-        layer = sum(self.layer_params().values())
+        layer = max(sum(self.layer_params(True).values()), sum(self.layer_params(False).values()))
         return max(layer, self.embedding_params(), self.output_params())
+
+    def largest_layer_matrix(self) -> int:
+        """Elements of a layer's largest weight matrix: an attention projection, the dense MLP's,
+        an expert's or the shared experts'."""
+        f = (self.expert_ffn or self.ffn) * max(1, self.shared_experts) if self.moe else 0
+        if self.moe_layers < self.layers:
+            f = max(f, self.ffn)
+        attention = (max(i * o for i, o, _ in self.latent.linears(self.hidden, self.heads).values())
+                     if self.latent is not None else self.hidden * self.q_dim)
+        return max(attention, self.hidden * f)
 
 
 @dataclass(frozen=True, slots=True)

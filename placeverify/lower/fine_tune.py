@@ -58,6 +58,11 @@ def read_fine_tune(ctx: Context, model: Model, entries: dict[str, ast.Entry],
                   "not a bare 'params' count", Code.CONFLICT, entries["base_dtype"].key.span
                   if "base_dtype" in entries else span)
         return None
+    if base is not None and model.arch is not None and model.arch.latent is not None:
+        ctx.error("not modelled: a quantised base of multi-head latent attention (its linear "
+                  "layers are not Llama's)", Code.NOT_MODELLED,
+                  entries["base_dtype"].span if "base_dtype" in entries else span)
+        return None
     if base is not None and ParamGroup.DENSE not in frozen:
         ctx.error(f"a quantised base ({base}) is frozen: 'frozen' must name dense", Code.CONFLICT,
                   entries["base_dtype"].span if "base_dtype" in entries else span)
@@ -89,8 +94,9 @@ def _adapter(ctx: Context, model: Model, entries: dict[str, ast.Entry],
         ctx.error("an adapter is added to named linear layers: give the architecture, not a "
                   "bare 'params' count", Code.CONFLICT, entries["adapter"].key.span)
         return False
-    if model.arch.moe:
-        ctx.error("adapters on a mixture of experts are not modelled", Code.BAD_VALUE,
+    if model.arch.moe or model.arch.latent is not None:
+        ctx.error("adapters on a mixture of experts are not modelled" if model.arch.moe else
+                  "adapters on multi-head latent attention are not modelled", Code.BAD_VALUE,
                   entries["adapter"].span)
         return False
     missing = [k for k in ("lora_rank", "lora_targets") if k not in entries]

@@ -7,13 +7,15 @@ from dataclasses import replace
 from placeverify.diagnostics import Code, Span, did_you_mean
 from placeverify.ir.model import ARCHITECTURES, BARE_MODELS, MODEL_PRESETS, Model, Transformer
 from placeverify.lower.fine_tune import read_fine_tune, split_fine_tune
+from placeverify.lower.layer_kinds import KIND_KEYS, apply_kinds, read_kind_key
 from placeverify.lower.values import MAX_DIM, MAX_LAYERS, MAX_PARAMS, MAX_SEQ, Context, literal
 from placeverify.syntax import ast
 
 ARCH_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab",
              "vocab_divisible_by", "embeddings", "seq", "micro_batch", "position",
              "max_position", "norm", "bias", "dropout", "attention", "experts", "top_k",
-             "expert_ffn", "head_dim", "qkv_bias", "qk_norm", "sandwich_norm", "activation")
+             "expert_ffn", "head_dim", "qkv_bias", "qk_norm", "sandwich_norm", "activation",
+             *KIND_KEYS)
 
 
 def read_model(ctx: Context, stmt: ast.ModelStmt) -> Model | None:
@@ -84,9 +86,12 @@ def bare_model(ctx: Context, name: str | None, entries: dict[str, ast.Entry],
 def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.Entry],
                  stmt: ast.ModelStmt) -> Transformer | None:
     values: dict[str, object] = {}
+    kinds: dict[str, int | None] = {}
     for key, entry in entries.items():
         v = entry.value
-        if key in ("layers", "heads", "kv_heads", "experts", "top_k"):
+        if key in KIND_KEYS:
+            kinds[key] = read_kind_key(ctx, key, v)
+        elif key in ("layers", "heads", "kv_heads", "experts", "top_k"):
             low = 0 if key in ("experts", "top_k") else 1
             high = MAX_LAYERS if key == "layers" else MAX_DIM
             values[key] = ctx.integer(v, key, low, high)
@@ -117,7 +122,7 @@ def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.
         else:
             ctx.error(f"unknown model key '{key}'{did_you_mean(key, ARCH_KEYS)}",
                       Code.UNKNOWN_NAME, entry.key.span)
-    if any(v is None for v in values.values()):
+    if any(v is None for v in (*values.values(), *kinds.values())):
         return None
     if base is None:
         missing = [k for k in ("layers", "hidden", "heads", "vocab", "seq") if k not in values]
@@ -138,7 +143,17 @@ def architecture(ctx: Context, base: Transformer | None, entries: dict[str, ast.
     span = stmt.span
     if arch.head_size == arch.hidden // arch.heads and not arch.hidden % arch.heads:
         arch = replace(arch, head_size=0)  # the default width, written out
-    if arch.hidden % arch.heads and not arch.head_size:
+    given = {k: v for k, v in kinds.items() if v is not None}
+    kind = apply_kinds(ctx, arch, given, entries, span)
+    return None if kind is None else validate(ctx, kind, entries, span)
+
+
+def validate(ctx: Context, arch: Transformer, entries: dict[str, ast.Entry],
+             span: Span) -> Transformer:
+    """The architecture's checks across keys, each error at the key it is about."""
+    if arch.latent is not None:  # the heads' widths are given: nothing to divide
+        pass
+    elif arch.hidden % arch.heads and not arch.head_size:
         ctx.error(f"hidden ({arch.hidden}) must be divisible by heads ({arch.heads})",
                   Code.NOT_DIVISIBLE, entry_span(entries, "hidden", span))
     elif arch.heads % arch.kv_heads:

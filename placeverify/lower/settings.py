@@ -72,6 +72,13 @@ def read_recompute(ctx: Context, stmt: ast.RecomputeStmt | None, model: Model) -
     elif model.arch is not None and model.arch.moe and name == RecomputeKind.SELECTIVE_OP:
         ctx.error("not modelled: selective_op recomputation of mixture-of-experts layers "
                   "(its policy is modelled on a dense layer)", Code.NOT_MODELLED, stmt.span)
+    elif model.arch is not None and model.arch.latent is not None \
+            and name == RecomputeKind.SELECTIVE_OP:
+        ctx.error("not modelled: selective_op recomputation of multi-head latent attention "
+                  "(its policy is modelled on Llama's attention)", Code.NOT_MODELLED, stmt.span)
+    elif model.arch is not None and model.arch.mixed_layers and every > 1:
+        ctx.error("not modelled: recompute full every = N of a model whose dense and MoE layers "
+                  "differ (which kinds the recomputed layers are)", Code.NOT_MODELLED, stmt.span)
     return Recompute(RecomputeKind(name), restore, stmt.span, every)
 
 

@@ -42,6 +42,7 @@ def check_shapes(ctx: Context, model: Model, mesh: Mesh, placements: tuple[AxisP
     sequence_parallel = [p for p in by_role.get(Role.TENSOR, []) if p.sequence_parallel]
     context = factors(mesh, by_role.get(Role.CONTEXT, []))
     for p in placements:
+        layer_kind_limits(ctx, arch, mesh, p)
         if ROLES[p.role].needs_moe and not arch.moe:
             ctx.error(f"expert parallelism over {p.axis} needs a mixture-of-experts model "
                       "(experts, top_k)", Code.CONFLICT, p.span)
@@ -53,6 +54,28 @@ def check_shapes(ctx: Context, model: Model, mesh: Mesh, placements: tuple[AxisP
                               if p.role is Role.EXPERT else by_role[p.role], microbatches)
         if sequence_parallel and p is sequence_parallel[-1]:
             check_sequence_parallel(ctx, arch, p, factors(mesh, sequence_parallel), context)
+
+
+def layer_kind_limits(ctx: Context, arch: Transformer, mesh: Mesh, p: AxisPlacement) -> None:
+    """What the costs do not model for layers other than Llama's (ir/latent.py, shared experts,
+    dense and MoE layers mixed): tensor parallelism's collectives of such layers, context
+    parallelism's gathers of latent attention's keys and values, and pipeline stages whose
+    layers differ."""
+    if mesh.size(p.axis) == 1:
+        return
+    latent, shared, mixed = arch.latent is not None, arch.shared_experts > 0, arch.mixed_layers
+    what = None
+    if p.role is Role.TENSOR and (latent or shared or mixed):
+        what = ("tensor parallelism of " + ("multi-head latent attention" if latent else
+                "shared experts" if shared else "a mix of dense and MoE layers")
+                + " (the tensor-parallel collectives are modelled on Llama's layers)")
+    elif p.role is Role.CONTEXT and latent:
+        what = "context parallelism of multi-head latent attention (its K and V gathers)"
+    elif p.role is Role.PIPELINE and mixed:
+        what = ("pipeline stages of a model whose dense and MoE layers differ (dense_layers, "
+                "moe_every): each stage is costed as L / p mean layers")
+    if what is not None:
+        ctx.error(f"not modelled: {what}", Code.NOT_MODELLED, p.span)
 
 
 def check_role_shapes(ctx: Context, arch: Transformer, mesh: Mesh,

@@ -220,6 +220,9 @@ def _model(strategy: Strategy, notes: list[str]) -> tuple[Transformer | None, Ml
     if arch.moe:
         raise _error(strategy, "mixture-of-experts models have no torch implementation in measure",
                      span)
+    if arch.latent is not None:
+        raise _error(strategy, "multi-head latent attention has no torch implementation in "
+                     "measure", span)
     if arch.params() > MAX_PARAMS:
         raise _error(strategy, f"a model of {arch.params():,} parameters is too large to run at small "
                      "scale on CPU", span, f"measure runs up to {MAX_PARAMS:,} parameters; write "

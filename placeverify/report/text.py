@@ -13,6 +13,7 @@ from rich.text import Text
 
 from placeverify.console import print_table
 from placeverify.cost import CATEGORIES, Costs, whole
+from placeverify.ir.model import Transformer
 from placeverify.ir.placement import STATES, Overlap, Reduce, Role, Schedule, TensorOverlap
 from placeverify.report import units
 from placeverify.report.data import formulas_document, overrides_text, step_lines
@@ -51,6 +52,20 @@ def human_seconds(value: Fraction | None) -> str:
     return f"{s * 1e6:.3g} µs"
 
 
+def architecture_line(a: Transformer) -> str:
+    """The architecture's sizes, on the model line."""
+    heads = (f"{a.heads} heads (latent attention, kv rank {a.latent.kv_rank}"
+             + (f", q rank {a.latent.q_rank}" if a.latent.q_rank else "") + ")"
+             if a.latent is not None else f"{a.heads} heads ({a.kv_heads} kv"
+             + (f", {a.head_dim} wide" if a.head_size else "") + ")")
+    experts = (f", {a.experts} experts top-{a.top_k}"
+               + (f" + {a.shared_experts} shared" if a.shared_experts else "")
+               + (f" in {a.moe_layers} of the layers" if a.mixed_layers else "")
+               if a.moe else "")
+    return (f"{a.layers} layers, hidden {a.hidden}, {heads}, seq {a.seq}, "
+            f"micro-batch {a.micro_batch}{experts}")
+
+
 def render_check(result: CheckResult, console: Console, formulas: bool = False) -> None:
     s = result.strategy
     costs = result.costs
@@ -61,12 +76,8 @@ def render_check(result: CheckResult, console: Console, formulas: bool = False) 
     if model.arch is None:
         console.print(f"model      {model.name}: {model.params:,} parameters (bare count)")
     else:
-        a = model.arch
-        console.print(f"model      {model.name}: {model.params:,} parameters; {a.layers} layers, "
-                      f"hidden {a.hidden}, {a.heads} heads ({a.kv_heads} kv"
-                      + (f", {a.head_dim} wide" if a.head_size else "") + f"), seq {a.seq}, "
-                      f"micro-batch {a.micro_batch}" + (f", {a.experts} experts top-{a.top_k}"
-                                                        if a.moe else ""))
+        console.print(f"model      {model.name}: {model.params:,} parameters; "
+                      + architecture_line(model.arch))
     p = s.precision
     console.print(f"precision  {p.name}: Θ {p.params} B, Ω {p.optimizer} B, G {p.grads} B, "
                   f"A {p.activations} B per element; loss scaling {s.loss_scale}")

@@ -77,6 +77,10 @@ def problem_from(strategy: Strategy, tree: ast.File | None, *, devices: int | No
         _fail(source, "search does not model fine-tunes: its screen would rank the strategies "
               "of training every parameter", "check each fine-tune layout with 'placeverify "
               "check' (frozen groups, adapters and a quantised base are costed there)")
+    if arch.latent is not None or arch.shared_experts or arch.mixed_layers:
+        _fail(source, "search does not model multi-head latent attention, shared experts or a "
+              "mix of dense and MoE layers: its screen estimates Llama-shaped layers",
+              "check each layout of this model with 'placeverify check'")
     if seq is not None:
         arch = replace(arch, seq=seq)
     mesh = strategy.mesh

@@ -30,6 +30,9 @@ _WORDS: dict[str, tuple[str, Callable[[Any], str]]] = {
 }
 
 
+LAYER_KIND_FIELDS = ("latent", "shared_experts", "dense_layers", "moe_every")
+
+
 def model_text(name: str, arch: Transformer) -> str:
     """``model NAME { ... }`` giving exactly ``arch``: a bundled model with the fields that
     differ from it, or ``transformer`` with every field."""
@@ -42,6 +45,9 @@ def model_text(name: str, arch: Transformer) -> str:
             continue
         if f.name == "head_size" and not value:
             continue  # the default width, hidden / heads
+        if f.name in LAYER_KIND_FIELDS and value == f.default:
+            continue  # Llama's layers (search refuses the others: problem.py)
+        assert f.name != "latent", "search refuses latent attention (problem.py)"
         key, write = _WORDS.get(f.name, (f.name, str))
         entries.append(f"{key} = {write(value)}")
     head = name if base is not None else "transformer"

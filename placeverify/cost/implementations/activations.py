@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from placeverify.cost.activations import layer_shape, per_layer_bytes, saved_tensors
+from placeverify.cost.activations import per_layer_bytes, saved_tensors
 from placeverify.cost.domain import Exact
 from placeverify.cost.implementations.common import ELEMENT_BYTES, INDEX_BYTES, chunk
 from placeverify.cost.implementations.pipeline import stage_layers
 from placeverify.cost.implementations.spec import Implementation, Mlp, RunSpec
+from placeverify.cost.saved import layer_shape
 from placeverify.ir.model import Transformer
 from placeverify.ir.placement import Schedule
 from placeverify.ir.profiles import GENERALISED
