@@ -416,3 +416,18 @@ def test_a_deepspeed_value_other_than_the_trainers_is_refused(tmp_path: Path) ->
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 1}, '
                                       '"train_micro_batch_size_per_gpu": 2}\n')
     assert "micro_batch = 2" in statements(import_file(str(path), Options(MODEL, 8)).text)
+
+
+@pytest.mark.parametrize(("fixture", "fmt"), [(QLORA, "axolotl"), (TRL, "trl")])
+def test_format_is_a_cli_choice(fixture: Path, fmt: str) -> None:
+    """``--format axolotl|trl`` reads the file as detection does (a file whose first key is
+    neither ``base_model`` nor ``model_name_or_path`` needs it)."""
+    from click.testing import CliRunner
+
+    from placeverify.cli import main
+
+    args = ["import", str(fixture), "--world", "8", "--model", MODEL]
+    detected = CliRunner().invoke(main, args)
+    told = CliRunner().invoke(main, [*args, "--format", fmt])
+    assert detected.exit_code == told.exit_code == 0, told.output
+    assert told.stdout == detected.stdout and "strategy " in told.stdout

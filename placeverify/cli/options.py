@@ -71,7 +71,8 @@ def import_options(command: Callable[..., None]) -> Callable[..., None]:
         help="The function of a torchtitan config_registry.py to read (torchtitan's own "
              "--config), when the file builds more than one configuration.")(command)
     command = click.option("--format", "fmt", default=None,
-                           type=click.Choice(["megatron", "deepspeed", "torchtitan", "accelerate"]),
+                           type=click.Choice(["megatron", "deepspeed", "torchtitan", "accelerate",
+                                              "axolotl", "trl"]),
                            help="Configuration format (default: recognised from the content).")(command)
     command = click.option("--world", type=click.IntRange(1, 10**8), default=None,
                            help="World size, for configurations that leave it to the launcher.")(command)
