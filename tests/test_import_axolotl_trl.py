@@ -31,6 +31,7 @@ from placeverify.api import check_strategy
 from placeverify.diagnostics import Code, PlaceError, Severity, Source
 from placeverify.importers import Options
 from placeverify.importers.registry import detect, import_file, load
+from tests.test_accelerate_deepspeed import statements
 
 F = Fraction
 HERE = Path(__file__).parent / "importers"
@@ -55,15 +56,6 @@ def nf4_dq_scales() -> int:
         blocks = i * o // 64  # every Llama 3 8B matrix is a multiple of 64 x 256 elements
         total += blocks + 4 * (blocks // 256) + 4
     return L * total
-
-
-def statements(text: str) -> list[str]:
-    out = []
-    for line in text.splitlines():
-        code = line.split("#", 1)[0].strip()
-        if code and not code.startswith("strategy"):
-            out.append(code)
-    return out
 
 
 def line_of(path: Path, start: str) -> int:

@@ -32,7 +32,6 @@ dataloader, ``train_batch_size`` = micro x accumulation x processes, the accumul
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 from placeverify.diagnostics import Code, Diagnostic, ExitCode, PlaceError, Severity, Source, Span
@@ -40,7 +39,7 @@ from placeverify.importers import deepspeed, policies
 from placeverify.importers.common import Keys, Line, Plan, Reader, leftovers, mesh_title
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.origins import Origin, Value
-from placeverify.importers.yaml_nodes import load_yaml
+from placeverify.importers.yaml_nodes import Get, load_settings
 from placeverify.syntax.source import read_source
 
 READ_TOP = {"distributed_type", "mixed_precision", "num_processes", "num_machines",
@@ -98,21 +97,14 @@ FILLS: dict[tuple[str, ...], deepspeed.Fill] = {
     ("zero_optimization", "offload_param", "device"): ("none", "none, accelerate's default"),
 }
 FILLER = "accelerate fills it at launch from `accelerate launch` flags or the training script"
-Get = Callable[..., Value]
 STRATEGIES = {"FULL_SHARD": "fsdp", "1": "fsdp", "SHARD_GRAD_OP": "fsdp(grad_op)",
               "2": "fsdp(grad_op)", "NO_SHARD": "ddp", "3": "ddp", "HYBRID_SHARD": "hsdp",
               "4": "hsdp"}
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    def duplicate(path: tuple[str, ...], first: Span, again: Span) -> None:
-        reader.warning(f"'{'.'.join(path)}' is written twice; accelerate's yaml.safe_load keeps "
-                       f"the last (line {again.line}), as placeverify does", Origin(
-                           ".".join(path), source, first), code=Code.BAD_VALUE)
-
-    data, spans = load_yaml(source, duplicate)
+    data, spans, get = load_settings(reader, source, "accelerate's yaml.safe_load")
     plan = Plan("accelerate", source.path)
-    get = _getter(source, data, spans)
     kind = get("distributed_type", default="NO")
     if kind.value not in ("DEEPSPEED", "FSDP", "MULTI_GPU", "NO"):
         reader.error(f"not modelled: distributed_type {kind.value}", kind.origin,
@@ -182,20 +174,6 @@ def _data_placements(plan: Plan, sizes: dict[str, Value], rep: int, shard: int, 
         why += "; FSDP2 shards over dp_shard x cp (dp_shard_cp)"
     plan.body.append(Line(f"place {placed} over dp{flat if placed != 'ddp' else ''}", why,
                           origin))
-
-
-def _getter(source: Source, data: dict[str, Any], spans: dict[tuple[str, ...], Span]) -> Get:
-    """The value at a path of keys, with its origin (the default when it is not written)."""
-
-    def get(*path: str, default: Any = None) -> Value:
-        node: Any = data
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is None:
-            return Value(default, Origin(".".join(path) + " (default)", source))
-        return Value(node, Origin(".".join(path), source, spans.get(path)))
-
-    return get
 
 
 def _world(reader: Reader, get: Get, world: int | None) -> tuple[int, Line]:

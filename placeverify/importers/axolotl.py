@@ -17,16 +17,20 @@ bf16 with ``bf16``, in fp16 with ``fp16`` or ``load_in_8bit``, else fp32), ``loa
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from typing import Any
-
-from placeverify.diagnostics import Code, Source, Span
+from placeverify.diagnostics import Code, Source
 from placeverify.importers import hf_fsdp
-from placeverify.importers.common import Keys, Plan, Reader, leftovers, mesh_title
-from placeverify.importers.hf_trainer import Adapter, Run, translate
+from placeverify.importers.common import Keys, Plan, Reader, leftovers
+from placeverify.importers.hf_trainer import (
+    Adapter,
+    Run,
+    deepspeed_path,
+    model_config,
+    title,
+    translate,
+    whole,
+)
 from placeverify.importers.origins import Origin, Value
-from placeverify.importers.yaml_nodes import load_yaml
+from placeverify.importers.yaml_nodes import Get, load_settings
 
 READ = {"base_model", "base_model_config", "sequence_len", "micro_batch_size",
         "gradient_accumulation_steps", "batch_size", "bf16", "fp16", "bfloat16", "float16",
@@ -89,43 +93,27 @@ REFUSED = {
     "gptq": "a GPTQ-quantised base",
     "lisa_n_layers": "LISA's layer sampling",
 }
-Get = Callable[..., Value]
 WHAT = "an axolotl config"
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    def duplicate(path: tuple[str, ...], first: Span, again: Span) -> None:
-        reader.warning(f"'{'.'.join(path)}' is written twice; axolotl's yaml.safe_load keeps "
-                       f"the last (line {again.line}), as placeverify does",
-                       Origin(".".join(path), source, first), code=Code.BAD_VALUE)
-
-    data, spans = load_yaml(source, duplicate)
+    data, spans, get = load_settings(reader, source, "axolotl's yaml.safe_load")
     plan = Plan("axolotl", source.path)
-
-    def get(*path: str, default: Any = None) -> Value:
-        node: Any = data
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is None:
-            return Value(default, Origin(".".join(path) + " (default)", source))
-        return Value(node, Origin(".".join(path), source, spans.get(path)))
-
     _refused(reader, get)
     fsdp = hf_fsdp.placement(reader, data, get, "axolotl", needs_list=False)
-    run = Run("axolotl", WHAT, _world(reader, world, source), _model(reader, source, get, model),
-              _whole(reader, get("sequence_len", default=512)), *_batch(reader, get),
+    run = Run("axolotl", WHAT, _world(reader, world, source), _model(reader, get, model),
+              whole(reader, get("sequence_len", default=512)), *_batch(reader, get),
               *_dtypes(reader, get),
               hf_fsdp.checkpointing(reader, get, get("gradient_checkpointing", default=False)),
               get("max_grad_norm", default=1.0), get("optimizer", default="adamw_torch_fused"),
-              _adapter(reader, get), _deepspeed(reader, get), fsdp[0], fsdp[1])
+              _adapter(reader, get), deepspeed_path(reader, get("deepspeed")), fsdp[0], fsdp[1])
     reader.raise_if_errors()
     translate(reader, source, plan, run)
     keys = Keys(READ, IGNORED, {"fsdp_config": hf_fsdp.KEYS},
                 unknown=lambda key: f"not modelled: axolotl key '{key}'")
     hf_fsdp.strip_prefix(data, spans)
     leftovers(reader, plan, source, data, spans, ((), keys))
-    what = "axolotl" + (" DeepSpeed" if run.deepspeed is not None else "")
-    plan.title = mesh_title(plan, source, what) if plan.mesh else f"{os.path.basename(source.path)}: {what}"
+    plan.title = title(plan, source, run, "axolotl")
     return plan
 
 
@@ -137,44 +125,24 @@ def _world(reader: Reader, world: int | None, source: Source) -> Value:
     return Value(world, Origin("--world (placeverify option)", source))
 
 
-def _model(reader: Reader, source: Source, get: Get, model: str | None) -> str | None:
+def _model(reader: Reader, get: Get, model: str | None) -> str | None:
     """The model's config.json: --model, else a local folder base_model names that holds one."""
-    base = get("base_model_config") if get("base_model_config").value else get("base_model")
-    if model is not None:
-        return model
-    if base.value is None:
-        reader.error("no base_model: the model is not named; give its Hugging Face config with "
-                     "--model config.json", None, code=Code.MISSING)
-        return None
-    local = os.path.join(os.path.dirname(source.path), str(base.value), "config.json")
-    if os.path.isfile(local):
-        return local
-    reader.error(f"{base.origin.key} {base.value!r} is a Hugging Face hub id (no such folder "
-                 "beside this file): placeverify reads no hub; give the model's config.json with "
-                 "--model config.json", base.origin, code=Code.MISSING)
-    return None
-
-
-def _whole(reader: Reader, value: Value, low: int = 1) -> Value:
-    if isinstance(value.value, bool) or not isinstance(value.value, int) or value.value < low:
-        reader.error(f"{value.origin.key} must be a whole number >= {low}, not {value.value!r}",
-                     value.origin)
-        return Value(low, value.origin)
-    return value
+    return model_config(reader, get("base_model_config") if get("base_model_config").value
+                        else get("base_model"), model)
 
 
 def _batch(reader: Reader, get: Get) -> tuple[Value, Value]:
     """The micro-batch and the accumulation (``batch_size // micro_batch_size`` when only the
     batch size is given, normalize_config)."""
-    micro = _whole(reader, get("micro_batch_size", default=1))
+    micro = whole(reader, get("micro_batch_size", default=1))
     acc = get("gradient_accumulation_steps")
     batch = get("batch_size")
     if acc.value is None and batch.value is not None:
-        total = _whole(reader, batch)
+        total = whole(reader, batch)
         steps = max(1, int(total.value) // int(micro.value))
         return micro, Value(steps, Origin(f"batch_size {total.value} // micro_batch_size "
                                           f"{micro.value}", batch.origin.source, batch.origin.span))
-    return micro, _whole(reader, get("gradient_accumulation_steps", default=1))
+    return micro, whole(reader, get("gradient_accumulation_steps", default=1))
 
 
 def _dtypes(reader: Reader, get: Get) -> tuple[Value, Value]:
@@ -222,18 +190,11 @@ def _adapter(reader: Reader, get: Get) -> Adapter | None:
         base = Value("int8", Origin("load_in_8bit: LLM.int8", eight.origin.source,
                                     eight.origin.span))
     targets = get("lora_target_modules")
-    return Adapter(Value(kind.value, kind.origin), _whole(reader, get("lora_r", default=8)),
+    return Adapter(Value(kind.value, kind.origin), whole(reader, get("lora_r", default=8)),
                    targets if targets.value is not None else None,
                    get("lora_target_linear"), base)
 
 
-def _deepspeed(reader: Reader, get: Get) -> Value | None:
-    """The DeepSpeed JSON's path; a configuration written inline is refused at the key."""
-    ds = get("deepspeed")
-    if isinstance(ds.value, dict):
-        reader.error("not modelled: deepspeed written inline; write it to a JSON file and give "
-                     "its path", ds.origin, code=Code.NOT_MODELLED)
-    return ds if isinstance(ds.value, str) and ds.value else None
 
 
 def _refused(reader: Reader, get: Get) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from placeverify.diagnostics import Code, PlaceError, Source
 from placeverify.importers import deepspeed
-from placeverify.importers.common import Line, Plan, Reader, leftovers, number_text
+from placeverify.importers.common import Line, Plan, Reader, leftovers, mesh_title, number_text
 from placeverify.importers.hf_config import attach_model
 from placeverify.importers.origins import Origin, Value
 from placeverify.syntax.source import read_source
@@ -384,3 +384,48 @@ def _agrees(doc: deepspeed.Config, fills: dict[tuple[str, ...], deepspeed.Fill])
                              f"{json.dumps(value)}: transformers' Trainer refuses a DeepSpeed value "
                              'that is not its own; write "auto" or the same value', origin,
                              code=Code.CONFLICT)
+
+
+# ---- what axolotl's and TRL's readers share -------------------------------------------------
+
+
+def whole(reader: Reader, value: Value, low: int = 1) -> Value:
+    """A whole-number setting (>= ``low``), or an error at it."""
+    if isinstance(value.value, bool) or not isinstance(value.value, int) or value.value < low:
+        reader.error(f"{value.origin.key} must be a whole number >= {low}, not {value.value!r}",
+                     value.origin)
+        return Value(low, value.origin)
+    return value
+
+
+def model_config(reader: Reader, name: Value, model: str | None) -> str | None:
+    """The model's config.json: ``--model``, else the local folder the file's model key names
+    (``name``) when it holds one; a hub id is refused at the key, since no hub is read."""
+    if model is not None:
+        return model
+    source = name.origin.source
+    if name.value is None:
+        reader.error(f"no {name.origin.key.split(' ')[0]}: the model is not named; give its "
+                     "Hugging Face config with --model config.json", None, code=Code.MISSING)
+        return None
+    local = os.path.join(os.path.dirname(source.path), str(name.value), "config.json")
+    if os.path.isfile(local):
+        return local
+    reader.error(f"{name.origin.key} {name.value!r} is a Hugging Face hub id (no such folder "
+                 "beside this file): placeverify reads no hub; give the model's config.json with "
+                 "--model config.json", name.origin, code=Code.MISSING)
+    return None
+
+
+def deepspeed_path(reader: Reader, ds: Value) -> Value | None:
+    """The DeepSpeed JSON's path; a configuration written inline is refused at the key."""
+    if isinstance(ds.value, dict):
+        reader.error("not modelled: deepspeed written inline; write it to a JSON file and give "
+                     "its path", ds.origin, code=Code.NOT_MODELLED)
+    return ds if isinstance(ds.value, str) and ds.value else None
+
+
+def title(plan: Plan, source: Source, run: Run, what: str) -> str:
+    """The strategy's title: the file, the framework and the mesh."""
+    what += " DeepSpeed" if run.deepspeed is not None else ""
+    return mesh_title(plan, source, what) if plan.mesh else f"{os.path.basename(source.path)}: {what}"

@@ -17,16 +17,20 @@ defaults are assumed (the ``trl sft`` of the example's comment).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from typing import Any
-
-from placeverify.diagnostics import Code, Source, Span
+from placeverify.diagnostics import Code, Source
 from placeverify.importers import hf_fsdp
-from placeverify.importers.common import Keys, Plan, Reader, leftovers, mesh_title
-from placeverify.importers.hf_trainer import Adapter, Run, translate
+from placeverify.importers.common import Keys, Plan, Reader, leftovers
+from placeverify.importers.hf_trainer import (
+    Adapter,
+    Run,
+    deepspeed_path,
+    model_config,
+    title,
+    translate,
+    whole,
+)
 from placeverify.importers.origins import Origin, Value
-from placeverify.importers.yaml_nodes import load_yaml
+from placeverify.importers.yaml_nodes import Get, load_settings
 
 READ = {"model_name_or_path", "per_device_train_batch_size", "gradient_accumulation_steps",
         "max_length", "max_seq_length", "bf16", "fp16", "gradient_checkpointing", "use_peft",
@@ -65,27 +69,12 @@ REFUSED = {
                          "model.micro_batch=N) to check its placement",
 }
 TORCH_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-Get = Callable[..., Value]
 WHAT = "a TRL config"
 
 
 def read(reader: Reader, source: Source, model: str | None, world: int | None) -> Plan:
-    def duplicate(path: tuple[str, ...], first: Span, again: Span) -> None:
-        reader.warning(f"'{'.'.join(path)}' is written twice; TrlParser's yaml.safe_load keeps "
-                       f"the last (line {again.line}), as placeverify does",
-                       Origin(".".join(path), source, first), code=Code.BAD_VALUE)
-
-    data, spans = load_yaml(source, duplicate)
+    data, spans, get = load_settings(reader, source, "TrlParser's yaml.safe_load")
     plan = Plan("trl", source.path)
-
-    def get(*path: str, default: Any = None, why: str = "") -> Value:
-        node: Any = data
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        name = ".".join(path)
-        if node is None:
-            return Value(default, Origin(f"{name} ({why or 'default'})", source))
-        return Value(node, Origin(name, source, spans.get(path)))
 
     for key, what in REFUSED.items():
         value = get(key)
@@ -105,36 +94,29 @@ def read(reader: Reader, source: Source, model: str | None, world: int | None) -
     mixed = Value("bf16" if bf16.value is True else "fp16" if fp16.value is True else "no",
                   (bf16 if bf16.value is True else fp16).origin)
     run = Run("trl", WHAT, _world(reader, get, world), _model(reader, get, model),
-              _whole(reader, seq), _whole(reader, get("per_device_train_batch_size", default=8)),
-              _whole(reader, get("gradient_accumulation_steps", default=1)),
+              whole(reader, seq), whole(reader, get("per_device_train_batch_size", default=8)),
+              whole(reader, get("gradient_accumulation_steps", default=1)),
               _dtype(reader, get, model), mixed,
               hf_fsdp.checkpointing(reader, get, get("gradient_checkpointing", default=True,
                                                      why="SFTConfig's default true")),
               get("max_grad_norm", default=1.0), get("optim", default="adamw_torch_fused"),
-              _adapter(reader, get), _deepspeed(reader, get), *fsdp)
+              _adapter(reader, get), deepspeed_path(reader, get("deepspeed")), *fsdp)
     reader.raise_if_errors()
     translate(reader, source, plan, run)
     hf_fsdp.strip_prefix(data, spans)
     leftovers(reader, plan, source, data, spans, ((), Keys(
         READ, IGNORED, {"fsdp_config": hf_fsdp.KEYS},
         unknown=lambda key: f"not modelled: TRL key '{key}'")))
-    what = "TRL SFT" + (" DeepSpeed" if run.deepspeed is not None else "")
-    plan.title = mesh_title(plan, source, what) if plan.mesh else f"{os.path.basename(source.path)}: {what}"
+    plan.title = title(plan, source, run, "TRL SFT")
     return plan
 
 
-def _whole(reader: Reader, value: Value, low: int = 1) -> Value:
-    if isinstance(value.value, bool) or not isinstance(value.value, int) or value.value < low:
-        reader.error(f"{value.origin.key} must be a whole number >= {low}, not {value.value!r}",
-                     value.origin)
-        return Value(low, value.origin)
-    return value
 
 
 def _world(reader: Reader, get: Get, world: int | None) -> Value:
     procs = get("num_processes")
     if procs.value is not None:
-        procs = _whole(reader, procs)
+        procs = whole(reader, procs)
         if world is not None and world != procs.value:
             reader.error(f"--world {world} contradicts num_processes {procs.value}",
                          procs.origin, code=Code.WORLD_MISMATCH)
@@ -147,21 +129,7 @@ def _world(reader: Reader, get: Get, world: int | None) -> Value:
 
 
 def _model(reader: Reader, get: Get, model: str | None) -> str | None:
-    name = get("model_name_or_path")
-    if model is not None:
-        return model
-    source = name.origin.source
-    if name.value is not None:
-        local = os.path.join(os.path.dirname(source.path), str(name.value), "config.json")
-        if os.path.isfile(local):
-            return local
-        reader.error(f"model_name_or_path {name.value!r} is a Hugging Face hub id (no such "
-                     "folder beside this file): placeverify reads no hub; give the model's "
-                     "config.json with --model config.json", name.origin, code=Code.MISSING)
-    else:
-        reader.error("no model_name_or_path: the model is not named; give its Hugging Face "
-                     "config with --model config.json", None, code=Code.MISSING)
-    return None
+    return model_config(reader, get("model_name_or_path"), model)
 
 
 def _dtype(reader: Reader, get: Get, model: str | None) -> Value:
@@ -201,14 +169,6 @@ def _adapter(reader: Reader, get: Get) -> Adapter | None:
         base = Value("int8", Origin("load_in_8bit: LLM.int8", eight.origin.source,
                                     eight.origin.span))
     targets = get("lora_target_modules")
-    return Adapter(kind, _whole(reader, get("lora_r", default=16)),
+    return Adapter(kind, whole(reader, get("lora_r", default=16)),
                    targets if targets.value is not None else None, None, base)
 
-
-def _deepspeed(reader: Reader, get: Get) -> Value | None:
-    """The DeepSpeed JSON's path; a configuration written inline is refused at the key."""
-    ds = get("deepspeed")
-    if isinstance(ds.value, dict):
-        reader.error("not modelled: deepspeed written inline; write it to a JSON file and give "
-                     "its path", ds.origin, code=Code.NOT_MODELLED)
-    return ds if isinstance(ds.value, str) and ds.value else None

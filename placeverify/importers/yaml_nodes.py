@@ -12,7 +12,9 @@ from typing import Any
 
 import yaml
 
-from placeverify.diagnostics import Source, Span
+from placeverify.diagnostics import Code, Source, Span
+from placeverify.importers.common import Reader
+from placeverify.importers.origins import Origin, Value
 from placeverify.importers.positions import Path, syntax_error, too_deep
 
 # a key written twice in one mapping: (its path, the first and the repeated key's spans)
@@ -104,3 +106,33 @@ def load_yaml(source: Source, duplicate: Duplicate | None = None) -> tuple[dict[
         raise syntax_error(source, "a YAML mapping of keys was expected, not a "
                            f"{type(data).__name__}", span_of(node))
     return data, key_spans(node, duplicate)
+
+
+# a setting by its path of keys, with its origin: get("fsdp_config", "fsdp_offload_params",
+# default=False); ``why`` says where a default comes from (the origin reads "KEY (why)")
+Get = Callable[..., Value]
+
+
+def load_settings(reader: Reader, source: Source, loader: str) -> tuple[dict[str, Any],
+                                                                       dict[Path, Span], Get]:
+    """A framework's YAML settings file: its mapping, each key's span, and a getter of values
+    with their origins. A key written twice is a warning at the first, since ``loader`` (the
+    framework's ``yaml.safe_load``) keeps the last, as placeverify does."""
+
+    def duplicate(path: Path, first: Span, again: Span) -> None:
+        reader.warning(f"'{'.'.join(path)}' is written twice; {loader} keeps the last "
+                       f"(line {again.line}), as placeverify does",
+                       Origin(".".join(path), source, first), code=Code.BAD_VALUE)
+
+    data, spans = load_yaml(source, duplicate)
+
+    def get(*path: str, default: Any = None, why: str = "") -> Value:
+        node: Any = data
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        name = ".".join(path)
+        if node is None:
+            return Value(default, Origin(f"{name} ({why or 'default'})", source))
+        return Value(node, Origin(name, source, spans.get(path)))
+
+    return data, spans, get
