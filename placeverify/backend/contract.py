@@ -4,6 +4,7 @@ and the signals held back while a rank is started (no torch here)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -14,6 +15,12 @@ from placeverify.errors import PlaceverifyError
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 30.0  # a rank outlives the run's deadline by at most this (the parent kills it first)
+# A rank that failed because a peer went away: gloo's "Connection closed by peer" / "reset by
+# peer" from its TCP pairs, a broken pipe, a refused connection. Named only if no rank has a
+# failure of its own (the replay's pool and the measurement's subprocesses alike).
+PEER_ERROR = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|"
+                        r"ECONNRESET|EPIPE|gloo/transport", re.IGNORECASE)
+FIRST_FAILURE_GRACE = 5.0  # how long the failed ranks get to finish dying, for their status
 
 
 class FailureKind(StrEnum):

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import importlib
 import json
+import math
 import multiprocessing as mp
 import multiprocessing.forkserver as forkserver
 import multiprocessing.resource_tracker as resource_tracker
@@ -24,7 +25,9 @@ from typing import Any
 from placeverify.backend import janitor
 from placeverify.backend.available import torch_available
 from placeverify.backend.contract import (
+    FIRST_FAILURE_GRACE,
     GRACE_SECONDS,
+    PEER_ERROR,
     POLL_SECONDS,
     BackendFailure,
     FailureKind,
@@ -189,48 +192,77 @@ class Pool:
     def _collect(self, procs: list[Any], conns: dict[int, Connection],
                  results: dict[int, dict[str, Any]], deadline: float, timeout: float,
                  progress: Callable[[str], None] | None) -> None:
+        """Every rank's answer into ``results``, or the run's root cause. When one rank fails,
+        its peers fail too ("Connection closed by peer"), and under load a peer's error may
+        arrive before the failed rank's own death or error. A rank's own failure (a death
+        without an answer, an error of its own) is the answer at once; after one that only says
+        a peer went away, the others get a moment (:data:`FIRST_FAILURE_GRACE`) to answer or
+        die, and the first own failure among them is named, else that first peer's loss."""
         pending = dict(conns)
         sentinels = {p.sentinel: rank for rank, p in enumerate(procs)}
-        while pending:
+        failures: list[tuple[bool, BackendFailure]] = []  # (only a peer's loss?, failure)
+        settle = math.inf  # when the first failure's grace ends
+        while pending and time.monotonic() < settle:
             self._check_server()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if failures:
+                    break
                 ranks = ", ".join(str(r) for r in sorted(pending))
                 raise BackendFailure(FailureKind.HANG, f"the replay did not finish within {timeout:g} s "
                                     f"(no answer from rank{'s' if len(pending) > 1 else ''} "
                                     f"{ranks}): a rank hung, probably in a collective the others "
                                     "never entered")
             ready = wait([*pending.values(), *[p.sentinel for r, p in enumerate(procs)
-                                               if r in pending]], timeout=min(remaining, 0.5))
+                                               if r in pending]],
+                         timeout=max(0.0, min(remaining, 0.5, settle - time.monotonic())))
             for item in ready:
-                if item in sentinels:
-                    rank = sentinels[item]
-                    if rank in pending and not pending[rank].poll():
-                        procs[rank].join(timeout=1)
-                        code = procs[rank].exitcode
-                        # 255: multiprocessing's status when the server sent none (it died;
-                        # its pipes close a moment before it shows as dead)
-                        self._check_server(SERVER_DEATH_SECONDS if code == 255 else 0.0)
-                        raise BackendFailure(FailureKind.CRASH, f"rank {rank} exited (code {code}) "
-                                             "without an answer")
+                rank = sentinels[item] if item in sentinels else \
+                    next((r for r, c in pending.items() if c is item), None)
+                if rank is None or rank not in pending:
                     continue
-                rank = next(r for r, c in pending.items() if c is item)
-                try:
-                    doc = json.loads(pending[rank].recv_bytes().decode("utf-8"))
-                except (EOFError, OSError, ValueError):
-                    code = procs[rank].exitcode
-                    raise BackendFailure(FailureKind.CRASH, f"rank {rank} exited (code {code}) "
-                                         "without an answer") from None
-                if "progress" in doc:
-                    if progress is not None:
-                        progress(str(doc["progress"]))
-                    continue
-                if not doc.get("ok"):
-                    kind = FailureKind.UNSUPPORTED if doc.get("unsupported") else FailureKind.ERROR
-                    raise BackendFailure(kind, f"rank {rank} failed: {doc.get('error')}",
-                                        doc.get("traceback"))
-                results[rank] = doc
-                del pending[rank]
+                failed = self._answer(rank, item in sentinels, procs, pending, results, progress)
+                if failed is not None:
+                    failures.append(failed)
+                    del pending[rank]
+                    # a rank's own failure is the answer; a peer's loss waits for its cause
+                    settle = min(settle, time.monotonic() + (FIRST_FAILURE_GRACE if failed[0]
+                                                             else 0.0))
+        if failures:
+            raise min(failures, key=lambda f: f[0])[1]
+
+    def _answer(self, rank: int, died: bool, procs: list[Any], pending: dict[int, Connection],
+                results: dict[int, dict[str, Any]],
+                progress: Callable[[str], None] | None) -> tuple[bool, BackendFailure] | None:
+        """What ``rank`` said (its result, into ``results``; a progress line) or how it failed:
+        (whether the failure only says a peer went away, the failure)."""
+        if died:
+            if pending[rank].poll():  # it answered before it ended: read the answer first
+                return self._answer(rank, False, procs, pending, results, progress)
+            procs[rank].join(timeout=1)
+            code = procs[rank].exitcode
+            # 255: multiprocessing's status when the server sent none (it died; its pipes close
+            # a moment before it shows as dead)
+            self._check_server(SERVER_DEATH_SECONDS if code == 255 else 0.0)
+            return False, BackendFailure(FailureKind.CRASH, f"rank {rank} exited (code {code}) "
+                                         "without an answer")
+        try:
+            doc = json.loads(pending[rank].recv_bytes().decode("utf-8"))
+        except (EOFError, OSError, ValueError):
+            return False, BackendFailure(FailureKind.CRASH, f"rank {rank} exited (code "
+                                         f"{procs[rank].exitcode}) without an answer")
+        if "progress" in doc:
+            if progress is not None:
+                progress(str(doc["progress"]))
+            return None
+        if not doc.get("ok"):
+            kind = FailureKind.UNSUPPORTED if doc.get("unsupported") else FailureKind.ERROR
+            error = str(doc.get("error"))
+            return bool(PEER_ERROR.search(error)), BackendFailure(
+                kind, f"rank {rank} failed: {error}", doc.get("traceback"))
+        results[rank] = doc
+        del pending[rank]
+        return None
 
     def _check_server(self, wait: float = 0.0) -> None:
         """Fail now if the forkserver died while its ranks run (waiting up to ``wait`` seconds

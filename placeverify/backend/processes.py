@@ -19,7 +19,9 @@ import placeverify
 from placeverify.backend import janitor
 from placeverify.backend.available import torch_available
 from placeverify.backend.contract import (
+    FIRST_FAILURE_GRACE,
     GRACE_SECONDS,
+    PEER_ERROR,
     POLL_SECONDS,
     BackendFailure,
     FailureKind,
@@ -47,12 +49,6 @@ def _reason(path: Path) -> str:
     return lines[-1][:STDERR_TAIL] if lines else ""
 
 
-# A rank that failed because a peer went away: gloo's "Connection closed by peer" / "reset by
-# peer" from its TCP pairs, a broken pipe, a refused connection. Named only if no rank has a
-# failure of its own.
-PEER_ERROR = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|"
-                        r"ECONNRESET|EPIPE|gloo/transport", re.IGNORECASE)
-FIRST_FAILURE_GRACE = 5.0  # how long the failed ranks get to finish dying, for their status
 
 
 def failure_path(out_path: str | os.PathLike[str]) -> str:
