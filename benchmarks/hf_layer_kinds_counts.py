@@ -3,10 +3,10 @@
 
 Each model is built on the meta device (no weights) from its config and its ``parameters()``
 counted; placeverify reads the same config.json with ``--model`` (importers/hf_config.py). Needs
-transformers (5.23.0 was used), kept out of the project's environment:
+transformers, the project's ``models`` extra (pinned to 5.23.0, which works with torch 2.13.0):
 
-    pip install --target /work/tfdeps transformers==5.23.0 --no-deps   # and its pure-python deps
-    PYTHONPATH=/work/tfdeps:. python benchmarks/hf_layer_kinds_counts.py
+    .venv/bin/pip install -e '.[models]'
+    .venv/bin/python benchmarks/hf_layer_kinds_counts.py
 
 transformers 5.23.0 gives 671,026,404,352 (DeepSeek-V3), 398,024 and 404,624 (the small
 DeepSeek, with and without a query rank), 107,769,861,120 (Llama-4-Scout's text model),
