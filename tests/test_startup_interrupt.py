@@ -5,6 +5,7 @@ from a SIGINT in the first ~0.3 s of any command)."""
 from __future__ import annotations
 
 import importlib.abc
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from types import ModuleType
@@ -22,6 +23,20 @@ class _InterruptedLoad(importlib.abc.MetaPathFinder):
         if name == "placeverify.cli":
             raise KeyboardInterrupt
         return None
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """The script's run() ends by making SIGINT, SIGTERM and SIGHUP end the process at once
+    (console.end_at_once_on_signals): in the test process that would outlive the test, and a
+    later test of the same worker found SIGINT not Python's own handler (a fresh-clone run
+    skipped test_solver_interrupt's finalizer test so). Each test puts back what was there."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
 
 
 @pytest.fixture
